@@ -1,0 +1,52 @@
+#![forbid(unsafe_code)]
+
+use clap::{Parser, Subcommand};
+use peakfit::{agent, extender, model, sim, telemetry, webhook};
+
+/// Places GPU pods by their predicted peak VRAM.
+#[derive(Parser)]
+#[command(name = "peakfit", version, about, propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    log: telemetry::LogArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Read every GPU through NVML and publish this node's NodeGpuReport.
+    Agent(agent::AgentArgs),
+    /// Serve kube-scheduler's extender verbs (filter, prioritize, bind, preempt).
+    Extender(extender::ExtenderArgs),
+    /// Mutating admission webhook: opt pods in and pin them to their assigned GPUs.
+    Webhook(webhook::WebhookArgs),
+    /// Predict a pod's peak VRAM per GPU from its annotations.
+    Estimate(model::cli::EstimateArgs),
+    /// Replay a cluster and a workload through the placement code under several policies.
+    Simulate(sim::SimulateArgs),
+    /// Print the NodeGpuReport CustomResourceDefinition as YAML.
+    Crd,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    telemetry::init(&cli.log);
+    match cli.command {
+        Command::Agent(args) => runtime()?.block_on(agent::run(args)),
+        Command::Extender(args) => runtime()?.block_on(extender::run(args)),
+        Command::Webhook(args) => runtime()?.block_on(webhook::run(args)),
+        Command::Estimate(args) => model::cli::run(args),
+        Command::Simulate(args) => sim::run(args),
+        Command::Crd => {
+            print!("{}", peakfit::cluster::crd_yaml()?);
+            Ok(())
+        }
+    }
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}
