@@ -13,6 +13,10 @@ pub struct Demand {
     pub fixed_bytes: u64,
     /// In `[0, 1]`.
     pub gpu_fraction: f64,
+    /// The smallest GPU the pod can run on at all: an engine told to use 45 % of a 24 GiB card
+    /// cannot fit 16 GiB of weights in that budget, however empty the card is. 0 = any size.
+    #[serde(default)]
+    pub min_gpu_total_bytes: u64,
 }
 
 impl Demand {
@@ -28,6 +32,11 @@ impl Demand {
             fixed_bytes: 0,
             gpu_fraction: fraction,
         }
+    }
+
+    /// Whether a GPU of this size can host the pod at all.
+    pub fn runs_on(&self, gpu_total: u64) -> bool {
+        gpu_total >= self.min_gpu_total_bytes
     }
 
     /// Bytes this demand takes on a GPU of `gpu_total` bytes (rounded up: never under-reserve).

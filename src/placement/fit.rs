@@ -94,7 +94,9 @@ pub fn candidate_gpus(node: &NodeLedger, shape: &PodShape, cfg: &FitConfig) -> V
         .enumerate()
         .filter_map(|(i, gpu)| {
             let need = shape.demand.bytes_on(gpu.total_bytes);
-            (gpu.free_bytes() >= need.saturating_add(cfg.safety_margin_bytes)).then_some((i, need))
+            (shape.demand.runs_on(gpu.total_bytes)
+                && gpu.free_bytes() >= need.saturating_add(cfg.safety_margin_bytes))
+            .then_some((i, need))
         })
         .collect()
 }
