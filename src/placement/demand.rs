@@ -24,6 +24,7 @@ impl Demand {
         Self {
             fixed_bytes: bytes,
             gpu_fraction: 0.0,
+            min_gpu_total_bytes: 0,
         }
     }
 
@@ -31,6 +32,7 @@ impl Demand {
         Self {
             fixed_bytes: 0,
             gpu_fraction: fraction,
+            min_gpu_total_bytes: 0,
         }
     }
 
@@ -62,6 +64,7 @@ mod tests {
         let d = Demand {
             fixed_bytes: 1 << 30,
             gpu_fraction: 0.5,
+            min_gpu_total_bytes: 0,
         };
         assert_eq!(d.bytes_on(80 << 30), 41 << 30);
         assert_eq!(d.bytes_on(40 << 30), 21 << 30);
