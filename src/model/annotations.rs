@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use super::estimate::{Defaults, Estimate, estimate};
+use super::estimate::{Defaults, estimate};
 use super::presets::{self, Preset};
 use super::quantity::{parse_bytes, parse_count};
 use crate::placement::{Demand, PodShape};
@@ -593,8 +593,6 @@ pub struct PodRequest {
     pub demand: Demand,
     /// For engines that budget a fraction of the GPU: the fraction they should be told to use.
     pub engine_fraction: Option<f64>,
-    /// The model's breakdown; `None` when `peakfit.io/vram` set the demand explicitly.
-    pub estimate: Option<Estimate>,
 }
 
 impl PodRequest {
@@ -626,7 +624,6 @@ pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
             gpus: spec.gpus.unwrap_or(1),
             demand: Demand::fixed(bytes),
             engine_fraction: None,
-            estimate: None,
         });
     }
     if !spec.describes_model() {
@@ -645,12 +642,13 @@ pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
             ),
         ));
     }
+    // The demand does not depend on the GPU size (only the displayed split does), so any size
+    // will do. The breakdown is not kept: the extender indexes one request per pod.
     let e = estimate(spec, Defaults::GPU_TOTAL);
     Ok(PodRequest {
         gpus: e.gpus,
         demand: e.demand,
         engine_fraction: e.engine_fraction,
-        estimate: Some(e),
     })
 }
 
@@ -711,7 +709,10 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(r.gpus, 4);
-        assert!(r.estimate.is_some());
+        assert!(
+            r.demand.fixed_bytes > 35 << 30,
+            "70B bf16 over 4 GPUs: > 35 GiB each"
+        );
     }
 
     #[test]

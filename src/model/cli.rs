@@ -86,28 +86,21 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         );
     }
     let req = request(&spec)?;
-    // With an explicit `vram` the model is still shown when described, for comparison.
-    let model = match &req.estimate {
-        Some(e) => Some(e.clone()),
-        None if spec.model.is_some() || spec.params.is_some() => Some(estimate(&spec, gpu_total)),
-        None => None,
-    };
-    let model = model.map(|e| {
-        // Re-resolve at the requested GPU size (only fraction engines change).
-        if e.gpu_total_bytes == gpu_total {
-            e
-        } else {
-            estimate(&spec, gpu_total)
-        }
-    });
+    // The model's breakdown at this GPU size; with an explicit `vram` it is still shown, for
+    // comparison, when a model is described.
+    let described = spec.vram.is_none() || spec.model.is_some() || spec.params.is_some();
+    let model = described.then(|| estimate(&spec, gpu_total));
     let per_gpu = req.demand.bytes_on(gpu_total);
     let runs = req.demand.runs_on(gpu_total);
     if args.json {
-        let components: serde_json::Map<String, serde_json::Value> = model
+        let mut components: serde_json::Map<String, serde_json::Value> = model
             .iter()
             .flat_map(|e| e.components.iter())
             .map(|c| (c.name.to_string(), json!(c.bytes)))
             .collect();
+        if model.is_none() {
+            components.insert("explicit-vram".into(), json!(per_gpu));
+        }
         let out = json!({
             "per_gpu_bytes": per_gpu,
             "allocated_bytes": model.as_ref().map(|e| e.allocated_bytes),

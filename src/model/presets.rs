@@ -12,33 +12,33 @@
 //! | `llama-2-13b` | `llama2-13b` | 13.02B | 40 | 5120 | 40 | 40 | 128 | 13824 | 32000 | no |
 //! | `llama-2-70b` | `llama2-70b` | 68.98B | 80 | 8192 | 64 | 8 | 128 | 28672 | 32000 | no |
 //! | `llama-3.1-8b` | `llama-3-8b`, `llama3-8b`, `llama3.1-8b` | 8.03B | 32 | 4096 | 32 | 8 | 128 | 14336 | 128256 | no |
-//! | `llama-3.1-70b` | `llama-3-70b`, `llama-3.3-70b` | 70.55B | 80 | 8192 | 64 | 8 | 128 | 28672 | 128256 | no |
+//! | `llama-3.1-70b` | `llama-3-70b`, `llama3-70b`, `llama3.1-70b`, `llama-3.3-70b` | 70.55B | 80 | 8192 | 64 | 8 | 128 | 28672 | 128256 | no |
 //! | `llama-3.1-405b` | `llama3.1-405b` | 405.85B | 126 | 16384 | 128 | 8 | 128 | 53248 | 128256 | no |
 //! | `llama-3.2-11b-vision` | `llama3.2-11b-vision` | 10.6B | 40 | 4096 | 32 | 8 | 128 | 14336 | 128256 | no |
 //! | `mistral-7b` | `mistral-7b-v0.1` | 7.24B | 32 | 4096 | 32 | 8 | 128 | 14336 | 32000 | no |
-//! | `qwen3-0.6b` | | 0.60B | 28 | 1024 | 16 | 8 | 128 | 3072 | 151936 | yes |
-//! | `qwen3-1.7b` | | 1.72B | 28 | 2048 | 16 | 8 | 128 | 6144 | 151936 | yes |
-//! | `qwen3-4b` | | 4.02B | 36 | 2560 | 32 | 8 | 128 | 9728 | 151936 | yes |
-//! | `qwen3-8b` | | 8.19B | 36 | 4096 | 32 | 8 | 128 | 12288 | 151936 | no |
-//! | `qwen3-14b` | | 14.77B | 40 | 5120 | 40 | 8 | 128 | 17408 | 151936 | no |
-//! | `qwen3-32b` | | 32.76B | 64 | 5120 | 64 | 8 | 128 | 25600 | 151936 | no |
-//! | `qwen2.5-7b` | | 7.62B | 28 | 3584 | 28 | 4 | 128 | 18944 | 152064 | no |
+//! | `qwen3-0.6b` |  | 600M | 28 | 1024 | 16 | 8 | 128 | 3072 | 151936 | yes |
+//! | `qwen3-1.7b` |  | 1.72B | 28 | 2048 | 16 | 8 | 128 | 6144 | 151936 | yes |
+//! | `qwen3-4b` |  | 4.02B | 36 | 2560 | 32 | 8 | 128 | 9728 | 151936 | yes |
+//! | `qwen3-8b` |  | 8.19B | 36 | 4096 | 32 | 8 | 128 | 12288 | 151936 | no |
+//! | `qwen3-14b` |  | 14.77B | 40 | 5120 | 40 | 8 | 128 | 17408 | 151936 | no |
+//! | `qwen3-32b` |  | 32.76B | 64 | 5120 | 64 | 8 | 128 | 25600 | 151936 | no |
+//! | `qwen2.5-7b` |  | 7.62B | 28 | 3584 | 28 | 4 | 128 | 18944 | 152064 | no |
 //! | `qwen-1.8b-v1` | `qwen-1.8b` | 1.84B | 24 | 2048 | 16 | 16 | 128 | 5504 | 151936 | no |
 //! | `qwen-7b-v1` | `qwen-7b` | 7.72B | 32 | 4096 | 32 | 32 | 128 | 11008 | 151936 | no |
 //! | `qwen-14b-v1` | `qwen-14b` | 14.17B | 40 | 5120 | 40 | 40 | 128 | 13696 | 152064 | no |
 //! | `qwen-72b-v1` | `qwen-72b` | 72.29B | 80 | 8192 | 64 | 64 | 128 | 24576 | 152064 | no |
-//! | `falcon-7b` | | 6.92B | 32 | 4544 | 71 | 1 | 64 | 18176 | 65024 | yes |
-//! | `falcon-40b` | | 41.8B | 60 | 8192 | 128 | 8 | 64 | 32768 | 65024 | no |
+//! | `falcon-7b` |  | 6.92B | 32 | 4544 | 71 | 1 | 64 | 18176 | 65024 | yes |
+//! | `falcon-40b` |  | 41.8B | 60 | 8192 | 128 | 8 | 64 | 32768 | 65024 | no |
 //! | `phi-1.5` | `phi-1_5` | 1.42B | 24 | 2048 | 32 | 32 | 64 | 8192 | 51200 | no |
 //! | `stablelm-base-alpha-3b` | `stablelm-3b` | 3.6B | 16 | 4096 | 32 | 32 | 128 | 16384 | 50688 | no |
-//! | `starcoder-15.5b` | `octocoder`, `octocoder-15.5b`, `starcoder` | 15.5B | 40 | 6144 | 48 | 1 | 128 | 24576 | 49152 | no |
-//! | `codellama-34b` | | 33.7B | 48 | 8192 | 64 | 8 | 128 | 22016 | 32000 | no |
+//! | `starcoder-15.5b` | `starcoder`, `octocoder`, `octocoder-15.5b` | 15.5B | 40 | 6144 | 48 | 1 | 128 | 24576 | 49152 | no |
+//! | `codellama-34b` |  | 33.7B | 48 | 8192 | 64 | 8 | 128 | 22016 | 32000 | no |
 //! | `bloomz-7b1` | `bloom-7b1` | 7.07B | 30 | 4096 | 32 | 32 | 128 | 16384 | 250880 | yes |
 //! | `gpt2` | `gpt-2`, `gpt2-small` | 124M | 12 | 768 | 12 | 12 | 64 | 3072 | 50257 | yes |
-//! | `bert-large` | `bert-large-uncased` | 335M | 24 | 1024 | 16 | 16 | 64 | 4096 | 30522 | yes |
-//! | `t0-3b` | `t5-v1.1-xl`, `t0_3b` | 2.85B | 48 | 2048 | 32 | 32 | 64 | 5120 | 32128 | no |
+//! | `bert-large` | `bert-large-uncased`, `bert-large-cased` | 335M | 24 | 1024 | 16 | 16 | 64 | 4096 | 30522 | yes |
+//! | `t0-3b` | `t0_3b`, `t5-v1.1-xl` | 2.85B | 48 | 2048 | 32 | 32 | 64 | 5120 | 32128 | no |
 //! | `mt0-xxl` | `mt5-xxl` | 12.9B | 48 | 4096 | 64 | 64 | 64 | 10240 | 250112 | no |
-//! | `whisper-large-v2` | `whisper-large`, `whisper-large-v3` | 1.55B | 64 | 1280 | 20 | 20 | 64 | 5120 | 51865 | yes |
+//! | `whisper-large-v2` | `whisper-large` | 1.55B | 64 | 1280 | 20 | 20 | 64 | 5120 | 51865 | yes |
 //! | `sdxl-base-1.0` | `sdxl`, `stable-diffusion-xl` | 3.5B | – | – | – | – | – | – | – | – |
 //!
 //! Encoder-decoder models (T5, mT0, Whisper) count encoder + decoder layers. SDXL is a UNet, not a
@@ -268,7 +268,7 @@ pub static PRESETS: &[Preset] = &[
     ),
     transformer(
         "whisper-large-v2",
-        &["whisper-large", "whisper-large-v3"],
+        &["whisper-large"],
         arch(1_550 * M, 64, 1280, 20, 20, 64, 5120, 51865, true),
     ),
     Preset {
@@ -315,6 +315,53 @@ pub fn find(name: &str) -> Option<&'static Preset> {
     PRESETS
         .iter()
         .find(|p| normalise(p.name) == wanted || p.aliases.iter().any(|a| normalise(a) == wanted))
+}
+
+/// The preset table as Markdown, one row per preset, as the module documentation (and the
+/// README's annotation reference) shows it.
+pub fn markdown_table() -> String {
+    let mut out = String::from(
+        "| preset | aliases | params | layers | hidden | heads | kv | head-dim | ffn | vocab | tied |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for p in PRESETS {
+        let aliases = p
+            .aliases
+            .iter()
+            .map(|a| format!("`{a}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let params = if p.params >= 1_000_000_000 {
+            format!("{}B", trim(p.params as f64 / 1e9))
+        } else {
+            format!("{}M", trim(p.params as f64 / 1e6))
+        };
+        let shape = match p.shape {
+            Some(a) => format!(
+                "{} | {} | {} | {} | {} | {} | {} | {}",
+                a.layers,
+                a.hidden_size,
+                a.attention_heads,
+                a.kv_heads,
+                a.head_dim,
+                a.intermediate_size,
+                a.vocab_size,
+                if a.tied_embeddings { "yes" } else { "no" }
+            ),
+            None => ["–"; 8].join(" | "),
+        };
+        out.push_str(&format!(
+            "| `{}` | {aliases} | {params} | {shape} |\n",
+            p.name
+        ));
+    }
+    out
+}
+
+/// `8.030` -> `8.03`, `7.000` -> `7`.
+fn trim(x: f64) -> String {
+    let s = format!("{x:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// The names `peakfit.io/model` accepts, for error messages.
@@ -371,6 +418,23 @@ mod tests {
             "bloomz-7b1",
         ] {
             assert!(find(model).is_some(), "no preset for {model}");
+        }
+    }
+
+    #[test]
+    fn module_doc_table_matches_the_presets() {
+        let source = include_str!("presets.rs");
+        let doc: String = source
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for row in markdown_table().lines() {
+            assert!(
+                doc.contains(row),
+                "module doc lacks the row\n{row}\nexpected table:\n{}",
+                markdown_table()
+            );
         }
     }
 
