@@ -549,8 +549,16 @@ impl Inputs {
     }
 }
 
+/// No component is allowed past 2^60 bytes (an exbibyte: no GPU comes near), so that sums of
+/// components cannot overflow whatever the annotations say.
+const MAX_COMPONENT: f64 = (1u64 << 60) as f64;
+
 fn round(bytes: f64) -> u64 {
-    bytes.max(0.0).ceil() as u64
+    // NaN (from absurd inputs) maps to the cap, not to zero: never under-reserve.
+    if bytes.is_nan() {
+        return MAX_COMPONENT as u64;
+    }
+    bytes.clamp(0.0, MAX_COMPONENT).ceil() as u64
 }
 
 /// Appends a non-empty component.
@@ -1038,6 +1046,74 @@ mod tests {
         ]);
         let w = part(&from_shape, "weights") / 2.0;
         assert!((w / 8.03e9 - 1.0).abs() < 0.01, "{w}");
+    }
+
+    proptest::proptest! {
+        /// Whatever valid values a pod carries, the model answers without panicking and with
+        /// counters in order (the extender calls it on every pod it indexes).
+        #[test]
+        fn any_valid_spec_estimates_without_panicking(
+            preset in 0usize..super::super::presets::PRESETS.len(),
+            params in 1u64..(1u64 << 44),
+            layers in 1u32..=1024,
+            hidden in 1u32..=(1 << 20),
+            heads in 1u32..=4096,
+            batch in 1u32..=(1 << 20),
+            context in 1u64..=(1 << 26),
+            tp in 1u32..=64,
+            dp in 1u32..=(1 << 20),
+            zero in 0u8..=3,
+            workload in 0usize..4,
+            dtype in 0usize..10,
+            engine in 0usize..6,
+            gc in 0usize..3,
+            flash: bool,
+            util in 0.01f64..=1.0,
+            headroom in 0.0f64..=10.0,
+        ) {
+            let workloads = ["inference", "training", "lora", "qlora"];
+            let dtypes = ["fp32", "fp16", "bf16", "fp16-amp", "fp8", "int8", "int4-gptq", "int4-awq", "nf4", "nf4-dq"];
+            let engines = ["vllm", "tgi", "sglang", "tensorrt-llm", "hf", "torchtune"];
+            let gcs = ["none", "selective", "full"];
+            let mut pairs = vec![
+                ("model", super::super::presets::PRESETS[preset].name.to_string()),
+                ("params", params.to_string()),
+                ("layers", layers.to_string()),
+                ("hidden-size", hidden.to_string()),
+                ("attention-heads", heads.to_string()),
+                ("batch", batch.to_string()),
+                ("context-tokens", context.to_string()),
+                ("tensor-parallel", tp.to_string()),
+                ("data-parallel", dp.to_string()),
+                ("zero-stage", zero.to_string()),
+                ("workload", workloads[workload].to_string()),
+                ("engine", engines[engine].to_string()),
+                ("gradient-checkpointing", gcs[gc].to_string()),
+                ("flash-attention", flash.to_string()),
+                ("headroom", headroom.to_string()),
+            ];
+            // Only combinations the parser accepts: qlora needs quantised weights, full
+            // training unquantised ones, a utilization needs a fraction engine.
+            let d = match (workloads[workload], dtype) {
+                ("qlora", d) if d < 4 => 8,
+                ("training", d) if d >= 4 => 2,
+                (_, d) => d,
+            };
+            pairs.push(("dtype", dtypes[d].to_string()));
+            if engine < 4 {
+                pairs.push(("gpu-memory-utilization", util.to_string()));
+            }
+            let map: BTreeMap<String, String> = pairs
+                .into_iter()
+                .map(|(k, v)| (format!("peakfit.io/{k}"), v))
+                .collect();
+            let spec = Spec::parse(&map).unwrap();
+            let e = estimate(&spec, Defaults::GPU_TOTAL);
+            proptest::prop_assert!(e.allocated_bytes <= e.reserved_bytes);
+            proptest::prop_assert!(e.demand.fixed_bytes > 0);
+            let r = super::super::annotations::pod_request(&map).unwrap().unwrap();
+            proptest::prop_assert!(r.gpus >= 1);
+        }
     }
 
     #[test]
