@@ -17,3 +17,6 @@ pub use ledger::{
     GpuLedger, NodeCondition, NodeLedger, NodeSummary, PodKey, ReportError, Reservation,
 };
 pub use score::{Scored, ScoringPolicy, place, scores_0_to_10};
+
+#[cfg(test)]
+mod properties;
