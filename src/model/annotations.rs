@@ -359,6 +359,8 @@ pub struct Spec {
     pub data_parallel: Option<u32>,
     pub zero_stage: Option<u8>,
     pub optimizer: Option<Optimizer>,
+    /// A `paged-*` optimizer: its state lives in CUDA unified memory, outside PyTorch's allocator.
+    pub optimizer_paged: bool,
     pub gradient_checkpointing: Option<Checkpointing>,
     pub flash_attention: Option<bool>,
     pub lora_rank: Option<u32>,
@@ -510,7 +512,10 @@ impl Spec {
             "tensor-parallel" => self.tensor_parallel = Some(int(key, v, 1, 64)?),
             "data-parallel" => self.data_parallel = Some(int(key, v, 1, 1 << 20)?),
             "zero-stage" => self.zero_stage = Some(int(key, v, 0, 3)?),
-            "optimizer" => self.optimizer = Some(Optimizer::parse(key, v)?),
+            "optimizer" => {
+                self.optimizer = Some(Optimizer::parse(key, v)?);
+                self.optimizer_paged = v.to_ascii_lowercase().starts_with("paged-");
+            }
             "gradient-checkpointing" => {
                 self.gradient_checkpointing = Some(match v.to_ascii_lowercase().as_str() {
                     "none" | "false" => Checkpointing::None,
