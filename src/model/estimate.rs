@@ -596,7 +596,13 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
     tensor("fp32-upcast", inp.kbit_upcast());
     let (grads, master, optimizer) = inp.trainable_state();
     tensor("gradients", grads);
-    tensor("master-weights", master);
+    // For adapters the fp32 "master" copy is the adapters themselves.
+    let master_name = if inp.workload.is_adapter() {
+        "adapters"
+    } else {
+        "master-weights"
+    };
+    tensor(master_name, master);
     if !spec.optimizer_paged {
         tensor("optimizer", optimizer);
     }
