@@ -4,6 +4,39 @@
 //! Strict on purpose: an unknown `peakfit.io/` key is refused with the list of known ones, so a
 //! typo (`peakfit.io/gpu`) cannot silently schedule a pod on defaults. Each refusal names the
 //! annotation, the value and what would have been accepted.
+//!
+//! A pod opts in with any input annotation below; the output ones written by bind
+//! (`assigned-gpus`, `reserved-bytes`, `gpu-memory-fraction`) alone do not.
+//!
+//! | annotation (`peakfit.io/…`) | accepted values | default |
+//! |---|---|---|
+//! | `vram` | Kubernetes quantity per GPU (`20Gi`, `20G`, `1.5Ti`, `1e9`); overrides the model | from the model |
+//! | `gpus` | 1–64 | `tensor-parallel`, else 1 |
+//! | `model` | a preset (see [`super::presets`]), case-insensitive, checkpoint suffixes like `-Chat`, `-Int4`, `(v1)` ignored | none |
+//! | `params` | count: `8.03B`, `335M`, `1.1T`, `124000000` | the preset's |
+//! | `layers` | 1–1024 | the preset's |
+//! | `hidden-size` | 1–1048576 | the preset's |
+//! | `attention-heads` | 1–4096 | the preset's |
+//! | `kv-heads` | 1–4096, at most `attention-heads` | the preset's (= heads without a preset) |
+//! | `head-dim` | 1–4096 | the preset's (hidden / heads without a preset) |
+//! | `vocab-size` | 1–16777216 | the preset's |
+//! | `intermediate-size` | per-branch FFN width | the preset's |
+//! | `tied-embeddings` | `true` `false` | the preset's |
+//! | `dtype` | `fp32 fp16 bf16 fp16-amp fp8 int8 int4-gptq int4-awq nf4 nf4-dq` | `bf16`; `fp16-amp` for training; `nf4` for qlora |
+//! | `kv-dtype` | `fp32 fp16 bf16 fp8 int8` | 16-bit (fp32 for fp32 models) |
+//! | `workload` | `inference training lora qlora` | `inference` |
+//! | `batch` | sequences per GPU per step, 1–1048576 | 1 |
+//! | `context-tokens` | tokens per sequence at the peak (`128K` allowed) | 256 inference, 256 training, 512 for a serving engine's smallest-GPU check |
+//! | `engine` | free-form; `vllm tgi sglang tensorrt-llm` budget a fraction of the GPU, anything else is a plain framework (`torchtune` and `ms-swift` change the logits term) | plain framework |
+//! | `gpu-memory-utilization` | (0, 1], only with a fraction engine | vLLM 0.92, TGI 1.0, SGLang 0.88, TensorRT-LLM 0.9 |
+//! | `tensor-parallel` | 1–64, a divisor of `gpus` | 1 |
+//! | `data-parallel` | 1–1048576 | 1 |
+//! | `zero-stage` | 0–3 (FSDP full-shard = 3) | 0 |
+//! | `optimizer` | `adamw adam adamw-fused sgd lion adafactor adam-8bit adamw-8bit paged-adamw-8bit paged-adamw` | `adamw` |
+//! | `gradient-checkpointing` | `none selective full` | `none` (`full` for torchtune) |
+//! | `flash-attention` | `true` `false` | `true` (`false` for fp32) |
+//! | `lora-rank` | 1–65536, only with lora/qlora | 8 (adapters on every linear layer) |
+//! | `headroom` | extra fraction, 0–10, on the whole estimate (on the part outside a fraction engine's budget) | 0 |
 
 use std::collections::BTreeMap;
 
@@ -298,7 +331,7 @@ impl Engine {
 }
 
 /// Everything a pod's annotations say, validated, before defaults are applied. The estimator
-/// fills the gaps (see [`super::estimate`]).
+/// fills the gaps (see [`mod@super::estimate`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Spec {
     /// The input keys present, without the prefix: a spec with none means "not a peakfit pod".
@@ -326,6 +359,8 @@ pub struct Spec {
     pub data_parallel: Option<u32>,
     pub zero_stage: Option<u8>,
     pub optimizer: Option<Optimizer>,
+    /// A `paged-*` optimizer: its state lives in CUDA unified memory, outside PyTorch's allocator.
+    pub optimizer_paged: bool,
     pub gradient_checkpointing: Option<Checkpointing>,
     pub flash_attention: Option<bool>,
     pub lora_rank: Option<u32>,
@@ -477,7 +512,10 @@ impl Spec {
             "tensor-parallel" => self.tensor_parallel = Some(int(key, v, 1, 64)?),
             "data-parallel" => self.data_parallel = Some(int(key, v, 1, 1 << 20)?),
             "zero-stage" => self.zero_stage = Some(int(key, v, 0, 3)?),
-            "optimizer" => self.optimizer = Some(Optimizer::parse(key, v)?),
+            "optimizer" => {
+                self.optimizer = Some(Optimizer::parse(key, v)?);
+                self.optimizer_paged = v.to_ascii_lowercase().starts_with("paged-");
+            }
             "gradient-checkpointing" => {
                 self.gradient_checkpointing = Some(match v.to_ascii_lowercase().as_str() {
                     "none" | "false" => Checkpointing::None,
@@ -665,6 +703,17 @@ mod tests {
 
     fn err(pairs: &[(&str, &str)]) -> AnnotationError {
         pod_request(&ann(pairs)).unwrap_err()
+    }
+
+    #[test]
+    fn module_doc_lists_every_input_annotation() {
+        let doc = include_str!("annotations.rs");
+        for key in INPUT_KEYS {
+            assert!(
+                doc.contains(&format!("//! | `{key}` |")),
+                "{key} missing from the doc table"
+            );
+        }
     }
 
     #[test]

@@ -596,8 +596,16 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
     tensor("fp32-upcast", inp.kbit_upcast());
     let (grads, master, optimizer) = inp.trainable_state();
     tensor("gradients", grads);
-    tensor("master-weights", master);
-    tensor("optimizer", optimizer);
+    // For adapters the fp32 "master" copy is the adapters themselves.
+    let master_name = if inp.workload.is_adapter() {
+        "adapters"
+    } else {
+        "master-weights"
+    };
+    tensor(master_name, master);
+    if !spec.optimizer_paged {
+        tensor("optimizer", optimizer);
+    }
     tensor("zero3-live-params", inp.zero3_live_params());
     if has_shape {
         tensor("activations", inp.activations());
@@ -620,6 +628,17 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
         counter: Counter::Reserved,
     });
     let reserved = allocated + slack_bytes;
+    // Paged optimizers (bitsandbytes) keep their state in CUDA unified memory from
+    // `cudaMallocManaged`, outside PyTorch's allocator: NVML sees it while it is resident,
+    // `max_memory_reserved` never does.
+    if spec.optimizer_paged {
+        add(
+            &mut components,
+            "optimizer-paged",
+            optimizer,
+            Counter::Process,
+        );
+    }
     add(
         &mut components,
         "cuda-context",
@@ -884,6 +903,13 @@ mod tests {
         assert_eq!(part(&sgd, "optimizer"), p * 4.0);
         let eight = with(&[("optimizer", "adam-8bit")]);
         assert_eq!(part(&eight, "optimizer"), p * 2.0);
+        let paged = with(&[("optimizer", "paged-adamw-8bit")]);
+        assert_eq!(part(&paged, "optimizer"), 0.0);
+        assert_eq!(part(&paged, "optimizer-paged"), p * 2.0);
+        // NVML sees it either way, without the caching allocator's slack on it.
+        let slack_on_state = (p * 2.0 * (SLACK_TRAINING - 1.0)) as u64;
+        assert!((paged.per_gpu_bytes + slack_on_state).abs_diff(eight.per_gpu_bytes) < 16);
+        assert!(paged.reserved_bytes < eight.reserved_bytes);
         let z1 = with(&[("zero-stage", "1"), ("data-parallel", "8")]);
         assert_eq!(part(&z1, "optimizer"), p);
         assert_eq!(part(&z1, "gradients"), p * 4.0);
