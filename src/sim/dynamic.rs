@@ -5,8 +5,9 @@
 //! - `live-free`: the memory NVML shows free right now (a naive NVML scheduler);
 //! - `peakfit`: the extender's ledger, each pod at max(predicted peak, observed use).
 //!
-//! All three place with the extender's own `placement::fit` and `placement::score` on a
-//! `NodeLedger`; only what the ledger holds differs. A GPU whose pods' real use exceeds its
+//! All three place with the extender's own `placement::place` (peakfit scoring over the shapes
+//! seen so far, fed to `ShapeStats` as the extender does) on a `NodeLedger`; only what the
+//! ledger holds, and the demand it is asked for, differ. A GPU whose pods' real use exceeds its
 //! memory at a sample is an OOM event: the youngest pod on it is killed and queued again.
 
 use std::collections::VecDeque;
@@ -17,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::profiles::Profile;
 use crate::placement::{
-    self, Demand, FitConfig, GpuLedger, NodeLedger, PodShape, Reservation, ScoringPolicy,
+    self, Demand, FitConfig, GpuLedger, NodeLedger, PodClass, PodShape, ScoringPolicy, ShapeStats,
 };
 
 /// How the scheduler counts memory as taken.
@@ -113,6 +114,7 @@ pub fn simulate(
         max_report_age_secs: None,
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut stats = ShapeStats::default();
     let mut ledgers: Vec<NodeLedger> = nodes
         .iter()
         .map(|n| {
@@ -163,7 +165,9 @@ pub fn simulate(
         // Scheduling, in arrival order; a pod that fits nowhere does not block the others.
         let mut still = VecDeque::with_capacity(pending.len());
         while let Some((p, arrived)) = pending.pop_front() {
-            match place(&ledgers, &pods[p], accounting, &cfg, &mut rng) {
+            let class = class_of(&pods[p], accounting);
+            stats.observe(&class);
+            match place(&ledgers, &class, &stats, &cfg, &mut rng) {
                 Some((n, placement)) => {
                     let pod = &pods[p];
                     let key = format!("pod-{p}-{starts}");
@@ -198,24 +202,30 @@ pub fn simulate(
         }
         pending = still;
         // Real use; the agent reports it, and ledgers that look at it record it.
-        let mut use_per_gpu: Vec<Vec<u64>> =
-            nodes.iter().map(|n| vec![0; n.gpu_bytes.len()]).collect();
+        let mut use_per_gpu: Vec<Vec<Vec<(&str, u64)>>> = nodes
+            .iter()
+            .map(|n| vec![Vec::new(); n.gpu_bytes.len()])
+            .collect();
         for r in &running {
             let pod = &pods[r.pod];
             let now =
                 (r.peak_bytes as f64 * pod.profile.at((minute - r.start_min) as usize)) as u64;
             for &g in &r.gpus {
-                use_per_gpu[r.node][g] += now;
-                if accounting != Accounting::Declared
-                    && let Some(res) = ledgers[r.node].gpus[g].reservations.get_mut(&r.key)
-                {
-                    *res = Reservation {
-                        predicted_bytes: res.predicted_bytes,
-                        observed_bytes: now,
-                    };
+                use_per_gpu[r.node][g].push((r.key.as_str(), now));
+            }
+        }
+        if accounting != Accounting::Declared {
+            for (n, gpus) in use_per_gpu.iter().enumerate() {
+                for (g, seen) in gpus.iter().enumerate() {
+                    let total = nodes[n].gpu_bytes[g];
+                    ledgers[n].gpus[g].observe(total, 0, seen.iter().copied(), 0);
                 }
             }
         }
+        let use_per_gpu: Vec<Vec<u64>> = use_per_gpu
+            .iter()
+            .map(|gpus| gpus.iter().map(|s| s.iter().map(|x| x.1).sum()).collect())
+            .collect();
         used_sum += use_per_gpu.iter().flatten().sum::<u64>() as f64 / capacity as f64;
         committed_sum += ledgers
             .iter()
@@ -258,40 +268,46 @@ pub fn simulate(
     out
 }
 
-/// The extender's filter and prioritize over every node; ties broken at random.
-fn place(
-    ledgers: &[NodeLedger],
-    pod: &DynPod,
-    accounting: Accounting,
-    cfg: &FitConfig,
-    rng: &mut ChaCha8Rng,
-) -> Option<(usize, placement::Placement)> {
+/// The pod as each accounting's scheduler is asked to place it.
+fn class_of(pod: &DynPod, accounting: Accounting) -> PodClass {
     let demand = match accounting {
         Accounting::Peakfit => pod.predicted,
         Accounting::Declared | Accounting::LiveFree => Demand::fixed(pod.declared_bytes),
     };
-    let shape = PodShape {
+    PodClass::from(PodShape {
         gpus: pod.gpus,
         demand,
-    };
-    let mut best: Option<(u8, usize, placement::Placement)> = None;
+    })
+}
+
+/// The extender's filter and prioritize over every node; ties broken at random.
+fn place(
+    ledgers: &[NodeLedger],
+    class: &PodClass,
+    stats: &ShapeStats,
+    cfg: &FitConfig,
+    rng: &mut ChaCha8Rng,
+) -> Option<(usize, placement::Placement)> {
+    let mix = stats.mix();
+    let mut best: Option<(f64, usize, placement::Placement)> = None;
     let mut ties = 0u32;
     for (n, ledger) in ledgers.iter().enumerate() {
-        let Ok(p) = placement::fit(ledger, &shape, cfg, 0) else {
+        let Ok(scored) = placement::place(ledger, class, ScoringPolicy::Peakfit, &mix, cfg, 0)
+        else {
             continue;
         };
-        let s = placement::score(ledger, &shape, &p, ScoringPolicy::Peakfit);
+        let s = scored.score;
         match &best {
-            Some((b, _, _)) if s < *b => {}
-            Some((b, _, _)) if s == *b => {
+            Some((b, _, _)) if s < *b - 1e-12 => {}
+            Some((b, _, _)) if s <= *b + 1e-12 => {
                 ties += 1;
                 if rng.random_range(0..ties) == 0 {
-                    best = Some((s, n, p));
+                    best = Some((s, n, scored.placement));
                 }
             }
             _ => {
                 ties = 1;
-                best = Some((s, n, p));
+                best = Some((s, n, scored.placement));
             }
         }
     }

@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use super::frag::{self, GpuChange, Shape, ShapeStat};
 use super::openb::{NodeSpec, PodSpec, model_memory_mib};
 use crate::placement::{
-    self, Demand, FitConfig, GpuLedger, NodeLedger, Placement, PodShape, ScoringPolicy,
+    self, Demand, FitConfig, GpuLedger, NodeLedger, Placement, PodClass, PodShape, ScoringPolicy,
+    ShapeMix,
 };
 
 /// The scheduling policies the simulator compares.
@@ -168,6 +169,15 @@ pub struct Replay<'a> {
     nodes: Vec<Node>,
     shapes: Vec<Shape>,
     ledgers: Vec<NodeLedger>,
+    /// peakfit: each pod as the extender sees it, and the typical mix of the workload (the same
+    /// knowledge FGD's typical pods give it).
+    classes: Vec<PodClass>,
+    /// Index of each pod's class in `class_cache`.
+    class_of_pod: Vec<usize>,
+    /// `placement::place` is pure in (ledger, class, mix), and a pod changes one node's ledger:
+    /// each class keeps every node's last answer until that node changes.
+    class_cache: Vec<Vec<Option<Option<placement::Scored>>>>,
+    mix: ShapeMix,
     fit_cfg: FitConfig,
     rng: ChaCha8Rng,
     capacity_milli: u64,
@@ -177,6 +187,7 @@ pub struct Replay<'a> {
     placed: usize,
     candidates: Vec<(usize, i64, Choice)>,
     peakfit_choice: Vec<(usize, Placement)>,
+    peakfit_scores: Vec<f64>,
     model_allowed: Vec<Vec<bool>>,
     rank: Vec<u32>,
 }
@@ -206,10 +217,11 @@ impl<'a> Replay<'a> {
             pods,
             nodes: Vec::with_capacity(nodes.len()),
             ledgers: Vec::new(),
-            fit_cfg: FitConfig {
-                safety_margin_bytes: 0,
-                max_report_age_secs: None,
-            },
+            classes: Vec::new(),
+            class_of_pod: Vec::new(),
+            class_cache: Vec::new(),
+            mix: ShapeMix::default(),
+            fit_cfg: FitConfig::simulation(),
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x0005_eed0_ff6d),
             capacity_milli: 0,
             used_milli: 0,
@@ -218,6 +230,7 @@ impl<'a> Replay<'a> {
             placed: 0,
             candidates: Vec::with_capacity(nodes.len()),
             peakfit_choice: Vec::new(),
+            peakfit_scores: Vec::new(),
             model_allowed,
             rank: filter_order(nodes.len()),
             shapes,
@@ -250,6 +263,18 @@ impl<'a> Replay<'a> {
                 state.ledgers.push(ledger_for(spec));
             }
         }
+        if policy == Policy::Peakfit {
+            let mut ids: std::collections::HashMap<PodClass, usize> = Default::default();
+            for pod in pods {
+                let class = openb_class(pod);
+                let next = ids.len();
+                let id = *ids.entry(class.clone()).or_insert(next);
+                state.class_of_pod.push(id);
+                state.classes.push(class);
+            }
+            state.class_cache = vec![vec![None; nodes.len()]; ids.len()];
+            state.mix = ShapeMix::typical(arrivals.iter().map(|&i| state.classes[i].clone()), 0.95);
+        }
         state
     }
 
@@ -267,6 +292,7 @@ impl<'a> Replay<'a> {
         self.arrived_milli += pods[pod_index].total_gpu_milli();
         self.candidates.clear();
         self.peakfit_choice.clear();
+        self.peakfit_scores.clear();
         for n in 0..self.nodes.len() {
             if !self.feasible(n, pod_index) {
                 continue;
@@ -277,6 +303,13 @@ impl<'a> Replay<'a> {
         }
         if self.policy == Policy::Bestfit {
             normalize(&mut self.candidates);
+        }
+        if self.policy == Policy::Peakfit {
+            // The extender's prioritize: the batch onto 0..=10, only the best node(s) at 10.
+            let tens = placement::scores_0_to_10(&self.peakfit_scores);
+            for (c, t) in self.candidates.iter_mut().zip(tens) {
+                c.1 = i64::from(t);
+            }
         }
         let pick = if self.policy == Policy::Random {
             pick_max(&self.candidates, &mut self.rng)
@@ -307,10 +340,8 @@ impl<'a> Replay<'a> {
         if !self.model_allowed[p][node.model] {
             return false;
         }
-        if self.policy == Policy::Peakfit {
-            // The extender decides the GPU fit from its ledger.
-            return true;
-        }
+        // For peakfit the ledger decides (`placement::place` rejects the same nodes); this check
+        // on the mirrored milli state only spares it the nodes that plainly cannot fit.
         if pod.is_gpu_share() {
             node.gpu_free.iter().any(|&f| f >= pod.gpu_milli)
         } else {
@@ -417,19 +448,29 @@ impl<'a> Replay<'a> {
         (score_of(&changes, pod.total_gpu_milli()), Choice::Whole)
     }
 
-    /// The extender's filter and prioritize: `placement::fit`, then `placement::score`.
+    /// The extender's filter and prioritize: `placement::place` under the peakfit policy.
     fn peakfit_score(&mut self, n: usize, p: usize) -> Option<(i64, Choice)> {
-        let pods = self.pods;
-        let pod = &pods[p];
-        if pod.num_gpu == 0 {
-            return Some((0, Choice::Cpu));
-        }
-        let shape = openb_shape(pod);
-        let ledger = &self.ledgers[n];
-        let placement = placement::fit(ledger, &shape, &self.fit_cfg, 0).ok()?;
-        let score = placement::score(ledger, &shape, &placement, ScoringPolicy::Peakfit);
-        self.peakfit_choice.push((n, placement));
-        Some((i64::from(score), Choice::Ledger))
+        let c = self.class_of_pod[p];
+        let cached = match &self.class_cache[c][n] {
+            Some(answer) => answer.clone(),
+            None => {
+                let answer = placement::place(
+                    &self.ledgers[n],
+                    &self.classes[p],
+                    ScoringPolicy::Peakfit,
+                    &self.mix,
+                    &self.fit_cfg,
+                    0,
+                )
+                .ok();
+                self.class_cache[c][n] = Some(answer.clone());
+                answer
+            }
+        };
+        let scored = cached?;
+        self.peakfit_choice.push((n, scored.placement));
+        self.peakfit_scores.push(scored.score);
+        Some((0, Choice::Ledger))
     }
 
     fn place(&mut self, n: usize, p: usize, choice: Choice) {
@@ -458,14 +499,18 @@ impl<'a> Replay<'a> {
                 }
             }
             Choice::Ledger => {
+                // Bind: the placement prioritize computed on this unchanged ledger.
                 let Some((_, placement)) = self.peakfit_choice.iter().find(|(m, _)| *m == n) else {
                     return;
                 };
-                self.ledgers[n].reserve(
+                self.ledgers[n].reserve_placement(
                     &format!("pod-{}", self.placed),
-                    &placement.gpu_indices,
-                    &placement.per_gpu_bytes,
+                    placement,
+                    &self.classes[p],
                 );
+                for per_class in &mut self.class_cache {
+                    per_class[n] = None;
+                }
                 for &i in &placement.gpu_indices {
                     take(node, i, pod.gpu_milli);
                 }
@@ -503,18 +548,28 @@ fn ledger_for(spec: &NodeSpec) -> NodeLedger {
     NodeLedger::with_gpus(
         spec.name.clone(),
         (0..spec.gpus)
-            .map(|i| GpuLedger::new(format!("{}-gpu{i}", spec.name), total))
+            .map(|i| GpuLedger::new(format!("{}-gpu{i}", spec.name), total).with_model(&spec.model))
             .collect(),
     )
+    .with_cpu_milli(spec.cpu_milli)
 }
 
-/// An openb pod as the extender sees it: `gpu_milli` as the same share of each GPU's memory.
-/// The fraction sits a hair under the share so that float rounding in `Demand::bytes_on` never
-/// adds a byte: shares summing to exactly 1000 milli must fill a GPU exactly, as in the paper.
-fn openb_shape(pod: &PodSpec) -> PodShape {
-    PodShape {
-        gpus: pod.num_gpu,
-        demand: Demand::fraction(f64::from(pod.gpu_milli) / 1000.0 - 1e-12),
+/// An openb pod as the extender sees it: `gpu_milli` as the same share of each GPU's memory,
+/// its CPU and its allowed GPU models (`Demand::bytes_on` rounds down, so shares summing to
+/// exactly 1000 milli fit one GPU, as in the paper).
+fn openb_class(pod: &PodSpec) -> PodClass {
+    PodClass {
+        shape: PodShape {
+            gpus: pod.num_gpu,
+            demand: Demand::fraction(f64::from(pod.gpu_milli) / 1000.0),
+        },
+        cpu_milli: pod.cpu_milli,
+        gpu_models: pod
+            .gpu_spec
+            .split('|')
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned)
+            .collect(),
     }
 }
 
@@ -804,10 +859,15 @@ mod tests {
             if policy == Policy::Peakfit {
                 for (n, l) in r.nodes.iter().zip(&r.ledgers) {
                     for (f, g) in n.gpu_free.iter().zip(&l.gpus) {
-                        // The ledger and the milli state agree on what is taken.
+                        // The ledger and the milli state agree on what is taken (to a byte of
+                        // rounding per share).
                         let used_bytes = g.total_bytes - g.free_bytes();
+                        let per_milli = g.total_bytes / 1000;
                         let used_milli = 1000 - f;
-                        assert_eq!(used_bytes / (g.total_bytes / 1000), u64::from(used_milli));
+                        assert_eq!(
+                            (used_bytes + per_milli / 2) / per_milli,
+                            u64::from(used_milli)
+                        );
                     }
                 }
             }
