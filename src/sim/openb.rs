@@ -22,6 +22,10 @@ pub fn model_memory_mib(model: &str) -> u64 {
         "V100M32" => 32_510,
         "G2" => 20_000,
         "G3" => 30_000,
+        // The built-in cluster's models.
+        "H100-80GB" => 80 * 1024,
+        "A100-40GB" => 40 * 1024,
+        "L4-24GB" => 24 * 1024,
         _ => 16_384,
     }
 }
