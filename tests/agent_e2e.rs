@@ -4,28 +4,14 @@
 //! Needs the fake NVML (`cargo build -p fake-nvml`) and an extender with `--from-file`; it says so
 //! and skips when either is missing.
 
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod agent_support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use agent_support::{Running, fake_lib, free_port, request};
 use serde_json::{Value, json};
-
-fn fake_lib() -> Option<PathBuf> {
-    let lib = std::env::var_os("FAKE_NVML_LIB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_BIN_EXE_peakfit")).with_file_name("libfake_nvml.so")
-        });
-    if lib.exists() {
-        return Some(lib);
-    }
-    eprintln!(
-        "skipping: {} not found; build it with `cargo build -p fake-nvml`",
-        lib.display()
-    );
-    None
-}
 
 fn extender_has_file_mode() -> bool {
     let out = Command::new(env!("CARGO_BIN_EXE_peakfit"))
@@ -81,32 +67,6 @@ fn pod(name: &str, uid: &str, vram: &str) -> Value {
 
 fn node(name: &str) -> String {
     format!("---\napiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n")
-}
-
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn request(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.get(9..12)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n")?.1.to_string();
-    Some((code, body))
 }
 
 fn post(port: u16, path: &str, body: &Value) -> Value {
@@ -191,11 +151,7 @@ fn agent_reports_drive_the_extenders_filter_and_bind() {
     let cluster = dir.path().join("cluster.yaml");
     std::fs::write(&cluster, &file).unwrap();
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let _extender = Running(
         Command::new(env!("CARGO_BIN_EXE_peakfit"))
             .args(["extender", "--listen", &format!("127.0.0.1:{port}")])
