@@ -31,6 +31,21 @@ pub enum ScoringPolicy {
 /// tie-breaker between placements whose fragmentation differs by less than ~1/1000 GPU.
 pub const PACKING_WEIGHT: f64 = 1e-3;
 
+/// Knobs of the peakfit policy, exposed so the simulator can show what each one buys.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Tuning {
+    /// Weight of the node-packing term added to the fragmentation delta.
+    pub packing_weight: f64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            packing_weight: PACKING_WEIGHT,
+        }
+    }
+}
+
 /// A chosen placement and how good it is (higher is better; comparable across nodes for the
 /// same pod, policy and mix).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -52,9 +67,24 @@ pub fn place(
     cfg: &FitConfig,
     now_unix: i64,
 ) -> Result<Scored, Rejection> {
+    place_tuned(node, class, policy, mix, cfg, now_unix, &Tuning::default())
+}
+
+/// `place` with explicit knobs for the peakfit policy.
+pub fn place_tuned(
+    node: &NodeLedger,
+    class: &PodClass,
+    policy: ScoringPolicy,
+    mix: &ShapeMix,
+    cfg: &FitConfig,
+    now_unix: i64,
+    tuning: &Tuning,
+) -> Result<Scored, Rejection> {
     let candidates = admissible(node, class, cfg, now_unix)?;
     Ok(match policy {
-        ScoringPolicy::Peakfit if !mix.is_empty() => peakfit(node, class, candidates, mix, cfg),
+        ScoringPolicy::Peakfit if !mix.is_empty() => {
+            peakfit(node, class, candidates, mix, cfg, tuning)
+        }
         ScoringPolicy::Peakfit | ScoringPolicy::Binpack => by_free(node, class, candidates, true),
         ScoringPolicy::Spread => by_free(node, class, candidates, false),
     })
@@ -120,6 +150,7 @@ fn peakfit(
     mut candidates: Vec<(usize, u64)>,
     mix: &ShapeMix,
     cfg: &FitConfig,
+    tuning: &Tuning,
 ) -> Scored {
     let mut state = FragState::new(node, mix, cfg, FragUnit::Gpus);
     let before = state.value();
@@ -153,7 +184,7 @@ fn peakfit(
         chosen.push((i, need));
     }
     let after = state.value();
-    let score = (before - after) + PACKING_WEIGHT * packing_after(node, &chosen);
+    let score = (before - after) + tuning.packing_weight * packing_after(node, &chosen);
     Scored {
         placement: Placement::from_pairs(chosen),
         score,
@@ -166,6 +197,36 @@ fn change(gpu: &GpuLedger, free: u64, need: u64) -> GpuChange<'_> {
         free_before: free,
         free_after: free - need,
     }
+}
+
+/// The first version's absolute score, 0 (worst) to 10 (best), of a given placement, without a
+/// shape mix: how full the chosen GPUs end up (Binpack, and Peakfit for lack of a mix) or how
+/// empty (Spread). Kept so early callers build; `place` + `scores_0_to_10` rank better.
+pub fn score(
+    node: &NodeLedger,
+    shape: &super::demand::PodShape,
+    placement: &Placement,
+    policy: ScoringPolicy,
+) -> u8 {
+    let _ = shape;
+    let (total, free_after) = placement
+        .gpu_indices
+        .iter()
+        .zip(&placement.per_gpu_bytes)
+        .map(|(&i, &b)| {
+            let g = &node.gpus[i];
+            (g.total_bytes, g.free_bytes().saturating_sub(b))
+        })
+        .fold((0u64, 0u64), |(t, f), (gt, gf)| (t + gt, f + gf));
+    if total == 0 {
+        return 0;
+    }
+    let used = 1.0 - free_after as f64 / total as f64;
+    let s = match policy {
+        ScoringPolicy::Peakfit | ScoringPolicy::Binpack => used,
+        ScoringPolicy::Spread => 1.0 - used,
+    };
+    (s * 10.0).round().clamp(0.0, 10.0) as u8
 }
 
 /// Maps a batch of fine-grained scores (one per node, higher better) to kube-scheduler's
