@@ -102,6 +102,18 @@ impl ShapeMix {
     pub fn generation(&self) -> u64 {
         self.generation
     }
+
+    /// CPU the expected pods ask per GPU they take (millicores per whole GPU), GPU-less pods'
+    /// CPU included: the ratio at which a node's CPU and GPUs run out together. `None` when the
+    /// mix asks for no CPU or no GPU (the extender, where kube-scheduler owns CPU).
+    pub fn cpu_per_gpu(&self) -> Option<f64> {
+        let (mut cpu, mut gpu) = (0.0, 0.0);
+        for (class, p) in &self.shapes {
+            cpu += p * class.cpu_milli as f64;
+            gpu += p * f64::from(class.shape.gpus) * class.shape.demand.gpu_fraction.min(1.0);
+        }
+        (cpu > 0.0 && gpu > 0.0).then(|| cpu / gpu)
+    }
 }
 
 /// Tunables of the recent-shapes window.
