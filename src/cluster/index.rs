@@ -336,6 +336,14 @@ impl Index {
     }
 
     fn upsert(&self, mut entry: PodEntry) {
+        let name_key = (entry.namespace.clone(), entry.name.clone());
+        let other = self.pods.read().by_name.get(&name_key).cloned();
+        if let Some(other) = other
+            && other != entry.key
+        {
+            // Same name, another key: the pod was recreated (or first seen without its UID).
+            self.delete_pod_key(&other);
+        }
         let mut pods = self.pods.write();
         let old = pods.by_key.remove(&entry.key);
         if let Some(old) = &old {
@@ -828,6 +836,19 @@ pub(crate) mod tests {
         assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 70 * GIB);
         // The watch delivers an update written before our patch.
         index.apply_pod(&p);
+        assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 70 * GIB);
+    }
+
+    #[test]
+    fn a_pod_seen_again_with_its_uid_replaces_the_uidless_entry() {
+        let index = Index::new();
+        index.apply_report(&mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]));
+        let ann = [("peakfit.io/vram", "10Gi"), (ASSIGNED_GPUS, "GPU-a")];
+        let mut p = mk_pod("u1", Some("n1"), &ann);
+        p.metadata.uid = None;
+        index.apply_pod(&p);
+        index.apply_pod(&mk_pod("u1", Some("n1"), &ann));
+        assert_eq!(index.pod_count(), 1);
         assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 70 * GIB);
     }
 

@@ -144,7 +144,10 @@ impl Extender {
         let keep: Vec<bool> = match pod_request_of(&pod) {
             Ok(None) => {
                 self.count("filter", "pass_through");
-                return candidates.into_result(&vec![true; n]);
+                let mut r = candidates.into_result(&vec![true; n]);
+                r.failed_nodes = Some(failed);
+                r.failed_and_unresolvable_nodes = Some(unresolvable);
+                return r;
             }
             Err(e) => {
                 let msg = format!("{e} (fix the pod's annotation; no node can take it as is)");

@@ -224,7 +224,8 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     let index = Arc::new(Index::with_metrics(metrics.clone()));
     let fit = FitConfig {
         safety_margin_bytes: args.safety_margin,
-        max_report_age_secs: Some(args.max_report_age),
+        // A file is a snapshot: the age of its reports says nothing about live agents.
+        max_report_age_secs: args.from_file.is_none().then_some(args.max_report_age),
     };
     let (binder, readiness): (Arc<dyn BindingWriter>, Readiness) = match &args.from_file {
         Some(path) => {
