@@ -70,6 +70,14 @@ fn go_json(value: &impl Serialize) -> Response {
 }
 
 fn parse<T: DeserializeOwned>(verb: &'static str, body: &[u8]) -> Result<T, Box<Response>> {
+    // serde would read a JSON array as a struct's fields in order; Go refuses it, and so do we.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(Box::new(problem(
+            StatusCode::BAD_REQUEST,
+            verb,
+            format!("the body is not a valid {verb} request: expected a JSON object, got an array"),
+        )));
+    }
     serde_json::from_slice(body).map_err(|e| {
         Box::new(problem(
             StatusCode::BAD_REQUEST,
