@@ -109,7 +109,7 @@ async fn bind_patches_the_pod_then_posts_the_binding() {
     // Only now is the reservation in the ledger.
     let l = index.node("gpu-b").unwrap().read().ledger.clone();
     assert_eq!(
-        l.gpus[0].reservations[EMBEDDER_UID].predicted_bytes,
+        l.gpus[0].reservations()[EMBEDDER_UID].predicted_bytes,
         6 * GIB
     );
 }
@@ -158,7 +158,7 @@ async fn when_the_fit_no_longer_holds_bind_errs_and_writes_nothing() {
     assert!(
         l.gpus
             .iter()
-            .all(|g| !g.reservations.contains_key(EMBEDDER_UID))
+            .all(|g| !g.reservations().contains_key(EMBEDDER_UID))
     );
 }
 
@@ -196,7 +196,7 @@ async fn a_409_from_the_api_server_is_an_error_and_reserves_nothing() {
     assert!(
         l.gpus
             .iter()
-            .all(|g| !g.reservations.contains_key(EMBEDDER_UID))
+            .all(|g| !g.reservations().contains_key(EMBEDDER_UID))
     );
     let (_, metrics) = call(&h.router, "GET", "/metrics", vec![]).await;
     let text = String::from_utf8(metrics).unwrap();
@@ -283,5 +283,5 @@ async fn concurrent_binds_to_one_node_never_double_book_a_gpu() {
     );
     assert_eq!(writer.0.bindings.lock().len(), 1);
     let l = index.node("gpu-b").unwrap().read().ledger.clone();
-    assert_eq!(l.gpus[0].reservations.len(), 1);
+    assert_eq!(l.gpus[0].reservations().len(), 1);
 }

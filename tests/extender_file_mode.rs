@@ -90,14 +90,14 @@ async fn the_example_cluster_loads_and_answers() {
         v["FailedNodes"]["h100-0"]
             .as_str()
             .unwrap()
-            .contains("only 4 GPU(s)"),
+            .contains("only 4 of its 8 GPU(s)"),
         "{v}"
     );
     assert!(
         v["FailedAndUnresolvableNodes"]["a100-0"]
             .as_str()
             .unwrap()
-            .contains("needs 8 GPUs"),
+            .contains("needs 8 GPU(s)"),
         "{v}"
     );
 

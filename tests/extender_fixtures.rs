@@ -9,9 +9,9 @@ use std::path::Path;
 
 use extender_support::*;
 use k8s_openapi::api::core::v1::Pod;
-use peakfit::cluster::index::{ASSIGNED_GPUS, Index, RESERVED_BYTES};
+use peakfit::cluster::index::{ASSIGNED_GPUS, GPU_MEMORY_FRACTION, Index, RESERVED_BYTES};
 use peakfit::extender::wire::{ExtenderFilterResult, ExtenderPreemptionArgs};
-use peakfit::placement::{FitConfig, ScoringPolicy, fit, score};
+use peakfit::placement::{FitConfig, ScoringPolicy, fit};
 use serde_json::Value;
 
 struct Exchange {
@@ -50,13 +50,11 @@ fn pod_of(request: &[u8]) -> Pod {
     serde_json::from_value(json(request)["Pod"].clone()).unwrap()
 }
 
-/// Whether the peak-memory model places this pod (the interim model passes the llama pod,
-/// which has no `vram`, through; the full model sizes it).
-fn modelled(pod: &Pod) -> bool {
-    matches!(
-        peakfit::model::pod_request(pod.metadata.annotations.as_ref().unwrap()),
-        Ok(Some(_))
-    )
+/// What the peak-memory model asks for this pod.
+fn request_of(pod: &Pod) -> peakfit::model::PodRequest {
+    peakfit::model::pod_request(pod.metadata.annotations.as_ref().unwrap())
+        .unwrap()
+        .expect("the capture's pods carry peakfit annotations")
 }
 
 fn candidates(request: &Value) -> Vec<String> {
@@ -243,7 +241,7 @@ async fn node_cache_mode_replay() {
     let Some(dir) = capture_dir() else { return };
     let index = fixture_index(&dir, &node_cache_uids());
     let h = harness(index.clone());
-    let mut llama_modelled = false;
+    let mut llama = None;
     for x in exchanges(&dir.join("node-cache")) {
         let (status, reply) = call(&h.router, "POST", &x.path, x.request.clone()).await;
         assert_eq!(
@@ -259,18 +257,15 @@ async fn node_cache_mode_replay() {
                 let (passed, failed, unres) = check_filter_shape(&x.request, &reply);
                 match pod.metadata.name.as_deref().unwrap() {
                     "llama3-8b-serve" => {
-                        llama_modelled = modelled(&pod);
+                        // vLLM at 0.45 of the GPU: an L4's share cannot hold the 8B model.
+                        llama = Some(request_of(&pod));
+                        assert_eq!(passed, ["gpu-a", "gpu-b"]);
+                        assert!(failed.is_empty(), "{failed:?}");
+                        let why = &unres["gpu-c-full"];
                         assert!(
-                            passed.contains(&"gpu-a".into()) && passed.contains(&"gpu-b".into()),
-                            "{passed:?}"
+                            why.contains("needs a GPU of at least") && why.contains("22.5 GiB"),
+                            "{why}"
                         );
-                        if !llama_modelled {
-                            assert_eq!(
-                                passed.len(),
-                                3,
-                                "a pod the model does not place passes untouched"
-                            );
-                        }
                     }
                     "embedder" => {
                         assert_eq!(passed, ["gpu-a", "gpu-b"]);
@@ -285,33 +280,25 @@ async fn node_cache_mode_replay() {
             }
             "prioritize" => {
                 let scores = check_scores(&x.request, &reply);
-                let pod = pod_of(&x.request);
-                if let Ok(Some(req)) =
-                    peakfit::model::pod_request(pod.metadata.annotations.as_ref().unwrap())
-                {
-                    // Each score is placement's own for the node's current ledger.
-                    for (node, s) in &scores {
-                        let ledger = index.node(node).unwrap().read().ledger.clone();
-                        let want = fit(
+                let req = request_of(&pod_of(&x.request));
+                // The scheduler only asks about the nodes that passed filter.
+                assert_eq!(scores.keys().collect::<Vec<_>>(), ["gpu-a", "gpu-b"]);
+                // Placement ranks the candidates against each other: the best gets 10; both
+                // fit here, so the other gets less.
+                for node in scores.keys() {
+                    let ledger = index.node(node).unwrap().read().ledger.clone();
+                    assert!(
+                        fit(
                             &ledger,
                             &req.shape(),
                             &FitConfig::default(),
-                            capture_clock(),
+                            capture_clock()
                         )
-                        .map_or(0, |p| {
-                            i64::from(score(&ledger, &req.shape(), &p, ScoringPolicy::Peakfit))
-                        });
-                        assert_eq!(*s, want, "{node}");
-                    }
-                    // The scheduler only asks about the nodes that passed filter.
-                    assert_eq!(scores.keys().collect::<Vec<_>>(), ["gpu-a", "gpu-b"]);
-                } else {
-                    assert!(
-                        scores
-                            .values()
-                            .all(|&s| s == scores.values().next().copied().unwrap())
+                        .is_ok()
                     );
                 }
+                assert_eq!(scores.values().max(), Some(&10), "{scores:?}");
+                assert!(scores.values().min() < Some(&10), "{scores:?}");
             }
             "bind" => {
                 assert_eq!(
@@ -326,42 +313,41 @@ async fn node_cache_mode_replay() {
                 assert_eq!(target.name, args["PodName"]);
                 assert_eq!(target.node, "gpu-b");
                 assert_eq!(target.uid.as_deref(), args["PodUID"].as_str());
-                if args["PodName"] == "embedder" && !llama_modelled {
-                    // Best fit on gpu-b: GPU 0 (27.5 GiB free) is left fuller than GPUs 1-3.
-                    assert_eq!(
-                        ann[ASSIGNED_GPUS],
-                        "GPU-00000000-aaaa-bbbb-cccc-00000000000"
-                    );
-                    assert_eq!(ann[RESERVED_BYTES], (6 * GIB).to_string());
-                    let l = index.node("gpu-b").unwrap().read().ledger.clone();
-                    assert_eq!(
-                        l.gpus[0].reservations[node_cache_uids()["embedder"]].predicted_bytes,
-                        6 * GIB
-                    );
-                }
-                if args["PodName"] == "llama3-8b-serve" && !llama_modelled {
-                    assert!(
-                        ann.is_empty(),
-                        "a pass-through pod is bound without annotations"
-                    );
-                }
+                // Both land on gpu-b's GPU 0 (27.5 GiB free): the tightest fit each time.
+                assert_eq!(
+                    ann[ASSIGNED_GPUS],
+                    "GPU-00000000-aaaa-bbbb-cccc-00000000000"
+                );
+                let l = index.node("gpu-b").unwrap().read().ledger.clone();
+                let uid = args["PodUID"].as_str().unwrap();
+                let want = if args["PodName"] == "embedder" {
+                    assert!(!ann.contains_key(GPU_MEMORY_FRACTION));
+                    6 * GIB
+                } else {
+                    // The engine's share of this 40 GiB card, and the fraction to tell it.
+                    assert_eq!(ann[GPU_MEMORY_FRACTION], "0.4500");
+                    llama
+                        .as_ref()
+                        .unwrap()
+                        .demand
+                        .bytes_on(l.gpus[0].total_bytes)
+                };
+                assert_eq!(ann[RESERVED_BYTES], want.to_string());
+                assert_eq!(l.gpus[0].reservations()[uid].predicted_bytes, want);
             }
             "preempt" => {
+                // gpu-a fits the 30 GiB pod without evicting anyone; on gpu-b only evicting the
+                // filler on GPU 1 frees a GPU (GPU 0 keeps 12 GiB of a stranger even if the
+                // llama and the embedder go); an L4 can never hold 30 GiB.
                 let answer = check_preempt(&index, &x.request, &reply);
-                assert!(
-                    !answer.contains_key("gpu-c-full"),
-                    "an L4 can never hold 30 GiB: {answer:?}"
-                );
-                if !llama_modelled {
-                    let want = BTreeMap::from([
-                        ("gpu-a".to_owned(), vec![]),
-                        (
-                            "gpu-b".to_owned(),
-                            vec![node_cache_uids()["filler-gpu-b-1"].to_owned()],
-                        ),
-                    ]);
-                    assert_eq!(answer, want);
-                }
+                let want = BTreeMap::from([
+                    ("gpu-a".to_owned(), vec![]),
+                    (
+                        "gpu-b".to_owned(),
+                        vec![node_cache_uids()["filler-gpu-b-1"].to_owned()],
+                    ),
+                ]);
+                assert_eq!(answer, want);
             }
             v => panic!("unexpected verb {v}"),
         }
@@ -421,8 +407,8 @@ async fn full_nodes_mode_replay() {
     }
 }
 
-/// Binpack and spread rank the two nodes that fit the embedder in opposite orders: gpu-a's
-/// best GPU is the fuller one.
+/// Binpack and spread rank the two nodes that fit the embedder in opposite orders: gpu-b is the
+/// fuller node (31 % of its GPU memory committed after the pod, against 16 % on gpu-a).
 #[tokio::test]
 async fn scoring_policies_rank_as_named() {
     let Some(dir) = capture_dir() else { return };
@@ -441,8 +427,8 @@ async fn scoring_policies_rank_as_named() {
         ranks.push(check_scores(&request, &reply));
     }
     let (binpack, spread) = (&ranks[0], &ranks[1]);
-    assert!(binpack["gpu-a"] > binpack["gpu-b"], "{binpack:?}");
-    assert!(spread["gpu-b"] > spread["gpu-a"], "{spread:?}");
+    assert_eq!((binpack["gpu-b"], binpack["gpu-a"]), (10, 0), "{binpack:?}");
+    assert_eq!((spread["gpu-a"], spread["gpu-b"]), (10, 0), "{spread:?}");
 }
 
 #[tokio::test]

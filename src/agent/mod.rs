@@ -1,8 +1,307 @@
-//! Scaffolding: replaced by the agent implementation.
+//! `peakfit agent`: the DaemonSet process that reads the node's GPUs through NVML, maps their
+//! processes to pods, and publishes the node's `NodeGpuReport`.
+//!
+//! It must outlive a missing or broken driver: NVML failures become a report with zero GPUs and
+//! the reason (`peakfit_nvml_up 0`), the agent keeps serving `/metrics` and `/healthz` and
+//! retries, and only a signal (SIGTERM, SIGINT) or a port it cannot bind ends it.
+
+pub mod metrics;
+pub mod nvml;
+pub mod pods;
+pub mod publish;
+pub mod report;
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use axum::Router;
+use axum::routing::get;
+use tokio::sync::watch;
+
+use crate::cluster::{NodeGpuReport, NodeGpuReportSpec};
+use crate::inventory::NodeGpuReportStatus;
+
+use self::metrics::AgentMetrics;
+use self::nvml::{GpuSource, NvmlSource};
+use self::publish::Publisher;
+use self::report::{PodUsageHistory, PublishGate};
 
 #[derive(Clone, Debug, clap::Args)]
-pub struct AgentArgs {}
+pub struct AgentArgs {
+    /// The node this agent runs on; the NodeGpuReport's name (downward API `spec.nodeName`).
+    /// Defaults to the hostname with `--print`.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Address for `/metrics` and `/healthz`.
+    #[arg(long, env = "PEAKFIT_AGENT_LISTEN", default_value = "0.0.0.0:9400")]
+    pub listen: SocketAddr,
+    /// How often to read the GPUs (e.g. `5s`, `500ms`).
+    #[arg(long, env = "PEAKFIT_POLL_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// Longest time between two writes of the report, even when nothing changed.
+    #[arg(long, env = "PEAKFIT_HEARTBEAT", default_value = "30s", value_parser = parse_duration)]
+    pub heartbeat: Duration,
+    /// The host's `/proc` (mounted into the pod), to find each GPU process's pod.
+    #[arg(long, env = "PEAKFIT_PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
+    /// NVML library: a file name searched like `dlopen` does, or a path.
+    #[arg(long, env = "PEAKFIT_NVML_LIB", default_value = "libnvidia-ml.so.1")]
+    pub nvml_lib: OsString,
+    /// Read once, write (or print) the report, and exit.
+    #[arg(long, env = "PEAKFIT_ONCE")]
+    pub once: bool,
+    /// Print the NodeGpuReport to stdout (YAML) instead of writing it to the API server.
+    #[arg(long, env = "PEAKFIT_PRINT")]
+    pub print: bool,
+    /// With `--print`: JSON instead of YAML.
+    #[arg(long, env = "PEAKFIT_JSON")]
+    pub json: bool,
+    /// Kubeconfig file (in-cluster configuration otherwise).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
 
-pub async fn run(_args: AgentArgs) -> anyhow::Result<()> {
-    anyhow::bail!("peakfit agent is not built yet")
+/// Durations as `5s`, `500ms`, `1m30s` or ISO 8601 (`PT5S`).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d: jiff::SignedDuration = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a duration like 5s or 500ms: {e}"))?;
+    let d = Duration::try_from(d).map_err(|_| format!("{s:?}: a duration must not be negative"))?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: a duration must be more than zero"));
+    }
+    Ok(d)
+}
+
+/// One poll: read the GPUs, attribute processes to pods, build the status.
+pub struct Poller<S> {
+    source: S,
+    proc_root: PathBuf,
+    history: PodUsageHistory,
+}
+
+impl<S: GpuSource> Poller<S> {
+    pub fn new(source: S, proc_root: impl Into<PathBuf>) -> Self {
+        Self {
+            source,
+            proc_root: proc_root.into(),
+            history: PodUsageHistory::default(),
+        }
+    }
+
+    pub fn poll(&mut self) -> NodeGpuReportStatus {
+        let mut reading = self.source.read();
+        for gpu in &mut reading.gpus {
+            for p in &mut gpu.processes {
+                if let Some(pod) = pods::lookup(&self.proc_root, p.pid) {
+                    p.pod_uid = Some(pod.pod_uid);
+                    p.container_id = pod.container_id;
+                }
+            }
+        }
+        self.history.observe(&reading.gpus);
+        report::build(jiff::Timestamp::now(), reading, self.history.typical())
+    }
+}
+
+/// The whole object, as the API server would hold it, so `--print` output can be fed to
+/// `peakfit extender --from-file`.
+pub fn report_object(node: &str, status: NodeGpuReportStatus) -> NodeGpuReport {
+    let mut object = NodeGpuReport::new(
+        node,
+        NodeGpuReportSpec {
+            node_name: node.to_string(),
+        },
+    );
+    object.status = Some(status);
+    object
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+enum Sink {
+    Print { json: bool },
+    Cluster(Box<Publisher>),
+}
+
+impl Sink {
+    async fn write(&mut self, node: &str, status: &NodeGpuReportStatus) -> anyhow::Result<()> {
+        match self {
+            Sink::Print { json } => {
+                let object = report_object(node, status.clone());
+                let text = if *json {
+                    serde_json::to_string_pretty(&object)? + "\n"
+                } else {
+                    format!("---\n{}", serde_saphyr::to_string(&object)?)
+                };
+                let mut out = std::io::stdout().lock();
+                out.write_all(text.as_bytes())?;
+                out.flush()?;
+                Ok(())
+            }
+            Sink::Cluster(publisher) => Ok(publisher.publish(status).await?),
+        }
+    }
+}
+
+async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    let node = match (&args.node_name, args.print) {
+        (Some(n), _) => n.clone(),
+        (None, true) => hostname(),
+        (None, false) => anyhow::bail!(
+            "--node-name (or NODE_NAME) is required unless --print is given; \
+             set it from the downward API (spec.nodeName)"
+        ),
+    };
+    let mut sink = if args.print {
+        Sink::Print { json: args.json }
+    } else {
+        let client = kube_client(args.kubeconfig.as_ref()).await?;
+        Sink::Cluster(Box::new(Publisher::new(client, &node)))
+    };
+    let mut poller = Poller::new(NvmlSource::new(&args.nvml_lib), &args.proc_root);
+
+    if args.once {
+        let status = poller.poll();
+        return sink.write(&node, &status).await;
+    }
+
+    let metrics = AgentMetrics::new(&node);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", args.listen))?;
+    tracing::info!(
+        %node,
+        listen = %listener.local_addr()?,
+        poll_interval = ?args.poll_interval,
+        heartbeat = ?args.heartbeat,
+        "peakfit agent started"
+    );
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let server = tokio::spawn(serve(listener, router(&metrics), stop_rx.clone()));
+
+    let mut gate = PublishGate::new(args.heartbeat);
+    let mut stop = stop_rx;
+    loop {
+        let started = Instant::now();
+        // NVML calls block (a driver can take milliseconds, more when a GPU is in trouble).
+        let status = tokio::task::block_in_place(|| poller.poll());
+        metrics.record(&status, started.elapsed());
+        let now = Instant::now();
+        if gate.due(&status, now) {
+            match sink.write(&node, &status).await {
+                Ok(()) => {
+                    metrics.published(jiff::Timestamp::now());
+                    gate.published(status, now);
+                }
+                Err(e) => {
+                    metrics.publish_failed();
+                    tracing::warn!("publishing the report failed, retrying next poll: {e:#}");
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(args.poll_interval.saturating_sub(started.elapsed())) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    tracing::info!("stopping");
+    server.await??;
+    Ok(())
+}
+
+fn router(metrics: &AgentMetrics) -> Router {
+    let registry = metrics.registry();
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move { crate::metrics::render(&registry) }
+            }),
+        )
+        // Liveness only: a node without a working driver is healthy for the agent (it reports
+        // that), and restarting would not fix the driver.
+        .route("/healthz", get(|| async { "ok" }))
+}
+
+async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+            }
+        }
+        Err(e) => {
+            tracing::warn!("cannot listen for SIGTERM ({e}); only SIGINT stops the agent");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_in_the_friendly_format() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        let err = parse_duration("fast").unwrap_err();
+        assert!(err.contains("\"fast\"") && err.contains("5s"), "{err}");
+        assert!(parse_duration("0s").unwrap_err().contains("more than zero"));
+    }
+
+    #[test]
+    fn the_printed_object_is_a_whole_node_gpu_report() {
+        let object = report_object("gpu-node-1", NodeGpuReportStatus::default());
+        let v = serde_json::to_value(&object).unwrap();
+        assert_eq!(v["apiVersion"], "peakfit.io/v1alpha1");
+        assert_eq!(v["kind"], "NodeGpuReport");
+        assert_eq!(v["metadata"]["name"], "gpu-node-1");
+        assert_eq!(v["spec"]["nodeName"], "gpu-node-1");
+        assert!(v["status"].is_object());
+    }
 }

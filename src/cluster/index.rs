@@ -18,7 +18,7 @@ use parking_lot::{RwLock, RwLockReadGuard};
 use crate::cluster::NodeGpuReport;
 use crate::metrics::extender::{ExtenderMetrics, GpuLabels, NodeLabels, PodGpuLabels};
 use crate::model::{self, AnnotationError, PodRequest};
-use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey, Reservation};
+use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey};
 
 /// Written by bind: the GPUs (UUIDs, comma separated).
 pub const ASSIGNED_GPUS: &str = "peakfit.io/assigned-gpus";
@@ -119,6 +119,7 @@ struct ReportView {
 #[derive(Clone, Debug, Default)]
 struct ReportGpu {
     uuid: String,
+    model: String,
     total: u64,
     used: u64,
     driver_reserved: u64,
@@ -163,6 +164,7 @@ impl ReportView {
                 }
                 ReportGpu {
                     uuid: g.uuid.clone(),
+                    model: g.name.clone(),
                     total: g.memory_total_bytes,
                     used: g.memory_used_bytes,
                     driver_reserved: g.memory_reserved_bytes,
@@ -445,13 +447,7 @@ impl Index {
             ledger.gpus = report
                 .gpus
                 .iter()
-                .map(|g| GpuLedger {
-                    uuid: g.uuid.clone(),
-                    total_bytes: g.total,
-                    driver_reserved_bytes: g.driver_reserved,
-                    unattributed_bytes: 0,
-                    reservations: BTreeMap::new(),
-                })
+                .map(|g| GpuLedger::new(g.uuid.clone(), g.total).with_model(g.model.clone()))
                 .collect();
             for key in &st.pods {
                 let Some(pod) = pods.get(key) else { continue };
@@ -465,27 +461,19 @@ impl Index {
                         Ok(Some(r)) => r.demand.bytes_on(gpu.total_bytes),
                         _ => 0,
                     });
-                    gpu.reservations.insert(
-                        key.clone(),
-                        Reservation {
-                            predicted_bytes: predicted,
-                            observed_bytes: 0,
-                        },
-                    );
+                    gpu.reserve(key, predicted);
                 }
             }
+            // Placement's rule: use by pods with a reservation on the device is theirs,
+            // everything else the device uses is unattributed.
             for (gpu, seen) in ledger.gpus.iter_mut().zip(&report.gpus) {
-                let mut attributed = 0u64;
-                for (uid, bytes) in &seen.by_pod {
-                    if st.pods.contains(uid) {
-                        attributed = attributed.saturating_add(*bytes);
-                        gpu.reservations
-                            .entry(uid.clone())
-                            .or_default()
-                            .observed_bytes = *bytes;
-                    }
-                }
-                gpu.unattributed_bytes = seen.used.saturating_sub(attributed);
+                let by_pods: u64 = seen.by_pod.iter().map(|(_, b)| *b).sum();
+                gpu.observe(
+                    seen.total,
+                    seen.driver_reserved,
+                    seen.by_pod.iter().map(|(u, b)| (u.as_str(), *b)),
+                    seen.used.saturating_sub(by_pods),
+                );
             }
         }
         st.ledger = ledger;
@@ -538,9 +526,11 @@ impl Index {
     }
 }
 
-/// Share of a node's free GPU memory that lies outside its largest free GPU: 0 when all free
-/// memory is in one place, towards 1 when it is scattered in slivers.
-pub fn fragmentation_ratio(ledger: &NodeLedger) -> f64 {
+/// `peakfit_node_fragmentation_ratio`: the share of a node's free GPU memory that lies outside
+/// its largest free GPU (0 when all free memory is in one place, towards 1 when it is scattered
+/// in slivers). Unlike placement's mix-weighted fragmentation it needs no pod mix, so it can be
+/// written whenever the node changes.
+pub fn free_outside_largest_gpu_ratio(ledger: &NodeLedger) -> f64 {
     let (sum, max) = ledger
         .gpus
         .iter()
@@ -571,7 +561,7 @@ fn publish(m: &ExtenderMetrics, st: &mut NodeState, pods: &HashMap<PodKey, PodEn
             .set(g.observed_bytes() as i64);
         m.gpu_free.get_or_create(&l).set(g.free_bytes() as i64);
         gpus.push(l);
-        for (key, r) in &g.reservations {
+        for (key, r) in g.reservations() {
             let Some(p) = pods.get(key) else { continue };
             let l = PodGpuLabels {
                 namespace: p.namespace.clone(),
@@ -606,7 +596,7 @@ fn publish(m: &ExtenderMetrics, st: &mut NodeState, pods: &HashMap<PodKey, PodEn
     st.emitted_pods = pod_series;
     m.node_fragmentation
         .get_or_create(&NodeLabels { node })
-        .set(fragmentation_ratio(&st.ledger));
+        .set(free_outside_largest_gpu_ratio(&st.ledger));
 }
 
 #[cfg(test)]
@@ -756,7 +746,7 @@ pub(crate) mod tests {
         let l = ledger(&index, "n1");
         let g = &l.gpus[0];
         assert_eq!(g.unattributed_bytes, 5 * GIB);
-        assert_eq!(g.reservations["u1"].observed_bytes, 25 * GIB);
+        assert_eq!(g.reservations()["u1"].observed_bytes, 25 * GIB);
         assert_eq!(g.free_bytes(), 50 * GIB);
     }
 
@@ -768,21 +758,30 @@ pub(crate) mod tests {
             "n1",
             &[("GPU-a", 80 * GIB, GIB, &[("u1", 4 * GIB)])],
         ));
-        index.apply_pod(&mk_pod("u1", Some("n1"), &[]));
+        index.apply_pod(&mk_pod(
+            "u1",
+            Some("n1"),
+            &[("peakfit.io/vram", "2Gi"), (ASSIGNED_GPUS, "GPU-a")],
+        ));
         assert_eq!(ledger(&index, "n1").gpus[0].unattributed_bytes, 0);
     }
 
     #[test]
-    fn a_pod_arriving_after_the_report_takes_its_use_out_of_unattributed() {
+    fn a_pod_bound_after_the_report_takes_its_use_out_of_unattributed() {
         let index = Index::new();
         index.apply_report(&mk_report(
             "n1",
             &[("GPU-a", 80 * GIB, 8 * GIB, &[("u1", 8 * GIB)])],
         ));
         assert_eq!(ledger(&index, "n1").gpus[0].unattributed_bytes, 8 * GIB);
-        index.apply_pod(&mk_pod("u1", Some("n1"), &[]));
+        index.apply_pod(&mk_pod(
+            "u1",
+            Some("n1"),
+            &[("peakfit.io/vram", "6Gi"), (ASSIGNED_GPUS, "GPU-a")],
+        ));
         let l = ledger(&index, "n1");
         assert_eq!(l.gpus[0].unattributed_bytes, 0);
+        // Charged at its use (8 GiB), larger than its prediction (6 GiB).
         assert_eq!(l.gpus[0].committed_bytes(), 8 * GIB);
     }
 

@@ -8,7 +8,7 @@ use super::Extender;
 use super::wire::{ExtenderBindingArgs, ExtenderBindingResult};
 use crate::cluster::binding::BindTarget;
 use crate::cluster::index::{ASSIGNED_GPUS, Assignment, GPU_MEMORY_FRACTION, RESERVED_BYTES};
-use crate::placement::fit::fit;
+use crate::placement::{PodClass, place};
 
 impl Extender {
     pub async fn bind(&self, args: ExtenderBindingArgs) -> ExtenderBindingResult {
@@ -91,11 +91,22 @@ impl Extender {
             self.index.record_binding(&entry.key, &args.node, None);
             return Ok(());
         };
-        let shape = request.shape();
+        let class = PodClass::from(request.shape());
+        let mix = self.shapes.lock().mix();
         let _held = slot.bind_lock.lock().await;
         let (uuids, per_gpu) = {
             let st = slot.read();
-            let placement = fit(&st.ledger, &shape, &self.fit, self.now()).map_err(|r| {
+            // The same choice prioritize scored: the policy's GPUs on the current ledger.
+            let placement = place(
+                &st.ledger,
+                &class,
+                self.scoring,
+                &mix,
+                &self.fit,
+                self.now(),
+            )
+            .map(|s| s.placement)
+            .map_err(|r| {
                 (
                     "conflict",
                     format!(

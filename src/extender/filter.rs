@@ -10,7 +10,7 @@ use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
 use crate::cluster::index::{pod_key, pod_request_of};
 use crate::metrics::extender::{DecisionLabels, ReasonLabels};
 use crate::placement::fit::fit;
-use crate::placement::{FitConfig, NodeLedger, PodShape, Rejection};
+use crate::placement::{FitConfig, NodeLedger, PodClass, PodShape, Rejection};
 
 /// The candidate nodes of a request, in whichever mode the scheduler uses.
 pub enum Candidates {
@@ -82,20 +82,9 @@ impl Candidates {
     }
 }
 
-/// The metric label of a rejection (`peakfit_extender_rejections_total{reason}`).
-pub fn reason_label(r: &Rejection) -> &'static str {
-    match r {
-        Rejection::NoReport => "no_report",
-        Rejection::StaleReport { .. } => "stale_report",
-        Rejection::NvmlDown { .. } => "nvml_down",
-        Rejection::TooFewGpus { .. } => "too_few_gpus",
-        Rejection::NotEnoughMemory { .. } => "not_enough_memory",
-    }
-}
-
 /// Whether evicting pods could ever make room: false when the node lacks the GPUs, its report
-/// is missing or stale, or its GPUs are too small even with every pod gone (memory of no known
-/// pod and the driver's share cannot be evicted).
+/// is missing or stale, or its GPUs are too small even with every pod gone (memory of no pod
+/// with a reservation there, and the driver's share, cannot be evicted).
 pub fn resolvable_by_preemption(
     ledger: &NodeLedger,
     shape: &PodShape,
@@ -121,7 +110,12 @@ pub fn resolvable_by_preemption(
                 .count();
             could as u32 >= shape.gpus.max(1)
         }
-        _ => false,
+        Rejection::NotEnoughCpu { .. } => true,
+        Rejection::NoReport
+        | Rejection::StaleReport { .. }
+        | Rejection::NvmlDown { .. }
+        | Rejection::TooFewGpus { .. }
+        | Rejection::GpuTooSmall { .. } => false,
     }
 }
 
@@ -165,6 +159,7 @@ impl Extender {
             }
             Ok(Some(req)) => {
                 let shape = req.shape();
+                self.shapes.lock().observe(&PodClass::from(shape));
                 let now = self.now();
                 let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
                 let keep: Vec<bool> = candidates
@@ -184,7 +179,7 @@ impl Extender {
                         match fit(&st.ledger, &shape, &self.fit, now) {
                             Ok(_) => true,
                             Err(r) => {
-                                *counts.entry(reason_label(&r)).or_default() += 1;
+                                *counts.entry(r.reason()).or_default() += 1;
                                 if resolvable_by_preemption(&st.ledger, &shape, &self.fit, &r) {
                                     failed.insert(name.to_owned(), r.to_string());
                                 } else {

@@ -151,7 +151,7 @@ impl Extender {
             ledger
                 .gpus
                 .iter()
-                .filter_map(|g| g.reservations.get(&v.key))
+                .filter_map(|g| g.reservation(&v.key))
                 .map(|r| r.charged_bytes())
                 .sum()
         };

@@ -4,8 +4,7 @@ use super::Extender;
 use super::filter::Candidates;
 use super::wire::{ExtenderArgs, HostPriority, HostPriorityList, MAX_EXTENDER_PRIORITY};
 use crate::cluster::index::pod_request_of;
-use crate::placement::fit::fit;
-use crate::placement::score;
+use crate::placement::{PodClass, place, scores_0_to_10};
 
 /// The score of every node for pods peakfit does not place: the same for all, so it changes
 /// nothing in the scheduler's ranking.
@@ -32,23 +31,28 @@ impl Extender {
             self.count("prioritize", "pass_through");
             return neutral();
         };
-        let shape = req.shape();
+        let class = PodClass::from(req.shape());
+        let mix = self.shapes.lock().mix();
         let now = self.now();
         self.count("prioritize", "scored");
-        candidates
+        let raw: Vec<f64> = candidates
             .names()
             .map(|name| {
-                let score = self.index.node(name).map_or(0, |slot| {
+                self.index.node(name).map_or(f64::NAN, |slot| {
                     let st = slot.read();
-                    fit(&st.ledger, &shape, &self.fit, now).map_or(0, |p| {
-                        i64::from(score(&st.ledger, &shape, &p, self.scoring))
-                            .clamp(0, MAX_EXTENDER_PRIORITY)
-                    })
-                });
-                HostPriority {
-                    host: name.to_owned(),
-                    score,
-                }
+                    place(&st.ledger, &class, self.scoring, &mix, &self.fit, now)
+                        .map_or(f64::NAN, |s| s.score)
+                })
+            })
+            .collect();
+        // Placement ranks the nodes against each other: the best gets 10, a node the pod does
+        // not fit 0.
+        candidates
+            .names()
+            .zip(scores_0_to_10(&raw))
+            .map(|(name, score)| HostPriority {
+                host: name.to_owned(),
+                score: i64::from(score).clamp(0, MAX_EXTENDER_PRIORITY),
             })
             .collect()
     }

@@ -1,11 +1,85 @@
-//! Reading a pod's `peakfit.io/*` annotations. (Interim: explicit `vram` and `gpus` only; the
-//! model-backed parser replaces this.)
+//! Reading a pod's `peakfit.io/*` annotations into a [`Spec`], and from it the [`PodRequest`] the
+//! scheduler places.
+//!
+//! Strict on purpose: an unknown `peakfit.io/` key is refused with the list of known ones, so a
+//! typo (`peakfit.io/gpu`) cannot silently schedule a pod on defaults. Each refusal names the
+//! annotation, the value and what would have been accepted.
+//!
+//! A pod opts in with any input annotation below; the output ones written by bind
+//! (`assigned-gpus`, `reserved-bytes`, `gpu-memory-fraction`) alone do not.
+//!
+//! | annotation (`peakfit.io/…`) | accepted values | default |
+//! |---|---|---|
+//! | `vram` | Kubernetes quantity per GPU (`20Gi`, `20G`, `1.5Ti`, `1e9`); overrides the model | from the model |
+//! | `gpus` | 1–64 | `tensor-parallel`, else 1 |
+//! | `model` | a preset (see [`super::presets`]), case-insensitive, checkpoint suffixes like `-Chat`, `-Int4`, `(v1)` ignored | none |
+//! | `params` | count: `8.03B`, `335M`, `1.1T`, `124000000` | the preset's |
+//! | `layers` | 1–1024 | the preset's |
+//! | `hidden-size` | 1–1048576 | the preset's |
+//! | `attention-heads` | 1–4096 | the preset's |
+//! | `kv-heads` | 1–4096, at most `attention-heads` | the preset's (= heads without a preset) |
+//! | `head-dim` | 1–4096 | the preset's (hidden / heads without a preset) |
+//! | `vocab-size` | 1–16777216 | the preset's |
+//! | `intermediate-size` | per-branch FFN width | the preset's |
+//! | `tied-embeddings` | `true` `false` | the preset's |
+//! | `dtype` | `fp32 fp16 bf16 fp16-amp fp8 int8 int4-gptq int4-awq nf4 nf4-dq` | `bf16`; `fp16-amp` for training; `nf4` for qlora |
+//! | `kv-dtype` | `fp32 fp16 bf16 fp8 int8` | 16-bit (fp32 for fp32 models) |
+//! | `workload` | `inference training lora qlora` | `inference` |
+//! | `batch` | sequences per GPU per step, 1–1048576 | 1 |
+//! | `context-tokens` | tokens per sequence at the peak (`128K` allowed) | 256 inference, 256 training, 512 for a serving engine's smallest-GPU check |
+//! | `engine` | free-form; `vllm tgi sglang tensorrt-llm` budget a fraction of the GPU, anything else is a plain framework (`torchtune` and `ms-swift` change the logits term) | plain framework |
+//! | `gpu-memory-utilization` | (0, 1], only with a fraction engine | vLLM 0.92, TGI 1.0, SGLang 0.88, TensorRT-LLM 0.9 |
+//! | `tensor-parallel` | 1–64, a divisor of `gpus` | 1 |
+//! | `data-parallel` | 1–1048576 | 1 |
+//! | `zero-stage` | 0–3 (FSDP full-shard = 3) | 0 |
+//! | `optimizer` | `adamw adam adamw-fused sgd lion adafactor adam-8bit adamw-8bit paged-adamw-8bit paged-adamw` | `adamw` |
+//! | `gradient-checkpointing` | `none selective full` | `none` (`full` for torchtune) |
+//! | `flash-attention` | `true` `false` | `true` (`false` for fp32) |
+//! | `lora-rank` | 1–65536, only with lora/qlora | 8 (adapters on every linear layer) |
+//! | `headroom` | extra fraction, 0–10, on the whole estimate (on the part outside a fraction engine's budget) | 0 |
 
 use std::collections::BTreeMap;
 
+use super::estimate::{Defaults, estimate};
+use super::presets::{self, Preset};
+use super::quantity::{parse_bytes, parse_count};
 use crate::placement::{Demand, PodShape};
 
 pub const PREFIX: &str = "peakfit.io/";
+
+/// Input annotations (the vocabulary of DESIGN.md), in the order the reference lists them.
+pub const INPUT_KEYS: &[&str] = &[
+    "vram",
+    "gpus",
+    "model",
+    "params",
+    "layers",
+    "hidden-size",
+    "attention-heads",
+    "kv-heads",
+    "head-dim",
+    "vocab-size",
+    "intermediate-size",
+    "tied-embeddings",
+    "dtype",
+    "kv-dtype",
+    "workload",
+    "batch",
+    "context-tokens",
+    "engine",
+    "gpu-memory-utilization",
+    "tensor-parallel",
+    "data-parallel",
+    "zero-stage",
+    "optimizer",
+    "gradient-checkpointing",
+    "flash-attention",
+    "lora-rank",
+    "headroom",
+];
+
+/// Written by bind; reading them back must neither opt a pod in nor be refused.
+pub const OUTPUT_KEYS: &[&str] = &["assigned-gpus", "reserved-bytes", "gpu-memory-fraction"];
 
 /// A refused annotation: which one, what it said, and what would have been accepted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -14,6 +88,540 @@ pub struct AnnotationError {
     pub key: String,
     pub value: String,
     pub allowed: String,
+}
+
+impl AnnotationError {
+    fn new(key: &str, value: &str, allowed: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            value: value.into(),
+            allowed: allowed.into(),
+        }
+    }
+}
+
+/// Weight precision. `Fp16Amp` is 16-bit compute with fp32 master weights (torch AMP, DeepSpeed
+/// bf16, FSDP mixed precision).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    Fp32,
+    Fp16,
+    Bf16,
+    Fp16Amp,
+    Fp8,
+    Int8,
+    Int4Gptq,
+    Int4Awq,
+    Nf4,
+    Nf4Dq,
+}
+
+impl Dtype {
+    pub const NAMES: &str = "fp32 fp16 bf16 fp16-amp fp8 int8 int4-gptq int4-awq nf4 nf4-dq";
+
+    fn parse(key: &str, value: &str) -> Result<Self, AnnotationError> {
+        Ok(match value.to_ascii_lowercase().as_str() {
+            "fp32" | "float32" => Self::Fp32,
+            "fp16" | "float16" => Self::Fp16,
+            "bf16" | "bfloat16" => Self::Bf16,
+            "fp16-amp" | "amp" => Self::Fp16Amp,
+            "fp8" => Self::Fp8,
+            "int8" => Self::Int8,
+            "int4-gptq" | "gptq" => Self::Int4Gptq,
+            "int4-awq" | "awq" => Self::Int4Awq,
+            "nf4" => Self::Nf4,
+            "nf4-dq" => Self::Nf4Dq,
+            _ => {
+                return Err(AnnotationError::new(
+                    key,
+                    value,
+                    format!("one of {}", Self::NAMES),
+                ));
+            }
+        })
+    }
+
+    /// Whether the weights are stored quantised (frozen: only adapters can train over them).
+    pub fn is_quantised(self) -> bool {
+        matches!(
+            self,
+            Self::Fp8 | Self::Int8 | Self::Int4Gptq | Self::Int4Awq | Self::Nf4 | Self::Nf4Dq
+        )
+    }
+
+    /// bitsandbytes formats, which peft's `prepare_model_for_kbit_training` treats specially.
+    pub fn is_bitsandbytes(self) -> bool {
+        matches!(self, Self::Int8 | Self::Nf4 | Self::Nf4Dq)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fp32 => "fp32",
+            Self::Fp16 => "fp16",
+            Self::Bf16 => "bf16",
+            Self::Fp16Amp => "fp16-amp",
+            Self::Fp8 => "fp8",
+            Self::Int8 => "int8",
+            Self::Int4Gptq => "int4-gptq",
+            Self::Int4Awq => "int4-awq",
+            Self::Nf4 => "nf4",
+            Self::Nf4Dq => "nf4-dq",
+        }
+    }
+}
+
+/// Precision of the KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvDtype {
+    Fp32,
+    Fp16,
+    Fp8,
+}
+
+impl KvDtype {
+    fn parse(key: &str, value: &str) -> Result<Self, AnnotationError> {
+        Ok(match value.to_ascii_lowercase().as_str() {
+            "fp32" | "float32" => Self::Fp32,
+            "fp16" | "bf16" | "float16" | "bfloat16" | "auto" => Self::Fp16,
+            "fp8" | "fp8-e4m3" | "fp8-e5m2" | "int8" => Self::Fp8,
+            _ => {
+                return Err(AnnotationError::new(
+                    key,
+                    value,
+                    "one of fp32 fp16 bf16 fp8 int8 (auto = the compute dtype)",
+                ));
+            }
+        })
+    }
+
+    pub fn bytes(self) -> u64 {
+        match self {
+            Self::Fp32 => 4,
+            Self::Fp16 => 2,
+            Self::Fp8 => 1,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    Inference,
+    Training,
+    Lora,
+    Qlora,
+}
+
+impl Workload {
+    pub fn is_training(self) -> bool {
+        !matches!(self, Self::Inference)
+    }
+
+    pub fn is_adapter(self) -> bool {
+        matches!(self, Self::Lora | Self::Qlora)
+    }
+}
+
+/// Optimizers by the state they keep per trainable parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Optimizer {
+    /// Two moments (Adam, AdamW).
+    Adam,
+    /// One momentum buffer (SGD with momentum, Lion).
+    Momentum,
+    /// Factored second moment only: O(rows + cols), negligible per parameter.
+    Adafactor,
+    /// bitsandbytes 8-bit Adam: two 1-byte moments.
+    Adam8bit,
+}
+
+impl Optimizer {
+    pub const NAMES: &str = "adamw adam adamw-fused sgd lion adafactor adam-8bit adamw-8bit \
+         paged-adamw-8bit paged-adamw";
+
+    fn parse(key: &str, value: &str) -> Result<Self, AnnotationError> {
+        Ok(match value.to_ascii_lowercase().as_str() {
+            "adamw" | "adam" | "adamw-fused" | "adamw-torch" | "paged-adamw"
+            | "paged-adamw-32bit" => Self::Adam,
+            "sgd" | "sgd-momentum" | "lion" => Self::Momentum,
+            "adafactor" => Self::Adafactor,
+            "adam-8bit" | "adamw-8bit" | "paged-adamw-8bit" | "paged-adam-8bit"
+            | "adamw-bnb-8bit" => Self::Adam8bit,
+            _ => {
+                return Err(AnnotationError::new(
+                    key,
+                    value,
+                    format!("one of {}", Self::NAMES),
+                ));
+            }
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checkpointing {
+    None,
+    Selective,
+    Full,
+}
+
+/// How a serving engine sizes itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Engine {
+    /// Budgets a fraction of the whole GPU (`gpu-memory-utilization` / `mem-fraction-static` /
+    /// `cuda-memory-fraction`).
+    Fraction(FractionEngine),
+    /// A plain framework: memory follows the model. Kept by name because a few frameworks
+    /// change a term (chunked cross-entropy, fp32 upcasts).
+    Framework(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FractionEngine {
+    Vllm,
+    Sglang,
+    Tgi,
+    TensorrtLlm,
+}
+
+impl FractionEngine {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Vllm => "vllm",
+            Self::Sglang => "sglang",
+            Self::Tgi => "tgi",
+            Self::TensorrtLlm => "tensorrt-llm",
+        }
+    }
+}
+
+impl Engine {
+    fn parse(key: &str, value: &str) -> Result<Self, AnnotationError> {
+        let name = value.trim().to_ascii_lowercase();
+        let valid = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !valid {
+            return Err(AnnotationError::new(
+                key,
+                value,
+                "an engine name (letters, digits, - _ .; at most 63): vllm tgi sglang \
+                 tensorrt-llm budget a fraction of the GPU, anything else (hf litgpt torchtune \
+                 torchtitan deepspeed ...) is a plain framework",
+            ));
+        }
+        Ok(match name.as_str() {
+            "vllm" => Self::Fraction(FractionEngine::Vllm),
+            "sglang" => Self::Fraction(FractionEngine::Sglang),
+            "tgi" | "text-generation-inference" => Self::Fraction(FractionEngine::Tgi),
+            "tensorrt-llm" | "tensorrt_llm" | "trtllm" | "trt-llm" => {
+                Self::Fraction(FractionEngine::TensorrtLlm)
+            }
+            _ => Self::Framework(name),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Fraction(e) => e.name(),
+            Self::Framework(name) => name,
+        }
+    }
+}
+
+/// Everything a pod's annotations say, validated, before defaults are applied. The estimator
+/// fills the gaps (see [`mod@super::estimate`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Spec {
+    /// The input keys present, without the prefix: a spec with none means "not a peakfit pod".
+    pub keys: Vec<&'static str>,
+    pub vram: Option<u64>,
+    pub gpus: Option<u32>,
+    pub model: Option<&'static Preset>,
+    pub params: Option<u64>,
+    pub layers: Option<u32>,
+    pub hidden_size: Option<u32>,
+    pub attention_heads: Option<u32>,
+    pub kv_heads: Option<u32>,
+    pub head_dim: Option<u32>,
+    pub vocab_size: Option<u32>,
+    pub intermediate_size: Option<u32>,
+    pub tied_embeddings: Option<bool>,
+    pub dtype: Option<Dtype>,
+    pub kv_dtype: Option<KvDtype>,
+    pub workload: Option<Workload>,
+    pub batch: Option<u32>,
+    pub context_tokens: Option<u64>,
+    pub engine: Option<Engine>,
+    pub gpu_memory_utilization: Option<f64>,
+    pub tensor_parallel: Option<u32>,
+    pub data_parallel: Option<u32>,
+    pub zero_stage: Option<u8>,
+    pub optimizer: Option<Optimizer>,
+    /// A `paged-*` optimizer: its state lives in CUDA unified memory, outside PyTorch's allocator.
+    pub optimizer_paged: bool,
+    pub gradient_checkpointing: Option<Checkpointing>,
+    pub flash_attention: Option<bool>,
+    pub lora_rank: Option<u32>,
+    pub headroom: Option<f64>,
+}
+
+fn int<T: TryFrom<u64>>(key: &str, value: &str, min: u64, max: u64) -> Result<T, AnnotationError> {
+    let err = || AnnotationError::new(key, value, format!("a whole number from {min} to {max}"));
+    let n: u64 = value.trim().parse().map_err(|_| err())?;
+    if !(min..=max).contains(&n) {
+        return Err(err());
+    }
+    T::try_from(n).map_err(|_| err())
+}
+
+/// Sizes that may be written as counts (`128K` context tokens, `152064` vocab).
+fn count<T: TryFrom<u64>>(
+    key: &str,
+    value: &str,
+    min: u64,
+    max: u64,
+) -> Result<T, AnnotationError> {
+    let err = || {
+        AnnotationError::new(
+            key,
+            value,
+            format!("a whole number from {min} to {max} (K and M suffixes allowed)"),
+        )
+    };
+    let n = parse_count(value).map_err(|_| err())?;
+    if !(min..=max).contains(&n) {
+        return Err(err());
+    }
+    T::try_from(n).map_err(|_| err())
+}
+
+fn boolean(key: &str, value: &str) -> Result<bool, AnnotationError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(AnnotationError::new(key, value, "true or false")),
+    }
+}
+
+fn fraction(key: &str, value: &str, min_exclusive: bool, max: f64) -> Result<f64, AnnotationError> {
+    let lower = if min_exclusive { "above 0" } else { "from 0" };
+    let err = || AnnotationError::new(key, value, format!("a decimal {lower} up to {max}"));
+    let f: f64 = value.trim().parse().map_err(|_| err())?;
+    if !f.is_finite() || f < 0.0 || (min_exclusive && f == 0.0) || f > max {
+        return Err(err());
+    }
+    Ok(f)
+}
+
+impl Spec {
+    /// Parses every `peakfit.io/` annotation. Keys outside the prefix are not ours and ignored.
+    pub fn parse(annotations: &BTreeMap<String, String>) -> Result<Self, AnnotationError> {
+        let mut spec = Spec::default();
+        for (full_key, value) in annotations {
+            let Some(key) = full_key.strip_prefix(PREFIX) else {
+                continue;
+            };
+            spec.set(key, value)?;
+            if let Some(known) = INPUT_KEYS.iter().find(|k| **k == key) {
+                spec.keys.push(known);
+            }
+        }
+        spec.check()?;
+        Ok(spec)
+    }
+
+    /// Whether any input annotation was given (output ones alone do not opt a pod in).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<(), AnnotationError> {
+        let v = value.trim();
+        match key {
+            "vram" => {
+                let bytes =
+                    parse_bytes(v).map_err(|e| AnnotationError::new(key, value, e.to_string()))?;
+                if bytes == 0 {
+                    return Err(AnnotationError::new(
+                        key,
+                        value,
+                        "a quantity above zero, such as 20Gi",
+                    ));
+                }
+                self.vram = Some(bytes);
+            }
+            "gpus" => self.gpus = Some(int(key, v, 1, 64)?),
+            "model" => {
+                self.model = Some(presets::find(v).ok_or_else(|| {
+                    AnnotationError::new(
+                        key,
+                        value,
+                        format!(
+                            "a built-in preset (case-insensitive): {}; or describe the model \
+                             with peakfit.io/params and the shape annotations",
+                            presets::names()
+                        ),
+                    )
+                })?)
+            }
+            "params" => {
+                let n =
+                    parse_count(v).map_err(|e| AnnotationError::new(key, value, e.to_string()))?;
+                if n == 0 {
+                    return Err(AnnotationError::new(
+                        key,
+                        value,
+                        "a count above zero such as 8.03B",
+                    ));
+                }
+                self.params = Some(n);
+            }
+            "layers" => self.layers = Some(int(key, v, 1, 1024)?),
+            "hidden-size" => self.hidden_size = Some(count(key, v, 1, 1 << 20)?),
+            "attention-heads" => self.attention_heads = Some(int(key, v, 1, 4096)?),
+            "kv-heads" => self.kv_heads = Some(int(key, v, 1, 4096)?),
+            "head-dim" => self.head_dim = Some(int(key, v, 1, 4096)?),
+            "vocab-size" => self.vocab_size = Some(count(key, v, 1, 1 << 24)?),
+            "intermediate-size" => self.intermediate_size = Some(count(key, v, 1, 1 << 22)?),
+            "tied-embeddings" => self.tied_embeddings = Some(boolean(key, v)?),
+            "dtype" => self.dtype = Some(Dtype::parse(key, v)?),
+            "kv-dtype" => self.kv_dtype = Some(KvDtype::parse(key, v)?),
+            "workload" => {
+                self.workload = Some(match v.to_ascii_lowercase().as_str() {
+                    "inference" | "serving" => Workload::Inference,
+                    "training" | "full" | "pretraining" => Workload::Training,
+                    "lora" => Workload::Lora,
+                    "qlora" => Workload::Qlora,
+                    _ => {
+                        return Err(AnnotationError::new(
+                            key,
+                            value,
+                            "one of inference training lora qlora",
+                        ));
+                    }
+                })
+            }
+            "batch" => self.batch = Some(int(key, v, 1, 1 << 20)?),
+            "context-tokens" => self.context_tokens = Some(count(key, v, 1, 1 << 26)?),
+            "engine" => self.engine = Some(Engine::parse(key, v)?),
+            "gpu-memory-utilization" => {
+                self.gpu_memory_utilization = Some(fraction(key, v, true, 1.0)?)
+            }
+            "tensor-parallel" => self.tensor_parallel = Some(int(key, v, 1, 64)?),
+            "data-parallel" => self.data_parallel = Some(int(key, v, 1, 1 << 20)?),
+            "zero-stage" => self.zero_stage = Some(int(key, v, 0, 3)?),
+            "optimizer" => {
+                self.optimizer = Some(Optimizer::parse(key, v)?);
+                self.optimizer_paged = v.to_ascii_lowercase().starts_with("paged-");
+            }
+            "gradient-checkpointing" => {
+                self.gradient_checkpointing = Some(match v.to_ascii_lowercase().as_str() {
+                    "none" | "false" => Checkpointing::None,
+                    "selective" => Checkpointing::Selective,
+                    "full" | "true" => Checkpointing::Full,
+                    _ => {
+                        return Err(AnnotationError::new(
+                            key,
+                            value,
+                            "one of none selective full",
+                        ));
+                    }
+                })
+            }
+            "flash-attention" => self.flash_attention = Some(boolean(key, v)?),
+            "lora-rank" => self.lora_rank = Some(int(key, v, 1, 65536)?),
+            "headroom" => self.headroom = Some(fraction(key, v, false, 10.0)?),
+            k if OUTPUT_KEYS.contains(&k) => {}
+            _ => {
+                return Err(AnnotationError::new(
+                    key,
+                    value,
+                    format!(
+                        "not a peakfit annotation; known keys are {} (and, written by bind, {})",
+                        INPUT_KEYS.join(" "),
+                        OUTPUT_KEYS.join(" ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks between annotations, after all are read.
+    fn check(&self) -> Result<(), AnnotationError> {
+        let show = |n: Option<u32>| n.map(|n| n.to_string()).unwrap_or_default();
+        if let (Some(kv), Some(heads)) = (self.kv_heads, self.attention_heads())
+            && kv > heads
+        {
+            return Err(AnnotationError::new(
+                "kv-heads",
+                &kv.to_string(),
+                format!("at most attention-heads ({heads})"),
+            ));
+        }
+        if let (Some(tp), Some(gpus)) = (self.tensor_parallel, self.gpus)
+            && gpus % tp != 0
+        {
+            return Err(AnnotationError::new(
+                "tensor-parallel",
+                &tp.to_string(),
+                format!(
+                    "a divisor of peakfit.io/gpus ({gpus}): each tensor-parallel group needs its own GPUs"
+                ),
+            ));
+        }
+        if self.lora_rank.is_some() && !self.workload.is_some_and(Workload::is_adapter) {
+            return Err(AnnotationError::new(
+                "lora-rank",
+                &show(self.lora_rank),
+                "only with peakfit.io/workload lora or qlora",
+            ));
+        }
+        if self.workload == Some(Workload::Qlora) && self.dtype.is_some_and(|d| !d.is_quantised()) {
+            return Err(AnnotationError::new(
+                "dtype",
+                self.dtype.map_or("", Dtype::name),
+                "a quantised dtype for workload qlora: fp8 int8 int4-gptq int4-awq nf4 nf4-dq",
+            ));
+        }
+        if self.workload == Some(Workload::Training) && self.dtype.is_some_and(Dtype::is_quantised)
+        {
+            return Err(AnnotationError::new(
+                "workload",
+                "training",
+                format!(
+                    "lora or qlora over {} weights (quantised weights are frozen: full training \
+                     needs fp32 bf16 fp16 or fp16-amp)",
+                    self.dtype.map_or("", Dtype::name)
+                ),
+            ));
+        }
+        if self.gpu_memory_utilization.is_some()
+            && !matches!(self.engine, Some(Engine::Fraction(_)))
+        {
+            return Err(AnnotationError::new(
+                "gpu-memory-utilization",
+                &self.gpu_memory_utilization.unwrap_or_default().to_string(),
+                "only with peakfit.io/engine vllm sglang tgi or tensorrt-llm (engines that budget a fraction of the GPU)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn attention_heads(&self) -> Option<u32> {
+        self.attention_heads
+            .or_else(|| self.model.and_then(|p| p.shape).map(|a| a.attention_heads))
+    }
+
+    /// Whether the model side says enough to estimate: a preset, a parameter count, or an engine
+    /// whose budget is a fraction of the GPU anyway.
+    fn describes_model(&self) -> bool {
+        self.model.is_some()
+            || self.params.is_some()
+            || matches!(self.engine, Some(Engine::Fraction(_)))
+    }
 }
 
 /// What a pod asks of the scheduler.
@@ -38,30 +646,250 @@ impl PodRequest {
 pub fn pod_request(
     annotations: &BTreeMap<String, String>,
 ) -> Result<Option<PodRequest>, AnnotationError> {
-    let get = |k: &str| annotations.get(&format!("{PREFIX}{k}"));
-    let Some(vram) = get("vram") else {
+    let spec = Spec::parse(annotations)?;
+    if spec.is_empty() {
         return Ok(None);
-    };
-    let bytes = vram
-        .trim_end_matches("Gi")
-        .parse::<u64>()
-        .map_err(|_| AnnotationError {
-            key: "vram".into(),
-            value: vram.clone(),
-            allowed: "a Kubernetes quantity such as 20Gi".into(),
-        })?
-        << 30;
-    let gpus = match get("gpus") {
-        Some(v) => v.parse().map_err(|_| AnnotationError {
-            key: "gpus".into(),
-            value: v.clone(),
-            allowed: "a whole number from 1 to 16".into(),
-        })?,
-        None => 1,
-    };
-    Ok(Some(PodRequest {
-        gpus,
-        demand: Demand::fixed(bytes),
-        engine_fraction: None,
-    }))
+    }
+    request(&spec).map(Some)
+}
+
+/// The request for an already parsed, non-empty spec.
+pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
+    if let Some(vram) = spec.vram {
+        // An explicit per-GPU figure overrides the model; headroom still applies.
+        let bytes = (vram as f64 * (1.0 + spec.headroom.unwrap_or(0.0))).ceil() as u64;
+        return Ok(PodRequest {
+            gpus: spec.gpus.unwrap_or(1),
+            demand: Demand::fixed(bytes),
+            engine_fraction: None,
+        });
+    }
+    if !spec.describes_model() {
+        let given = &spec.keys;
+        return Err(AnnotationError::new(
+            "vram",
+            "",
+            format!(
+                "a per-GPU quantity such as 20Gi, or a model description (peakfit.io/model \
+                 or peakfit.io/params) so that {} can be turned into memory",
+                given
+                    .iter()
+                    .map(|k| format!("{PREFIX}{k}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    // The demand does not depend on the GPU size (only the displayed split does), so any size
+    // will do. The breakdown is not kept: the extender indexes one request per pod.
+    let e = estimate(spec, Defaults::GPU_TOTAL);
+    Ok(PodRequest {
+        gpus: e.gpus,
+        demand: e.demand,
+        engine_fraction: e.engine_fraction,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (format!("{PREFIX}{k}"), v.to_string()))
+            .collect()
+    }
+
+    fn err(pairs: &[(&str, &str)]) -> AnnotationError {
+        pod_request(&ann(pairs)).unwrap_err()
+    }
+
+    #[test]
+    fn module_doc_lists_every_input_annotation() {
+        let doc = include_str!("annotations.rs");
+        for key in INPUT_KEYS {
+            assert!(
+                doc.contains(&format!("//! | `{key}` |")),
+                "{key} missing from the doc table"
+            );
+        }
+    }
+
+    #[test]
+    fn no_input_annotation_passes_through() {
+        assert_eq!(pod_request(&BTreeMap::new()), Ok(None));
+        let mut other = BTreeMap::new();
+        other.insert("example.com/vram".into(), "garbage".into());
+        assert_eq!(pod_request(&other), Ok(None));
+        let outputs = ann(&[
+            ("assigned-gpus", "GPU-1,GPU-2"),
+            ("reserved-bytes", "123"),
+            ("gpu-memory-fraction", "0.4500"),
+        ]);
+        assert_eq!(pod_request(&outputs), Ok(None));
+    }
+
+    #[test]
+    fn explicit_vram_overrides_the_model() {
+        let r = pod_request(&ann(&[("vram", "20Gi"), ("model", "llama-3.1-8b")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.gpus, 1);
+        assert_eq!(r.demand, Demand::fixed(20 << 30));
+        assert_eq!(r.shape().gpus, 1);
+        let r = pod_request(&ann(&[
+            ("vram", "10Gi"),
+            ("gpus", "2"),
+            ("headroom", "0.1"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.gpus, 2);
+        assert_eq!(r.demand.fixed_bytes, 11 << 30);
+    }
+
+    #[test]
+    fn model_pods_default_gpus_to_tensor_parallel() {
+        let r = pod_request(&ann(&[
+            ("model", "llama-3.1-70b"),
+            ("tensor-parallel", "4"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.gpus, 4);
+        assert!(
+            r.demand.fixed_bytes > 35 << 30,
+            "70B bf16 over 4 GPUs: > 35 GiB each"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_the_known_ones() {
+        let e = err(&[("vram", "20Gi"), ("gpu", "2")]);
+        assert_eq!(e.key, "gpu");
+        assert!(
+            e.allowed.contains("gpus") && e.allowed.contains("kv-heads"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("peakfit.io/gpu"), "{e}");
+    }
+
+    #[test]
+    fn each_annotation_names_itself_the_value_and_what_is_allowed() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("vram", "20GB", "20Gi"),
+            ("vram", "-1Gi", "negative"),
+            ("vram", "0", "above zero"),
+            ("gpus", "0", "from 1 to 64"),
+            ("gpus", "two", "from 1 to 64"),
+            ("model", "llama-9", "llama-3.1-8b"),
+            ("params", "8.03Q", "8.03B"),
+            ("params", "0", "above zero"),
+            ("layers", "0", "from 1"),
+            ("hidden-size", "big", "whole number"),
+            ("attention-heads", "-1", "whole number"),
+            ("kv-heads", "x", "whole number"),
+            ("head-dim", "1.5", "whole number"),
+            ("vocab-size", "lots", "whole number"),
+            ("intermediate-size", "-4", "whole number"),
+            ("tied-embeddings", "yes", "true or false"),
+            ("dtype", "int3", "nf4-dq"),
+            ("kv-dtype", "int3", "fp8"),
+            ("workload", "pretrain-ish", "inference training lora qlora"),
+            ("batch", "0", "from 1"),
+            ("context-tokens", "0", "whole number"),
+            ("engine", "v llm!", "tensorrt-llm"),
+            ("tensor-parallel", "0", "from 1"),
+            ("data-parallel", "0", "from 1"),
+            ("zero-stage", "4", "from 0 to 3"),
+            ("optimizer", "adamq", "paged-adamw-8bit"),
+            ("gradient-checkpointing", "some", "none selective full"),
+            ("flash-attention", "maybe", "true or false"),
+            ("headroom", "-0.1", "decimal"),
+        ];
+        for (key, value, hint) in cases {
+            let e = err(&[("model", "llama-3.1-8b"), (key, value)]);
+            assert_eq!(&e.key, key, "{e}");
+            assert_eq!(&e.value, value, "{e}");
+            assert!(e.allowed.contains(hint), "{key}={value}: {e}");
+            let shown = e.to_string();
+            assert!(shown.contains(&format!("peakfit.io/{key}")) && shown.contains(value));
+        }
+        let e = err(&[("engine", "vllm"), ("gpu-memory-utilization", "1.5")]);
+        assert_eq!(e.key, "gpu-memory-utilization");
+        assert!(e.allowed.contains("up to 1"), "{e}");
+        let e = err(&[
+            ("model", "llama-3.1-8b"),
+            ("workload", "lora"),
+            ("lora-rank", "0"),
+        ]);
+        assert_eq!(e.key, "lora-rank");
+    }
+
+    #[test]
+    fn cross_field_checks() {
+        let e = err(&[("model", "llama-3.1-8b"), ("kv-heads", "64")]);
+        assert_eq!((e.key.as_str(), e.value.as_str()), ("kv-heads", "64"));
+        assert!(e.allowed.contains("32"), "{e}");
+        let e = err(&[
+            ("model", "llama-3.1-8b"),
+            ("gpus", "3"),
+            ("tensor-parallel", "2"),
+        ]);
+        assert_eq!(e.key, "tensor-parallel");
+        let e = err(&[("model", "llama-3.1-8b"), ("lora-rank", "8")]);
+        assert_eq!(e.key, "lora-rank");
+        let e = err(&[
+            ("model", "llama-3.1-8b"),
+            ("workload", "qlora"),
+            ("dtype", "bf16"),
+        ]);
+        assert_eq!(e.key, "dtype");
+        let e = err(&[
+            ("model", "llama-3.1-8b"),
+            ("workload", "training"),
+            ("dtype", "nf4"),
+        ]);
+        assert_eq!(e.key, "workload");
+        let e = err(&[("model", "llama-3.1-8b"), ("gpu-memory-utilization", "0.5")]);
+        assert_eq!(e.key, "gpu-memory-utilization");
+    }
+
+    #[test]
+    fn workload_without_a_model_asks_for_vram_or_a_model() {
+        let e = err(&[("batch", "4"), ("workload", "training")]);
+        assert_eq!(e.key, "vram");
+        assert!(e.allowed.contains("peakfit.io/batch"), "{e}");
+    }
+
+    #[test]
+    fn fraction_engine_without_a_model_is_a_pure_fraction() {
+        let r = pod_request(&ann(&[
+            ("engine", "vllm"),
+            ("gpu-memory-utilization", "0.5"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(r.engine_fraction, Some(0.5));
+        assert_eq!(r.demand.gpu_fraction, 0.5);
+        assert_eq!(r.demand.min_gpu_total_bytes, 0);
+    }
+
+    #[test]
+    fn values_are_case_and_space_tolerant() {
+        let spec = Spec::parse(&ann(&[
+            ("model", " Llama-3.1-8B "),
+            ("dtype", "BF16"),
+            ("flash-attention", "TRUE"),
+            ("engine", "vLLM"),
+            ("context-tokens", "128K"),
+        ]))
+        .unwrap();
+        assert_eq!(spec.model.unwrap().name, "llama-3.1-8b");
+        assert_eq!(spec.dtype, Some(Dtype::Bf16));
+        assert_eq!(spec.flash_attention, Some(true));
+        assert_eq!(spec.engine, Some(Engine::Fraction(FractionEngine::Vllm)));
+        assert_eq!(spec.context_tokens, Some(128_000));
+    }
 }

@@ -1,8 +1,172 @@
-//! Scaffolding: replaced by `peakfit estimate`.
+//! `peakfit estimate`: the scheduler's own prediction for a pod, from the same annotations it
+//! reads, so an ML engineer can check a pod before submitting it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+
+use super::annotations::{PREFIX, Spec, request};
+use super::estimate::{Counter, estimate};
+use super::quantity::{GIB, parse_bytes};
 
 #[derive(Clone, Debug, clap::Args)]
-pub struct EstimateArgs {}
+pub struct EstimateArgs {
+    /// An annotation, `KEY=VALUE`; the `peakfit.io/` prefix is optional. Repeatable.
+    #[arg(
+        short = 'a',
+        long = "annotation",
+        value_name = "KEY=VALUE",
+        env = "PEAKFIT_ANNOTATIONS",
+        value_delimiter = ','
+    )]
+    pub annotations: Vec<String>,
+    /// A Pod manifest (YAML or JSON) whose annotations to read; `-a` values override them.
+    #[arg(long, value_name = "FILE", env = "PEAKFIT_POD")]
+    pub pod: Option<PathBuf>,
+    /// Memory of the GPU the pod would run on. Engines that budget a fraction of the GPU (vLLM,
+    /// SGLang, TGI, TensorRT-LLM) need it; default 80Gi (A100/H100 80 GB).
+    #[arg(
+        long,
+        value_name = "QUANTITY",
+        env = "PEAKFIT_GPU_MEMORY",
+        default_value = "80Gi"
+    )]
+    pub gpu_memory: String,
+    /// Print JSON instead of a table.
+    #[arg(long, env = "PEAKFIT_JSON")]
+    pub json: bool,
+}
 
-pub fn run(_args: EstimateArgs) -> anyhow::Result<()> {
-    anyhow::bail!("peakfit estimate is not built yet")
+fn pod_annotations(path: &PathBuf) -> anyhow::Result<BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the pod manifest {}", path.display()))?;
+    let pod: Pod = if text.trim_start().starts_with('{') {
+        serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a JSON Pod", path.display()))?
+    } else {
+        serde_saphyr::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("{} is not a YAML Pod", path.display()))?
+    };
+    Ok(pod.metadata.annotations.unwrap_or_default())
+}
+
+/// All annotations, prefixed: the pod's first, then `-a` values over them.
+fn collect(args: &EstimateArgs) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut annotations = match &args.pod {
+        Some(path) => pod_annotations(path)?,
+        None => BTreeMap::new(),
+    };
+    for pair in &args.annotations {
+        let Some((key, value)) = pair.split_once('=') else {
+            bail!("-a {pair:?}: expected KEY=VALUE, e.g. -a model=llama-3.1-8b");
+        };
+        let key = key.trim();
+        let key = key.strip_prefix(PREFIX).unwrap_or(key);
+        annotations.insert(format!("{PREFIX}{key}"), value.to_string());
+    }
+    Ok(annotations)
+}
+
+pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
+    let gpu_total = parse_bytes(&args.gpu_memory)
+        .map_err(|e| anyhow::anyhow!("--gpu-memory {:?}: {e}", args.gpu_memory))?;
+    if gpu_total == 0 {
+        bail!("--gpu-memory {:?}: must be above zero", args.gpu_memory);
+    }
+    let annotations = collect(&args)?;
+    let spec = Spec::parse(&annotations)?;
+    if spec.is_empty() {
+        bail!(
+            "no peakfit.io input annotation given: pass -a KEY=VALUE (e.g. -a model=llama-3.1-8b) \
+             or --pod FILE with peakfit.io/* annotations"
+        );
+    }
+    let req = request(&spec)?;
+    // The model's breakdown at this GPU size; with an explicit `vram` it is still shown, for
+    // comparison, when a model is described.
+    let described = spec.vram.is_none() || spec.model.is_some() || spec.params.is_some();
+    let model = described.then(|| estimate(&spec, gpu_total));
+    let per_gpu = req.demand.bytes_on(gpu_total);
+    let runs = req.demand.runs_on(gpu_total);
+    if args.json {
+        let mut components: serde_json::Map<String, serde_json::Value> = model
+            .iter()
+            .flat_map(|e| e.components.iter())
+            .map(|c| (c.name.to_string(), json!(c.bytes)))
+            .collect();
+        if model.is_none() {
+            components.insert("explicit-vram".into(), json!(per_gpu));
+        }
+        let out = json!({
+            "per_gpu_bytes": per_gpu,
+            "allocated_bytes": model.as_ref().map(|e| e.allocated_bytes),
+            "reserved_bytes": model.as_ref().map(|e| e.reserved_bytes),
+            "gpus": req.gpus,
+            "components": components,
+            "counters": model.as_ref().map(|e| e.components.iter()
+                .map(|c| (c.name.to_string(), json!(c.counter)))
+                .collect::<serde_json::Map<_, _>>()),
+            "demand": req.demand,
+            "engine_fraction": req.engine_fraction,
+            "engine_budget_bytes": model.as_ref().and_then(|e| e.engine_budget_bytes),
+            "gpu_memory_bytes": gpu_total,
+            "runs_on_gpu": runs,
+            "explicit_vram": spec.vram,
+            "assumed": model.as_ref().map(|e| e.assumed.clone()).unwrap_or_default(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let gib = |b: u64| format!("{:>9.2} GiB", b as f64 / GIB);
+    println!("GPU memory: {} (--gpu-memory)", gib(gpu_total).trim());
+    if let Some(e) = &model {
+        println!("{:<20} {:<10} {:>13}", "component", "counter", "per GPU");
+        for c in &e.components {
+            let counter = match c.counter {
+                Counter::Allocated => "allocated",
+                Counter::Reserved => "reserved",
+                Counter::Process => "process",
+            };
+            println!("{:<20} {:<10} {}", c.name, counter, gib(c.bytes));
+        }
+        println!(
+            "{:<31} {}",
+            "allocated (max_allocated)",
+            gib(e.allocated_bytes)
+        );
+        println!(
+            "{:<31} {}",
+            "reserved (max_reserved)",
+            gib(e.reserved_bytes)
+        );
+        if let Some(budget) = e.engine_budget_bytes {
+            println!("{:<31} {}", "engine budget", gib(budget));
+        }
+        for a in &e.assumed {
+            println!("assumed: {a}");
+        }
+    }
+    if let Some(vram) = spec.vram {
+        println!(
+            "explicit {PREFIX}vram {} overrides the model",
+            gib(vram).trim()
+        );
+    }
+    println!("{:<31} {}", "per GPU (NVML)", gib(per_gpu));
+    println!("{:<31} {:>13}", "GPUs", req.gpus);
+    if let Some(f) = req.engine_fraction {
+        println!("{:<31} {:>13}", "engine fraction", format!("{f:.4}"));
+    }
+    if !runs {
+        println!(
+            "does not fit a {} GPU: needs at least {}",
+            gib(gpu_total).trim(),
+            gib(req.demand.min_gpu_total_bytes).trim()
+        );
+    }
+    Ok(())
 }

@@ -3,5 +3,9 @@
 
 pub mod annotations;
 pub mod cli;
+pub mod estimate;
+pub mod presets;
+pub mod quantity;
 
-pub use annotations::{AnnotationError, PREFIX, PodRequest, pod_request};
+pub use annotations::{AnnotationError, PREFIX, PodRequest, Spec, pod_request};
+pub use estimate::{Estimate, estimate};

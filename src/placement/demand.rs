@@ -1,5 +1,7 @@
 //! What a pod asks of each GPU it lands on.
 
+use std::hash::{Hash, Hasher};
+
 use serde::{Deserialize, Serialize};
 
 /// Memory a pod needs on each of its GPUs.
@@ -41,10 +43,26 @@ impl Demand {
         gpu_total >= self.min_gpu_total_bytes
     }
 
-    /// Bytes this demand takes on a GPU of `gpu_total` bytes (rounded up: never under-reserve).
+    /// Bytes this demand takes on a GPU of `gpu_total` bytes.
+    ///
+    /// The fractional share is rounded down: the byte it might lose is far below the safety
+    /// margin, while rounding up would make shares that add up to exactly one GPU (0.3 + 0.7,
+    /// two halves of an odd size) miss the GPU by one byte.
     pub fn bytes_on(&self, gpu_total: u64) -> u64 {
-        let share = (self.gpu_fraction * gpu_total as f64).ceil() as u64;
-        self.fixed_bytes.saturating_add(share)
+        if self.gpu_fraction <= 0.0 {
+            return self.fixed_bytes;
+        }
+        let share = (self.gpu_fraction.min(1.0) * gpu_total as f64).floor() as u64;
+        self.fixed_bytes.saturating_add(share.min(gpu_total))
+    }
+
+    /// Bits of every field, so demands can key hash maps (`f64` is not `Eq`).
+    fn key(&self) -> (u64, u64, u64) {
+        (
+            self.fixed_bytes,
+            self.gpu_fraction.to_bits(),
+            self.min_gpu_total_bytes,
+        )
     }
 }
 
@@ -53,6 +71,58 @@ impl Demand {
 pub struct PodShape {
     pub gpus: u32,
     pub demand: Demand,
+}
+
+/// A pod shape plus what else decides which nodes can take it.
+///
+/// The extender leaves `cpu_milli` at 0 and `gpu_models` empty: kube-scheduler checks CPU
+/// itself. The openb simulation fills both, because on that trace CPU runs out before GPUs on
+/// many nodes and FGD counts a node that cannot give a shape its CPU, or has the wrong GPU model
+/// for it, as all fragment. Scoring the same way is what lets peakfit be compared with FGD.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PodClass {
+    pub shape: PodShape,
+    #[serde(default)]
+    pub cpu_milli: u64,
+    /// GPU models the pod accepts (matched against `GpuLedger::model`); empty = any.
+    #[serde(default)]
+    pub gpu_models: Vec<String>,
+}
+
+impl Default for PodShape {
+    fn default() -> Self {
+        Self {
+            gpus: 1,
+            demand: Demand::default(),
+        }
+    }
+}
+
+impl PodClass {
+    pub fn accepts_model(&self, model: &str) -> bool {
+        self.gpu_models.is_empty() || self.gpu_models.iter().any(|m| m == model)
+    }
+}
+
+impl From<PodShape> for PodClass {
+    fn from(shape: PodShape) -> Self {
+        Self {
+            shape,
+            cpu_milli: 0,
+            gpu_models: Vec::new(),
+        }
+    }
+}
+
+impl Eq for PodClass {}
+
+impl Hash for PodClass {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.shape.gpus.hash(state);
+        self.shape.demand.key().hash(state);
+        self.cpu_milli.hash(state);
+        self.gpu_models.hash(state);
+    }
 }
 
 #[cfg(test)]
@@ -68,5 +138,31 @@ mod tests {
         };
         assert_eq!(d.bytes_on(80 << 30), 41 << 30);
         assert_eq!(d.bytes_on(40 << 30), 21 << 30);
+    }
+
+    #[test]
+    fn complementary_shares_fill_a_gpu_exactly() {
+        // 15,109 MiB (a T4): 0.3 and 0.7 of it are not whole bytes.
+        let total = 15_109u64 << 20;
+        for milli in 1..1000u32 {
+            let a = Demand::fraction(f64::from(milli) / 1000.0).bytes_on(total);
+            let b = Demand::fraction(f64::from(1000 - milli) / 1000.0).bytes_on(total);
+            assert!(a + b <= total, "{milli}: {a} + {b} > {total}");
+        }
+        assert_eq!(Demand::fraction(1.0).bytes_on(total), total);
+    }
+
+    #[test]
+    fn a_class_hashes_by_value() {
+        use std::collections::HashSet;
+        let a = PodClass::from(PodShape {
+            gpus: 1,
+            demand: Demand::fraction(0.5),
+        });
+        let mut b = a.clone();
+        let set: HashSet<_> = [a.clone(), b.clone()].into_iter().collect();
+        assert_eq!(set.len(), 1);
+        b.cpu_milli = 4000;
+        assert_ne!(a, b);
     }
 }

@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::demand::PodShape;
-use super::ledger::{NodeCondition, NodeLedger};
+use super::demand::{PodClass, PodShape};
+use super::ledger::{GpuLedger, NodeCondition, NodeLedger};
 
 /// Tunables of the fit; the same values serve filter and bind so that what filter admits, bind
 /// accepts on an unchanged ledger.
@@ -26,10 +26,21 @@ impl Default for FitConfig {
     }
 }
 
+impl FitConfig {
+    /// No margin, no staleness: the openb simulation, where shares of a GPU must add up to
+    /// exactly one GPU as in the paper.
+    pub fn simulation() -> Self {
+        Self {
+            safety_margin_bytes: 0,
+            max_report_age_secs: None,
+        }
+    }
+}
+
 /// The GPUs chosen for a pod and what it reserves on each.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
-    /// Indices into `NodeLedger::gpus`.
+    /// Indices into `NodeLedger::gpus`, ascending.
     pub gpu_indices: Vec<usize>,
     pub per_gpu_bytes: Vec<u64>,
 }
@@ -39,29 +50,118 @@ pub struct Placement {
 pub enum Rejection {
     #[error("no GPU report from the peakfit agent on this node (is the agent running there?)")]
     NoReport,
+    #[error("{}", stale(*age_secs, *limit_secs))]
+    StaleReport {
+        /// `None` when the report's time could not be read.
+        age_secs: Option<i64>,
+        limit_secs: i64,
+    },
     #[error(
-        "GPU report is {age_secs}s old (limit {limit_secs}s): the peakfit agent on this node is not reporting"
+        "NVML is down on this node ({reason}): its GPUs cannot be seen, so nothing is placed there"
     )]
-    StaleReport { age_secs: i64, limit_secs: i64 },
-    #[error("NVML is down on this node: {reason}")]
     NvmlDown { reason: String },
-    #[error("needs {needed} GPUs, node has {have}")]
-    TooFewGpus { needed: u32, have: u32 },
+    #[error("{}", too_few(*needed, *have, models))]
+    TooFewGpus {
+        needed: u32,
+        /// GPUs of an accepted model (all GPUs when the pod accepts any).
+        have: u32,
+        /// The models the pod accepts; empty = any.
+        models: Vec<String>,
+    },
     #[error(
-        "needs {} per GPU on {needed_gpus} GPU(s); only {fitting_gpus} GPU(s) have that free, best free GPU has {}",
-        gib(*needed_per_gpu_bytes), gib(*best_free_bytes)
+        "needs a GPU of at least {} (the engine's share of a smaller one cannot hold the model); largest GPU here has {}",
+        gib(*min_gpu_total_bytes), gib(*largest_gpu_total_bytes)
+    )]
+    GpuTooSmall {
+        min_gpu_total_bytes: u64,
+        largest_gpu_total_bytes: u64,
+    },
+    #[error(
+        "needs {} free per GPU on {needed_gpus} GPU(s) (peak {} + {} safety margin); {}; best free GPU has {} free of {}",
+        gib(*needed_per_gpu_bytes + *margin_bytes), gib(*needed_per_gpu_bytes), gib(*margin_bytes),
+        fitting(*fitting_gpus, *gpus), gib(*best_free_bytes), gib(*best_gpu_total_bytes)
     )]
     NotEnoughMemory {
+        /// The pod's peak per GPU, on the GPU with the most free memory (demand can depend on
+        /// the GPU's size).
         needed_per_gpu_bytes: u64,
+        margin_bytes: u64,
         needed_gpus: u32,
         fitting_gpus: u32,
+        gpus: u32,
         best_free_bytes: u64,
+        best_gpu_total_bytes: u64,
     },
+    #[error(
+        "needs {:.1} CPU cores, node has {:.1} free",
+        *needed_milli as f64 / 1000.0,
+        *free_milli as f64 / 1000.0
+    )]
+    NotEnoughCpu { needed_milli: u64, free_milli: u64 },
 }
 
-/// Bytes as GiB with one decimal, the unit ML engineers size models in.
+impl Rejection {
+    /// A stable label for metrics (`peakfit_extender_rejections_total{reason}`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Rejection::NoReport => "no_report",
+            Rejection::StaleReport { .. } => "stale_report",
+            Rejection::NvmlDown { .. } => "nvml_down",
+            Rejection::TooFewGpus { .. } => "too_few_gpus",
+            Rejection::GpuTooSmall { .. } | Rejection::NotEnoughMemory { .. } => {
+                "not_enough_memory"
+            }
+            Rejection::NotEnoughCpu { .. } => "not_enough_cpu",
+        }
+    }
+
+    /// Whether the node cannot take any pod now, whatever its size (the report is missing,
+    /// stale or blind): worth telling apart from "this pod is too big here".
+    pub fn is_node_wide(&self) -> bool {
+        matches!(
+            self,
+            Rejection::NoReport | Rejection::StaleReport { .. } | Rejection::NvmlDown { .. }
+        )
+    }
+}
+
+fn stale(age: Option<i64>, limit: i64) -> String {
+    match age {
+        Some(age) => format!(
+            "GPU report is {age}s old (limit {limit}s): the peakfit agent on this node has stopped reporting"
+        ),
+        None => format!(
+            "GPU report has no readable time (limit {limit}s): treating it as stale until the peakfit agent reports again"
+        ),
+    }
+}
+
+fn too_few(needed: u32, have: u32, models: &[String]) -> String {
+    if models.is_empty() {
+        format!("needs {needed} GPU(s), node has {have}")
+    } else {
+        format!(
+            "needs {needed} GPU(s) of model {}, node has {have}",
+            models.join(" or ")
+        )
+    }
+}
+
+fn fitting(fitting: u32, gpus: u32) -> String {
+    match fitting {
+        0 => format!("none of its {gpus} GPU(s) has that free"),
+        n => format!("only {n} of its {gpus} GPU(s) have that free"),
+    }
+}
+
+/// Bytes as GiB with one decimal, the unit ML engineers size models in (MiB below 1 GiB, where
+/// one decimal of a GiB says too little).
 pub fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+    if bytes < 1 << 30 {
+        format!("{:.0} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+    }
 }
 
 /// Checks the node as a whole (report present, fresh, NVML up).
@@ -75,30 +175,115 @@ pub fn node_usable(node: &NodeLedger, cfg: &FitConfig, now_unix: i64) -> Result<
             });
         }
     }
-    if let (Some(limit), Some(at)) = (cfg.max_report_age_secs, node.observed_at_unix) {
-        let age = now_unix - at;
-        if age > limit {
-            return Err(Rejection::StaleReport {
-                age_secs: age,
-                limit_secs: limit,
-            });
+    if let Some(limit) = cfg.max_report_age_secs {
+        match node.observed_at_unix {
+            Some(at) if now_unix - at > limit => {
+                return Err(Rejection::StaleReport {
+                    age_secs: Some(now_unix - at),
+                    limit_secs: limit,
+                });
+            }
+            Some(_) => {}
+            None => {
+                return Err(Rejection::StaleReport {
+                    age_secs: None,
+                    limit_secs: limit,
+                });
+            }
         }
     }
     Ok(())
 }
 
+/// The bytes one share of `class` takes on `gpu`, if the GPU can take it now (accepted model,
+/// big enough, free memory for the share plus the margin).
+pub fn share_on(gpu: &GpuLedger, class: &PodClass, cfg: &FitConfig) -> Option<u64> {
+    let demand = &class.shape.demand;
+    if !demand.runs_on(gpu.total_bytes) || !class.accepts_model(&gpu.model) {
+        return None;
+    }
+    let need = demand.bytes_on(gpu.total_bytes);
+    (gpu.free_bytes() >= need.saturating_add(cfg.safety_margin_bytes)).then_some(need)
+}
+
 /// Every GPU of the node that could take one share of the pod, with the bytes it would reserve.
-pub fn candidate_gpus(node: &NodeLedger, shape: &PodShape, cfg: &FitConfig) -> Vec<(usize, u64)> {
+pub fn candidate_gpus(node: &NodeLedger, class: &PodClass, cfg: &FitConfig) -> Vec<(usize, u64)> {
     node.gpus
         .iter()
         .enumerate()
-        .filter_map(|(i, gpu)| {
-            let need = shape.demand.bytes_on(gpu.total_bytes);
-            (shape.demand.runs_on(gpu.total_bytes)
-                && gpu.free_bytes() >= need.saturating_add(cfg.safety_margin_bytes))
-            .then_some((i, need))
-        })
+        .filter_map(|(i, gpu)| share_on(gpu, class, cfg).map(|need| (i, need)))
         .collect()
+}
+
+/// Checks everything but the choice of GPUs, and returns the candidate GPUs (at least
+/// `class.shape.gpus` of them). Shared by `fit` and the scoring policies' `place`.
+pub(crate) fn admissible(
+    node: &NodeLedger,
+    class: &PodClass,
+    cfg: &FitConfig,
+    now_unix: i64,
+) -> Result<Vec<(usize, u64)>, Rejection> {
+    node_usable(node, cfg, now_unix)?;
+    if let Some(free) = node.cpu_free_milli()
+        && free < class.cpu_milli
+    {
+        return Err(Rejection::NotEnoughCpu {
+            needed_milli: class.cpu_milli,
+            free_milli: free,
+        });
+    }
+    let needed = class.shape.gpus;
+    if needed == 0 {
+        return Ok(Vec::new());
+    }
+    let eligible = node
+        .gpus
+        .iter()
+        .filter(|g| class.accepts_model(&g.model))
+        .count() as u32;
+    if eligible < needed {
+        return Err(Rejection::TooFewGpus {
+            needed,
+            have: eligible,
+            models: class.gpu_models.clone(),
+        });
+    }
+    let demand = &class.shape.demand;
+    let largest_total = node
+        .gpus
+        .iter()
+        .filter(|g| class.accepts_model(&g.model))
+        .map(|g| g.total_bytes)
+        .max()
+        .unwrap_or(0);
+    if !demand.runs_on(largest_total) {
+        return Err(Rejection::GpuTooSmall {
+            min_gpu_total_bytes: demand.min_gpu_total_bytes,
+            largest_gpu_total_bytes: largest_total,
+        });
+    }
+    let candidates = candidate_gpus(node, class, cfg);
+    if (candidates.len() as u32) < needed {
+        let usable: Vec<&GpuLedger> = node
+            .gpus
+            .iter()
+            .filter(|g| class.accepts_model(&g.model) && demand.runs_on(g.total_bytes))
+            .collect();
+        let best = usable
+            .iter()
+            .max_by_key(|g| g.free_bytes())
+            .expect("a GPU big enough exists: checked above");
+        return Err(Rejection::NotEnoughMemory {
+            needed_per_gpu_bytes: demand.bytes_on(best.total_bytes),
+            margin_bytes: cfg.safety_margin_bytes,
+            needed_gpus: needed,
+            fitting_gpus: candidates.len() as u32,
+            gpus: usable.len() as u32,
+            best_free_bytes: best.free_bytes(),
+            best_gpu_total_bytes: best.total_bytes,
+        });
+    }
+    Ok(candidates)
 }
 
 /// Decides whether `shape` fits on `node` and picks the GPUs: among the GPUs that fit, the ones
@@ -109,30 +294,216 @@ pub fn fit(
     cfg: &FitConfig,
     now_unix: i64,
 ) -> Result<Placement, Rejection> {
-    node_usable(node, cfg, now_unix)?;
-    let needed = shape.gpus.max(1);
-    if (node.gpus.len() as u32) < needed {
-        return Err(Rejection::TooFewGpus {
-            needed,
-            have: node.gpus.len() as u32,
-        });
-    }
-    let mut candidates = candidate_gpus(node, shape, cfg);
-    if (candidates.len() as u32) < needed {
-        let best = node.gpus.iter().map(|g| g.free_bytes()).max().unwrap_or(0);
-        let largest_total = node.gpus.iter().map(|g| g.total_bytes).max().unwrap_or(0);
-        return Err(Rejection::NotEnoughMemory {
-            needed_per_gpu_bytes: shape.demand.bytes_on(largest_total) + cfg.safety_margin_bytes,
-            needed_gpus: needed,
-            fitting_gpus: candidates.len() as u32,
-            best_free_bytes: best,
-        });
-    }
+    fit_class(node, &PodClass::from(*shape), cfg, now_unix)
+}
+
+/// `fit` for a pod with CPU or GPU-model constraints.
+pub fn fit_class(
+    node: &NodeLedger,
+    class: &PodClass,
+    cfg: &FitConfig,
+    now_unix: i64,
+) -> Result<Placement, Rejection> {
+    let mut candidates = admissible(node, class, cfg, now_unix)?;
     candidates.sort_by_key(|&(i, need)| (node.gpus[i].free_bytes() - need, i));
-    candidates.truncate(needed as usize);
-    candidates.sort_by_key(|&(i, _)| i);
-    Ok(Placement {
-        gpu_indices: candidates.iter().map(|&(i, _)| i).collect(),
-        per_gpu_bytes: candidates.iter().map(|&(_, b)| b).collect(),
-    })
+    candidates.truncate(class.shape.gpus as usize);
+    Ok(Placement::from_pairs(candidates))
+}
+
+impl Placement {
+    /// From (GPU index, bytes) pairs in any order.
+    pub fn from_pairs(mut pairs: Vec<(usize, u64)>) -> Self {
+        pairs.sort_unstable_by_key(|&(i, _)| i);
+        Self {
+            gpu_indices: pairs.iter().map(|&(i, _)| i).collect(),
+            per_gpu_bytes: pairs.iter().map(|&(_, b)| b).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::Demand;
+
+    const GI: u64 = 1 << 30;
+    const NOW: i64 = 1_000_000;
+
+    fn node(totals: &[u64]) -> NodeLedger {
+        let mut n = NodeLedger::with_gpus(
+            "n",
+            totals
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| GpuLedger::new(format!("GPU-{i}"), t).with_model("H100"))
+                .collect(),
+        );
+        n.observed_at_unix = Some(NOW - 10);
+        n
+    }
+
+    fn shape(gpus: u32, bytes: u64) -> PodShape {
+        PodShape {
+            gpus,
+            demand: Demand::fixed(bytes),
+        }
+    }
+
+    fn reject(n: &NodeLedger, s: PodShape) -> Rejection {
+        fit(n, &s, &FitConfig::default(), NOW).unwrap_err()
+    }
+
+    #[test]
+    fn best_fit_picks_the_fullest_gpus_that_fit() {
+        let mut n = node(&[80 * GI, 80 * GI, 80 * GI]);
+        n.reserve("a", &[1], &[50 * GI]);
+        let p = fit(&n, &shape(1, 20 * GI), &FitConfig::default(), NOW).unwrap();
+        assert_eq!(p.gpu_indices, [1]);
+        let p = fit(&n, &shape(2, 40 * GI), &FitConfig::default(), NOW).unwrap();
+        assert_eq!(p.gpu_indices, [0, 2]);
+        assert_eq!(p.per_gpu_bytes, [40 * GI, 40 * GI]);
+    }
+
+    #[test]
+    fn a_gpuless_pod_fits_any_usable_node_on_no_gpu() {
+        let n = node(&[]);
+        let p = fit(&n, &shape(0, 0), &FitConfig::default(), NOW).unwrap();
+        assert!(p.gpu_indices.is_empty());
+    }
+
+    #[test]
+    fn no_report_says_so() {
+        let mut n = node(&[80 * GI]);
+        n.condition = NodeCondition::NoReport;
+        let r = reject(&n, shape(1, GI));
+        assert_eq!(r.reason(), "no_report");
+        assert!(r.is_node_wide());
+        assert_eq!(
+            r.to_string(),
+            "no GPU report from the peakfit agent on this node (is the agent running there?)"
+        );
+    }
+
+    #[test]
+    fn stale_report_says_how_old() {
+        let mut n = node(&[80 * GI]);
+        n.observed_at_unix = Some(NOW - 300);
+        let r = reject(&n, shape(1, GI));
+        assert_eq!(r.reason(), "stale_report");
+        assert_eq!(
+            r.to_string(),
+            "GPU report is 300s old (limit 120s): the peakfit agent on this node has stopped reporting"
+        );
+        n.observed_at_unix = None;
+        let r = reject(&n, shape(1, GI));
+        assert_eq!(r.reason(), "stale_report");
+        assert_eq!(
+            r.to_string(),
+            "GPU report has no readable time (limit 120s): treating it as stale until the peakfit agent reports again"
+        );
+        // Without a limit (simulation) age does not matter.
+        let cfg = FitConfig::simulation();
+        assert!(fit(&n, &shape(1, GI), &cfg, NOW).is_ok());
+    }
+
+    #[test]
+    fn nvml_down_names_the_driver_error() {
+        let mut n = node(&[80 * GI]);
+        n.condition = NodeCondition::NvmlDown {
+            reason: "NVML_ERROR_DRIVER_NOT_LOADED".into(),
+        };
+        let r = reject(&n, shape(1, GI));
+        assert_eq!(r.reason(), "nvml_down");
+        assert_eq!(
+            r.to_string(),
+            "NVML is down on this node (NVML_ERROR_DRIVER_NOT_LOADED): its GPUs cannot be seen, so nothing is placed there"
+        );
+    }
+
+    #[test]
+    fn too_few_gpus_counts_them() {
+        let n = node(&[80 * GI, 80 * GI]);
+        let r = reject(&n, shape(4, GI));
+        assert_eq!(r.reason(), "too_few_gpus");
+        assert_eq!(r.to_string(), "needs 4 GPU(s), node has 2");
+        let class = PodClass {
+            shape: shape(1, GI),
+            gpu_models: vec!["A100".into(), "L4".into()],
+            ..Default::default()
+        };
+        let r = fit_class(&n, &class, &FitConfig::default(), NOW).unwrap_err();
+        assert_eq!(r.reason(), "too_few_gpus");
+        assert_eq!(
+            r.to_string(),
+            "needs 1 GPU(s) of model A100 or L4, node has 0"
+        );
+    }
+
+    #[test]
+    fn not_enough_memory_names_need_and_best_gpu() {
+        let mut n = node(&[80 * GI, 80 * GI]);
+        n.reserve("a", &[0], &[70 * GI]);
+        n.reserve("b", &[1], &[60 * GI]);
+        let r = reject(&n, shape(1, 30 * GI));
+        assert_eq!(r.reason(), "not_enough_memory");
+        assert_eq!(
+            r.to_string(),
+            "needs 30.2 GiB free per GPU on 1 GPU(s) (peak 30.0 GiB + 256 MiB safety margin); \
+             none of its 2 GPU(s) has that free; best free GPU has 20.0 GiB free of 80.0 GiB"
+        );
+        let r = reject(&n, shape(2, 15 * GI));
+        assert_eq!(
+            r.to_string(),
+            "needs 15.2 GiB free per GPU on 2 GPU(s) (peak 15.0 GiB + 256 MiB safety margin); \
+             only 1 of its 2 GPU(s) have that free; best free GPU has 20.0 GiB free of 80.0 GiB"
+        );
+    }
+
+    #[test]
+    fn a_fraction_demand_is_sized_by_the_gpu_it_lands_on() {
+        let mut n = node(&[24 * GI, 80 * GI]);
+        n.reserve("a", &[1], &[60 * GI]);
+        // vLLM at 0.9: 21.6 GiB on the L4 (free), 72 GiB on the H100 (20 GiB free).
+        let s = PodShape {
+            gpus: 1,
+            demand: Demand::fraction(0.9),
+        };
+        let p = fit(&n, &s, &FitConfig::default(), NOW).unwrap();
+        assert_eq!(p.gpu_indices, [0]);
+        // Too small a GPU for the engine's budget.
+        let s = PodShape {
+            gpus: 1,
+            demand: Demand {
+                min_gpu_total_bytes: 40 * GI,
+                ..Demand::fraction(0.9)
+            },
+        };
+        let r = reject(&n, s);
+        assert_eq!(r.reason(), "not_enough_memory");
+        assert_eq!(
+            r.to_string(),
+            "needs 72.2 GiB free per GPU on 1 GPU(s) (peak 72.0 GiB + 256 MiB safety margin); \
+             none of its 1 GPU(s) has that free; best free GPU has 20.0 GiB free of 80.0 GiB"
+        );
+        let small = node(&[24 * GI]);
+        let r = reject(&small, s);
+        assert_eq!(r.reason(), "not_enough_memory");
+        assert_eq!(
+            r.to_string(),
+            "needs a GPU of at least 40.0 GiB (the engine's share of a smaller one cannot hold the model); largest GPU here has 24.0 GiB"
+        );
+    }
+
+    #[test]
+    fn not_enough_cpu_in_cores() {
+        let n = node(&[16 * GI]).with_cpu_milli(8000);
+        let class = PodClass {
+            shape: shape(1, GI),
+            cpu_milli: 12_500,
+            ..Default::default()
+        };
+        let r = fit_class(&n, &class, &FitConfig::default(), NOW).unwrap_err();
+        assert_eq!(r.reason(), "not_enough_cpu");
+        assert_eq!(r.to_string(), "needs 12.5 CPU cores, node has 8.0 free");
+    }
 }

@@ -4,10 +4,19 @@
 //! Counting each pod at the larger of its prediction and its use is what keeps a heavy inference
 //! pod that has not grown yet (weights loading, KV cache filling) from being squeezed by a
 //! neighbour placed on its current, low use.
+//!
+//! The extender asks "what is free" for 40,000 devices per request, so every device keeps its
+//! sums up to date as reservations and observations change: reading a device is O(1), reading a
+//! node O(devices), and nothing rescans pods per request.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use crate::inventory::NodeGpuReportStatus;
+
+use super::demand::PodClass;
+use super::fit::Placement;
 
 /// The pod's UID: stable across renames and unique across namespaces.
 pub type PodKey = String;
@@ -28,14 +37,26 @@ impl Reservation {
 }
 
 /// One schedulable device (a GPU or a MIG instance) on a node.
+///
+/// Reservations are private so that the cached sums cannot drift from them; the other fields
+/// are read on every request and may be set freely.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuLedger {
     pub uuid: String,
+    /// Product name (`NVIDIA H100 80GB HBM3`, or an openb model such as `G2`); pods may be
+    /// restricted to some models.
+    #[serde(default)]
+    pub model: String,
     pub total_bytes: u64,
     pub driver_reserved_bytes: u64,
-    /// Use the agent saw that belongs to no pod we know (other schedulers, host processes).
+    /// Use the agent saw that belongs to no pod with a reservation here (other schedulers, host
+    /// processes, processes whose memory the driver does not attribute).
     pub unattributed_bytes: u64,
-    pub reservations: BTreeMap<PodKey, Reservation>,
+    reservations: BTreeMap<PodKey, Reservation>,
+    /// Σ charged bytes of `reservations`.
+    charged_sum: u64,
+    /// Σ observed bytes of `reservations`.
+    observed_sum: u64,
 }
 
 impl GpuLedger {
@@ -47,27 +68,102 @@ impl GpuLedger {
         }
     }
 
+    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+        self.model = model.into();
+        self
+    }
+
+    pub fn reservations(&self) -> &BTreeMap<PodKey, Reservation> {
+        &self.reservations
+    }
+
+    pub fn reservation(&self, pod: &str) -> Option<&Reservation> {
+        self.reservations.get(pod)
+    }
+
+    /// Sets (or replaces) a pod's prediction on this device, keeping what was observed of it.
+    pub fn reserve(&mut self, pod: &str, predicted_bytes: u64) {
+        let old = self.reservations.get(pod).copied().unwrap_or_default();
+        self.put(
+            pod,
+            Reservation {
+                predicted_bytes,
+                observed_bytes: old.observed_bytes,
+            },
+        );
+    }
+
+    /// Drops a pod's reservation; returns it if there was one.
+    pub fn release(&mut self, pod: &str) -> Option<Reservation> {
+        let old = self.reservations.remove(pod)?;
+        self.charged_sum -= old.charged_bytes();
+        self.observed_sum -= old.observed_bytes;
+        Some(old)
+    }
+
+    fn put(&mut self, pod: &str, new: Reservation) {
+        let old = match self.reservations.get_mut(pod) {
+            Some(slot) => std::mem::replace(slot, new),
+            None => {
+                self.reservations.insert(pod.to_owned(), new);
+                Reservation::default()
+            }
+        };
+        self.charged_sum = self.charged_sum - old.charged_bytes() + new.charged_bytes();
+        self.observed_sum = self.observed_sum - old.observed_bytes + new.observed_bytes;
+    }
+
+    /// Applies what the agent saw on this device: its size, the driver's reserve, and the use of
+    /// each pod's processes (`pods`, summed per pod by the caller or not: repeated keys add up).
+    ///
+    /// Reservations survive: a pod with a reservation is charged max(predicted, observed), a pod
+    /// with a reservation that the agent did not see is charged its prediction (not started, or
+    /// between processes). Use by pods without a reservation on this device is unattributed: it
+    /// is on the device whoever owns it.
+    pub fn observe<'a>(
+        &mut self,
+        total_bytes: u64,
+        driver_reserved_bytes: u64,
+        pods: impl IntoIterator<Item = (&'a str, u64)>,
+        unattributed_bytes: u64,
+    ) {
+        self.total_bytes = total_bytes;
+        self.driver_reserved_bytes = driver_reserved_bytes;
+        let mut seen: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut unattributed = unattributed_bytes;
+        for (pod, bytes) in pods {
+            if self.reservations.contains_key(pod) {
+                *seen.entry(pod).or_default() += bytes;
+            } else {
+                unattributed = unattributed.saturating_add(bytes);
+            }
+        }
+        self.unattributed_bytes = unattributed;
+        let mut charged = 0u64;
+        let mut observed = 0u64;
+        for (pod, r) in &mut self.reservations {
+            r.observed_bytes = seen.get(pod.as_str()).copied().unwrap_or(0);
+            charged = charged.saturating_add(r.charged_bytes());
+            observed = observed.saturating_add(r.observed_bytes);
+        }
+        self.charged_sum = charged;
+        self.observed_sum = observed;
+    }
+
     pub fn committed_bytes(&self) -> u64 {
-        self.reservations
-            .values()
-            .map(Reservation::charged_bytes)
-            .fold(
-                self.unattributed_bytes
-                    .saturating_add(self.driver_reserved_bytes),
-                u64::saturating_add,
-            )
+        self.charged_sum
+            .saturating_add(self.unattributed_bytes)
+            .saturating_add(self.driver_reserved_bytes)
     }
 
     pub fn free_bytes(&self) -> u64 {
         self.total_bytes.saturating_sub(self.committed_bytes())
     }
 
+    /// What is actually in use now (pods' processes plus unattributed; without the driver's
+    /// reserve), to compare with what is committed.
     pub fn observed_bytes(&self) -> u64 {
-        self.reservations
-            .values()
-            .map(|r| r.observed_bytes)
-            .sum::<u64>()
-            + self.unattributed_bytes
+        self.observed_sum.saturating_add(self.unattributed_bytes)
     }
 }
 
@@ -86,10 +182,35 @@ pub enum NodeCondition {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeLedger {
     pub name: String,
+    /// Schedulable devices only: whole GPUs and MIG instances, never MIG parents.
     pub gpus: Vec<GpuLedger>,
-    /// When the agent last read this node's GPUs, in Unix seconds.
+    /// When the agent last read this node's GPUs, in Unix seconds; `None` when unknown (a
+    /// report whose time did not parse), which a fit with a staleness limit treats as stale.
     pub observed_at_unix: Option<i64>,
     pub condition: NodeCondition,
+    /// CPU the node can give pods, when placement should account for it (the openb
+    /// simulation); `None` in the extender, where kube-scheduler checks CPU itself.
+    pub cpu_capacity_milli: Option<u64>,
+    cpu_used_milli: u64,
+    cpu_by_pod: BTreeMap<PodKey, u64>,
+}
+
+/// One node at a glance, for metrics and the filter's words.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeSummary {
+    pub total_bytes: u64,
+    pub committed_bytes: u64,
+    pub observed_bytes: u64,
+    pub free_bytes: u64,
+    /// The most a one-GPU pod could get on this node now.
+    pub largest_free_block_bytes: u64,
+}
+
+/// A report the ledger could not read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    #[error("observedAt {value:?} is not an RFC 3339 time: {reason}")]
+    ObservedAt { value: String, reason: String },
 }
 
 impl NodeLedger {
@@ -99,73 +220,316 @@ impl NodeLedger {
             gpus: Vec::new(),
             observed_at_unix: None,
             condition: NodeCondition::NoReport,
+            cpu_capacity_milli: None,
+            cpu_used_milli: 0,
+            cpu_by_pod: BTreeMap::new(),
         }
     }
 
     /// A node whose GPUs are known without an agent (simulation, tests).
     pub fn with_gpus(name: impl Into<String>, gpus: Vec<GpuLedger>) -> Self {
         Self {
-            name: name.into(),
             gpus,
-            observed_at_unix: None,
             condition: NodeCondition::Ready,
+            ..Self::new(name)
         }
     }
 
-    /// Records a pod's per-GPU reservations (bind's commit). Replaces an earlier one of the pod.
+    pub fn with_cpu_milli(mut self, capacity: u64) -> Self {
+        self.cpu_capacity_milli = Some(capacity);
+        self
+    }
+
+    /// Records a pod's per-GPU reservations (bind's commit). Replaces an earlier one of the pod,
+    /// keeping what was observed of it on GPUs it keeps.
     pub fn reserve(&mut self, pod: &str, gpu_indices: &[usize], per_gpu_bytes: &[u64]) {
-        self.release(pod);
-        for (&i, &bytes) in gpu_indices.iter().zip(per_gpu_bytes) {
-            if let Some(gpu) = self.gpus.get_mut(i) {
-                gpu.reservations.insert(
-                    pod.to_owned(),
-                    Reservation {
-                        predicted_bytes: bytes,
-                        observed_bytes: 0,
-                    },
-                );
+        for (i, gpu) in self.gpus.iter_mut().enumerate() {
+            match gpu_indices.iter().position(|&j| j == i) {
+                Some(k) => gpu.reserve(pod, per_gpu_bytes.get(k).copied().unwrap_or(0)),
+                None => {
+                    gpu.release(pod);
+                }
             }
+        }
+    }
+
+    /// Bind's commit for a pod class: its GPUs, and its CPU where the node tracks CPU.
+    pub fn reserve_placement(&mut self, pod: &str, placement: &Placement, class: &PodClass) {
+        self.reserve(pod, &placement.gpu_indices, &placement.per_gpu_bytes);
+        self.release_cpu(pod);
+        if self.cpu_capacity_milli.is_some() && class.cpu_milli > 0 {
+            self.cpu_used_milli += class.cpu_milli;
+            self.cpu_by_pod.insert(pod.to_owned(), class.cpu_milli);
+        }
+    }
+
+    fn release_cpu(&mut self, pod: &str) -> bool {
+        match self.cpu_by_pod.remove(pod) {
+            Some(c) => {
+                self.cpu_used_milli -= c;
+                true
+            }
+            None => false,
         }
     }
 
     /// Drops every reservation of a pod (it finished, was deleted or preempted).
     pub fn release(&mut self, pod: &str) -> bool {
-        let mut found = false;
+        let mut found = self.release_cpu(pod);
         for gpu in &mut self.gpus {
-            found |= gpu.reservations.remove(pod).is_some();
+            found |= gpu.release(pod).is_some();
         }
         found
     }
 
+    /// CPU still free for pods; `None` when the node does not track CPU.
+    pub fn cpu_free_milli(&self) -> Option<u64> {
+        self.cpu_capacity_milli
+            .map(|c| c.saturating_sub(self.cpu_used_milli))
+    }
+
     pub fn free_bytes(&self) -> u64 {
         self.gpus.iter().map(GpuLedger::free_bytes).sum()
+    }
+
+    pub fn summary(&self) -> NodeSummary {
+        let mut s = NodeSummary::default();
+        for g in &self.gpus {
+            let free = g.free_bytes();
+            s.total_bytes += g.total_bytes;
+            s.committed_bytes += g.committed_bytes().min(g.total_bytes);
+            s.observed_bytes += g.observed_bytes();
+            s.free_bytes += free;
+            s.largest_free_block_bytes = s.largest_free_block_bytes.max(free);
+        }
+        s
+    }
+
+    /// Applies an agent report: devices are matched by UUID and keep their reservations; MIG
+    /// parents are skipped (their instances are the devices); processes are charged to the pods
+    /// that hold a reservation on their device, everything else the device uses is unattributed.
+    ///
+    /// Returns the pods whose reservations were on devices that are gone from the report (MIG
+    /// reconfigured, GPU fell off the bus), so the caller can say so. On an unreadable
+    /// `observedAt` the GPUs are still applied and the time left unknown (a stale node).
+    pub fn apply_report(
+        &mut self,
+        status: &NodeGpuReportStatus,
+    ) -> Result<Vec<PodKey>, ReportError> {
+        let mut old: BTreeMap<String, GpuLedger> =
+            self.gpus.drain(..).map(|g| (g.uuid.clone(), g)).collect();
+        for dev in status.gpus.iter().filter(|d| d.is_schedulable()) {
+            let mut gpu = old
+                .remove(&dev.uuid)
+                .unwrap_or_else(|| GpuLedger::new(dev.uuid.clone(), dev.memory_total_bytes));
+            gpu.model.clone_from(&dev.name);
+            let attributed: Vec<(&str, u64)> = dev
+                .processes
+                .iter()
+                .filter_map(|p| {
+                    let pod = p.pod_uid.as_deref()?;
+                    let used = p.used_bytes?;
+                    gpu.reservations.contains_key(pod).then_some((pod, used))
+                })
+                .collect();
+            let attributed_sum: u64 = attributed.iter().map(|&(_, b)| b).sum();
+            let unattributed = dev.memory_used_bytes.saturating_sub(attributed_sum);
+            gpu.observe(
+                dev.memory_total_bytes,
+                dev.memory_reserved_bytes,
+                attributed,
+                unattributed,
+            );
+            self.gpus.push(gpu);
+        }
+        let lost: Vec<PodKey> = old
+            .into_values()
+            .flat_map(|g| g.reservations.into_keys())
+            .collect();
+        self.condition = if status.nvml.up {
+            NodeCondition::Ready
+        } else {
+            NodeCondition::NvmlDown {
+                reason: status
+                    .nvml
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| "the agent gave no reason".into()),
+            }
+        };
+        match status.observed_at.parse::<jiff::Timestamp>() {
+            Ok(t) => {
+                self.observed_at_unix = Some(t.as_second());
+                Ok(lost)
+            }
+            Err(e) => {
+                self.observed_at_unix = None;
+                Err(ReportError::ObservedAt {
+                    value: status.observed_at.clone(),
+                    reason: e.to_string(),
+                })
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inventory::{GpuDevice, GpuProcess, NvmlStatus};
+
+    const GI: u64 = 1 << 30;
 
     #[test]
     fn a_pod_counts_at_the_larger_of_predicted_and_observed() {
-        let mut gpu = GpuLedger::new("GPU-a", 80 << 30);
-        gpu.driver_reserved_bytes = 1 << 30;
-        gpu.unattributed_bytes = 2 << 30;
-        gpu.reservations.insert(
-            "p".into(),
-            Reservation {
-                predicted_bytes: 30 << 30,
-                observed_bytes: 5 << 30,
-            },
+        let mut gpu = GpuLedger::new("GPU-a", 80 * GI);
+        gpu.reserve("p", 30 * GI);
+        gpu.reserve("q", 10 * GI);
+        gpu.observe(80 * GI, GI, [("p", 5 * GI), ("q", 12 * GI)], 2 * GI);
+        assert_eq!(gpu.committed_bytes(), (1 + 2 + 30 + 12) * GI);
+        assert_eq!(gpu.free_bytes(), 35 * GI);
+        assert_eq!(gpu.observed_bytes(), (5 + 12 + 2) * GI);
+    }
+
+    #[test]
+    fn an_observation_keeps_reservations_and_charges_strangers_as_unattributed() {
+        let mut gpu = GpuLedger::new("GPU-a", 80 * GI);
+        gpu.reserve("p", 30 * GI);
+        gpu.observe(80 * GI, 0, [("stranger", 4 * GI)], GI);
+        assert_eq!(gpu.reservation("p").unwrap().predicted_bytes, 30 * GI);
+        assert_eq!(gpu.unattributed_bytes, 5 * GI);
+        assert_eq!(gpu.committed_bytes(), 35 * GI);
+        // A re-reservation (bind after restart) keeps what was observed.
+        gpu.observe(80 * GI, 0, [("p", 40 * GI)], 0);
+        gpu.reserve("p", 20 * GI);
+        assert_eq!(gpu.committed_bytes(), 40 * GI);
+        assert_eq!(gpu.release("p").unwrap().observed_bytes, 40 * GI);
+        assert_eq!(gpu.committed_bytes(), 0);
+    }
+
+    #[test]
+    fn reserve_then_release_restores_every_device() {
+        let mut node = NodeLedger::with_gpus(
+            "n",
+            vec![GpuLedger::new("a", 40 * GI), GpuLedger::new("b", 40 * GI)],
         );
-        gpu.reservations.insert(
-            "q".into(),
-            Reservation {
-                predicted_bytes: 10 << 30,
-                observed_bytes: 12 << 30,
+        node.reserve("p", &[0, 1], &[10 * GI, 12 * GI]);
+        assert_eq!(node.free_bytes(), 58 * GI);
+        // A second reserve of the same pod replaces the first.
+        node.reserve("p", &[1], &[5 * GI]);
+        assert_eq!(node.free_bytes(), 75 * GI);
+        assert!(node.release("p"));
+        assert!(!node.release("p"));
+        assert_eq!(node.free_bytes(), 80 * GI);
+    }
+
+    #[test]
+    fn cpu_is_reserved_and_released_with_the_pod() {
+        let mut node =
+            NodeLedger::with_gpus("n", vec![GpuLedger::new("a", 16 * GI)]).with_cpu_milli(8000);
+        let class = PodClass {
+            cpu_milli: 3000,
+            ..Default::default()
+        };
+        let placement = Placement {
+            gpu_indices: vec![0],
+            per_gpu_bytes: vec![GI],
+        };
+        node.reserve_placement("p", &placement, &class);
+        assert_eq!(node.cpu_free_milli(), Some(5000));
+        node.release("p");
+        assert_eq!(node.cpu_free_milli(), Some(8000));
+    }
+
+    fn device(uuid: &str, total: u64, used: u64) -> GpuDevice {
+        GpuDevice {
+            uuid: uuid.into(),
+            name: "NVIDIA A100-SXM4-80GB".into(),
+            memory_total_bytes: total,
+            memory_used_bytes: used,
+            memory_free_bytes: total - used,
+            ..Default::default()
+        }
+    }
+
+    fn status(gpus: Vec<GpuDevice>) -> NodeGpuReportStatus {
+        NodeGpuReportStatus {
+            observed_at: "2026-11-21T18:00:00Z".into(),
+            nvml: NvmlStatus {
+                up: true,
+                ..Default::default()
             },
+            gpus,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_report_feeds_the_ledger_and_skips_mig_parents() {
+        let mut node = NodeLedger::new("n");
+        let mut parent = device("GPU-p", 80 * GI, 0);
+        parent.mig_enabled = true;
+        let mut mig = device("MIG-1", 20 * GI, 0);
+        mig.mig_parent_uuid = Some("GPU-p".into());
+        let whole = device("GPU-w", 80 * GI, 0);
+        node.apply_report(&status(vec![parent, mig, whole]))
+            .unwrap();
+        assert_eq!(node.condition, NodeCondition::Ready);
+        assert_eq!(node.observed_at_unix, Some(1_795_284_000));
+        let uuids: Vec<_> = node.gpus.iter().map(|g| g.uuid.as_str()).collect();
+        assert_eq!(uuids, ["MIG-1", "GPU-w"]);
+
+        node.reserve("pod-a", &[1], &[30 * GI]);
+        let mut whole = device("GPU-w", 80 * GI, 45 * GI);
+        whole.memory_reserved_bytes = GI;
+        whole.processes = vec![
+            GpuProcess {
+                pid: 1,
+                used_bytes: Some(35 * GI),
+                pod_uid: Some("pod-a".into()),
+                container_id: None,
+            },
+            GpuProcess {
+                pid: 2,
+                used_bytes: None,
+                pod_uid: Some("pod-a".into()),
+                container_id: None,
+            },
+        ];
+        let lost = node.apply_report(&status(vec![whole])).unwrap();
+        assert!(lost.is_empty());
+        let g = &node.gpus[0];
+        assert_eq!(g.reservation("pod-a").unwrap().observed_bytes, 35 * GI);
+        // 45 used - 35 attributed = 10 unattributed (the process with no byte count among it).
+        assert_eq!(g.unattributed_bytes, 10 * GI);
+        assert_eq!(g.committed_bytes(), (35 + 10 + 1) * GI);
+        let s = node.summary();
+        assert_eq!(s.free_bytes, 34 * GI);
+        assert_eq!(s.largest_free_block_bytes, 34 * GI);
+    }
+
+    #[test]
+    fn a_report_reports_lost_devices_nvml_down_and_bad_times() {
+        let mut node = NodeLedger::new("n");
+        node.apply_report(&status(vec![device("GPU-a", 80 * GI, 0)]))
+            .unwrap();
+        node.reserve("pod-a", &[0], &[GI]);
+        let mut s = status(vec![]);
+        s.nvml = NvmlStatus {
+            up: false,
+            driver_version: None,
+            reason: Some("NVML_ERROR_DRIVER_NOT_LOADED".into()),
+        };
+        assert_eq!(node.apply_report(&s).unwrap(), vec!["pod-a".to_string()]);
+        assert_eq!(
+            node.condition,
+            NodeCondition::NvmlDown {
+                reason: "NVML_ERROR_DRIVER_NOT_LOADED".into()
+            }
         );
-        assert_eq!(gpu.committed_bytes(), (1 + 2 + 30 + 12) << 30);
-        assert_eq!(gpu.free_bytes(), 35 << 30);
+        s.observed_at = "yesterday".into();
+        let err = node.apply_report(&s).unwrap_err();
+        assert!(err.to_string().contains("\"yesterday\""), "{err}");
+        assert_eq!(node.observed_at_unix, None);
     }
 }

@@ -3,10 +3,20 @@
 
 pub mod demand;
 pub mod fit;
+pub mod frag;
 pub mod ledger;
 pub mod score;
 
-pub use demand::{Demand, PodShape};
-pub use fit::{FitConfig, Placement, Rejection, fit};
-pub use ledger::{GpuLedger, NodeCondition, NodeLedger, PodKey, Reservation};
-pub use score::{ScoringPolicy, score};
+pub use demand::{Demand, PodClass, PodShape};
+pub use fit::{FitConfig, Placement, Rejection, fit, fit_class, gib};
+pub use frag::{
+    FragState, FragUnit, ShapeMix, ShapeStats, ShapeStatsConfig, fragmentation_ratio,
+    node_fragmentation,
+};
+pub use ledger::{
+    GpuLedger, NodeCondition, NodeLedger, NodeSummary, PodKey, ReportError, Reservation,
+};
+pub use score::{Scored, ScoringPolicy, place, scores_0_to_10};
+
+#[cfg(test)]
+mod properties;

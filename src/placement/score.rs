@@ -1,50 +1,299 @@
-//! Which fit wastes least: scores in 0..=10 as kube-scheduler's extender protocol wants.
+//! Which fit wastes least, and on which GPUs: the choice bind makes and the ranking prioritize
+//! answers.
+//!
+//! Every policy gives a fine-grained score (`f64`, higher is better) used to choose GPUs and rank
+//! nodes; kube-scheduler only takes integers 0..=10 from an extender, so `scores_0_to_10` maps a
+//! batch of nodes onto that range with the best node(s), and only those, at 10.
 
 use serde::{Deserialize, Serialize};
 
-use super::demand::PodShape;
-use super::fit::Placement;
-use super::ledger::NodeLedger;
+use super::demand::PodClass;
+use super::fit::{FitConfig, Placement, Rejection, admissible};
+use super::frag::{FragState, FragUnit, GpuChange, ShapeMix};
+use super::ledger::{GpuLedger, NodeLedger};
 
-/// How prioritize ranks the nodes that fit.
+/// How prioritize ranks the nodes that fit, and how bind picks GPUs on the chosen one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum ScoringPolicy {
-    /// Fragmentation-aware: least expected fragmentation over recently seen pod shapes.
+    /// Fragmentation-aware: the placement that raises the node's expected fragmentation over
+    /// recently seen pod shapes least (FGD), ties towards the fuller node and the tighter GPU.
     #[default]
     Peakfit,
-    /// Fill the fullest GPUs first.
+    /// Fill the fullest nodes and the tightest GPUs first.
     Binpack,
-    /// Fill the emptiest GPUs first.
+    /// Fill the emptiest nodes and GPUs first.
     Spread,
 }
 
-/// Scores placing `shape` on `node` at `placement`, 0 (worst) to 10 (best).
-pub fn score(
+/// Weight of the packing term that breaks fragmentation ties. Fragmentation deltas are in GPUs
+/// (a typical one is a tenth of a GPU or more); the packing term is in 0..1, so this keeps it a
+/// tie-breaker between placements whose fragmentation differs by less than ~1/1000 GPU.
+pub const PACKING_WEIGHT: f64 = 1e-3;
+
+/// A chosen placement and how good it is (higher is better; comparable across nodes for the
+/// same pod, policy and mix).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Scored {
+    pub placement: Placement,
+    pub score: f64,
+}
+
+/// Checks the fit and chooses the GPUs under `policy`, with the placement's score. Filter,
+/// prioritize and bind all call this; on an unchanged ledger and mix it answers the same.
+///
+/// Cost: O(GPUs × shapes) for the node's fragmentation, plus O(distinct candidate GPUs × shapes)
+/// per GPU chosen (GPUs of the same size, model and free memory are tried once).
+pub fn place(
     node: &NodeLedger,
-    shape: &PodShape,
-    placement: &Placement,
+    class: &PodClass,
     policy: ScoringPolicy,
-) -> u8 {
-    let _ = shape;
-    let (total, free_after): (u64, u64) = placement
-        .gpu_indices
-        .iter()
-        .zip(&placement.per_gpu_bytes)
-        .map(|(&i, &b)| {
-            (
-                node.gpus[i].total_bytes,
-                node.gpus[i].free_bytes().saturating_sub(b),
-            )
-        })
-        .fold((0, 0), |(t, f), (gt, gf)| (t + gt, f + gf));
-    if total == 0 {
-        return 0;
+    mix: &ShapeMix,
+    cfg: &FitConfig,
+    now_unix: i64,
+) -> Result<Scored, Rejection> {
+    let candidates = admissible(node, class, cfg, now_unix)?;
+    Ok(match policy {
+        ScoringPolicy::Peakfit if !mix.is_empty() => peakfit(node, class, candidates, mix, cfg),
+        ScoringPolicy::Peakfit | ScoringPolicy::Binpack => by_free(node, class, candidates, true),
+        ScoringPolicy::Spread => by_free(node, class, candidates, false),
+    })
+}
+
+/// Used share of the node's GPUs (each GPU counting 1) if `placement` is committed.
+fn packing_after(node: &NodeLedger, chosen: &[(usize, u64)]) -> f64 {
+    if node.gpus.is_empty() {
+        return 0.0;
     }
-    let used_frac = 1.0 - free_after as f64 / total as f64;
-    let s = match policy {
-        ScoringPolicy::Peakfit | ScoringPolicy::Binpack => used_frac,
-        ScoringPolicy::Spread => 1.0 - used_frac,
+    let used: f64 = node
+        .gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let taken: u64 = chosen.iter().filter(|c| c.0 == i).map(|c| c.1).sum();
+            1.0 - FragUnit::Gpus.weight(g) * g.free_bytes().saturating_sub(taken) as f64
+        })
+        .sum();
+    used / node.gpus.len() as f64
+}
+
+/// Binpack (`tight`) and Spread: GPUs with the least (most) memory left, node by how full
+/// (empty) it ends up, in GPUs.
+fn by_free(
+    node: &NodeLedger,
+    class: &PodClass,
+    mut candidates: Vec<(usize, u64)>,
+    tight: bool,
+) -> Scored {
+    let left = |&(i, need): &(usize, u64)| {
+        FragUnit::Gpus.weight(&node.gpus[i]) * (node.gpus[i].free_bytes() - need) as f64
     };
-    (s * 10.0).round().clamp(0.0, 10.0) as u8
+    candidates.sort_by(|a, b| {
+        let (la, lb) = (left(a), left(b));
+        let ord = if tight {
+            la.total_cmp(&lb)
+        } else {
+            lb.total_cmp(&la)
+        };
+        ord.then(a.0.cmp(&b.0))
+    });
+    candidates.truncate(class.shape.gpus as usize);
+    let packed = packing_after(node, &candidates);
+    // Within a node, the tighter GPUs break ties between equally full nodes.
+    let gpu_term: f64 = candidates.iter().map(left).sum::<f64>() / candidates.len().max(1) as f64;
+    let score = if tight {
+        packed - PACKING_WEIGHT * gpu_term
+    } else {
+        (1.0 - packed) + PACKING_WEIGHT * gpu_term
+    };
+    Scored {
+        placement: Placement::from_pairs(candidates),
+        score,
+    }
+}
+
+/// Greedy over the pod's GPUs: each next GPU is the one whose share raises fragmentation least,
+/// ties to the one left with the least free memory, then the lowest index.
+fn peakfit(
+    node: &NodeLedger,
+    class: &PodClass,
+    mut candidates: Vec<(usize, u64)>,
+    mix: &ShapeMix,
+    cfg: &FitConfig,
+) -> Scored {
+    let mut state = FragState::new(node, mix, cfg, FragUnit::Gpus);
+    let before = state.value();
+    state.apply(&[], class.cpu_milli);
+    let mut chosen: Vec<(usize, u64)> = Vec::with_capacity(class.shape.gpus as usize);
+    for _ in 0..class.shape.gpus {
+        let mut best: Option<(f64, f64, usize)> = None; // (F after, free left, position)
+        let mut tried: Vec<(u64, u64, u64, &str)> = Vec::with_capacity(candidates.len());
+        for (pos, &(i, need)) in candidates.iter().enumerate() {
+            let gpu = &node.gpus[i];
+            let free = gpu.free_bytes();
+            let key = (gpu.total_bytes, free, need, gpu.model.as_str());
+            if tried.contains(&key) {
+                continue;
+            }
+            tried.push(key);
+            let f = state.value_after(&[change(gpu, free, need)], 0);
+            let left = FragUnit::Gpus.weight(gpu) * (free - need) as f64;
+            let better = match best {
+                None => true,
+                Some((bf, bl, _)) => f < bf - 1e-12 || (f <= bf + 1e-12 && left < bl),
+            };
+            if better {
+                best = Some((f, left, pos));
+            }
+        }
+        let (_, _, pos) = best.expect("admissible returned at least `gpus` candidates");
+        let (i, need) = candidates.remove(pos);
+        let gpu = &node.gpus[i];
+        state.apply(&[change(gpu, gpu.free_bytes(), need)], 0);
+        chosen.push((i, need));
+    }
+    let after = state.value();
+    let score = (before - after) + PACKING_WEIGHT * packing_after(node, &chosen);
+    Scored {
+        placement: Placement::from_pairs(chosen),
+        score,
+    }
+}
+
+fn change(gpu: &GpuLedger, free: u64, need: u64) -> GpuChange<'_> {
+    GpuChange {
+        gpu,
+        free_before: free,
+        free_after: free - need,
+    }
+}
+
+/// Maps a batch of fine-grained scores (one per node, higher better) to kube-scheduler's
+/// 0..=10: the best node(s) get 10, the others 0..=9 by where they fall between the worst and
+/// the best, so the scheduler's coarse integers still pick the best node. NaN scores get 0.
+pub fn scores_0_to_10(scores: &[f64]) -> Vec<u8> {
+    let finite = scores.iter().copied().filter(|s| s.is_finite());
+    let max = finite.clone().fold(f64::NEG_INFINITY, f64::max);
+    let min = finite.fold(f64::INFINITY, f64::min);
+    let tie = 1e-9 * max.abs().max(1.0);
+    scores
+        .iter()
+        .map(|&s| {
+            if !s.is_finite() {
+                0
+            } else if s >= max - tie {
+                10
+            } else {
+                ((s - min) / (max - min) * 10.0).floor().clamp(0.0, 9.0) as u8
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::{Demand, PodShape};
+
+    fn share(milli: u32, gpus: u32) -> PodClass {
+        PodClass::from(PodShape {
+            gpus,
+            demand: Demand::fraction(f64::from(milli) / 1000.0),
+        })
+    }
+
+    /// A node of 1000-byte GPUs with the given free bytes.
+    fn node(free: &[u64]) -> NodeLedger {
+        let mut n = NodeLedger::with_gpus(
+            "n",
+            (0..free.len())
+                .map(|i| GpuLedger::new(format!("g{i}"), 1000))
+                .collect(),
+        );
+        for (i, &f) in free.iter().enumerate() {
+            if f < 1000 {
+                n.reserve(&format!("p{i}"), &[i], &[1000 - f]);
+            }
+        }
+        n
+    }
+
+    fn placed(n: &NodeLedger, c: &PodClass, policy: ScoringPolicy, mix: &ShapeMix) -> Scored {
+        place(n, c, policy, mix, &FitConfig::simulation(), 0).unwrap()
+    }
+
+    #[test]
+    fn peakfit_keeps_whole_gpus_whole() {
+        // Half-GPU pods and whole-GPU pods are common: a 0.5 pod goes on the half-used GPU,
+        // not on a free one (which best fit would also do), and not on the 0.6 one, which would
+        // strand 0.1.
+        let mix = ShapeMix::new([(share(500, 1), 1.0), (share(1000, 1), 1.0)]);
+        let n = node(&[1000, 500, 600]);
+        let s = placed(&n, &share(500, 1), ScoringPolicy::Peakfit, &mix);
+        assert_eq!(s.placement.gpu_indices, [1]);
+        assert_eq!(s.placement.per_gpu_bytes, [500]);
+    }
+
+    #[test]
+    fn peakfit_avoids_stranding_memory_best_fit_would_strand() {
+        // Typical pods take 0.4 of a GPU. A 0.3 pod: best fit picks the 0.5 GPU (leaving 0.2,
+        // useless); peakfit takes it from the 0.7 one, leaving 0.4 for the next typical pod.
+        let mix = ShapeMix::new([(share(400, 1), 1.0)]);
+        let n = node(&[700, 500]);
+        let bf = placed(&n, &share(300, 1), ScoringPolicy::Binpack, &mix);
+        assert_eq!(bf.placement.gpu_indices, [1]);
+        let pf = placed(&n, &share(300, 1), ScoringPolicy::Peakfit, &mix);
+        assert_eq!(pf.placement.gpu_indices, [0]);
+    }
+
+    #[test]
+    fn peakfit_ranks_nodes_by_fragmentation_added() {
+        let mix = ShapeMix::new([(share(1000, 1), 1.0)]);
+        let pod = share(500, 1);
+        // Taking half of a half-used GPU adds nothing; halving a whole GPU strands 0.5.
+        let good = placed(&node(&[500, 1000]), &pod, ScoringPolicy::Peakfit, &mix);
+        let bad = placed(&node(&[1000, 1000]), &pod, ScoringPolicy::Peakfit, &mix);
+        assert!(good.score > bad.score, "{} vs {}", good.score, bad.score);
+        assert_eq!(scores_0_to_10(&[good.score, bad.score]), [10, 0]);
+    }
+
+    #[test]
+    fn a_k_gpu_pod_gets_distinct_gpus() {
+        let mix = ShapeMix::new([(share(500, 1), 1.0)]);
+        let n = node(&[1000, 1000, 1000, 600]);
+        for policy in [
+            ScoringPolicy::Peakfit,
+            ScoringPolicy::Binpack,
+            ScoringPolicy::Spread,
+        ] {
+            let s = placed(&n, &share(500, 3), policy, &mix);
+            let mut g = s.placement.gpu_indices.clone();
+            g.dedup();
+            assert_eq!(g.len(), 3, "{policy:?}: {:?}", s.placement);
+        }
+    }
+
+    #[test]
+    fn spread_picks_the_emptiest() {
+        let mix = ShapeMix::default();
+        let n = node(&[400, 900, 700]);
+        let s = placed(&n, &share(300, 1), ScoringPolicy::Spread, &mix);
+        assert_eq!(s.placement.gpu_indices, [1]);
+        let fuller = placed(
+            &node(&[400, 400]),
+            &share(300, 1),
+            ScoringPolicy::Spread,
+            &mix,
+        );
+        assert!(s.score > fuller.score);
+    }
+
+    #[test]
+    fn the_0_to_10_scale_gives_10_to_the_best_only() {
+        assert_eq!(scores_0_to_10(&[]), Vec::<u8>::new());
+        assert_eq!(scores_0_to_10(&[0.5]), [10]);
+        assert_eq!(scores_0_to_10(&[-1.0, -1.0]), [10, 10]);
+        assert_eq!(scores_0_to_10(&[0.0, 0.999, 1.0, f64::NAN]), [0, 9, 10, 0]);
+        assert_eq!(scores_0_to_10(&[-3.0, -2.0, -1.0]), [0, 5, 10]);
+    }
 }

@@ -1,0 +1,326 @@
+//! Turning a reading into the `NodeGpuReport` status, and deciding when it is worth writing.
+//!
+//! The API server should see a write only when the extender would decide differently: memory moved
+//! by more than max(1 % of the GPU, 256 MiB), a process or pod came or went, NVML went up or down
+//! — and at least once per heartbeat, so the extender can tell a quiet node from a dead agent.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::inventory::{GpuDevice, NodeGpuReportStatus, NodeMemorySummary};
+
+use super::nvml::Reading;
+
+const MIB: u64 = 1 << 20;
+/// The smallest memory change worth a write, whatever the GPU's size.
+pub const MIN_CHANGE_BYTES: u64 = 256 * MIB;
+
+/// Builds the status for `reading`, observed at `observed_at`. `typical_pod_bytes` is what
+/// counts as "the pods this node usually hosts" for the stranded-memory figure.
+pub fn build(
+    observed_at: jiff::Timestamp,
+    reading: Reading,
+    typical_pod_bytes: Option<u64>,
+) -> NodeGpuReportStatus {
+    let summary = summarize(&reading.gpus, typical_pod_bytes);
+    NodeGpuReportStatus {
+        observed_at: observed_at.to_string(),
+        nvml: reading.nvml,
+        gpus: reading.gpus,
+        summary,
+        agent_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+    }
+}
+
+/// Totals over schedulable devices (whole GPUs and MIG instances, never a MIG parent, whose
+/// memory its instances already count).
+///
+/// `stranded_bytes` is the free memory on devices whose free memory is smaller than a typical pod
+/// of this node: memory no usual pod can use, the node's fragmentation. Without a typical size
+/// (no pod seen yet) nothing is called stranded.
+pub fn summarize(gpus: &[GpuDevice], typical_pod_bytes: Option<u64>) -> NodeMemorySummary {
+    let schedulable = || gpus.iter().filter(|g| g.is_schedulable());
+    NodeMemorySummary {
+        total_bytes: schedulable().map(|g| g.memory_total_bytes).sum(),
+        free_bytes: schedulable().map(|g| g.memory_free_bytes).sum(),
+        largest_free_block_bytes: schedulable()
+            .map(|g| g.memory_free_bytes)
+            .max()
+            .unwrap_or(0),
+        stranded_bytes: typical_pod_bytes.map_or(0, |typical| {
+            schedulable()
+                .map(|g| g.memory_free_bytes)
+                .filter(|&free| free < typical)
+                .sum()
+        }),
+    }
+}
+
+/// What a typical pod of this node uses per GPU: the median, over the most recent (pod, device)
+/// pairs seen on the node, of the most memory that pod's processes used on that device.
+///
+/// Bounded to `capacity` pairs (oldest forgotten first) so the agent's memory stays flat and the
+/// figure follows the node's current workload.
+#[derive(Debug)]
+pub struct PodUsageHistory {
+    peaks: BTreeMap<(String, String), u64>,
+    order: VecDeque<(String, String)>,
+    capacity: usize,
+}
+
+impl Default for PodUsageHistory {
+    fn default() -> Self {
+        Self::with_capacity(256)
+    }
+}
+
+impl PodUsageHistory {
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            peaks: BTreeMap::new(),
+            order: VecDeque::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Records the per-pod use on each device of a reading.
+    pub fn observe(&mut self, gpus: &[GpuDevice]) {
+        for gpu in gpus {
+            let mut per_pod: BTreeMap<&str, u64> = BTreeMap::new();
+            for p in &gpu.processes {
+                if let (Some(uid), Some(bytes)) = (&p.pod_uid, p.used_bytes) {
+                    *per_pod.entry(uid).or_default() += bytes;
+                }
+            }
+            for (uid, bytes) in per_pod {
+                let key = (uid.to_string(), gpu.uuid.clone());
+                match self.peaks.get_mut(&key) {
+                    Some(peak) => *peak = (*peak).max(bytes),
+                    None => {
+                        if self.order.len() == self.capacity
+                            && let Some(old) = self.order.pop_front()
+                        {
+                            self.peaks.remove(&old);
+                        }
+                        self.order.push_back(key.clone());
+                        self.peaks.insert(key, bytes);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The median peak (the lower middle one for an even count); `None` before any pod was seen.
+    pub fn typical(&self) -> Option<u64> {
+        let mut v: Vec<u64> = self.peaks.values().copied().collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_unstable();
+        Some(v[(v.len() - 1) / 2])
+    }
+}
+
+/// Whether `next` differs from `prev` in a way the extender would care about.
+pub fn significant_change(prev: &NodeGpuReportStatus, next: &NodeGpuReportStatus) -> bool {
+    if prev.nvml != next.nvml || prev.gpus.len() != next.gpus.len() {
+        return true;
+    }
+    prev.gpus.iter().zip(&next.gpus).any(|(a, b)| {
+        let threshold = (b.memory_total_bytes / 100).max(MIN_CHANGE_BYTES);
+        a.uuid != b.uuid
+            || a.memory_total_bytes != b.memory_total_bytes
+            || a.mig_enabled != b.mig_enabled
+            || a.degraded != b.degraded
+            || a.memory_used_bytes.abs_diff(b.memory_used_bytes) > threshold
+            || a.memory_reserved_bytes.abs_diff(b.memory_reserved_bytes) > threshold
+            || process_keys(a) != process_keys(b)
+            || pod_bytes(a)
+                .iter()
+                .zip(pod_bytes(b).iter())
+                .any(|(x, y)| x.1.abs_diff(*y.1) > threshold)
+    })
+}
+
+fn process_keys(g: &GpuDevice) -> BTreeSet<(u32, Option<&str>)> {
+    g.processes
+        .iter()
+        .map(|p| (p.pid, p.pod_uid.as_deref()))
+        .collect()
+}
+
+/// Memory per pod on a device (processes of no pod under `None`), in pod order.
+fn pod_bytes(g: &GpuDevice) -> BTreeMap<Option<&str>, u64> {
+    let mut m = BTreeMap::new();
+    for p in &g.processes {
+        *m.entry(p.pod_uid.as_deref()).or_default() += p.used_bytes.unwrap_or(0);
+    }
+    m
+}
+
+/// Remembers the last status written and when, to decide whether the next one goes out.
+#[derive(Debug)]
+pub struct PublishGate {
+    heartbeat: Duration,
+    last: Option<(NodeGpuReportStatus, Instant)>,
+}
+
+impl PublishGate {
+    pub fn new(heartbeat: Duration) -> Self {
+        Self {
+            heartbeat,
+            last: None,
+        }
+    }
+
+    /// True for the first status, after a significant change, or when the heartbeat is due.
+    pub fn due(&self, next: &NodeGpuReportStatus, now: Instant) -> bool {
+        match &self.last {
+            None => true,
+            Some((prev, at)) => {
+                now.duration_since(*at) >= self.heartbeat || significant_change(prev, next)
+            }
+        }
+    }
+
+    /// Records a successful write; a failed one is not recorded, so the next poll retries.
+    pub fn published(&mut self, status: NodeGpuReportStatus, now: Instant) {
+        self.last = Some((status, now));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::{GpuProcess, NvmlStatus};
+
+    const GIB: u64 = 1 << 30;
+
+    fn gpu(uuid: &str, total: u64, used: u64) -> GpuDevice {
+        GpuDevice {
+            uuid: uuid.into(),
+            memory_total_bytes: total,
+            memory_used_bytes: used,
+            memory_free_bytes: total - used,
+            ..GpuDevice::default()
+        }
+    }
+
+    fn proc(pid: u32, pod: Option<&str>, bytes: u64) -> GpuProcess {
+        GpuProcess {
+            pid,
+            used_bytes: Some(bytes),
+            pod_uid: pod.map(str::to_string),
+            container_id: None,
+        }
+    }
+
+    fn status(gpus: Vec<GpuDevice>) -> NodeGpuReportStatus {
+        build(
+            jiff::Timestamp::UNIX_EPOCH,
+            Reading {
+                nvml: NvmlStatus {
+                    up: true,
+                    ..NvmlStatus::default()
+                },
+                gpus,
+            },
+            None,
+        )
+    }
+
+    #[test]
+    fn summary_skips_mig_parents_and_counts_stranded_memory() {
+        let mut parent = gpu("GPU-a", 80 * GIB, 0);
+        parent.mig_enabled = true;
+        let gpus = vec![
+            parent,
+            gpu("MIG-1", 40 * GIB, 30 * GIB), // 10 GiB free: stranded for a 20 GiB pod
+            gpu("MIG-2", 40 * GIB, 5 * GIB),  // 35 GiB free
+            gpu("GPU-b", 80 * GIB, 66 * GIB), // 14 GiB free: stranded
+        ];
+        let s = summarize(&gpus, Some(20 * GIB));
+        assert_eq!(s.total_bytes, 160 * GIB);
+        assert_eq!(s.free_bytes, 59 * GIB);
+        assert_eq!(s.largest_free_block_bytes, 35 * GIB);
+        assert_eq!(s.stranded_bytes, 24 * GIB);
+        assert_eq!(summarize(&gpus, None).stranded_bytes, 0);
+        assert_eq!(summarize(&[], Some(GIB)), NodeMemorySummary::default());
+    }
+
+    #[test]
+    fn typical_pod_is_the_median_peak_per_pod_and_gpu() {
+        let mut h = PodUsageHistory::with_capacity(3);
+        assert_eq!(h.typical(), None);
+        let mut g = gpu("GPU-a", 80 * GIB, 0);
+        g.processes = vec![
+            proc(1, Some("pod-a"), 4 * GIB),
+            proc(2, Some("pod-a"), 2 * GIB), // same pod: 6 GiB together
+            proc(3, Some("pod-b"), 10 * GIB),
+            proc(4, None, 50 * GIB), // no pod: not a pod's size
+        ];
+        h.observe(std::slice::from_ref(&g));
+        assert_eq!(h.typical(), Some(6 * GIB));
+        // pod-a grows: its peak is kept, not its latest value.
+        g.processes = vec![proc(1, Some("pod-a"), 12 * GIB)];
+        h.observe(std::slice::from_ref(&g));
+        g.processes = vec![proc(1, Some("pod-a"), GIB)];
+        h.observe(std::slice::from_ref(&g));
+        assert_eq!(h.typical(), Some(10 * GIB));
+        // Capacity 3: a fourth and fifth pair push out the oldest (pod-a, then pod-b).
+        g.processes = vec![proc(5, Some("pod-c"), GIB), proc(6, Some("pod-d"), GIB)];
+        h.observe(std::slice::from_ref(&g));
+        assert_eq!(h.peaks.len(), 3);
+        assert_eq!(h.typical(), Some(GIB));
+    }
+
+    #[test]
+    fn small_changes_wait_for_the_heartbeat_and_big_ones_do_not() {
+        let t0 = Instant::now();
+        let base = status(vec![gpu("GPU-a", 80 * GIB, 10 * GIB)]);
+        let mut gate = PublishGate::new(Duration::from_secs(30));
+        assert!(gate.due(&base, t0), "first report always goes out");
+        gate.published(base.clone(), t0);
+
+        let within = |used| status(vec![gpu("GPU-a", 80 * GIB, used)]);
+        let t1 = t0 + Duration::from_secs(5);
+        // 1 % of 80 GiB is 819 MiB > 256 MiB, so 800 MiB is noise and 900 MiB is news.
+        assert!(!gate.due(&within(10 * GIB + 800 * MIB), t1));
+        assert!(gate.due(&within(10 * GIB + 900 * MIB), t1));
+        assert!(gate.due(&within(10 * GIB), t0 + Duration::from_secs(30)));
+
+        // On a small device the 256 MiB floor applies.
+        let small = |used| status(vec![gpu("MIG-x", 5 * GIB, used)]);
+        let mut gate = PublishGate::new(Duration::from_secs(30));
+        gate.published(small(GIB), t0);
+        assert!(!gate.due(&small(GIB + 200 * MIB), t1));
+        assert!(gate.due(&small(GIB + 300 * MIB), t1));
+    }
+
+    #[test]
+    fn processes_pods_and_nvml_state_are_always_news() {
+        let mut g = gpu("GPU-a", 80 * GIB, 10 * GIB);
+        g.processes = vec![proc(1, Some("pod-a"), GIB)];
+        let prev = status(vec![g.clone()]);
+
+        let mut next = g.clone();
+        next.processes.push(proc(2, None, 0));
+        assert!(significant_change(&prev, &status(vec![next])));
+
+        let mut moved = g.clone();
+        moved.processes[0].pod_uid = Some("pod-b".into());
+        assert!(significant_change(&prev, &status(vec![moved])));
+
+        let mut down = status(vec![]);
+        down.nvml.up = false;
+        assert!(significant_change(&prev, &down));
+
+        let mut grown = g.clone();
+        grown.processes[0].used_bytes = Some(3 * GIB);
+        assert!(significant_change(&prev, &status(vec![grown])));
+
+        let mut same = status(vec![g]);
+        same.observed_at = "2030-01-01T00:00:00Z".into();
+        assert!(!significant_change(&prev, &same), "time alone is no change");
+    }
+}

@@ -1,0 +1,1152 @@
+//! The peak-memory model: from a [`Spec`] to the bytes one of the pod's GPUs will hold at peak.
+//!
+//! ```text
+//! tensors   = weights + trainable state + activations + logits + KV cache + workspace   (allocated)
+//! reserved  = tensors x allocator slack                                                 (max_reserved)
+//! per GPU   = reserved + CUDA context + NCCL (when the job spans GPUs)                  (NVML)
+//! ```
+//! Engines that budget a fraction of the GPU (vLLM, SGLang, TGI, TensorRT-LLM) instead take
+//! `fraction x GPU total` plus what they allocate outside that budget, so their demand depends on
+//! the GPU they land on ([`Demand::gpu_fraction`]).
+//!
+//! Every constant cites the section of `research/memory-model.md` it comes from. Defaults for
+//! unstated settings are listed on [`Defaults`].
+
+use serde::Serialize;
+
+use super::annotations::{
+    Checkpointing, Dtype, Engine, FractionEngine, KvDtype, Optimizer, Spec, Workload,
+};
+use super::presets::Architecture;
+use crate::placement::Demand;
+
+const GIB: f64 = 1_073_741_824.0;
+const MIB: f64 = 1_048_576.0;
+
+/// CUDA context per process per GPU on a CUDA >= 12.2 stack with lazy module loading: 274 MiB
+/// bare (PyTorch #86509) to ~430 MiB once cuBLAS/NCCL kernels load (unsloth-zoo #1053); the
+/// report's recommendation is 0.5 GiB (§2.1, §5 "ctx").
+pub const CUDA_CONTEXT: f64 = 0.5 * GIB;
+/// cuBLAS workspace (32 MiB per handle on Hopper, §2.2) plus the small tensors every framework
+/// keeps: the near-constant 35-48 MiB residual of weights+KV against measured
+/// `max_memory_allocated` (§4.1).
+pub const WORKSPACE: f64 = 40.0 * MIB;
+/// NCCL communicator buffers when the job spans GPUs: 0.5-2 GiB per GPU (§2.3); vLLM's
+/// non-torch memory grew 1.79 GiB from TP1 to TP2 (PR #10511). Outside the PyTorch allocator.
+pub const NCCL: f64 = 1.0 * GIB;
+/// CUDA graphs captured after a serving engine sizes its budget: 0.13-0.21 GiB for small models,
+/// up to 3.3 GiB for large quantised ones (§2.5); 0.5 GiB is the report's "small models" upper end.
+pub const CUDA_GRAPHS: f64 = 0.5 * GIB;
+/// bitsandbytes quantise-on-load staging: the fixed ~0.6 GB litgpt NF4 runs show over the
+/// bits x params arithmetic (§4.1 "Model it as bits x params + ~0.5 GiB").
+pub const BNB_STAGING: f64 = 0.35 * GIB;
+/// Allocator slack, reserved / allocated: ~1.05 for steady inference, 1.1-1.3 for fixed-shape
+/// fine-tuning (§2.4, §5 "frag").
+pub const SLACK_INFERENCE: f64 = 1.05;
+pub const SLACK_TRAINING: f64 = 1.15;
+/// Korthikanti et al. activation bytes per token per hidden unit per layer, 16-bit, no
+/// recomputation, attention scores excluded (flash attention): `34 s b h` (§1.5; 32-34 for
+/// Llama blocks).
+pub const ACT_NONE: f64 = 34.0;
+/// Selective recomputation as torchtitan's op policy does it: back-solved ~23 s b h per layer
+/// including allocator slack (§4.3), i.e. ~20 before the training slack above.
+pub const ACT_SELECTIVE: f64 = 20.0;
+/// Full recomputation keeps each layer's input (`2 s b h`, §1.5) ...
+pub const ACT_FULL: f64 = 2.0;
+/// ... plus one layer's full working set during its recomputation.
+pub const ACT_FULL_WORKING_LAYERS: f64 = 1.0;
+/// Logits and cross-entropy per token per vocabulary entry: bf16 logits + fp32 upcast + fp32
+/// softmax/grad ≈ 10 B in the HF default path (§2.7).
+pub const LOGITS_HF: f64 = 10.0;
+/// Chunked cross-entropy (torchtune) keeps 16-bit logits plus one fp32 chunk: 2-4 B (§5 "X").
+pub const LOGITS_CHUNKED: f64 = 4.0;
+/// ms-swift's 2023 trainer: ~3x the HF path. Inferred, not read in its source: the trainer
+/// passes labels (the model computes its loss) and computes its own loss and token accuracy
+/// from the same logits, so the logits graph is held about three times over. Back-solved from
+/// ms-swift's published batch slope (§4.3 #49: +15.4 GiB per 2048-token Qwen-7B sample with
+/// checkpointing on, where layers account for < 1 GiB): a calibration on that source.
+pub const LOGITS_MS_SWIFT: f64 = 30.0;
+
+/// Settings used when a pod does not state them.
+pub struct Defaults;
+
+impl Defaults {
+    pub const BATCH: u32 = 1;
+    /// Tokens per sequence for inference: a short prompt and answer, as plain `generate` runs do.
+    pub const CONTEXT_INFERENCE: u64 = 256;
+    /// Tokens per sequence for training (an instruction-tuning sample).
+    pub const CONTEXT_TRAINING: u64 = 256;
+    /// A serving engine's `max_model_len` when unstated, for its smallest-GPU check only.
+    pub const CONTEXT_ENGINE: u64 = 512;
+    pub const LORA_RANK: u32 = 8;
+    /// vLLM's `gpu_memory_utilization`: 0.9 through v0.6, 0.92 in current releases (§1.6); the
+    /// larger keeps a co-located pod safe.
+    pub const UTIL_VLLM: f64 = 0.92;
+    /// TGI `--cuda-memory-fraction` (§1.7).
+    pub const UTIL_TGI: f64 = 1.0;
+    /// SGLang `mem_fraction_static` (§1.7: the built-in default is unverified; Qwen's
+    /// benchmarks use 0.85, 0.88 is SGLang's common large-GPU value).
+    pub const UTIL_SGLANG: f64 = 0.88;
+    /// TensorRT-LLM `free_gpu_memory_fraction`: of the memory free after weights (§1.7).
+    pub const UTIL_TRTLLM: f64 = 0.9;
+    /// A GPU size for displaying a fraction engine's split when none is given (80 GiB: A100/H100).
+    pub const GPU_TOTAL: u64 = 80 << 30;
+}
+
+/// Which counter a component shows up in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Counter {
+    /// A PyTorch tensor: counted by `torch.cuda.max_memory_allocated`.
+    Allocated,
+    /// Cached by the allocator but not in a tensor: counted by `max_memory_reserved`.
+    Reserved,
+    /// Outside the allocator (context, NCCL, CUDA graphs): only NVML sees it.
+    Process,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Component {
+    pub name: &'static str,
+    pub bytes: u64,
+    pub counter: Counter,
+}
+
+/// The model's answer for one pod, per GPU.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    pub gpus: u32,
+    /// Tensor memory, what `torch.cuda.max_memory_allocated` reports.
+    pub allocated_bytes: u64,
+    /// Allocated plus the caching allocator's slack, what `max_memory_reserved` reports.
+    pub reserved_bytes: u64,
+    /// What NVML shows for the process (context and NCCL included); headroom included.
+    pub per_gpu_bytes: u64,
+    /// For fraction engines: the engine's own budget, `fraction x gpu_total`.
+    pub engine_budget_bytes: Option<u64>,
+    pub engine_fraction: Option<f64>,
+    pub demand: Demand,
+    /// The GPU size the components were resolved for (matters for fraction engines only).
+    pub gpu_total_bytes: u64,
+    pub components: Vec<Component>,
+    /// Defaults the estimate had to assume, worded for a reader.
+    pub assumed: Vec<String>,
+}
+
+/// The resolved inputs: the spec with presets and defaults applied.
+struct Inputs {
+    arch: Architecture,
+    params: f64,
+    dtype: Dtype,
+    kv_bytes: f64,
+    workload: Workload,
+    batch: f64,
+    context: f64,
+    tp: f64,
+    dp: f64,
+    gpus: u32,
+    zero: u8,
+    optimizer: Optimizer,
+    checkpointing: Checkpointing,
+    flash: bool,
+    lora_rank: f64,
+    /// HF `generate` with the legacy concatenating cache (no flash-attention path stated).
+    legacy_cache: bool,
+    headroom: f64,
+    engine: Option<Engine>,
+}
+
+/// A rough transformer shape from a parameter count alone: P ≈ 12·L·h² with L ≈ h/128 (the
+/// aspect ratio of the Llama/Qwen families), 128-wide heads, MHA, 4h MLP.
+fn shape_from_params(params: u64) -> Architecture {
+    let h = ((params as f64 * 128.0 / 12.0).cbrt() / 128.0)
+        .round()
+        .max(1.0)
+        * 128.0;
+    let h = h as u32;
+    Architecture {
+        params,
+        layers: (h / 128).max(1),
+        hidden_size: h,
+        attention_heads: (h / 128).max(1),
+        kv_heads: (h / 128).max(1),
+        head_dim: 128,
+        vocab_size: 32000,
+        intermediate_size: 4 * h,
+        tied_embeddings: false,
+    }
+}
+
+/// Parameters implied by a shape: attention (q, o by heads; k, v by kv-heads), a gated MLP when
+/// the intermediate size is not 4h (SwiGLU lists the per-branch width), embeddings.
+pub fn params_of(a: &Architecture) -> u64 {
+    let h = a.hidden_size as f64;
+    let attn = 2.0 * h * (a.attention_heads * a.head_dim) as f64
+        + 2.0 * h * (a.kv_heads * a.head_dim) as f64;
+    let matrices = if a.intermediate_size == 4 * a.hidden_size {
+        2.0
+    } else {
+        3.0
+    };
+    let mlp = matrices * h * a.intermediate_size as f64;
+    let emb = a.vocab_size as f64 * h * if a.tied_embeddings { 1.0 } else { 2.0 };
+    (a.layers as f64 * (attn + mlp) + emb) as u64
+}
+
+fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
+    let preset_shape = spec.model.and_then(|p| p.shape);
+    let base_params = spec.params.or(spec.model.map(|p| p.params));
+    let shape_given = spec.layers.is_some() && spec.hidden_size.is_some();
+    let mut arch = match (preset_shape, base_params) {
+        (Some(a), _) => a,
+        (None, Some(p)) if !shape_given => {
+            assumed.push(format!(
+                "shape derived from the parameter count ({:.2}B): layers, hidden size and \
+                 vocabulary are rough",
+                p as f64 / 1e9
+            ));
+            shape_from_params(p)
+        }
+        _ => shape_from_params(base_params.unwrap_or(1_000_000_000)),
+    };
+    macro_rules! over {
+        ($field:ident) => {
+            if let Some(v) = spec.$field {
+                arch.$field = v;
+            }
+        };
+    }
+    over!(layers);
+    over!(hidden_size);
+    over!(attention_heads);
+    over!(kv_heads);
+    over!(head_dim);
+    over!(vocab_size);
+    over!(intermediate_size);
+    over!(tied_embeddings);
+    if spec.attention_heads.is_some() && spec.kv_heads.is_none() && preset_shape.is_none() {
+        arch.kv_heads = arch.attention_heads;
+    }
+    if spec.head_dim.is_none() && spec.hidden_size.is_some() && preset_shape.is_none() {
+        arch.head_dim = (arch.hidden_size / arch.attention_heads.max(1)).max(1);
+    }
+    arch.kv_heads = arch.kv_heads.min(arch.attention_heads).max(1);
+    let params = match base_params {
+        Some(p) => p,
+        None => params_of(&arch),
+    };
+    arch.params = params;
+
+    let workload = spec.workload.unwrap_or(Workload::Inference);
+    let dtype = spec.dtype.unwrap_or(match workload {
+        Workload::Qlora => Dtype::Nf4,
+        Workload::Training => Dtype::Fp16Amp,
+        _ => Dtype::Bf16,
+    });
+    if spec.dtype.is_none() && spec.model.is_some() {
+        assumed.push(format!("dtype {}", dtype.name()));
+    }
+    let kv_bytes = spec.kv_dtype.map_or(
+        if dtype == Dtype::Fp32 { 4.0 } else { 2.0 },
+        |k: KvDtype| k.bytes() as f64,
+    );
+    let context = spec.context_tokens.unwrap_or_else(|| {
+        let c = if matches!(spec.engine, Some(Engine::Fraction(_))) {
+            Defaults::CONTEXT_ENGINE
+        } else if workload.is_training() {
+            Defaults::CONTEXT_TRAINING
+        } else {
+            Defaults::CONTEXT_INFERENCE
+        };
+        assumed.push(format!("context-tokens {c}"));
+        c
+    });
+    let tp = spec.tensor_parallel.unwrap_or(1);
+    Inputs {
+        arch,
+        params: params as f64,
+        dtype,
+        kv_bytes,
+        workload,
+        batch: spec.batch.unwrap_or(Defaults::BATCH) as f64,
+        context: context as f64,
+        tp: tp as f64,
+        dp: spec.data_parallel.unwrap_or(1) as f64,
+        gpus: spec.gpus.unwrap_or(tp),
+        zero: spec.zero_stage.unwrap_or(0),
+        optimizer: spec.optimizer.unwrap_or(Optimizer::Adam),
+        // torchtune's single-device recipes enable activation checkpointing by default.
+        checkpointing: spec.gradient_checkpointing.unwrap_or(
+            if spec
+                .engine
+                .as_ref()
+                .is_some_and(|e| e.name() == "torchtune")
+            {
+                Checkpointing::Full
+            } else {
+                Checkpointing::None
+            },
+        ),
+        // Flash-attention kernels exist for 16-bit inputs only: fp32 runs use eager attention.
+        flash: spec.flash_attention.unwrap_or(dtype != Dtype::Fp32),
+        legacy_cache: spec.flash_attention != Some(true)
+            && spec.engine.as_ref().is_some_and(|e| e.name() == "hf"),
+        lora_rank: spec.lora_rank.unwrap_or(Defaults::LORA_RANK) as f64,
+        headroom: spec.headroom.unwrap_or(0.0),
+        engine: spec.engine.clone(),
+    }
+}
+
+/// Engines whose QLoRA path runs peft's `prepare_model_for_kbit_training`, which casts every
+/// non-quantised parameter (embeddings, head, norms) of a bitsandbytes model to fp32.
+const PEFT_ENGINES: &[&str] = &["hf", "hf-trainer", "peft", "ms-swift", "trl", "axolotl"];
+
+impl Inputs {
+    fn engine_name(&self) -> &str {
+        self.engine.as_ref().map_or("", Engine::name)
+    }
+
+    /// Embedding + LM-head parameters (one matrix when tied).
+    fn embedding_params(&self) -> f64 {
+        let one = self.arch.vocab_size as f64 * self.arch.hidden_size as f64;
+        let both = if self.arch.tied_embeddings {
+            one
+        } else {
+            2.0 * one
+        };
+        both.min(self.params * 0.5)
+    }
+
+    /// Bits per linear-layer weight, scales included (§2.6).
+    fn weight_bits(&self) -> f64 {
+        match self.dtype {
+            Dtype::Fp32 => 32.0,
+            Dtype::Fp16 | Dtype::Bf16 | Dtype::Fp16Amp => 16.0,
+            // e4m3 with per-tensor or 128x128 block scales: scales negligible.
+            Dtype::Fp8 => 8.0,
+            // int8 with a 16-bit scale and 8-bit zero per 128 weights (GPTQ-int8 g128).
+            Dtype::Int8 => 8.0 + 24.0 / 128.0,
+            // int4 g128: 16-bit scale + 4-bit zero per group.
+            Dtype::Int4Gptq | Dtype::Int4Awq => 4.0 + 20.0 / 128.0,
+            // NF4 block 64 with an fp32 absmax per block (QLoRA paper).
+            Dtype::Nf4 => 4.5,
+            // + double quantisation of the absmax: 8/64 + 32/(64*256).
+            Dtype::Nf4Dq => 4.0 + 8.0 / 64.0 + 32.0 / (64.0 * 256.0),
+        }
+    }
+
+    /// Quantised loaders keep embeddings and head in 16 bits (§2.6); fp32 models keep them fp32.
+    fn embedding_bytes(&self) -> f64 {
+        if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 }
+    }
+
+    /// Shards of the frozen or compute copy of the weights: tensor parallel, and data parallel
+    /// under ZeRO-3 / FSDP full-shard.
+    fn weight_shards(&self) -> f64 {
+        let zero3 = self.workload.is_training() && self.zero >= 3;
+        self.tp * if zero3 { self.dp } else { 1.0 }
+    }
+
+    fn weights(&self) -> f64 {
+        let sharded = self.weight_bytes() / self.weight_shards();
+        // Adapter training under FSDP/ZeRO-3 keeps the gathered frozen base alive next to its
+        // shard: litgpt's 2-GPU FSDP LoRA measured 20.7 GiB per GPU against 19.8 on one GPU
+        // (§3.4 #36), i.e. no saving from sharding frozen weights.
+        if self.workload.is_adapter() && self.zero >= 3 && self.dp > 1.0 {
+            sharded + self.weight_bytes() / self.tp
+        } else {
+            sharded
+        }
+    }
+
+    /// All the weights of one tensor-parallel rank, unsharded.
+    fn weight_bytes(&self) -> f64 {
+        let emb = self.embedding_params();
+        let linear = (self.params - emb).max(0.0);
+        let mut bytes = linear * self.weight_bits() / 8.0 + emb * self.embedding_bytes();
+        // The FP8 loader un-ties a tied LM head: Qwen3-4B FP8 measured one embedding copy over
+        // (742 MiB, §4.1).
+        if self.dtype == Dtype::Fp8 && self.arch.tied_embeddings {
+            bytes += self.arch.vocab_size as f64 * self.arch.hidden_size as f64 * 2.0;
+        }
+        bytes
+    }
+
+    /// bitsandbytes runtime: staging plus two bf16 copies of the largest linear being
+    /// dequantised for its matmul (fits the litgpt NF4 rows, which grow with h x ffn: §4.1).
+    fn quantisation_overhead(&self) -> f64 {
+        if !self.dtype.is_bitsandbytes() {
+            return 0.0;
+        }
+        let largest = self.arch.hidden_size as f64 * self.arch.intermediate_size as f64;
+        BNB_STAGING + 2.0 * largest * 2.0 / self.tp
+    }
+
+    /// peft's kbit preparation upcasts the 16-bit embeddings/head of bnb models to fp32.
+    fn kbit_upcast(&self) -> f64 {
+        let applies = self.workload == Workload::Qlora
+            && self.dtype.is_bitsandbytes()
+            && PEFT_ENGINES.contains(&self.engine_name());
+        if applies {
+            self.embedding_params() * 2.0 / self.tp
+        } else {
+            0.0
+        }
+    }
+
+    /// LoRA adapters on every linear layer (the QLoRA paper's recipe, torchtune's and Qwen's
+    /// `finetune.py` defaults; peft's q/v-only default trains fewer, so this errs high):
+    /// `r·(d_in + d_out)` per adapted matrix (§5 "S").
+    fn adapter_params(&self) -> f64 {
+        let a = &self.arch;
+        let h = a.hidden_size as f64;
+        let q = (a.attention_heads * a.head_dim) as f64;
+        let kv = (a.kv_heads * a.head_dim) as f64;
+        let ffn = a.intermediate_size as f64;
+        let mlp_matrices = if a.intermediate_size == 4 * a.hidden_size {
+            2.0
+        } else {
+            3.0
+        };
+        let attention = (h + q) * 2.0 + (h + kv) * 2.0;
+        self.lora_rank * (attention + mlp_matrices * (h + ffn)) * a.layers as f64
+    }
+
+    /// Gradients, master weights and optimizer state of what trains, per GPU, by ZeRO stage
+    /// (ZeRO paper accounting, §1.3; DeepSpeed's 18 B/param for mixed-precision Adam, §1.2).
+    fn trainable_state(&self) -> (f64, f64, f64) {
+        match self.workload {
+            Workload::Inference => (0.0, 0.0, 0.0),
+            Workload::Lora | Workload::Qlora => {
+                // Adapters train in fp32 (peft upcasts them): fp32 grads and fp32 states.
+                let p = self.adapter_params() / self.tp;
+                let states = self.optimizer_bytes(4.0);
+                (p * 4.0, p * 4.0, p * states)
+            }
+            Workload::Training => {
+                let p = self.params / self.tp;
+                let (grad, master, param_bytes) = match self.dtype {
+                    Dtype::Fp32 => (4.0, 0.0, 4.0),
+                    Dtype::Fp16Amp => (4.0, 4.0, 4.0),
+                    _ => (2.0, 0.0, 2.0),
+                };
+                let states = self.optimizer_bytes(param_bytes);
+                let dp = self.dp.max(1.0);
+                let shard = |stage: u8| if self.zero >= stage { dp } else { 1.0 };
+                (
+                    p * grad / shard(2),
+                    p * master / shard(1),
+                    p * states / shard(1),
+                )
+            }
+        }
+    }
+
+    /// Optimizer state bytes per trainable parameter whose states live in `state_bytes` each.
+    fn optimizer_bytes(&self, state_bytes: f64) -> f64 {
+        match self.optimizer {
+            Optimizer::Adam => 2.0 * state_bytes,
+            Optimizer::Momentum => state_bytes,
+            Optimizer::Adafactor => 0.0,
+            Optimizer::Adam8bit => 2.0,
+        }
+    }
+
+    /// ZeRO-3 gathers a layer at a time: DeepSpeed's `largest_layer_memory = 4·largest_layer`
+    /// (§1.2), the largest layer being a transformer block or the embedding.
+    fn zero3_live_params(&self) -> f64 {
+        if !(self.workload == Workload::Training && self.zero >= 3 && self.dp > 1.0) {
+            return 0.0;
+        }
+        let layers = self.arch.layers.max(1) as f64;
+        let block = (self.params - self.embedding_params()).max(0.0) / layers;
+        let emb = self.arch.vocab_size as f64 * self.arch.hidden_size as f64;
+        4.0 * block.max(emb) / self.tp
+    }
+
+    fn tokens(&self) -> f64 {
+        self.batch * self.context
+    }
+
+    /// Training activations (Korthikanti et al., §1.5, §5 "A"), per GPU.
+    fn activations(&self) -> f64 {
+        let a = &self.arch;
+        let (h, l) = (a.hidden_size as f64, a.layers as f64);
+        let (s, b) = (self.context, self.batch);
+        if !self.workload.is_training() {
+            // Inference saves nothing for backward. Without flash attention one layer's scores
+            // (16-bit) and fp32 softmax exist at once during prefill.
+            if self.flash {
+                return 0.0;
+            }
+            let heads = (a.attention_heads as f64 / self.tp).max(1.0);
+            return heads * s * s * b * 6.0;
+        }
+        // Tensor parallel shards all but 10 of the 34 (§1.5 TP row).
+        let sharded = |c: f64| 10.0f64.min(c) + (c - 10.0f64.min(c)) / self.tp;
+        let scores = 5.0 * (a.attention_heads as f64) * s / h / self.tp;
+        let per_layer = |c: f64, with_scores: bool| {
+            s * b * h * (sharded(c) + if with_scores { scores } else { 0.0 })
+        };
+        let bytes = match self.checkpointing {
+            Checkpointing::None => l * per_layer(ACT_NONE, !self.flash),
+            // Selective recomputation drops the attention scores by definition.
+            Checkpointing::Selective => l * per_layer(ACT_SELECTIVE, false),
+            Checkpointing::Full => {
+                l * per_layer(ACT_FULL, false)
+                    + ACT_FULL_WORKING_LAYERS * per_layer(ACT_NONE, !self.flash)
+            }
+        };
+        // fp32 training keeps fp32 activations: ~1.9x the 16-bit bytes (§5 "A").
+        if self.dtype == Dtype::Fp32 {
+            bytes * 1.9
+        } else {
+            bytes
+        }
+    }
+
+    /// Logits: training materialises `s·b·V` with an fp32 upcast (§2.7); inference keeps only the
+    /// last token's (`logits_to_keep`).
+    fn logits(&self) -> f64 {
+        let v = self.arch.vocab_size as f64 / self.tp;
+        if !self.workload.is_training() {
+            return self.batch * v * 4.0;
+        }
+        let per = match self.engine_name() {
+            "torchtune" => LOGITS_CHUNKED,
+            "ms-swift" | "swift" => LOGITS_MS_SWIFT,
+            // Fused linear cross-entropy never materialises the logits.
+            "unsloth" | "liger" => 0.0,
+            _ => LOGITS_HF,
+        };
+        self.tokens() * v * per
+    }
+
+    /// `2·L·kv_heads_per_gpu·head_dim·bytes·tokens`; kv heads are replicated, not split, when
+    /// fewer than the tensor-parallel degree (vLLM `get_num_kv_heads`, §1.6).
+    fn kv_cache(&self, tokens: f64) -> f64 {
+        let a = &self.arch;
+        let kv_per_gpu = (a.kv_heads as f64 / self.tp).floor().max(1.0);
+        // The legacy HF cache (tuples grown by `torch.cat`) measured ~2x the theoretical KV
+        // (Qwen-7B v1 README, gpu_poor: §2.8); the flash-attention/static-cache path does not.
+        let legacy = if self.legacy_cache { 2.0 } else { 1.0 };
+        legacy * 2.0 * a.layers as f64 * kv_per_gpu * a.head_dim as f64 * self.kv_bytes * tokens
+    }
+
+    fn multi_gpu(&self) -> bool {
+        self.gpus > 1 || self.tp > 1.0 || self.dp > 1.0
+    }
+
+    /// One prefill of 2048 tokens through a layer plus its logits: the least a serving
+    /// engine's profiling pass allocates besides weights (a lower bound: vLLM logged 2.38 GiB
+    /// for Llama-2-7B, §1.6).
+    fn engine_profile_activations(&self) -> f64 {
+        let a = &self.arch;
+        let per_token = 2.0 * (4.0 * a.hidden_size as f64 + 3.0 * a.intermediate_size as f64)
+            / self.tp
+            + 4.0 * a.vocab_size as f64;
+        2048.0 * per_token
+    }
+}
+
+/// No component is allowed past 2^60 bytes (an exbibyte: no GPU comes near), so that sums of
+/// components cannot overflow whatever the annotations say.
+const MAX_COMPONENT: f64 = (1u64 << 60) as f64;
+
+fn round(bytes: f64) -> u64 {
+    // NaN (from absurd inputs) maps to the cap, not to zero: never under-reserve.
+    if bytes.is_nan() {
+        return MAX_COMPONENT as u64;
+    }
+    bytes.clamp(0.0, MAX_COMPONENT).ceil() as u64
+}
+
+/// Appends a non-empty component.
+fn add(components: &mut Vec<Component>, name: &'static str, bytes: f64, counter: Counter) {
+    if bytes > 0.0 {
+        components.push(Component {
+            name,
+            bytes: round(bytes),
+            counter,
+        });
+    }
+}
+
+/// The estimate for a spec; `gpu_total` is the GPU the components are shown for (only fraction
+/// engines depend on it, through their budget).
+pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
+    let mut assumed = Vec::new();
+    let inp = resolve(spec, &mut assumed);
+    if let Some(Engine::Fraction(engine)) = &inp.engine {
+        return fraction_engine(spec, &inp, *engine, gpu_total, assumed);
+    }
+    let mut components = Vec::new();
+    let mut tensor = |name, bytes: f64| {
+        if bytes > 0.0 {
+            components.push(Component {
+                name,
+                bytes: round(bytes),
+                counter: Counter::Allocated,
+            });
+        }
+    };
+    let has_shape = spec.model.is_none_or(|p| p.shape.is_some()) || spec.layers.is_some();
+    tensor("weights", inp.weights());
+    tensor("quantisation", inp.quantisation_overhead());
+    tensor("fp32-upcast", inp.kbit_upcast());
+    let (grads, master, optimizer) = inp.trainable_state();
+    tensor("gradients", grads);
+    // For adapters the fp32 "master" copy is the adapters themselves.
+    let master_name = if inp.workload.is_adapter() {
+        "adapters"
+    } else {
+        "master-weights"
+    };
+    tensor(master_name, master);
+    if !spec.optimizer_paged {
+        tensor("optimizer", optimizer);
+    }
+    tensor("zero3-live-params", inp.zero3_live_params());
+    if has_shape {
+        tensor("activations", inp.activations());
+        tensor("logits", inp.logits());
+        if !inp.workload.is_training() {
+            tensor("kv-cache", inp.kv_cache(inp.tokens()));
+        }
+    }
+    tensor("workspace", WORKSPACE);
+    let allocated: u64 = components.iter().map(|c| c.bytes).sum();
+    let slack = if inp.workload.is_training() {
+        SLACK_TRAINING
+    } else {
+        SLACK_INFERENCE
+    };
+    let slack_bytes = round(allocated as f64 * (slack - 1.0));
+    components.push(Component {
+        name: "allocator-slack",
+        bytes: slack_bytes,
+        counter: Counter::Reserved,
+    });
+    let reserved = allocated + slack_bytes;
+    // Paged optimizers (bitsandbytes) keep their state in CUDA unified memory from
+    // `cudaMallocManaged`, outside PyTorch's allocator: NVML sees it while it is resident,
+    // `max_memory_reserved` never does.
+    if spec.optimizer_paged {
+        add(
+            &mut components,
+            "optimizer-paged",
+            optimizer,
+            Counter::Process,
+        );
+    }
+    add(
+        &mut components,
+        "cuda-context",
+        CUDA_CONTEXT,
+        Counter::Process,
+    );
+    if inp.multi_gpu() {
+        add(&mut components, "nccl", NCCL, Counter::Process);
+    }
+    let before_headroom: u64 = components.iter().map(|c| c.bytes).sum();
+    add(
+        &mut components,
+        "headroom",
+        before_headroom as f64 * inp.headroom,
+        Counter::Process,
+    );
+    let per_gpu: u64 = components.iter().map(|c| c.bytes).sum();
+    Estimate {
+        gpus: inp.gpus,
+        allocated_bytes: allocated,
+        reserved_bytes: reserved,
+        per_gpu_bytes: per_gpu,
+        engine_budget_bytes: None,
+        engine_fraction: None,
+        demand: Demand::fixed(per_gpu),
+        gpu_total_bytes: gpu_total,
+        components,
+        assumed,
+    }
+}
+
+/// Engines that size themselves to a fraction of the GPU: the budget holds weights,
+/// activations and a KV pool that grows to fill it (§1.6-1.7, §4.4).
+fn fraction_engine(
+    spec: &Spec,
+    inp: &Inputs,
+    engine: FractionEngine,
+    gpu_total: u64,
+    mut assumed: Vec<String>,
+) -> Estimate {
+    let util = spec.gpu_memory_utilization.unwrap_or_else(|| {
+        let u = match engine {
+            FractionEngine::Vllm => Defaults::UTIL_VLLM,
+            FractionEngine::Sglang => Defaults::UTIL_SGLANG,
+            FractionEngine::Tgi => Defaults::UTIL_TGI,
+            FractionEngine::TensorrtLlm => Defaults::UTIL_TRTLLM,
+        };
+        assumed.push(format!(
+            "gpu-memory-utilization {u} ({} default)",
+            engine.name()
+        ));
+        u
+    });
+    let described = spec.model.is_some() || spec.params.is_some();
+    let (weights, activations, nccl) = if described {
+        (
+            inp.weights() + inp.quantisation_overhead(),
+            inp.engine_profile_activations(),
+            if inp.multi_gpu() { NCCL } else { 0.0 },
+        )
+    } else {
+        (0.0, 0.0, 0.0)
+    };
+    // One sequence at the context length must fit in what the budget leaves for the KV pool.
+    let one_sequence = if described {
+        inp.kv_cache(inp.context)
+    } else {
+        0.0
+    };
+    let inside = weights + activations + nccl + one_sequence;
+    // Outside the budget: the context always; CUDA graphs for vLLM/SGLang (captured after
+    // sizing). TGI's fraction caps the whole process; TensorRT-LLM's applies to what is free
+    // after the weights, so the rest of the non-KV memory is outside it.
+    let graphs = match engine {
+        FractionEngine::Vllm | FractionEngine::Sglang => CUDA_GRAPHS,
+        _ => 0.0,
+    };
+    let (fixed, min_total) = match engine {
+        FractionEngine::TensorrtLlm => {
+            let non_kv = CUDA_CONTEXT + weights + activations + nccl;
+            (
+                (1.0 - util) * non_kv,
+                non_kv + one_sequence / util.max(f64::EPSILON),
+            )
+        }
+        _ => (CUDA_CONTEXT + graphs, inside / util),
+    };
+    let fixed = fixed * (1.0 + inp.headroom);
+    let demand = Demand {
+        fixed_bytes: round(fixed),
+        gpu_fraction: util,
+        min_gpu_total_bytes: if described { round(min_total) } else { 0 },
+    };
+    let budget = round(util * gpu_total as f64);
+    let budget_f = budget as f64;
+    let kv_pool = match engine {
+        FractionEngine::TensorrtLlm => {
+            util * (gpu_total as f64 - CUDA_CONTEXT - weights - activations - nccl)
+        }
+        _ => budget_f - weights - activations - nccl,
+    }
+    .max(0.0);
+    let mut components = Vec::new();
+    let c = &mut components;
+    add(c, "weights", weights, Counter::Allocated);
+    add(c, "activations", activations, Counter::Allocated);
+    add(c, "kv-cache", kv_pool, Counter::Allocated);
+    add(c, "nccl", nccl, Counter::Process);
+    add(c, "cuda-context", CUDA_CONTEXT, Counter::Process);
+    add(c, "cuda-graphs", graphs, Counter::Process);
+    let per_gpu = demand.bytes_on(gpu_total);
+    let listed: u64 = components.iter().map(|c| c.bytes).sum();
+    // Whatever of the demand the named parts do not cover (TensorRT-LLM's unbudgeted share,
+    // headroom) is shown rather than hidden.
+    if per_gpu > listed {
+        let rest = (per_gpu - listed) as f64;
+        add(
+            &mut components,
+            "engine-unallocated",
+            rest,
+            Counter::Reserved,
+        );
+    }
+    let allocated = round(weights + activations + kv_pool);
+    Estimate {
+        gpus: inp.gpus,
+        allocated_bytes: allocated,
+        reserved_bytes: allocated,
+        per_gpu_bytes: per_gpu,
+        engine_budget_bytes: Some(budget),
+        engine_fraction: Some(util),
+        demand,
+        gpu_total_bytes: gpu_total,
+        components,
+        assumed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn spec(pairs: &[(&str, &str)]) -> Spec {
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (format!("peakfit.io/{k}"), v.to_string()))
+            .collect();
+        Spec::parse(&map).unwrap()
+    }
+
+    fn est(pairs: &[(&str, &str)]) -> Estimate {
+        estimate(&spec(pairs), Defaults::GPU_TOTAL)
+    }
+
+    fn part(e: &Estimate, name: &str) -> f64 {
+        e.components
+            .iter()
+            .find(|c| c.name == name)
+            .map_or(0.0, |c| c.bytes as f64)
+    }
+
+    #[test]
+    fn components_add_up_to_the_counters() {
+        let e = est(&[
+            ("model", "llama-3.1-8b"),
+            ("workload", "training"),
+            ("batch", "2"),
+        ]);
+        let sum = |f: &dyn Fn(Counter) -> bool| -> u64 {
+            e.components
+                .iter()
+                .filter(|c| f(c.counter))
+                .map(|c| c.bytes)
+                .sum()
+        };
+        assert_eq!(sum(&|c| c == Counter::Allocated), e.allocated_bytes);
+        assert_eq!(sum(&|c| c != Counter::Process), e.reserved_bytes);
+        assert_eq!(sum(&|_| true), e.per_gpu_bytes);
+        assert_eq!(e.demand, Demand::fixed(e.per_gpu_bytes));
+    }
+
+    #[test]
+    fn bf16_weights_are_two_bytes_per_param() {
+        let e = est(&[("model", "llama-2-7b")]);
+        assert_eq!(part(&e, "weights"), 6.74e9 * 2.0);
+    }
+
+    #[test]
+    fn quantisation_shrinks_weights_in_order() {
+        let w = |d| part(&est(&[("model", "llama-2-7b"), ("dtype", d)]), "weights");
+        let order = ["fp32", "bf16", "int8", "fp8", "int4-gptq", "nf4", "nf4-dq"];
+        let sizes: Vec<f64> = order.iter().map(|d| w(d)).collect();
+        assert!(sizes[0] == 2.0 * sizes[1]);
+        assert!(sizes[2] > sizes[3], "int8 carries scales over fp8");
+        assert!(
+            sizes[3] > sizes[5] && sizes[5] > sizes[4] && sizes[4] > sizes[6],
+            "{sizes:?}"
+        );
+        // Embeddings stay 16-bit: int4 weights are well above a quarter of bf16.
+        assert!(sizes[4] > 0.27 * sizes[1] && sizes[4] < 0.33 * sizes[1]);
+        // bitsandbytes pays a runtime overhead, GPTQ does not.
+        let q = |d| {
+            part(
+                &est(&[("model", "llama-2-7b"), ("dtype", d)]),
+                "quantisation",
+            )
+        };
+        assert!(q("nf4") > 0.3 * GIB && q("int4-gptq") == 0.0);
+    }
+
+    #[test]
+    fn kv_cache_counts_kv_heads_and_shards_by_tensor_parallel() {
+        // Llama-3.1-8B: 32 layers x 8 kv heads x 128 x 2 (K,V) x 2 B = 128 KiB per token.
+        let e = est(&[
+            ("model", "llama-3.1-8b"),
+            ("context-tokens", "8192"),
+            ("batch", "2"),
+        ]);
+        assert_eq!(part(&e, "kv-cache"), 128.0 * 1024.0 * 8192.0 * 2.0);
+        let tp = est(&[
+            ("model", "llama-3.1-8b"),
+            ("context-tokens", "8192"),
+            ("batch", "2"),
+            ("tensor-parallel", "2"),
+        ]);
+        assert_eq!(part(&tp, "kv-cache"), part(&e, "kv-cache") / 2.0);
+        assert_eq!(tp.gpus, 2);
+        assert!(part(&tp, "nccl") > 0.0 && part(&e, "nccl") == 0.0);
+        // 8 kv heads over TP 16: replicated, one per GPU.
+        let tp16 = est(&[("model", "llama-3.1-70b"), ("tensor-parallel", "16")]);
+        let tp8 = est(&[("model", "llama-3.1-70b"), ("tensor-parallel", "8")]);
+        assert_eq!(part(&tp16, "kv-cache"), part(&tp8, "kv-cache"));
+        let fp8 = est(&[
+            ("model", "llama-3.1-8b"),
+            ("context-tokens", "8192"),
+            ("batch", "2"),
+            ("kv-dtype", "fp8"),
+        ]);
+        assert_eq!(part(&fp8, "kv-cache"), part(&e, "kv-cache") / 2.0);
+    }
+
+    #[test]
+    fn training_state_by_optimizer_and_zero_stage() {
+        let base = [
+            ("model", "llama-3.1-8b"),
+            ("workload", "training"),
+            ("dtype", "fp16-amp"),
+        ];
+        let p = 8.03e9;
+        let e = est(&base);
+        assert_eq!(part(&e, "gradients"), p * 4.0);
+        assert_eq!(part(&e, "master-weights"), p * 4.0);
+        assert_eq!(part(&e, "optimizer"), p * 8.0);
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            est(&v)
+        };
+        let sgd = with(&[("optimizer", "sgd")]);
+        assert_eq!(part(&sgd, "optimizer"), p * 4.0);
+        let eight = with(&[("optimizer", "adam-8bit")]);
+        assert_eq!(part(&eight, "optimizer"), p * 2.0);
+        let paged = with(&[("optimizer", "paged-adamw-8bit")]);
+        assert_eq!(part(&paged, "optimizer"), 0.0);
+        assert_eq!(part(&paged, "optimizer-paged"), p * 2.0);
+        // NVML sees it either way, without the caching allocator's slack on it.
+        let slack_on_state = (p * 2.0 * (SLACK_TRAINING - 1.0)) as u64;
+        assert!((paged.per_gpu_bytes + slack_on_state).abs_diff(eight.per_gpu_bytes) < 16);
+        assert!(paged.reserved_bytes < eight.reserved_bytes);
+        let z1 = with(&[("zero-stage", "1"), ("data-parallel", "8")]);
+        assert_eq!(part(&z1, "optimizer"), p);
+        assert_eq!(part(&z1, "gradients"), p * 4.0);
+        let z2 = with(&[("zero-stage", "2"), ("data-parallel", "8")]);
+        assert_eq!(part(&z2, "gradients"), p * 0.5);
+        let z3 = with(&[("zero-stage", "3"), ("data-parallel", "8")]);
+        assert_eq!(part(&z3, "weights"), p * 2.0 / 8.0);
+        assert!(part(&z3, "zero3-live-params") > 0.0);
+        assert!(z3.per_gpu_bytes < z2.per_gpu_bytes && z2.per_gpu_bytes < z1.per_gpu_bytes);
+        // Pure bf16 keeps bf16 grads and states.
+        let bf16 = est(&[
+            ("model", "llama-3.1-8b"),
+            ("workload", "training"),
+            ("dtype", "bf16"),
+        ]);
+        assert_eq!(part(&bf16, "optimizer"), p * 4.0);
+        assert_eq!(part(&bf16, "master-weights"), 0.0);
+    }
+
+    #[test]
+    fn lora_trains_only_adapters() {
+        let e = est(&[
+            ("model", "llama-2-7b"),
+            ("workload", "lora"),
+            ("lora-rank", "8"),
+        ]);
+        // r=8 on every linear: q,k,v,o (4 x (4096 + 4096)) and the gated MLP
+        // (3 x (4096 + 11008)), 32 layers: 20.0M params, fp32 with Adam = 16 B each.
+        let adapters = 8.0 * (4.0 * 8192.0 + 3.0 * 15104.0) * 32.0;
+        assert_eq!(part(&e, "optimizer"), adapters * 8.0);
+        assert_eq!(part(&e, "gradients"), adapters * 4.0);
+        let q = est(&[("model", "llama-2-7b"), ("workload", "qlora")]);
+        assert!(part(&q, "weights") < part(&e, "weights") / 3.0);
+        // bnb QLoRA through peft upcasts the embeddings; litgpt does not.
+        let peft = est(&[
+            ("model", "llama-2-7b"),
+            ("workload", "qlora"),
+            ("engine", "hf"),
+        ]);
+        assert_eq!(part(&peft, "fp32-upcast"), 2.0 * 32000.0 * 4096.0 * 2.0);
+        let lit = est(&[
+            ("model", "llama-2-7b"),
+            ("workload", "qlora"),
+            ("engine", "litgpt"),
+        ]);
+        assert_eq!(part(&lit, "fp32-upcast"), 0.0);
+    }
+
+    #[test]
+    fn activations_by_checkpointing_and_flash_attention() {
+        let run = |gc: &'static str, fa: &'static str| {
+            part(
+                &est(&[
+                    ("model", "qwen-7b-v1"),
+                    ("workload", "lora"),
+                    ("context-tokens", "2048"),
+                    ("gradient-checkpointing", gc),
+                    ("flash-attention", fa),
+                ]),
+                "activations",
+            )
+        };
+        let (s, h, l, a) = (2048.0, 4096.0, 32.0, 32.0);
+        assert_eq!(run("none", "true"), 34.0 * s * h * l);
+        // The flash-attention term is 5·a·s²·b per layer: ms-swift measured 19.97 GiB for it.
+        let fa_term = run("none", "false") - run("none", "true");
+        assert_eq!(fa_term, 5.0 * a * s * s * l);
+        assert!((fa_term / GIB - 19.97).abs() < 0.1);
+        assert!(run("full", "true") < run("selective", "true"));
+        assert!(run("selective", "true") < run("none", "true"));
+        assert_eq!(run("full", "true"), 2.0 * s * h * l + 34.0 * s * h);
+    }
+
+    #[test]
+    fn logits_matter_for_large_vocabularies_in_training_only() {
+        let t = est(&[
+            ("model", "llama-3.1-8b"),
+            ("workload", "lora"),
+            ("context-tokens", "8192"),
+        ]);
+        assert_eq!(part(&t, "logits"), 8192.0 * 128256.0 * 10.0);
+        let tune = est(&[
+            ("model", "llama-3.1-8b"),
+            ("workload", "lora"),
+            ("context-tokens", "8192"),
+            ("engine", "torchtune"),
+        ]);
+        assert!(part(&tune, "logits") < part(&t, "logits") / 2.0);
+        let i = est(&[("model", "llama-3.1-8b"), ("context-tokens", "8192")]);
+        assert!(part(&i, "logits") < 1.0 * MIB);
+    }
+
+    #[test]
+    fn fraction_engines_depend_on_the_gpu() {
+        let s = spec(&[
+            ("model", "llama-2-7b"),
+            ("engine", "vllm"),
+            ("gpu-memory-utilization", "0.9"),
+        ]);
+        let e80 = estimate(&s, 80 << 30);
+        let e40 = estimate(&s, 40 << 30);
+        assert_eq!(e80.engine_fraction, Some(0.9));
+        assert_eq!(e80.demand, e40.demand);
+        assert_eq!(e80.engine_budget_bytes, Some(round(0.9 * 80.0 * GIB)));
+        assert!(e80.per_gpu_bytes > e40.per_gpu_bytes + (35 << 30));
+        assert_eq!(e80.per_gpu_bytes, e80.demand.bytes_on(80 << 30));
+        // Weights (12.6 GiB) + one 512-token sequence must fit in 90 % of the GPU.
+        let min = e80.demand.min_gpu_total_bytes as f64 / GIB;
+        assert!(min > 14.0 && min < 16.0, "{min}");
+        assert!(!e80.demand.runs_on(12 << 30));
+        // Outside the budget: context and CUDA graphs.
+        assert_eq!(e80.demand.fixed_bytes, round(CUDA_CONTEXT + CUDA_GRAPHS));
+        let listed: u64 = e80.components.iter().map(|c| c.bytes).sum();
+        assert!(
+            listed.abs_diff(e80.per_gpu_bytes) < 16,
+            "{listed} vs {}",
+            e80.per_gpu_bytes
+        );
+        let tgi = estimate(
+            &spec(&[("model", "llama-2-7b"), ("engine", "tgi")]),
+            80 << 30,
+        );
+        assert_eq!(tgi.engine_fraction, Some(1.0));
+        let trt = estimate(
+            &spec(&[("model", "llama-2-7b"), ("engine", "tensorrt-llm")]),
+            80 << 30,
+        );
+        assert!(
+            trt.demand.fixed_bytes > 1 << 30,
+            "TensorRT-LLM keeps 10 % of the weights' share"
+        );
+    }
+
+    #[test]
+    fn params_alone_give_a_rough_but_sane_shape() {
+        let a = shape_from_params(7_000_000_000);
+        assert_eq!(a.hidden_size, 4224);
+        assert!((28..=36).contains(&a.layers));
+        let e = est(&[("params", "70B"), ("dtype", "bf16")]);
+        assert!(e.per_gpu_bytes as f64 > 140e9);
+        assert!(!e.assumed.is_empty());
+    }
+
+    #[test]
+    fn shape_annotations_override_the_preset() {
+        let base = est(&[("model", "llama-3.1-8b"), ("context-tokens", "4096")]);
+        let more = est(&[
+            ("model", "llama-3.1-8b"),
+            ("context-tokens", "4096"),
+            ("kv-heads", "32"),
+        ]);
+        assert_eq!(part(&more, "kv-cache"), 4.0 * part(&base, "kv-cache"));
+        let from_shape = est(&[
+            ("layers", "32"),
+            ("hidden-size", "4096"),
+            ("attention-heads", "32"),
+            ("kv-heads", "8"),
+            ("intermediate-size", "14336"),
+            ("vocab-size", "128256"),
+        ]);
+        let w = part(&from_shape, "weights") / 2.0;
+        assert!((w / 8.03e9 - 1.0).abs() < 0.01, "{w}");
+    }
+
+    proptest::proptest! {
+        /// Whatever valid values a pod carries, the model answers without panicking and with
+        /// counters in order (the extender calls it on every pod it indexes).
+        #[test]
+        fn any_valid_spec_estimates_without_panicking(
+            preset in 0usize..super::super::presets::PRESETS.len(),
+            params in 1u64..(1u64 << 44),
+            layers in 1u32..=1024,
+            hidden in 1u32..=(1 << 20),
+            heads in 1u32..=4096,
+            batch in 1u32..=(1 << 20),
+            context in 1u64..=(1 << 26),
+            tp in 1u32..=64,
+            dp in 1u32..=(1 << 20),
+            zero in 0u8..=3,
+            workload in 0usize..4,
+            dtype in 0usize..10,
+            engine in 0usize..6,
+            gc in 0usize..3,
+            flash: bool,
+            util in 0.01f64..=1.0,
+            headroom in 0.0f64..=10.0,
+        ) {
+            let workloads = ["inference", "training", "lora", "qlora"];
+            let dtypes = ["fp32", "fp16", "bf16", "fp16-amp", "fp8", "int8", "int4-gptq", "int4-awq", "nf4", "nf4-dq"];
+            let engines = ["vllm", "tgi", "sglang", "tensorrt-llm", "hf", "torchtune"];
+            let gcs = ["none", "selective", "full"];
+            let mut pairs = vec![
+                ("model", super::super::presets::PRESETS[preset].name.to_string()),
+                ("params", params.to_string()),
+                ("layers", layers.to_string()),
+                ("hidden-size", hidden.to_string()),
+                ("attention-heads", heads.to_string()),
+                ("batch", batch.to_string()),
+                ("context-tokens", context.to_string()),
+                ("tensor-parallel", tp.to_string()),
+                ("data-parallel", dp.to_string()),
+                ("zero-stage", zero.to_string()),
+                ("workload", workloads[workload].to_string()),
+                ("engine", engines[engine].to_string()),
+                ("gradient-checkpointing", gcs[gc].to_string()),
+                ("flash-attention", flash.to_string()),
+                ("headroom", headroom.to_string()),
+            ];
+            // Only combinations the parser accepts: qlora needs quantised weights, full
+            // training unquantised ones, a utilization needs a fraction engine.
+            let d = match (workloads[workload], dtype) {
+                ("qlora", d) if d < 4 => 8,
+                ("training", d) if d >= 4 => 2,
+                (_, d) => d,
+            };
+            pairs.push(("dtype", dtypes[d].to_string()));
+            if engine < 4 {
+                pairs.push(("gpu-memory-utilization", util.to_string()));
+            }
+            let map: BTreeMap<String, String> = pairs
+                .into_iter()
+                .map(|(k, v)| (format!("peakfit.io/{k}"), v))
+                .collect();
+            let spec = Spec::parse(&map).unwrap();
+            let e = estimate(&spec, Defaults::GPU_TOTAL);
+            proptest::prop_assert!(e.allocated_bytes <= e.reserved_bytes);
+            proptest::prop_assert!(e.demand.fixed_bytes > 0);
+            let r = super::super::annotations::pod_request(&map).unwrap().unwrap();
+            proptest::prop_assert!(r.gpus >= 1);
+        }
+    }
+
+    #[test]
+    fn headroom_adds_a_fraction() {
+        let a = est(&[("model", "llama-2-7b")]);
+        let b = est(&[("model", "llama-2-7b"), ("headroom", "0.1")]);
+        let ratio = b.per_gpu_bytes as f64 / a.per_gpu_bytes as f64;
+        assert!((ratio - 1.1).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,485 @@
+//! Built-in architecture presets, selected with `peakfit.io/model`.
+//!
+//! Numbers are the HF `config.json` values collected in research/memory-model.md §3.1 (params
+//! computed from the shapes there); the families that table lacks (Qwen v1 1.8B/14B/72B, Llama 3.1
+//! 405B, Llama 3.2 Vision, BLOOMZ, mT0) are from their published configs. Every field can be
+//! overridden by its own annotation, so a fine-tune with a resized vocabulary needs only
+//! `peakfit.io/vocab-size`.
+//!
+//! | preset | aliases | params | layers | hidden | heads | kv | head-dim | ffn | vocab | tied |
+//! |---|---|---|---|---|---|---|---|---|---|---|
+//! | `llama-2-7b` | `llama2-7b` | 6.74B | 32 | 4096 | 32 | 32 | 128 | 11008 | 32000 | no |
+//! | `llama-2-13b` | `llama2-13b` | 13.02B | 40 | 5120 | 40 | 40 | 128 | 13824 | 32000 | no |
+//! | `llama-2-70b` | `llama2-70b` | 68.98B | 80 | 8192 | 64 | 8 | 128 | 28672 | 32000 | no |
+//! | `llama-3.1-8b` | `llama-3-8b`, `llama3-8b`, `llama3.1-8b` | 8.03B | 32 | 4096 | 32 | 8 | 128 | 14336 | 128256 | no |
+//! | `llama-3.1-70b` | `llama-3-70b`, `llama3-70b`, `llama3.1-70b`, `llama-3.3-70b` | 70.55B | 80 | 8192 | 64 | 8 | 128 | 28672 | 128256 | no |
+//! | `llama-3.1-405b` | `llama3.1-405b` | 405.85B | 126 | 16384 | 128 | 8 | 128 | 53248 | 128256 | no |
+//! | `llama-3.2-11b-vision` | `llama3.2-11b-vision` | 10.6B | 40 | 4096 | 32 | 8 | 128 | 14336 | 128256 | no |
+//! | `mistral-7b` | `mistral-7b-v0.1` | 7.24B | 32 | 4096 | 32 | 8 | 128 | 14336 | 32000 | no |
+//! | `qwen3-0.6b` |  | 600M | 28 | 1024 | 16 | 8 | 128 | 3072 | 151936 | yes |
+//! | `qwen3-1.7b` |  | 1.72B | 28 | 2048 | 16 | 8 | 128 | 6144 | 151936 | yes |
+//! | `qwen3-4b` |  | 4.02B | 36 | 2560 | 32 | 8 | 128 | 9728 | 151936 | yes |
+//! | `qwen3-8b` |  | 8.19B | 36 | 4096 | 32 | 8 | 128 | 12288 | 151936 | no |
+//! | `qwen3-14b` |  | 14.77B | 40 | 5120 | 40 | 8 | 128 | 17408 | 151936 | no |
+//! | `qwen3-32b` |  | 32.76B | 64 | 5120 | 64 | 8 | 128 | 25600 | 151936 | no |
+//! | `qwen2.5-7b` |  | 7.62B | 28 | 3584 | 28 | 4 | 128 | 18944 | 152064 | no |
+//! | `qwen-1.8b-v1` | `qwen-1.8b` | 1.84B | 24 | 2048 | 16 | 16 | 128 | 5504 | 151936 | no |
+//! | `qwen-7b-v1` | `qwen-7b` | 7.72B | 32 | 4096 | 32 | 32 | 128 | 11008 | 151936 | no |
+//! | `qwen-14b-v1` | `qwen-14b` | 14.17B | 40 | 5120 | 40 | 40 | 128 | 13696 | 152064 | no |
+//! | `qwen-72b-v1` | `qwen-72b` | 72.29B | 80 | 8192 | 64 | 64 | 128 | 24576 | 152064 | no |
+//! | `falcon-7b` |  | 6.92B | 32 | 4544 | 71 | 1 | 64 | 18176 | 65024 | yes |
+//! | `falcon-40b` |  | 41.8B | 60 | 8192 | 128 | 8 | 64 | 32768 | 65024 | no |
+//! | `phi-1.5` | `phi-1_5` | 1.42B | 24 | 2048 | 32 | 32 | 64 | 8192 | 51200 | no |
+//! | `stablelm-base-alpha-3b` | `stablelm-3b` | 3.6B | 16 | 4096 | 32 | 32 | 128 | 16384 | 50688 | no |
+//! | `starcoder-15.5b` | `starcoder`, `octocoder`, `octocoder-15.5b` | 15.5B | 40 | 6144 | 48 | 1 | 128 | 24576 | 49152 | no |
+//! | `codellama-34b` |  | 33.7B | 48 | 8192 | 64 | 8 | 128 | 22016 | 32000 | no |
+//! | `bloomz-7b1` | `bloom-7b1` | 7.07B | 30 | 4096 | 32 | 32 | 128 | 16384 | 250880 | yes |
+//! | `gpt2` | `gpt-2`, `gpt2-small` | 124M | 12 | 768 | 12 | 12 | 64 | 3072 | 50257 | yes |
+//! | `bert-large` | `bert-large-uncased`, `bert-large-cased` | 335M | 24 | 1024 | 16 | 16 | 64 | 4096 | 30522 | yes |
+//! | `t0-3b` | `t0_3b`, `t5-v1.1-xl` | 2.85B | 48 | 2048 | 32 | 32 | 64 | 5120 | 32128 | no |
+//! | `mt0-xxl` | `mt5-xxl` | 12.9B | 48 | 4096 | 64 | 64 | 64 | 10240 | 250112 | no |
+//! | `whisper-large-v2` | `whisper-large` | 1.55B | 64 | 1280 | 20 | 20 | 64 | 5120 | 51865 | yes |
+//! | `sdxl-base-1.0` | `sdxl`, `stable-diffusion-xl` | 3.5B | – | – | – | – | – | – | – | – |
+//!
+//! Encoder-decoder models (T5, mT0, Whisper) count encoder + decoder layers. SDXL is a UNet, not a
+//! transformer: only its parameter count is known, so its estimate is weights and overheads only.
+
+/// A transformer's shape: what the memory model needs to know about a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Architecture {
+    pub params: u64,
+    pub layers: u32,
+    pub hidden_size: u32,
+    pub attention_heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub vocab_size: u32,
+    pub intermediate_size: u32,
+    pub tied_embeddings: bool,
+}
+
+/// A named architecture and the other names it answers to.
+#[derive(Clone, Copy, Debug)]
+pub struct Preset {
+    pub name: &'static str,
+    pub aliases: &'static [&'static str],
+    /// `None` for non-transformer models, where only the parameter count is meaningful.
+    pub shape: Option<Architecture>,
+    pub params: u64,
+}
+
+/// Presets are identified by name.
+impl PartialEq for Preset {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+const M: u64 = 1_000_000;
+
+#[allow(clippy::too_many_arguments)]
+const fn arch(
+    params: u64,
+    layers: u32,
+    hidden_size: u32,
+    attention_heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    intermediate_size: u32,
+    vocab_size: u32,
+    tied_embeddings: bool,
+) -> Architecture {
+    Architecture {
+        params,
+        layers,
+        hidden_size,
+        attention_heads,
+        kv_heads,
+        head_dim,
+        vocab_size,
+        intermediate_size,
+        tied_embeddings,
+    }
+}
+
+const fn transformer(
+    name: &'static str,
+    aliases: &'static [&'static str],
+    shape: Architecture,
+) -> Preset {
+    Preset {
+        name,
+        aliases,
+        shape: Some(shape),
+        params: shape.params,
+    }
+}
+
+pub static PRESETS: &[Preset] = &[
+    transformer(
+        "llama-2-7b",
+        &["llama2-7b"],
+        arch(6_740 * M, 32, 4096, 32, 32, 128, 11008, 32000, false),
+    ),
+    transformer(
+        "llama-2-13b",
+        &["llama2-13b"],
+        arch(13_020 * M, 40, 5120, 40, 40, 128, 13824, 32000, false),
+    ),
+    transformer(
+        "llama-2-70b",
+        &["llama2-70b"],
+        arch(68_980 * M, 80, 8192, 64, 8, 128, 28672, 32000, false),
+    ),
+    transformer(
+        "llama-3.1-8b",
+        &["llama-3-8b", "llama3-8b", "llama3.1-8b"],
+        arch(8_030 * M, 32, 4096, 32, 8, 128, 14336, 128256, false),
+    ),
+    transformer(
+        "llama-3.1-70b",
+        &["llama-3-70b", "llama3-70b", "llama3.1-70b", "llama-3.3-70b"],
+        arch(70_550 * M, 80, 8192, 64, 8, 128, 28672, 128256, false),
+    ),
+    transformer(
+        "llama-3.1-405b",
+        &["llama3.1-405b"],
+        arch(405_850 * M, 126, 16384, 128, 8, 128, 53248, 128256, false),
+    ),
+    transformer(
+        "llama-3.2-11b-vision",
+        &["llama3.2-11b-vision"],
+        arch(10_600 * M, 40, 4096, 32, 8, 128, 14336, 128256, false),
+    ),
+    transformer(
+        "mistral-7b",
+        &["mistral-7b-v0.1"],
+        arch(7_240 * M, 32, 4096, 32, 8, 128, 14336, 32000, false),
+    ),
+    transformer(
+        "qwen3-0.6b",
+        &[],
+        arch(600 * M, 28, 1024, 16, 8, 128, 3072, 151936, true),
+    ),
+    transformer(
+        "qwen3-1.7b",
+        &[],
+        arch(1_720 * M, 28, 2048, 16, 8, 128, 6144, 151936, true),
+    ),
+    transformer(
+        "qwen3-4b",
+        &[],
+        arch(4_020 * M, 36, 2560, 32, 8, 128, 9728, 151936, true),
+    ),
+    transformer(
+        "qwen3-8b",
+        &[],
+        arch(8_190 * M, 36, 4096, 32, 8, 128, 12288, 151936, false),
+    ),
+    transformer(
+        "qwen3-14b",
+        &[],
+        arch(14_770 * M, 40, 5120, 40, 8, 128, 17408, 151936, false),
+    ),
+    transformer(
+        "qwen3-32b",
+        &[],
+        arch(32_760 * M, 64, 5120, 64, 8, 128, 25600, 151936, false),
+    ),
+    transformer(
+        "qwen2.5-7b",
+        &[],
+        arch(7_620 * M, 28, 3584, 28, 4, 128, 18944, 152064, false),
+    ),
+    transformer(
+        "qwen-1.8b-v1",
+        &["qwen-1.8b"],
+        arch(1_840 * M, 24, 2048, 16, 16, 128, 5504, 151936, false),
+    ),
+    transformer(
+        "qwen-7b-v1",
+        &["qwen-7b"],
+        arch(7_720 * M, 32, 4096, 32, 32, 128, 11008, 151936, false),
+    ),
+    transformer(
+        "qwen-14b-v1",
+        &["qwen-14b"],
+        arch(14_170 * M, 40, 5120, 40, 40, 128, 13696, 152064, false),
+    ),
+    transformer(
+        "qwen-72b-v1",
+        &["qwen-72b"],
+        arch(72_290 * M, 80, 8192, 64, 64, 128, 24576, 152064, false),
+    ),
+    transformer(
+        "falcon-7b",
+        &[],
+        arch(6_920 * M, 32, 4544, 71, 1, 64, 18176, 65024, true),
+    ),
+    transformer(
+        "falcon-40b",
+        &[],
+        arch(41_800 * M, 60, 8192, 128, 8, 64, 32768, 65024, false),
+    ),
+    transformer(
+        "phi-1.5",
+        &["phi-1_5"],
+        arch(1_420 * M, 24, 2048, 32, 32, 64, 8192, 51200, false),
+    ),
+    transformer(
+        "stablelm-base-alpha-3b",
+        &["stablelm-3b"],
+        arch(3_600 * M, 16, 4096, 32, 32, 128, 16384, 50688, false),
+    ),
+    transformer(
+        "starcoder-15.5b",
+        &["starcoder", "octocoder", "octocoder-15.5b"],
+        arch(15_500 * M, 40, 6144, 48, 1, 128, 24576, 49152, false),
+    ),
+    transformer(
+        "codellama-34b",
+        &[],
+        arch(33_700 * M, 48, 8192, 64, 8, 128, 22016, 32000, false),
+    ),
+    transformer(
+        "bloomz-7b1",
+        &["bloom-7b1"],
+        arch(7_070 * M, 30, 4096, 32, 32, 128, 16384, 250880, true),
+    ),
+    transformer(
+        "gpt2",
+        &["gpt-2", "gpt2-small"],
+        arch(124 * M, 12, 768, 12, 12, 64, 3072, 50257, true),
+    ),
+    transformer(
+        "bert-large",
+        &["bert-large-uncased", "bert-large-cased"],
+        arch(335 * M, 24, 1024, 16, 16, 64, 4096, 30522, true),
+    ),
+    transformer(
+        "t0-3b",
+        &["t0_3b", "t5-v1.1-xl"],
+        arch(2_850 * M, 48, 2048, 32, 32, 64, 5120, 32128, false),
+    ),
+    transformer(
+        "mt0-xxl",
+        &["mt5-xxl"],
+        arch(12_900 * M, 48, 4096, 64, 64, 64, 10240, 250112, false),
+    ),
+    transformer(
+        "whisper-large-v2",
+        &["whisper-large"],
+        arch(1_550 * M, 64, 1280, 20, 20, 64, 5120, 51865, true),
+    ),
+    Preset {
+        name: "sdxl-base-1.0",
+        aliases: &["sdxl", "stable-diffusion-xl"],
+        shape: None,
+        params: 3_500 * M,
+    },
+];
+
+/// Words that name a checkpoint variant, not an architecture: `Qwen-7B-Chat-Int4 (v1)` has the
+/// shape of `qwen-7b-v1`, `Llama-2-7b-hf` that of `llama-2-7b`.
+const VARIANT_WORDS: &[&str] = &[
+    "chat", "instruct", "it", "hf", "base", "int4", "int8", "fp8", "awq", "gptq", "bnb", "4bit",
+    "8bit",
+];
+
+/// Lower-case, words separated by `-`, variant words dropped. A parenthesised part is kept only
+/// when it is a version (`(v1)`), since `BERT-large (bert-large-uncased)` repeats the name.
+pub fn normalise(name: &str) -> String {
+    let lower = name.to_ascii_lowercase();
+    let mut kept = String::new();
+    let mut rest = lower.as_str();
+    while let Some(open) = rest.find('(') {
+        kept.push_str(&rest[..open]);
+        let close = rest[open..].find(')').map_or(rest.len(), |c| open + c);
+        let inner = rest[open + 1..close].trim();
+        if inner.len() <= 3 && inner.starts_with('v') {
+            kept.push('-');
+            kept.push_str(inner);
+        }
+        rest = rest.get(close + 1..).unwrap_or("");
+    }
+    kept.push_str(rest);
+    kept.split(|c: char| !(c.is_ascii_alphanumeric() || c == '.' || c == '_'))
+        .filter(|w| !w.is_empty() && !VARIANT_WORDS.contains(w))
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+/// The preset a `peakfit.io/model` value names, case-insensitively, by name or alias.
+pub fn find(name: &str) -> Option<&'static Preset> {
+    let wanted = normalise(name);
+    PRESETS
+        .iter()
+        .find(|p| normalise(p.name) == wanted || p.aliases.iter().any(|a| normalise(a) == wanted))
+}
+
+/// The preset table as Markdown, one row per preset, as the module documentation (and the
+/// README's annotation reference) shows it.
+pub fn markdown_table() -> String {
+    let mut out = String::from(
+        "| preset | aliases | params | layers | hidden | heads | kv | head-dim | ffn | vocab | tied |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for p in PRESETS {
+        let aliases = p
+            .aliases
+            .iter()
+            .map(|a| format!("`{a}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let params = if p.params >= 1_000_000_000 {
+            format!("{}B", trim(p.params as f64 / 1e9))
+        } else {
+            format!("{}M", trim(p.params as f64 / 1e6))
+        };
+        let shape = match p.shape {
+            Some(a) => format!(
+                "{} | {} | {} | {} | {} | {} | {} | {}",
+                a.layers,
+                a.hidden_size,
+                a.attention_heads,
+                a.kv_heads,
+                a.head_dim,
+                a.intermediate_size,
+                a.vocab_size,
+                if a.tied_embeddings { "yes" } else { "no" }
+            ),
+            None => ["–"; 8].join(" | "),
+        };
+        out.push_str(&format!(
+            "| `{}` | {aliases} | {params} | {shape} |\n",
+            p.name
+        ));
+    }
+    out
+}
+
+/// `8.030` -> `8.03`, `7.000` -> `7`.
+fn trim(x: f64) -> String {
+    let s = format!("{x:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// The names `peakfit.io/model` accepts, for error messages.
+pub fn names() -> String {
+    PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_presets_by_name_alias_and_checkpoint_name() {
+        assert_eq!(find("llama-3.1-8b").unwrap().name, "llama-3.1-8b");
+        assert_eq!(find("Llama-3-8B").unwrap().name, "llama-3.1-8b");
+        assert_eq!(find("Qwen-7B-Chat (v1)").unwrap().name, "qwen-7b-v1");
+        assert_eq!(find("Qwen-72B-Chat-Int4 (v1)").unwrap().name, "qwen-72b-v1");
+        assert_eq!(
+            find("BERT-large (bert-large-uncased)").unwrap().name,
+            "bert-large"
+        );
+        assert_eq!(find("OctoCoder-15.5B").unwrap().name, "starcoder-15.5b");
+        assert_eq!(find("SDXL-base-1.0").unwrap().name, "sdxl-base-1.0");
+        assert_eq!(find("Llama-2-7b-hf").unwrap().name, "llama-2-7b");
+        assert!(find("llama-9-1t").is_none());
+    }
+
+    #[test]
+    fn every_model_in_the_validation_data_has_a_preset() {
+        for model in [
+            "Llama-2-7B",
+            "Llama-2-70B",
+            "Falcon-40B",
+            "Phi-1.5",
+            "StableLM-Base-Alpha-3B",
+            "OctoCoder-15.5B",
+            "Qwen3-0.6B",
+            "Qwen3-4B",
+            "Qwen3-8B",
+            "Qwen3-32B",
+            "Qwen-7B-Chat (v1)",
+            "Qwen-72B-Chat (v1)",
+            "Whisper-large-v2",
+            "SDXL-base-1.0",
+            "BERT-large (bert-large-uncased)",
+            "Llama-3.2-11B-Vision",
+            "Llama-3.1-8B",
+            "Llama-3-8B",
+            "Qwen-7B (v1)",
+            "Qwen-7B-Chat-Int4 (v1)",
+            "Qwen-1.8B (v1)",
+            "Qwen-72B-Chat-Int4 (v1)",
+            "mt0-xxl",
+            "bloomz-7b1",
+        ] {
+            assert!(find(model).is_some(), "no preset for {model}");
+        }
+    }
+
+    #[test]
+    fn module_doc_table_matches_the_presets() {
+        let source = include_str!("presets.rs");
+        let doc: String = source
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for row in markdown_table().lines() {
+            assert!(
+                doc.contains(row),
+                "module doc lacks the row\n{row}\nexpected table:\n{}",
+                markdown_table()
+            );
+        }
+    }
+
+    #[test]
+    fn names_are_unique_after_normalising() {
+        let mut seen = std::collections::BTreeSet::new();
+        for p in PRESETS {
+            for n in std::iter::once(p.name).chain(p.aliases.iter().copied()) {
+                assert!(seen.insert(normalise(n)), "{n} is ambiguous");
+            }
+        }
+    }
+
+    #[test]
+    fn preset_params_match_their_shapes() {
+        // A preset's parameter count should be what its shape implies (within 12 %: the shape
+        // formula ignores biases, norms and vision towers), or a typo slipped in.
+        for p in PRESETS {
+            let Some(a) = p.shape else { continue };
+            let (h, l, v) = (a.hidden_size as f64, a.layers as f64, a.vocab_size as f64);
+            let attn = h * (a.attention_heads * a.head_dim) as f64 * 2.0
+                + h * (a.kv_heads * a.head_dim) as f64 * 2.0;
+            // Gated (SwiGLU) models list the per-branch width, which is not 4h.
+            let gated = a.intermediate_size != 4 * a.hidden_size;
+            let ffn = h * a.intermediate_size as f64 * if gated { 3.0 } else { 2.0 };
+            let emb = v * h * if a.tied_embeddings { 1.0 } else { 2.0 };
+            let implied = l * (attn + ffn) + emb;
+            let ratio = implied / p.params as f64;
+            if [
+                "t0-3b",
+                "mt0-xxl",
+                "whisper-large-v2",
+                "falcon-40b",
+                "falcon-7b",
+            ]
+            .contains(&p.name)
+            {
+                continue; // encoder-decoder / parallel-attention layouts: not this formula
+            }
+            assert!(
+                (0.88..1.12).contains(&ratio),
+                "{}: implied {implied:e} vs {}",
+                p.name,
+                p.params
+            );
+        }
+    }
+}

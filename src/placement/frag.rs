@@ -1,0 +1,524 @@
+//! Fragmentation as the FGD paper (Weng et al., USENIX ATC'23) measures it: free GPU memory that
+//! the pods the cluster usually sees could not use.
+//!
+//! For a node and a pod shape m: if the node cannot host m at all (too few GPUs with a share of
+//! m free, not enough CPU, a GPU-less m) all of its free memory is fragment for m; otherwise the
+//! free memory on the GPUs that cannot take one share of m is. The node's fragmentation is the
+//! expectation over the mix of typical shapes, `F = Σ_m p_m · frag(m)`. Placing a pod where it
+//! raises `F` least keeps the cluster able to host what usually comes next.
+//!
+//! `FragState` holds, per shape, how many GPUs fit a share and the free memory on those that do
+//! not, so the effect of taking memory from a few GPUs is O(changed GPUs × shapes) instead of a
+//! rescan of the node.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use super::demand::PodClass;
+use super::fit::FitConfig;
+use super::ledger::{GpuLedger, NodeLedger};
+
+/// A probability distribution over pod classes: what the cluster expects to be asked next.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShapeMix {
+    shapes: Vec<(PodClass, f64)>,
+    /// Changes whenever the mix does, so callers can cache fragmentation per (node, mix).
+    #[serde(skip)]
+    generation: u64,
+}
+
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+impl ShapeMix {
+    /// From weighted classes (weights need not sum to 1; non-positive ones are dropped, equal
+    /// classes merged).
+    pub fn new(weighted: impl IntoIterator<Item = (PodClass, f64)>) -> Self {
+        let mut merged: HashMap<PodClass, f64> = HashMap::new();
+        let mut order: Vec<PodClass> = Vec::new();
+        for (class, w) in weighted {
+            if !(w > 0.0 && w.is_finite()) {
+                continue;
+            }
+            let slot = merged.entry(class.clone()).or_insert_with(|| {
+                order.push(class);
+                0.0
+            });
+            *slot += w;
+        }
+        let sum: f64 = merged.values().sum();
+        let shapes = order
+            .into_iter()
+            .map(|c| {
+                let w = merged[&c] / sum;
+                (c, w)
+            })
+            .collect();
+        Self {
+            shapes,
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// FGD's "typical pods": the most frequent classes of `pods` that together cover at least
+    /// `coverage` (e.g. 0.95) of them, frequencies renormalised.
+    pub fn typical(pods: impl IntoIterator<Item = PodClass>, coverage: f64) -> Self {
+        let mut counts: HashMap<PodClass, (u64, usize)> = HashMap::new();
+        for (i, pod) in pods.into_iter().enumerate() {
+            counts.entry(pod).or_insert((0, i)).0 += 1;
+        }
+        let mut counted: Vec<(PodClass, f64, usize)> = counts
+            .into_iter()
+            .map(|(c, (n, first))| (c, n as f64, first))
+            .collect();
+        Self::covering(&mut counted, coverage)
+    }
+
+    /// The heaviest entries covering `coverage` of the total weight; ties keep first-seen order.
+    fn covering(counted: &mut [(PodClass, f64, usize)], coverage: f64) -> Self {
+        counted.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.2.cmp(&b.2)));
+        let total: f64 = counted.iter().map(|c| c.1).sum();
+        let mut acc = 0.0;
+        let mut kept = Vec::new();
+        for (class, w, _) in counted.iter() {
+            if acc >= coverage * total {
+                break;
+            }
+            acc += w;
+            kept.push((class.clone(), *w));
+        }
+        Self::new(kept)
+    }
+
+    pub fn shapes(&self) -> &[(PodClass, f64)] {
+        &self.shapes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shapes.is_empty()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+/// Tunables of the recent-shapes window.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShapeStatsConfig {
+    /// After this many observations a pod's weight has halved: the window follows a workload
+    /// that changes over hours without forgetting a burst of one shape at once.
+    pub half_life_pods: f64,
+    /// Share of recent pods the mix covers (FGD: 0.95); rarer shapes are left out.
+    pub coverage: f64,
+    /// Distinct classes remembered; the lightest is forgotten first.
+    pub max_classes: usize,
+    /// The mix is rebuilt after this many observations, so caches keyed on its generation stay
+    /// useful between rebuilds.
+    pub refresh_every: u32,
+}
+
+impl Default for ShapeStatsConfig {
+    fn default() -> Self {
+        Self {
+            half_life_pods: 2000.0,
+            coverage: 0.95,
+            max_classes: 256,
+            refresh_every: 64,
+        }
+    }
+}
+
+/// A bounded, decaying count of the pod classes the scheduler has been asked about, from which
+/// the current `ShapeMix` is built. The extender feeds it on every filter.
+#[derive(Clone, Debug)]
+pub struct ShapeStats {
+    cfg: ShapeStatsConfig,
+    /// Weight of each class, in units of the current increment.
+    weights: HashMap<PodClass, (f64, usize)>,
+    /// Instead of decaying every weight on each observation, each new one counts a little more;
+    /// everything is rescaled when the increment grows large.
+    increment: f64,
+    growth: f64,
+    seen: usize,
+    since_refresh: u32,
+    mix: std::sync::Arc<ShapeMix>,
+}
+
+impl ShapeStats {
+    pub fn new(cfg: ShapeStatsConfig) -> Self {
+        let growth = 2f64.powf(1.0 / cfg.half_life_pods.max(1.0));
+        Self {
+            cfg,
+            weights: HashMap::new(),
+            increment: 1.0,
+            growth,
+            seen: 0,
+            since_refresh: 0,
+            mix: std::sync::Arc::new(ShapeMix::default()),
+        }
+    }
+
+    pub fn observe(&mut self, class: &PodClass) {
+        self.seen += 1;
+        let seen = self.seen;
+        match self.weights.get_mut(class) {
+            Some(w) => w.0 += self.increment,
+            None => {
+                if self.weights.len() >= self.cfg.max_classes {
+                    self.forget_lightest();
+                }
+                self.weights.insert(class.clone(), (self.increment, seen));
+            }
+        }
+        self.increment *= self.growth;
+        if self.increment > 1e100 {
+            for w in self.weights.values_mut() {
+                w.0 /= self.increment;
+            }
+            self.increment = 1.0;
+        }
+        self.since_refresh += 1;
+        if self.since_refresh >= self.cfg.refresh_every || self.mix.is_empty() {
+            self.refresh();
+        }
+    }
+
+    fn forget_lightest(&mut self) {
+        if let Some(lightest) = self
+            .weights
+            .iter()
+            .min_by(|a, b| a.1.0.total_cmp(&b.1.0))
+            .map(|(c, _)| c.clone())
+        {
+            self.weights.remove(&lightest);
+        }
+    }
+
+    /// Rebuilds the mix now (also done every `refresh_every` observations).
+    pub fn refresh(&mut self) {
+        let mut counted: Vec<(PodClass, f64, usize)> = self
+            .weights
+            .iter()
+            .map(|(c, &(w, first))| (c.clone(), w, first))
+            .collect();
+        self.mix = std::sync::Arc::new(ShapeMix::covering(&mut counted, self.cfg.coverage));
+        self.since_refresh = 0;
+    }
+
+    /// The current mix; cheap to clone and hand to scoring outside any lock.
+    pub fn mix(&self) -> std::sync::Arc<ShapeMix> {
+        self.mix.clone()
+    }
+}
+
+impl Default for ShapeStats {
+    fn default() -> Self {
+        Self::new(ShapeStatsConfig::default())
+    }
+}
+
+/// How a GPU's free memory is counted in fragmentation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FragUnit {
+    /// In GPUs: each GPU's free memory as a fraction of its size, FGD's milli-GPU / 1000.
+    /// What scoring uses, because what a cluster loses to fragmentation is GPUs nobody can use.
+    #[default]
+    Gpus,
+    /// In bytes: what the `peakfit_node_fragmentation_ratio` metric reports.
+    Bytes,
+}
+
+impl FragUnit {
+    pub(crate) fn weight(self, gpu: &GpuLedger) -> f64 {
+        match self {
+            FragUnit::Bytes => 1.0,
+            FragUnit::Gpus if gpu.total_bytes == 0 => 0.0,
+            FragUnit::Gpus => 1.0 / gpu.total_bytes as f64,
+        }
+    }
+}
+
+/// Per shape: GPUs that can take a share, and weighted free memory on those that cannot.
+#[derive(Clone, Copy, Debug, Default)]
+struct ShapeAgg {
+    fitting: u32,
+    stranded: f64,
+}
+
+/// A node's fragmentation broken down so that small changes are cheap to evaluate.
+#[derive(Clone, Debug)]
+pub struct FragState<'a> {
+    mix: &'a ShapeMix,
+    margin: u64,
+    unit: FragUnit,
+    /// Weighted free memory of the whole node.
+    all: f64,
+    cpu_free: Option<u64>,
+    shapes: Vec<ShapeAgg>,
+}
+
+/// One GPU's change: its free bytes before and after.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuChange<'g> {
+    pub gpu: &'g GpuLedger,
+    pub free_before: u64,
+    pub free_after: u64,
+}
+
+fn fits_share(class: &PodClass, gpu: &GpuLedger, free: u64, margin: u64) -> bool {
+    let d = &class.shape.demand;
+    d.runs_on(gpu.total_bytes)
+        && class.accepts_model(&gpu.model)
+        && free >= d.bytes_on(gpu.total_bytes).saturating_add(margin)
+}
+
+impl<'a> FragState<'a> {
+    /// O(GPUs × shapes).
+    pub fn new(node: &NodeLedger, mix: &'a ShapeMix, cfg: &FitConfig, unit: FragUnit) -> Self {
+        let margin = cfg.safety_margin_bytes;
+        let mut shapes = vec![ShapeAgg::default(); mix.shapes.len()];
+        let mut all = 0.0;
+        for gpu in &node.gpus {
+            let free = gpu.free_bytes();
+            if free == 0 {
+                continue;
+            }
+            let wf = unit.weight(gpu) * free as f64;
+            all += wf;
+            for ((class, _), agg) in mix.shapes.iter().zip(&mut shapes) {
+                if class.shape.gpus > 0 && fits_share(class, gpu, free, margin) {
+                    agg.fitting += 1;
+                } else {
+                    agg.stranded += wf;
+                }
+            }
+        }
+        Self {
+            mix,
+            margin,
+            unit,
+            all,
+            cpu_free: node.cpu_free_milli(),
+            shapes,
+        }
+    }
+
+    /// `F = Σ_m p_m · frag(m)`.
+    pub fn value(&self) -> f64 {
+        self.mix
+            .shapes
+            .iter()
+            .zip(&self.shapes)
+            .map(|((class, p), &agg)| p * Self::frag_of(class, agg, self.all, self.cpu_free))
+            .sum()
+    }
+
+    /// Weighted free memory of the node.
+    pub fn free(&self) -> f64 {
+        self.all
+    }
+
+    /// Applies GPU changes (and CPU taken) for good; O(changes × shapes).
+    pub fn apply(&mut self, changes: &[GpuChange<'_>], cpu_taken: u64) {
+        for (m, (class, _)) in self.mix.shapes.iter().enumerate() {
+            self.shapes[m] = self.shape_after(class, self.shapes[m], changes);
+        }
+        self.all = self.all_after(changes);
+        self.cpu_free = self.cpu_free.map(|c| c.saturating_sub(cpu_taken));
+    }
+
+    /// `F` after the changes, without keeping them; O(changes × shapes), no allocation.
+    pub fn value_after(&self, changes: &[GpuChange<'_>], cpu_taken: u64) -> f64 {
+        let all = self.all_after(changes);
+        let cpu_free = self.cpu_free.map(|c| c.saturating_sub(cpu_taken));
+        let mut f = 0.0;
+        for ((class, p), &agg) in self.mix.shapes.iter().zip(&self.shapes) {
+            let agg = self.shape_after(class, agg, changes);
+            f += p * Self::frag_of(class, agg, all, cpu_free);
+        }
+        f
+    }
+
+    fn frag_of(class: &PodClass, agg: ShapeAgg, all: f64, cpu_free: Option<u64>) -> f64 {
+        let hosts = class.shape.gpus > 0
+            && agg.fitting >= class.shape.gpus
+            && cpu_free.is_none_or(|c| c >= class.cpu_milli);
+        if hosts { agg.stranded } else { all }
+    }
+
+    fn all_after(&self, changes: &[GpuChange<'_>]) -> f64 {
+        changes.iter().fold(self.all, |all, ch| {
+            let w = self.unit.weight(ch.gpu);
+            all + w * ch.free_after as f64 - w * ch.free_before as f64
+        })
+    }
+
+    fn shape_after(
+        &self,
+        class: &PodClass,
+        mut agg: ShapeAgg,
+        changes: &[GpuChange<'_>],
+    ) -> ShapeAgg {
+        let gpu_shape = class.shape.gpus > 0;
+        for ch in changes {
+            let w = self.unit.weight(ch.gpu);
+            // A GPU with nothing free was never counted (see `new`).
+            if ch.free_before > 0 {
+                if gpu_shape && fits_share(class, ch.gpu, ch.free_before, self.margin) {
+                    agg.fitting -= 1;
+                } else {
+                    agg.stranded -= w * ch.free_before as f64;
+                }
+            }
+            if ch.free_after > 0 {
+                if gpu_shape && fits_share(class, ch.gpu, ch.free_after, self.margin) {
+                    agg.fitting += 1;
+                } else {
+                    agg.stranded += w * ch.free_after as f64;
+                }
+            }
+        }
+        agg
+    }
+}
+
+/// The node's expected fragmentation over the mix (in `unit`).
+pub fn node_fragmentation(
+    node: &NodeLedger,
+    mix: &ShapeMix,
+    cfg: &FitConfig,
+    unit: FragUnit,
+) -> f64 {
+    FragState::new(node, mix, cfg, unit).value()
+}
+
+/// Fragmented share of the node's free memory, 0..1 (0 when nothing is free), for
+/// `peakfit_node_fragmentation_ratio`.
+pub fn fragmentation_ratio(node: &NodeLedger, mix: &ShapeMix, cfg: &FitConfig) -> f64 {
+    let state = FragState::new(node, mix, cfg, FragUnit::Bytes);
+    if state.free() <= 0.0 || mix.is_empty() {
+        return 0.0;
+    }
+    (state.value() / state.free()).clamp(0.0, 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::{Demand, PodShape};
+
+    fn share(milli: u32, gpus: u32) -> PodClass {
+        PodClass::from(PodShape {
+            gpus,
+            demand: Demand::fraction(f64::from(milli) / 1000.0),
+        })
+    }
+
+    fn node(free_milli: &[u64]) -> NodeLedger {
+        let mut n = NodeLedger::with_gpus(
+            "n",
+            (0..free_milli.len())
+                .map(|i| GpuLedger::new(format!("g{i}"), 1000))
+                .collect(),
+        );
+        for (i, &f) in free_milli.iter().enumerate() {
+            n.reserve(&format!("p{i}"), &[i], &[1000 - f]);
+        }
+        n
+    }
+
+    #[test]
+    fn fragmentation_follows_fgd_definition() {
+        let cfg = FitConfig::simulation();
+        let mix = ShapeMix::new([
+            (share(500, 1), 0.5),
+            (share(1000, 1), 0.25),
+            (share(0, 0), 0.25),
+        ]);
+        // Free: 1000, 300, 600 (GPU units: 1.0, 0.3, 0.6).
+        let n = node(&[1000, 300, 600]);
+        let f = node_fragmentation(&n, &mix, &cfg, FragUnit::Gpus);
+        // half GPU: only the 0.3 is stranded; whole GPU: 0.3 + 0.6; GPU-less: all 1.9.
+        let want = 0.5 * 0.3 + 0.25 * 0.9 + 0.25 * 1.9;
+        assert!((f - want).abs() < 1e-9, "{f} vs {want}");
+        // A whole-GPU pod on a node with no whole GPU free: everything is fragment for it.
+        let n = node(&[300, 600]);
+        let f = node_fragmentation(&n, &mix, &cfg, FragUnit::Gpus);
+        let want = 0.5 * 0.3 + 0.25 * 0.9 + 0.25 * 0.9;
+        assert!((f - want).abs() < 1e-9, "{f} vs {want}");
+        assert!((fragmentation_ratio(&n, &mix, &cfg) - want / 0.9).abs() < 1e-9);
+    }
+
+    #[test]
+    fn cpu_that_runs_out_makes_everything_fragment() {
+        let cfg = FitConfig::simulation();
+        let mut class = share(500, 1);
+        class.cpu_milli = 4000;
+        let mix = ShapeMix::new([(class, 1.0)]);
+        let n = node(&[1000, 300]).with_cpu_milli(6000);
+        let state = FragState::new(&n, &mix, &cfg, FragUnit::Gpus);
+        assert!((state.value() - 0.3).abs() < 1e-9);
+        // Taking 3 cores leaves 3: the half-GPU shape no longer fits anywhere on the node.
+        assert!((state.value_after(&[], 3000) - 1.3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn incremental_changes_match_a_rescan() {
+        let cfg = FitConfig::simulation();
+        let mix = ShapeMix::new([
+            (share(250, 1), 1.0),
+            (share(700, 1), 2.0),
+            (share(1000, 2), 1.0),
+        ]);
+        let mut n = node(&[1000, 1000, 800, 100]);
+        let state = FragState::new(&n, &mix, &cfg, FragUnit::Gpus);
+        let changes = [
+            GpuChange {
+                gpu: &n.gpus[0],
+                free_before: 1000,
+                free_after: 300,
+            },
+            GpuChange {
+                gpu: &n.gpus[3],
+                free_before: 100,
+                free_after: 0,
+            },
+        ];
+        let after = state.value_after(&changes, 0);
+        n.reserve("new", &[0, 3], &[700, 100]);
+        let rescan = node_fragmentation(&n, &mix, &cfg, FragUnit::Gpus);
+        assert!((after - rescan).abs() < 1e-9, "{after} vs {rescan}");
+    }
+
+    #[test]
+    fn typical_shapes_cover_the_requested_share() {
+        let pods = std::iter::repeat_n(share(500, 1), 60)
+            .chain(std::iter::repeat_n(share(1000, 1), 35))
+            .chain(std::iter::repeat_n(share(100, 1), 5));
+        let mix = ShapeMix::typical(pods, 0.95);
+        assert_eq!(mix.shapes().len(), 2);
+        assert!((mix.shapes()[0].1 - 60.0 / 95.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn stats_forget_old_shapes() {
+        let mut stats = ShapeStats::new(ShapeStatsConfig {
+            half_life_pods: 100.0,
+            refresh_every: 1,
+            ..Default::default()
+        });
+        for _ in 0..1000 {
+            stats.observe(&share(500, 1));
+        }
+        assert_eq!(stats.mix().shapes().len(), 1);
+        for _ in 0..1000 {
+            stats.observe(&share(1000, 1));
+        }
+        // 1000 observations = 10 half-lives: the old shape weighs ~1/1000 and falls out.
+        let mix = stats.mix();
+        assert_eq!(mix.shapes().len(), 1);
+        assert_eq!(mix.shapes()[0].0, share(1000, 1));
+    }
+}

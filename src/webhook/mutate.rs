@@ -1,0 +1,434 @@
+//! The admission decision for one pod: pass it through, refuse it, or hand it to peakfit with a
+//! JSON patch. Pure: no I/O, so every branch is tested with AdmissionReview JSON alone.
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation};
+use k8s_openapi::api::core::v1::{Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use serde_json::Value;
+
+use crate::model;
+
+/// Written on the pod by the extender's bind; read back by the container through the downward API.
+pub const ASSIGNED_GPUS: &str = "peakfit.io/assigned-gpus";
+pub const RESERVED_BYTES: &str = "peakfit.io/reserved-bytes";
+pub const GPU_MEMORY_FRACTION: &str = "peakfit.io/gpu-memory-fraction";
+
+/// The scheduler name the API server fills in when a pod names none: peakfit may take such pods.
+const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
+/// Why the API server sent this pod: the two webhooks of the chart's MutatingWebhookConfiguration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptIn {
+    /// `POST /mutate`: the pod opts in by carrying a `peakfit.io/` input annotation; others pass.
+    Annotation,
+    /// `POST /mutate/namespace`: the pod's namespace carries the opt-in label, so every pod is taken.
+    Namespace,
+}
+
+/// What the webhook was told at start-up.
+#[derive(Clone, Debug)]
+pub struct Mutator {
+    pub scheduler_name: String,
+    /// Set on pods that name no runtime class (the NVIDIA runtime honours `NVIDIA_VISIBLE_DEVICES`).
+    pub runtime_class_name: Option<String>,
+}
+
+/// The outcome before it is wrapped in an AdmissionResponse.
+#[derive(Debug, PartialEq)]
+enum Decision {
+    PassThrough,
+    Refuse(String),
+    Mutate {
+        ops: Vec<PatchOperation>,
+        warnings: Vec<String>,
+    },
+}
+
+impl Mutator {
+    /// Answers one AdmissionReview. Never fails: a review it cannot read is answered as invalid.
+    pub fn review(&self, review: AdmissionReview<DynamicObject>, opt_in: OptIn) -> Value {
+        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+            Ok(request) => request,
+            Err(e) => return encode(AdmissionResponse::invalid(e)),
+        };
+        let response = AdmissionResponse::from(&request);
+        let response = match self.decide(&request, opt_in) {
+            Decision::PassThrough => response,
+            Decision::Refuse(message) => {
+                tracing::info!(namespace = ?request.namespace, name = %request.name, %message, "refused");
+                let mut response = response.deny(&message);
+                response.result.reason = "Invalid".into();
+                response.result.code = 400;
+                response
+            }
+            Decision::Mutate { ops, warnings } => {
+                tracing::debug!(namespace = ?request.namespace, name = %request.name, ops = ops.len(), "opted in");
+                let mut response = match response.clone().with_patch(Patch(ops)) {
+                    Ok(patched) => patched,
+                    Err(e) => {
+                        tracing::error!(error = %e, "could not encode the patch");
+                        response.deny(format!("peakfit webhook could not encode its patch: {e}"))
+                    }
+                };
+                if !warnings.is_empty() {
+                    response.warnings = Some(warnings);
+                }
+                response
+            }
+        };
+        encode(response)
+    }
+
+    fn decide(&self, request: &AdmissionRequest<DynamicObject>, opt_in: OptIn) -> Decision {
+        if request.operation != Operation::Create || request.kind.kind != "Pod" {
+            return Decision::PassThrough;
+        }
+        let Some(object) = &request.object else {
+            return Decision::PassThrough;
+        };
+        // The API server has already decoded the pod, so this only fails on a hand-made request;
+        // such a pod is not ours to judge.
+        let pod: Pod = match serde_json::to_value(object).and_then(serde_json::from_value) {
+            Ok(pod) => pod,
+            Err(e) => {
+                tracing::warn!(error = %e, "request object is not a readable Pod; passing it through");
+                return Decision::PassThrough;
+            }
+        };
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        let pod_request = match model::pod_request(&annotations) {
+            Ok(r) => r,
+            Err(e) => return Decision::Refuse(e.to_string()),
+        };
+        if pod_request.is_none() && opt_in == OptIn::Annotation {
+            return Decision::PassThrough;
+        }
+        let fraction = pod_request
+            .as_ref()
+            .is_some_and(|r| r.engine_fraction.is_some());
+        let mut ops = Vec::new();
+        let mut warnings = Vec::new();
+        let spec = pod.spec.unwrap_or_default();
+
+        match spec.scheduler_name.as_deref() {
+            Some(name) if name == self.scheduler_name => {}
+            None => ops.push(add(&["spec", "schedulerName"], self.scheduler_name.clone().into())),
+            Some(name) if name.is_empty() || name == DEFAULT_SCHEDULER => ops.push(replace(
+                &["spec", "schedulerName"],
+                self.scheduler_name.clone().into(),
+            )),
+            Some(other) => warnings.push(format!(
+                "pod names scheduler {other:?}; peakfit leaves it, so its GPU memory is not reserved"
+            )),
+        }
+        if let (Some(class), None) = (&self.runtime_class_name, &spec.runtime_class_name) {
+            ops.push(add(&["spec", "runtimeClassName"], class.clone().into()));
+        }
+        // A pod opted in only by its namespace and without a request is placed by the scheduler
+        // but gets no GPU assignment: pinning it to an empty device list would hide its GPUs.
+        if pod_request.is_some() {
+            let wanted = downward_env(fraction);
+            for (field, containers) in [
+                ("containers", &spec.containers),
+                (
+                    "initContainers",
+                    spec.init_containers.as_ref().unwrap_or(&Vec::new()),
+                ),
+            ] {
+                for (index, container) in containers.iter().enumerate() {
+                    env_ops(field, index, container, &wanted, &mut ops, &mut warnings);
+                }
+            }
+        }
+        if ops.is_empty() {
+            return Decision::PassThrough;
+        }
+        Decision::Mutate { ops, warnings }
+    }
+}
+
+/// The env that pins a container to what bind assigned; resolved by the kubelet at container start,
+/// after bind has written the annotations.
+fn downward_env(fraction: bool) -> Vec<EnvVar> {
+    let mut env = vec![
+        from_annotation("NVIDIA_VISIBLE_DEVICES", ASSIGNED_GPUS),
+        from_annotation("PEAKFIT_VRAM_BYTES", RESERVED_BYTES),
+    ];
+    if fraction {
+        env.push(from_annotation(
+            "PEAKFIT_GPU_MEMORY_FRACTION",
+            GPU_MEMORY_FRACTION,
+        ));
+    }
+    env
+}
+
+fn from_annotation(name: &str, annotation: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: None,
+                field_path: format!("metadata.annotations['{annotation}']"),
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
+/// Adds the missing variables; a variable the pod already sets is kept (re-invocation adds nothing).
+fn env_ops(
+    field: &str,
+    index: usize,
+    container: &Container,
+    wanted: &[EnvVar],
+    ops: &mut Vec<PatchOperation>,
+    warnings: &mut Vec<String>,
+) {
+    let existing = container.env.as_deref().unwrap_or_default();
+    let missing: Vec<&EnvVar> = wanted
+        .iter()
+        .filter(|w| match existing.iter().find(|e| e.name == w.name) {
+            None => true,
+            Some(e) => {
+                if e != *w {
+                    warnings.push(format!(
+                        "container {:?} sets {} itself; peakfit's assignment is not applied to it",
+                        container.name, w.name
+                    ));
+                }
+                false
+            }
+        })
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    let index = index.to_string();
+    if existing.is_empty() {
+        let value = serde_json::to_value(&missing).unwrap_or(Value::Null);
+        ops.push(add(&["spec", field, &index, "env"], value));
+    } else {
+        for env in missing {
+            let value = serde_json::to_value(env).unwrap_or(Value::Null);
+            ops.push(add(&["spec", field, &index, "env", "-"], value));
+        }
+    }
+}
+
+fn add(path: &[&str], value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation {
+        path: PointerBuf::from_tokens(path.iter().copied()),
+        value,
+    })
+}
+
+fn replace(path: &[&str], value: Value) -> PatchOperation {
+    PatchOperation::Replace(ReplaceOperation {
+        path: PointerBuf::from_tokens(path.iter().copied()),
+        value,
+    })
+}
+
+/// AdmissionResponse serialises its patch as a JSON array of numbers; the API documents `patch` as
+/// base64 (Go's `[]byte`), so it is rewritten to that form here.
+fn encode(response: AdmissionResponse) -> Value {
+    use base64::Engine as _;
+    let patch = response.patch.clone();
+    let mut review = serde_json::to_value(response.into_review()).unwrap_or(Value::Null);
+    if let (Some(patch), Some(slot)) = (patch, review.pointer_mut("/response/patch")) {
+        *slot = base64::engine::general_purpose::STANDARD
+            .encode(patch)
+            .into();
+    }
+    review
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn mutator() -> Mutator {
+        Mutator {
+            scheduler_name: "peakfit-scheduler".into(),
+            runtime_class_name: None,
+        }
+    }
+
+    fn review_of(pod: Value, operation: &str) -> AdmissionReview<DynamicObject> {
+        serde_json::from_value(json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-1",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "ml",
+                "operation": operation,
+                "userInfo": {"username": "alice"},
+                "object": pod,
+            }
+        }))
+        .expect("review parses")
+    }
+
+    fn pod(annotations: Value, containers: Value) -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ml", "annotations": annotations},
+            "spec": {"schedulerName": "default-scheduler", "containers": containers},
+        })
+    }
+
+    fn decide(pod: Value, opt_in: OptIn) -> Decision {
+        let review = review_of(pod, "CREATE");
+        mutator().decide(&review.try_into().unwrap(), opt_in)
+    }
+
+    #[test]
+    fn existing_env_is_not_duplicated_and_a_differing_one_is_reported() {
+        let d = decide(
+            pod(
+                json!({"peakfit.io/vram": "20Gi"}),
+                json!([{"name": "c", "image": "i", "env": [
+                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                    {"name": "OTHER", "value": "x"}]}]),
+            ),
+            OptIn::Annotation,
+        );
+        let Decision::Mutate { ops, warnings } = d else {
+            panic!("expected a patch, got {d:?}")
+        };
+        let paths: Vec<String> = ops
+            .iter()
+            .map(|op| match op {
+                PatchOperation::Add(a) => a.path.to_string(),
+                PatchOperation::Replace(r) => r.path.to_string(),
+                other => panic!("unexpected op {other:?}"),
+            })
+            .collect();
+        assert_eq!(paths, ["/spec/schedulerName", "/spec/containers/0/env/-"]);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("NVIDIA_VISIBLE_DEVICES"));
+    }
+
+    #[test]
+    fn an_already_mutated_pod_needs_no_patch() {
+        let env = serde_json::to_value(downward_env(false)).unwrap();
+        let mut p = pod(
+            json!({"peakfit.io/vram": "20Gi"}),
+            json!([{"name": "c", "image": "i", "env": env}]),
+        );
+        p["spec"]["schedulerName"] = "peakfit-scheduler".into();
+        assert_eq!(decide(p, OptIn::Annotation), Decision::PassThrough);
+    }
+
+    #[test]
+    fn another_scheduler_is_respected_with_a_warning() {
+        let mut p = pod(
+            json!({"peakfit.io/vram": "20Gi"}),
+            json!([{"name": "c", "image": "i"}]),
+        );
+        p["spec"]["schedulerName"] = "volcano".into();
+        let Decision::Mutate { ops, warnings } = decide(p, OptIn::Annotation) else {
+            panic!("expected a patch")
+        };
+        assert_eq!(ops.len(), 1, "only the env: {ops:?}");
+        assert!(warnings[0].contains("volcano"));
+    }
+
+    #[test]
+    fn namespace_opt_in_without_a_request_sets_only_the_scheduler() {
+        let d = decide(
+            pod(json!({}), json!([{"name": "c", "image": "i"}])),
+            OptIn::Namespace,
+        );
+        let Decision::Mutate { ops, .. } = d else {
+            panic!("expected a patch, got {d:?}")
+        };
+        assert_eq!(
+            ops,
+            [replace(
+                &["spec", "schedulerName"],
+                "peakfit-scheduler".into()
+            )]
+        );
+    }
+
+    #[test]
+    fn fraction_budget_engines_also_get_the_fraction() {
+        let names: Vec<String> = downward_env(true).into_iter().map(|e| e.name).collect();
+        assert_eq!(
+            names,
+            [
+                "NVIDIA_VISIBLE_DEVICES",
+                "PEAKFIT_VRAM_BYTES",
+                "PEAKFIT_GPU_MEMORY_FRACTION"
+            ]
+        );
+        let fraction = &downward_env(true)[2];
+        let path = fraction
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str());
+        assert_eq!(
+            path,
+            Some("metadata.annotations['peakfit.io/gpu-memory-fraction']")
+        );
+    }
+
+    #[test]
+    fn updates_and_other_kinds_pass_through() {
+        let p = pod(json!({"peakfit.io/vram": "bogus"}), json!([]));
+        let review = review_of(p, "UPDATE");
+        assert_eq!(
+            mutator().decide(&review.try_into().unwrap(), OptIn::Annotation),
+            Decision::PassThrough
+        );
+    }
+
+    #[test]
+    fn runtime_class_is_added_only_when_the_pod_names_none() {
+        let m = Mutator {
+            runtime_class_name: Some("nvidia".into()),
+            ..mutator()
+        };
+        let p = pod(
+            json!({"peakfit.io/vram": "8Gi"}),
+            json!([{"name": "c", "image": "i"}]),
+        );
+        let review = review_of(p.clone(), "CREATE");
+        let Decision::Mutate { ops, .. } = m.decide(&review.try_into().unwrap(), OptIn::Annotation)
+        else {
+            panic!("expected a patch")
+        };
+        assert!(ops.contains(&add(&["spec", "runtimeClassName"], "nvidia".into())));
+        let mut p = p;
+        p["spec"]["runtimeClassName"] = "kata".into();
+        let review = review_of(p, "CREATE");
+        let Decision::Mutate { ops, .. } = m.decide(&review.try_into().unwrap(), OptIn::Annotation)
+        else {
+            panic!("expected a patch")
+        };
+        assert!(
+            !ops.iter().any(
+                |op| matches!(op, PatchOperation::Add(a) if a.path == "/spec/runtimeClassName")
+            )
+        );
+    }
+
+    #[test]
+    fn an_unreadable_review_is_answered_invalid() {
+        let review: AdmissionReview<DynamicObject> = serde_json::from_value(json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"
+        }))
+        .unwrap();
+        let out = mutator().review(review, OptIn::Annotation);
+        assert_eq!(out["response"]["allowed"], false);
+    }
+}

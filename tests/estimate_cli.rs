@@ -1,0 +1,154 @@
+//! `peakfit estimate` as a user runs it: the built binary, its JSON, and its refusals.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn peakfit(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_peakfit"))
+        .arg("estimate")
+        .args(args)
+        .env_remove("PEAKFIT_ANNOTATIONS")
+        .env_remove("PEAKFIT_POD")
+        .env_remove("PEAKFIT_GPU_MEMORY")
+        .env_remove("PEAKFIT_JSON")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("peakfit runs")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
+#[test]
+fn json_has_the_counters_and_components() {
+    let v = json(&peakfit(&[
+        "-a",
+        "peakfit.io/model=llama-3.1-8b",
+        "-a",
+        "context-tokens=8192",
+        "--json",
+    ]));
+    let per_gpu = v["per_gpu_bytes"].as_u64().unwrap();
+    let allocated = v["allocated_bytes"].as_u64().unwrap();
+    assert_eq!(v["gpus"], 1);
+    // 8.03B bf16 weights (14.96 GiB) + 1 GiB of KV + context: between 16 and 18 GiB.
+    let gib = per_gpu as f64 / (1u64 << 30) as f64;
+    assert!((16.0..18.0).contains(&gib), "{gib}");
+    assert!(allocated < per_gpu);
+    let components = v["components"].as_object().unwrap();
+    assert_eq!(components["weights"], 16_060_000_000u64);
+    assert_eq!(components["kv-cache"], 128 * 1024 * 8192);
+    let sum: u64 = components.values().map(|b| b.as_u64().unwrap()).sum();
+    assert_eq!(sum, per_gpu);
+    assert!(v["engine_fraction"].is_null());
+    assert_eq!(v["demand"]["fixed_bytes"], per_gpu);
+}
+
+#[test]
+fn fraction_engines_resolve_against_gpu_memory() {
+    let run = |gpu: &str| {
+        json(&peakfit(&[
+            "-a",
+            "model=llama-2-7b",
+            "-a",
+            "engine=vllm",
+            "-a",
+            "gpu-memory-utilization=0.5",
+            "--gpu-memory",
+            gpu,
+            "--json",
+        ]))
+    };
+    let (big, small) = (run("80Gi"), run("40Gi"));
+    assert_eq!(big["engine_fraction"], 0.5);
+    assert_eq!(big["demand"], small["demand"]);
+    let diff = big["per_gpu_bytes"].as_u64().unwrap() - small["per_gpu_bytes"].as_u64().unwrap();
+    assert_eq!(diff, 20 << 30, "half of the extra 40 GiB");
+    assert_eq!(small["runs_on_gpu"], true);
+    let tiny = run("16Gi");
+    assert_eq!(
+        tiny["runs_on_gpu"], false,
+        "8 GiB cannot hold 12.6 GiB of weights"
+    );
+}
+
+#[test]
+fn reads_a_pod_manifest_and_lets_flags_override_it() {
+    let pod = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/estimate-pod.yaml");
+    let pod = pod.to_str().unwrap();
+    let base = json(&peakfit(&["--pod", pod, "--json"]));
+    let bigger = json(&peakfit(&["--pod", pod, "-a", "batch=4", "--json"]));
+    assert!(
+        base["components"]["gradients"].as_u64().unwrap() > 0,
+        "{base}"
+    );
+    assert!(bigger["per_gpu_bytes"].as_u64() > base["per_gpu_bytes"].as_u64());
+    // The same pod as JSON.
+    let yaml = std::fs::read_to_string(pod).unwrap();
+    let value: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let json_pod = dir.path().join("pod.json");
+    std::fs::write(&json_pod, serde_json::to_vec(&value).unwrap()).unwrap();
+    let from_json = json(&peakfit(&["--pod", json_pod.to_str().unwrap(), "--json"]));
+    assert_eq!(from_json, base);
+}
+
+#[test]
+fn table_is_readable() {
+    let out = peakfit(&[
+        "-a",
+        "model=qwen3-8b",
+        "-a",
+        "workload=training",
+        "-a",
+        "zero-stage=3",
+        "-a",
+        "data-parallel=8",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for word in [
+        "weights",
+        "optimizer",
+        "nccl",
+        "per GPU (NVML)",
+        "GiB",
+        "80.00 GiB",
+    ] {
+        assert!(text.contains(word), "{word} missing from:\n{text}");
+    }
+}
+
+#[test]
+fn bad_annotations_exit_non_zero_naming_the_annotation() {
+    let out = peakfit(&["-a", "model=llama-3.1-8b", "-a", "dtype=int3"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("peakfit.io/dtype") && err.contains("int3") && err.contains("nf4-dq"),
+        "{err}"
+    );
+
+    let out = peakfit(&["-a", "gpu=2"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("peakfit.io/gpu") && err.contains("gpus"),
+        "{err}"
+    );
+
+    let out = peakfit(&["-a", "model=llama-3.1-8b", "--gpu-memory", "80GB"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--gpu-memory"));
+
+    let out = peakfit(&[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no peakfit.io input annotation"));
+}
