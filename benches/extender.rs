@@ -85,7 +85,7 @@ fn build(index: &Index) {
             });
         }
         for (g, gpu) in gpus.iter_mut().enumerate() {
-            if (n * GPUS + g) % 7 == 0 {
+            if (n * GPUS + g).is_multiple_of(7) {
                 gpu.memory_used_bytes += GIB;
                 gpu.processes.push(GpuProcess {
                     pid: 99,
