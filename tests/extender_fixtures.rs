@@ -353,6 +353,38 @@ async fn node_cache_mode_replay() {
         }
     }
     assert_eq!(h.binder.bindings.lock().len(), 2);
+    // The metrics the chart's alerts and dashboard use (families without series are not
+    // written: errors and pending pods are checked where they occur).
+    let (_, text) = call(&h.router, "GET", "/metrics", vec![]).await;
+    let text = String::from_utf8(text).unwrap();
+    for family in [
+        "peakfit_extender_request_duration_seconds",
+        "peakfit_extender_decisions",
+        "peakfit_extender_rejections",
+        "peakfit_ledger_gpu_total_bytes",
+        "peakfit_ledger_gpu_committed_bytes",
+        "peakfit_ledger_gpu_observed_bytes",
+        "peakfit_ledger_gpu_free_bytes",
+        "peakfit_node_fragmentation_ratio",
+        "peakfit_node_report_age_seconds",
+        "peakfit_pod_predicted_bytes",
+        "peakfit_pod_observed_bytes",
+        "peakfit_pending_pod_oldest_seconds",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {family} ")),
+            "{family} missing:\n{text}"
+        );
+    }
+    for series in [
+        r#"peakfit_extender_decisions_total{verb="bind",outcome="bound"} 2"#,
+        r#"peakfit_extender_rejections_total{reason="not_enough_memory"} 2"#,
+        r#"peakfit_pod_predicted_bytes{namespace="default",pod="embedder",node="gpu-b",uuid="GPU-00000000-aaaa-bbbb-cccc-00000000000"} 6442450944"#,
+        r#"peakfit_node_report_age_seconds{node="gpu-a"} 30"#,
+        r#"peakfit_ledger_gpu_total_bytes{node="gpu-a",uuid="GPU-00000007-aaaa-bbbb-cccc-00000000007"} 85520809984"#,
+    ] {
+        assert!(text.contains(series), "{series} missing:\n{text}");
+    }
 }
 
 #[tokio::test]

@@ -254,6 +254,11 @@ impl Index {
         }
     }
 
+    /// The metrics this index keeps current, for the server to expose with its own.
+    pub fn metrics(&self) -> Option<Arc<ExtenderMetrics>> {
+        self.metrics.clone()
+    }
+
     pub fn node(&self, name: &str) -> Option<Arc<NodeSlot>> {
         self.nodes.read().get(name).cloned()
     }

@@ -112,7 +112,9 @@ pub fn harness_with(
     writer: Arc<dyn BindingWriter>,
     binder: Arc<MemoryBinder>,
 ) -> Harness {
-    let metrics = Arc::new(ExtenderMetrics::new());
+    let metrics = index
+        .metrics()
+        .unwrap_or_else(|| Arc::new(ExtenderMetrics::new()));
     let ext = Arc::new(Extender::new(index, metrics, writer).with_clock(capture_clock));
     Harness {
         router: routes::router(ext.clone()),
