@@ -471,7 +471,7 @@ async fn filter_refuses_stale_and_missing_reports_as_unresolvable() {
     let metrics = std::sync::Arc::new(peakfit::metrics::extender::ExtenderMetrics::new());
     let ext = std::sync::Arc::new(
         peakfit::extender::Extender::new(
-            index,
+            index.clone(),
             metrics,
             std::sync::Arc::new(peakfit::cluster::binding::MemoryBinder::default()),
         )
@@ -502,6 +502,11 @@ async fn filter_refuses_stale_and_missing_reports_as_unresolvable() {
         text.contains(r#"peakfit_pending_pods{reason="stale_report"} 1"#),
         "{text}"
     );
+    // Deleted while pending: it is no longer counted.
+    index.delete_pod_key(node_cache_uids()["embedder"]);
+    let (_, metrics) = call(&router, "GET", "/metrics", vec![]).await;
+    let text = String::from_utf8(metrics).unwrap();
+    assert!(!text.contains("peakfit_pending_pods{"), "{text}");
 }
 
 #[tokio::test]

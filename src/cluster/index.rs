@@ -278,6 +278,10 @@ impl Index {
         v
     }
 
+    pub fn contains_pod(&self, key: &str) -> bool {
+        self.pods.read().by_key.contains_key(key)
+    }
+
     pub fn pod_count(&self) -> usize {
         self.pods.read().by_key.len()
     }

@@ -174,10 +174,12 @@ impl Extender {
         }
     }
 
-    /// Writes the pending-pod gauges (scrape time).
+    /// Writes the pending-pod gauges (scrape time), first forgetting pods that no longer exist
+    /// (deleted while pending: no later filter would have cleared them).
     pub fn refresh_pending_gauges(&self) {
         let now = self.now();
-        let p = self.pending.lock();
+        let mut p = self.pending.lock();
+        p.retain(|key, _| self.index.contains_pod(key));
         let mut by_reason: HashMap<&'static str, i64> = HashMap::new();
         let mut oldest = 0i64;
         for e in p.values() {
