@@ -52,9 +52,9 @@ impl Extender {
                     ),
                 )
             })?;
-        if let Some(uid) = &entry.uid
+        if let Some(uid) = entry.uid()
             && !args.pod_uid.is_empty()
-            && uid != &args.pod_uid
+            && uid != args.pod_uid
         {
             return Err((
                 "error",
@@ -75,7 +75,7 @@ impl Extender {
             name: args.pod_name.clone(),
             uid: (!args.pod_uid.is_empty())
                 .then(|| args.pod_uid.clone())
-                .or(entry.uid.clone()),
+                .or(entry.uid().map(str::to_owned)),
             node: args.node.clone(),
         };
         let request = match &entry.request {
