@@ -10,7 +10,10 @@ fn readme() -> String {
 fn readme_lists_every_model_preset() {
     let readme = readme();
     for row in peakfit::model::presets::markdown_table().lines() {
-        assert!(readme.contains(row), "README.md lacks the preset row\n{row}");
+        assert!(
+            readme.contains(row),
+            "README.md lacks the preset row\n{row}"
+        );
     }
 }
 
@@ -18,6 +21,9 @@ fn readme_lists_every_model_preset() {
 fn readme_documents_every_annotation_the_parser_accepts() {
     let readme = readme();
     for key in peakfit::model::annotations::INPUT_KEYS {
-        assert!(readme.contains(&format!("| `{key}` |")), "README.md lacks annotation `{key}`");
+        assert!(
+            readme.contains(&format!("| `{key}` |")),
+            "README.md lacks annotation `{key}`"
+        );
     }
 }

@@ -656,10 +656,11 @@ pub fn pod_request(
 /// The request for an already parsed, non-empty spec.
 pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
     if let Some(vram) = spec.vram {
-        // An explicit per-GPU figure overrides the model; headroom still applies.
+        // An explicit per-GPU figure overrides the model; headroom still applies, and the GPU
+        // count defaults as it does for a modelled pod (a tensor-parallel job spans its group).
         let bytes = (vram as f64 * (1.0 + spec.headroom.unwrap_or(0.0))).ceil() as u64;
         return Ok(PodRequest {
-            gpus: spec.gpus.unwrap_or(1),
+            gpus: spec.gpus.or(spec.tensor_parallel).unwrap_or(1),
             demand: Demand::fixed(bytes),
             engine_fraction: None,
         });
@@ -747,6 +748,11 @@ mod tests {
         .unwrap();
         assert_eq!(r.gpus, 2);
         assert_eq!(r.demand.fixed_bytes, 11 << 30);
+        // As documented, `gpus` defaults to `tensor-parallel` for an explicit figure too.
+        let r = pod_request(&ann(&[("vram", "10Gi"), ("tensor-parallel", "4")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.gpus, 4);
     }
 
     #[test]
