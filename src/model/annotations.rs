@@ -10,7 +10,7 @@
 //!
 //! | annotation (`peakfit.io/…`) | accepted values | default |
 //! |---|---|---|
-//! | `vram` | Kubernetes quantity per GPU (`20Gi`, `20G`, `1.5Ti`, `1e9`); overrides the model | from the model |
+//! | `vram` | Kubernetes quantity per GPU, at most `1Ei` (`20Gi`, `20G`, `1.5Ti`, `1e9`); overrides the model | from the model |
 //! | `gpus` | 1–64 | `tensor-parallel`, else 1 |
 //! | `model` | a preset (see [`super::presets`]), case-insensitive, checkpoint suffixes like `-Chat`, `-Int4`, `(v1)` ignored | none |
 //! | `params` | count: `8.03B`, `335M`, `1.1T`, `124000000` | the preset's |
@@ -77,6 +77,10 @@ pub const INPUT_KEYS: &[&str] = &[
     "lora-rank",
     "headroom",
 ];
+
+/// The largest `vram` accepted (1Ei). No GPU comes near it, and with the largest headroom (10x
+/// more) a request stays far below 2^64, so the scheduler's sums over it cannot overflow.
+const MAX_VRAM: u64 = 1 << 60;
 
 /// Written by bind; reading them back must neither opt a pod in nor be refused.
 pub const OUTPUT_KEYS: &[&str] = &["assigned-gpus", "reserved-bytes", "gpu-memory-fraction"];
@@ -443,11 +447,11 @@ impl Spec {
             "vram" => {
                 let bytes =
                     parse_bytes(v).map_err(|e| AnnotationError::new(key, value, e.to_string()))?;
-                if bytes == 0 {
+                if bytes == 0 || bytes > MAX_VRAM {
                     return Err(AnnotationError::new(
                         key,
                         value,
-                        "a quantity above zero, such as 20Gi",
+                        "a quantity above zero and at most 1Ei, such as 20Gi",
                     ));
                 }
                 self.vram = Some(bytes);
@@ -787,6 +791,7 @@ mod tests {
             ("vram", "20GB", "20Gi"),
             ("vram", "-1Gi", "negative"),
             ("vram", "0", "above zero"),
+            ("vram", "2Ei", "at most 1Ei"),
             ("gpus", "0", "from 1 to 64"),
             ("gpus", "two", "from 1 to 64"),
             ("model", "llama-9", "llama-3.1-8b"),
