@@ -18,10 +18,8 @@ use super::annotations::{
     Checkpointing, Dtype, Engine, FractionEngine, KvDtype, Optimizer, Spec, Workload,
 };
 use super::presets::Architecture;
+use super::quantity::{GIB, MIB};
 use crate::placement::Demand;
-
-const GIB: f64 = 1_073_741_824.0;
-const MIB: f64 = 1_048_576.0;
 
 /// CUDA context per process per GPU on a CUDA >= 12.2 stack with lazy module loading: 274 MiB
 /// bare (PyTorch #86509) to ~430 MiB once cuBLAS/NCCL kernels load (unsloth-zoo #1053); the
@@ -581,15 +579,7 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
         return fraction_engine(spec, &inp, *engine, gpu_total, assumed);
     }
     let mut components = Vec::new();
-    let mut tensor = |name, bytes: f64| {
-        if bytes > 0.0 {
-            components.push(Component {
-                name,
-                bytes: round(bytes),
-                counter: Counter::Allocated,
-            });
-        }
-    };
+    let mut tensor = |name, bytes| add(&mut components, name, bytes, Counter::Allocated);
     let has_shape = spec.model.is_none_or(|p| p.shape.is_some()) || spec.layers.is_some();
     tensor("weights", inp.weights());
     tensor("quantisation", inp.quantisation_overhead());
