@@ -20,7 +20,7 @@
 //! | `kv-heads` | 1–4096, at most `attention-heads` | the preset's (= heads without a preset) |
 //! | `head-dim` | 1–4096 | the preset's (hidden / heads without a preset) |
 //! | `vocab-size` | 1–16777216 | the preset's |
-//! | `intermediate-size` | per-branch FFN width | the preset's |
+//! | `intermediate-size` | per-branch FFN width, 1–4194304 | the preset's |
 //! | `tied-embeddings` | `true` `false` | the preset's |
 //! | `dtype` | `fp32 fp16 bf16 fp16-amp fp8 int8 int4-gptq int4-awq nf4 nf4-dq` | `bf16`; `fp16-amp` for training; `nf4` for qlora |
 //! | `kv-dtype` | `fp32 fp16 bf16 fp8 int8` | 16-bit (fp32 for fp32 models) |
