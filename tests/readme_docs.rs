@@ -27,3 +27,23 @@ fn readme_documents_every_annotation_the_parser_accepts() {
         );
     }
 }
+
+/// The parser's module documentation and the README carry the same annotation table; a row edited in
+/// one place only (a range, a default) would leave one of them wrong.
+#[test]
+fn readme_annotation_rows_match_the_parsers_documentation() {
+    let readme = readme();
+    let source = include_str!("../src/model/annotations.rs");
+    let rows: Vec<&str> = source
+        .lines()
+        .filter_map(|l| l.strip_prefix("//! "))
+        .filter(|l| l.starts_with("| `"))
+        .collect();
+    assert!(rows.len() >= peakfit::model::annotations::INPUT_KEYS.len());
+    for row in rows {
+        assert!(
+            readme.contains(row),
+            "README.md differs from src/model/annotations.rs in\n{row}"
+        );
+    }
+}

@@ -12,7 +12,7 @@
 //! |---|---|---|
 //! | `vram` | Kubernetes quantity per GPU, at most `1Ei` (`20Gi`, `20G`, `1.5Ti`, `1e9`); overrides the model | from the model |
 //! | `gpus` | 1–64 | `tensor-parallel`, else 1 |
-//! | `model` | a preset (see [`super::presets`]), case-insensitive, checkpoint suffixes like `-Chat`, `-Int4`, `(v1)` ignored | none |
+//! | `model` | a built-in preset (see the preset table), case-insensitive, checkpoint suffixes like `-Chat`, `-Int4`, `(v1)` ignored | none |
 //! | `params` | count: `8.03B`, `335M`, `1.1T`, `124000000` | the preset's |
 //! | `layers` | 1–1024 | the preset's |
 //! | `hidden-size` | 1–1048576 | the preset's |
