@@ -1,5 +1,7 @@
 //! Logging set-up shared by every subcommand.
 
+use std::io::IsTerminal;
+
 use clap::{Args, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
