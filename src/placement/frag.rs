@@ -263,58 +263,87 @@ struct ShapeAgg {
 #[derive(Clone, Debug)]
 pub struct FragState<'a> {
     mix: &'a ShapeMix,
-    margin: u64,
-    unit: FragUnit,
     /// Weighted free memory of the whole node.
     all: f64,
     cpu_free: Option<u64>,
     shapes: Vec<ShapeAgg>,
+    /// Per GPU of the node, its row in `needs`: GPUs of one size and model share a row, so a
+    /// node of identical GPUs computes each shape's need once.
+    group_of: Vec<u32>,
+    /// Row-major, one row of `mix.shapes.len()` per group: the free bytes a GPU of the group
+    /// needs to take one share of the shape (margin included); `u64::MAX` = never.
+    needs: Vec<u64>,
+    /// Per group: the weight of one free byte in `unit`.
+    weights: Vec<f64>,
 }
 
-/// One GPU's change: its free bytes before and after.
+/// One GPU's change, by its index in `NodeLedger::gpus`: its free bytes before and after.
 #[derive(Clone, Copy, Debug)]
-pub struct GpuChange<'g> {
-    pub gpu: &'g GpuLedger,
+pub struct GpuChange {
+    pub gpu: usize,
     pub free_before: u64,
     pub free_after: u64,
 }
 
-fn fits_share(class: &PodClass, gpu: &GpuLedger, free: u64, margin: u64) -> bool {
+fn share_need(class: &PodClass, gpu: &GpuLedger, margin: u64) -> u64 {
     let d = &class.shape.demand;
-    d.runs_on(gpu.total_bytes)
-        && class.accepts_model(&gpu.model)
-        && free >= d.bytes_on(gpu.total_bytes).saturating_add(margin)
+    if class.shape.gpus == 0 || !d.runs_on(gpu.total_bytes) || !class.accepts_model(&gpu.model) {
+        return u64::MAX;
+    }
+    d.bytes_on(gpu.total_bytes).saturating_add(margin)
 }
 
 impl<'a> FragState<'a> {
-    /// O(GPUs × shapes).
+    /// O(GPUs × shapes) compares, plus O(distinct GPU kinds × shapes) needs.
     pub fn new(node: &NodeLedger, mix: &'a ShapeMix, cfg: &FitConfig, unit: FragUnit) -> Self {
-        let margin = cfg.safety_margin_bytes;
-        let mut shapes = vec![ShapeAgg::default(); mix.shapes.len()];
-        let mut all = 0.0;
-        for gpu in &node.gpus {
+        let m = mix.shapes.len();
+        let mut reps: Vec<usize> = Vec::with_capacity(1);
+        let mut needs: Vec<u64> = Vec::with_capacity(m);
+        let mut weights: Vec<f64> = Vec::with_capacity(1);
+        let mut group_of: Vec<u32> = Vec::with_capacity(node.gpus.len());
+        for (i, gpu) in node.gpus.iter().enumerate() {
+            let found = reps.iter().position(|&r| {
+                node.gpus[r].total_bytes == gpu.total_bytes && node.gpus[r].model == gpu.model
+            });
+            let g = found.unwrap_or_else(|| {
+                reps.push(i);
+                weights.push(unit.weight(gpu));
+                needs.extend(
+                    mix.shapes
+                        .iter()
+                        .map(|(class, _)| share_need(class, gpu, cfg.safety_margin_bytes)),
+                );
+                reps.len() - 1
+            });
+            group_of.push(g as u32);
+        }
+        let mut state = Self {
+            mix,
+            all: 0.0,
+            cpu_free: node.cpu_free_milli(),
+            shapes: vec![ShapeAgg::default(); m],
+            group_of,
+            needs,
+            weights,
+        };
+        for (i, gpu) in node.gpus.iter().enumerate() {
             let free = gpu.free_bytes();
+            let g = state.group_of[i] as usize;
+            let wf = state.weights[g] * free as f64;
+            state.all += wf;
+            let row = &state.needs[g * m..(g + 1) * m];
             if free == 0 {
                 continue;
             }
-            let wf = unit.weight(gpu) * free as f64;
-            all += wf;
-            for ((class, _), agg) in mix.shapes.iter().zip(&mut shapes) {
-                if class.shape.gpus > 0 && fits_share(class, gpu, free, margin) {
+            for (agg, &need) in state.shapes.iter_mut().zip(row) {
+                if free >= need {
                     agg.fitting += 1;
                 } else {
                     agg.stranded += wf;
                 }
             }
         }
-        Self {
-            mix,
-            margin,
-            unit,
-            all,
-            cpu_free: node.cpu_free_milli(),
-            shapes,
-        }
+        state
     }
 
     /// `F = Σ_m p_m · frag(m)`.
@@ -333,21 +362,21 @@ impl<'a> FragState<'a> {
     }
 
     /// Applies GPU changes (and CPU taken) for good; O(changes × shapes).
-    pub fn apply(&mut self, changes: &[GpuChange<'_>], cpu_taken: u64) {
-        for (m, (class, _)) in self.mix.shapes.iter().enumerate() {
-            self.shapes[m] = self.shape_after(class, self.shapes[m], changes);
+    pub fn apply(&mut self, changes: &[GpuChange], cpu_taken: u64) {
+        for m in 0..self.shapes.len() {
+            self.shapes[m] = self.shape_after(m, self.shapes[m], changes);
         }
         self.all = self.all_after(changes);
         self.cpu_free = self.cpu_free.map(|c| c.saturating_sub(cpu_taken));
     }
 
     /// `F` after the changes, without keeping them; O(changes × shapes), no allocation.
-    pub fn value_after(&self, changes: &[GpuChange<'_>], cpu_taken: u64) -> f64 {
+    pub fn value_after(&self, changes: &[GpuChange], cpu_taken: u64) -> f64 {
         let all = self.all_after(changes);
         let cpu_free = self.cpu_free.map(|c| c.saturating_sub(cpu_taken));
         let mut f = 0.0;
-        for ((class, p), &agg) in self.mix.shapes.iter().zip(&self.shapes) {
-            let agg = self.shape_after(class, agg, changes);
+        for (m, ((class, p), &agg)) in self.mix.shapes.iter().zip(&self.shapes).enumerate() {
+            let agg = self.shape_after(m, agg, changes);
             f += p * Self::frag_of(class, agg, all, cpu_free);
         }
         f
@@ -360,32 +389,29 @@ impl<'a> FragState<'a> {
         if hosts { agg.stranded } else { all }
     }
 
-    fn all_after(&self, changes: &[GpuChange<'_>]) -> f64 {
+    fn all_after(&self, changes: &[GpuChange]) -> f64 {
         changes.iter().fold(self.all, |all, ch| {
-            let w = self.unit.weight(ch.gpu);
+            let w = self.weights[self.group_of[ch.gpu] as usize];
             all + w * ch.free_after as f64 - w * ch.free_before as f64
         })
     }
 
-    fn shape_after(
-        &self,
-        class: &PodClass,
-        mut agg: ShapeAgg,
-        changes: &[GpuChange<'_>],
-    ) -> ShapeAgg {
-        let gpu_shape = class.shape.gpus > 0;
+    fn shape_after(&self, m: usize, mut agg: ShapeAgg, changes: &[GpuChange]) -> ShapeAgg {
+        let width = self.shapes.len();
         for ch in changes {
-            let w = self.unit.weight(ch.gpu);
+            let g = self.group_of[ch.gpu] as usize;
+            let w = self.weights[g];
+            let need = self.needs[g * width + m];
             // A GPU with nothing free was never counted (see `new`).
             if ch.free_before > 0 {
-                if gpu_shape && fits_share(class, ch.gpu, ch.free_before, self.margin) {
+                if ch.free_before >= need {
                     agg.fitting -= 1;
                 } else {
                     agg.stranded -= w * ch.free_before as f64;
                 }
             }
             if ch.free_after > 0 {
-                if gpu_shape && fits_share(class, ch.gpu, ch.free_after, self.margin) {
+                if ch.free_after >= need {
                     agg.fitting += 1;
                 } else {
                     agg.stranded += w * ch.free_after as f64;
@@ -488,12 +514,12 @@ mod tests {
         let state = FragState::new(&n, &mix, &cfg, FragUnit::Gpus);
         let changes = [
             GpuChange {
-                gpu: &n.gpus[0],
+                gpu: 0,
                 free_before: 1000,
                 free_after: 300,
             },
             GpuChange {
-                gpu: &n.gpus[3],
+                gpu: 3,
                 free_before: 100,
                 free_after: 0,
             },

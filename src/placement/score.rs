@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::demand::PodClass;
 use super::fit::{FitConfig, Placement, Rejection, admissible};
 use super::frag::{FragState, FragUnit, GpuChange, ShapeMix};
-use super::ledger::{GpuLedger, NodeLedger};
+use super::ledger::NodeLedger;
 
 /// How prioritize ranks the nodes that fit, and how bind picks GPUs on the chosen one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -178,7 +178,7 @@ fn peakfit(
                 continue;
             }
             tried.push(key);
-            let f = state.value_after(&[change(gpu, free, need)], 0);
+            let f = state.value_after(&[change(i, free, need)], 0);
             let left = FragUnit::Gpus.weight(gpu) * (free - need) as f64;
             let better = match best {
                 None => true,
@@ -191,7 +191,7 @@ fn peakfit(
         let (_, _, pos) = best.expect("admissible returned at least `gpus` candidates");
         let (i, need) = candidates.remove(pos);
         let gpu = &node.gpus[i];
-        state.apply(&[change(gpu, gpu.free_bytes(), need)], 0);
+        state.apply(&[change(i, gpu.free_bytes(), need)], 0);
         chosen.push((i, need));
     }
     let after = state.value();
@@ -216,7 +216,7 @@ fn peakfit(
     }
 }
 
-fn change(gpu: &GpuLedger, free: u64, need: u64) -> GpuChange<'_> {
+fn change(gpu: usize, free: u64, need: u64) -> GpuChange {
     GpuChange {
         gpu,
         free_before: free,
@@ -279,7 +279,7 @@ pub fn scores_0_to_10(scores: &[f64]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::{Demand, PodShape};
+    use crate::placement::{Demand, GpuLedger, PodShape};
 
     fn share(milli: u32, gpus: u32) -> PodClass {
         PodClass::from(PodShape {
