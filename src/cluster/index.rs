@@ -258,6 +258,15 @@ impl Index {
         self.nodes.read().get(name).cloned()
     }
 
+    /// The slots of `names` under one lock acquisition (a request asks for thousands).
+    pub fn slots<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<Option<Arc<NodeSlot>>> {
+        let nodes = self.nodes.read();
+        names.into_iter().map(|n| nodes.get(n).cloned()).collect()
+    }
+
     pub fn node_names(&self) -> Vec<String> {
         let mut v: Vec<String> = self.nodes.read().keys().cloned().collect();
         v.sort();

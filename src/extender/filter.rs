@@ -4,13 +4,18 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
+use rayon::prelude::*;
 
 use super::Extender;
 use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
-use crate::cluster::index::{pod_key, pod_request_of};
+use crate::cluster::index::{NodeSlot, pod_key, pod_request_of};
 use crate::metrics::extender::{DecisionLabels, ReasonLabels};
 use crate::placement::fit::fit;
 use crate::placement::{FitConfig, NodeLedger, PodClass, PodShape, Rejection};
+
+/// From this many candidates on, nodes are decided in parallel (below it the threads cost more
+/// than they save).
+pub const PARALLEL_FROM: usize = 256;
 
 /// The candidate nodes of a request, in whichever mode the scheduler uses.
 pub enum Candidates {
@@ -162,29 +167,48 @@ impl Extender {
                 self.shapes.lock().observe(&PodClass::from(shape));
                 let now = self.now();
                 let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
-                let keep: Vec<bool> = candidates
-                    .names()
-                    .map(|name| {
-                        let Some(slot) = self.index.node(name) else {
+                let names: Vec<&str> = candidates.names().collect();
+                let slots = self.index.slots(names.iter().copied());
+                let verdict =
+                    |slot: &Option<std::sync::Arc<NodeSlot>>| -> Option<(Rejection, bool)> {
+                        let slot = slot.as_ref()?;
+                        let st = slot.read();
+                        fit(&st.ledger, &shape, &self.fit, now).err().map(|r| {
+                            let resolvable =
+                                resolvable_by_preemption(&st.ledger, &shape, &self.fit, &r);
+                            (r, resolvable)
+                        })
+                    };
+                // Thousands of nodes are independent decisions: spread them over the cores.
+                let verdicts: Vec<Option<(Rejection, bool)>> = if slots.len() >= PARALLEL_FROM {
+                    slots.par_iter().map(verdict).collect()
+                } else {
+                    slots.iter().map(verdict).collect()
+                };
+                let keep: Vec<bool> = names
+                    .iter()
+                    .zip(slots.iter().zip(verdicts))
+                    .map(|(name, (slot, verdict))| {
+                        if slot.is_none() {
                             *counts.entry("no_report").or_default() += 1;
                             unresolvable.insert(
-                                name.to_owned(),
+                                (*name).to_owned(),
                                 "peakfit knows nothing of this node yet: no GPU report from \
                                  the peakfit agent (is the agent running there?)"
                                     .to_owned(),
                             );
                             return false;
-                        };
-                        let st = slot.read();
-                        match fit(&st.ledger, &shape, &self.fit, now) {
-                            Ok(_) => true,
-                            Err(r) => {
+                        }
+                        match verdict {
+                            None => true,
+                            Some((r, resolvable)) => {
                                 *counts.entry(r.reason()).or_default() += 1;
-                                if resolvable_by_preemption(&st.ledger, &shape, &self.fit, &r) {
-                                    failed.insert(name.to_owned(), r.to_string());
+                                let map = if resolvable {
+                                    &mut failed
                                 } else {
-                                    unresolvable.insert(name.to_owned(), r.to_string());
-                                }
+                                    &mut unresolvable
+                                };
+                                map.insert((*name).to_owned(), r.to_string());
                                 false
                             }
                         }

@@ -1,8 +1,11 @@
 //! Prioritize: among the nodes that fit, which wastes least (placement's scoring, 0-10).
 
 use super::Extender;
-use super::filter::Candidates;
+use rayon::prelude::*;
+
+use super::filter::{Candidates, PARALLEL_FROM};
 use super::wire::{ExtenderArgs, HostPriority, HostPriorityList, MAX_EXTENDER_PRIORITY};
+use crate::cluster::index::NodeSlot;
 use crate::cluster::index::pod_request_of;
 use crate::placement::{PodClass, place, scores_0_to_10};
 
@@ -35,16 +38,19 @@ impl Extender {
         let mix = self.shapes.lock().mix();
         let now = self.now();
         self.count("prioritize", "scored");
-        let raw: Vec<f64> = candidates
-            .names()
-            .map(|name| {
-                self.index.node(name).map_or(f64::NAN, |slot| {
-                    let st = slot.read();
-                    place(&st.ledger, &class, self.scoring, &mix, &self.fit, now)
-                        .map_or(f64::NAN, |s| s.score)
-                })
+        let slots = self.index.slots(candidates.names());
+        let raw_score = |slot: &Option<std::sync::Arc<NodeSlot>>| {
+            slot.as_ref().map_or(f64::NAN, |slot| {
+                let st = slot.read();
+                place(&st.ledger, &class, self.scoring, &mix, &self.fit, now)
+                    .map_or(f64::NAN, |s| s.score)
             })
-            .collect();
+        };
+        let raw: Vec<f64> = if slots.len() >= PARALLEL_FROM {
+            slots.par_iter().map(raw_score).collect()
+        } else {
+            slots.iter().map(raw_score).collect()
+        };
         // Placement ranks the nodes against each other: the best gets 10, a node the pod does
         // not fit 0.
         candidates
