@@ -177,11 +177,13 @@ fn peakfit(
     let mut chosen: Vec<(usize, u64)> = Vec::with_capacity(class.shape.gpus as usize);
     for _ in 0..class.shape.gpus {
         let mut best: Option<(f64, f64, usize)> = None; // (F after, free left, position)
-        let mut tried: Vec<(u64, u64, u64, &str)> = Vec::with_capacity(candidates.len());
+        // GPUs of one kind (size and model: one group of `FragState`) with the same free memory
+        // are interchangeable: try one.
+        let mut tried: Vec<(u32, u64, u64)> = Vec::with_capacity(candidates.len());
         for (pos, &(i, need)) in candidates.iter().enumerate() {
             let gpu = &node.gpus[i];
             let free = gpu.free_bytes();
-            let key = (gpu.total_bytes, free, need, gpu.model.as_str());
+            let key = (state.kind_of(i), free, need);
             if tried.contains(&key) {
                 continue;
             }
