@@ -24,6 +24,10 @@ use super::ledger::{GpuLedger, NodeLedger};
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ShapeMix {
     shapes: Vec<(PodClass, f64)>,
+    /// Per GPU model: how much of its capacity the expected model-restricted pods need, as a
+    /// multiple of the average load (see `with_capacity`). Empty when no capacity is known.
+    #[serde(default)]
+    model_pressure: HashMap<String, f64>,
     /// Changes whenever the mix does, so callers can cache fragmentation per (node, mix).
     #[serde(skip)]
     generation: u64,
@@ -57,8 +61,62 @@ impl ShapeMix {
             .collect();
         Self {
             shapes,
+            model_pressure: HashMap::new(),
             generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// Tells the mix how many GPUs of each model the cluster has, so it can say which models the
+    /// model-restricted pods will need: pressure(X) = the restricted GPU demand expected on X
+    /// (each restricted shape's demand spread over its allowed models by capacity), per GPU of
+    /// X, relative to the cluster's average demand per GPU. 1.0 means restricted pods alone
+    /// will fill X at the cluster's average load; unrestricted pods should stay off it.
+    pub fn with_capacity(
+        mut self,
+        gpus_per_model: impl IntoIterator<Item = (String, f64)>,
+    ) -> Self {
+        let mut capacity: HashMap<String, f64> = HashMap::new();
+        for (model, gpus) in gpus_per_model {
+            *capacity.entry(model).or_default() += gpus;
+        }
+        let total: f64 = capacity.values().sum();
+        let units = |c: &PodClass| f64::from(c.shape.gpus) * c.shape.demand.gpu_fraction.min(1.0);
+        let demand: f64 = self.shapes.iter().map(|(c, p)| p * units(c)).sum();
+        let mut restricted: HashMap<&str, f64> = HashMap::new();
+        for (class, p) in &self.shapes {
+            let allowed: f64 = class
+                .gpu_models
+                .iter()
+                .filter_map(|m| capacity.get(m))
+                .sum();
+            if class.gpu_models.is_empty() || allowed <= 0.0 {
+                continue;
+            }
+            for model in &class.gpu_models {
+                if let Some(cap) = capacity.get(model) {
+                    *restricted.entry(model).or_default() += p * units(class) * cap / allowed;
+                }
+            }
+        }
+        self.model_pressure = if demand > 0.0 && total > 0.0 {
+            capacity
+                .iter()
+                .filter(|(_, cap)| **cap > 0.0)
+                .map(|(m, cap)| {
+                    let r = restricted.get(m.as_str()).copied().unwrap_or(0.0);
+                    (m.clone(), r / cap * total / demand)
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        self.generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
+        self
+    }
+
+    /// See `with_capacity`; 0 for unknown models.
+    pub fn model_pressure(&self, model: &str) -> f64 {
+        self.model_pressure.get(model).copied().unwrap_or(0.0)
     }
 
     /// FGD's "typical pods": the most frequent classes of `pods` that together cover at least
@@ -285,6 +343,14 @@ pub struct GpuChange {
     pub free_after: u64,
 }
 
+/// Same size and model. Compares the model bytes inline: a `memcmp` call per GPU was a third
+/// of a node's scoring time.
+fn same_kind(a: &GpuLedger, b: &GpuLedger) -> bool {
+    a.total_bytes == b.total_bytes
+        && a.model.len() == b.model.len()
+        && a.model.bytes().zip(b.model.bytes()).all(|(x, y)| x == y)
+}
+
 fn share_need(class: &PodClass, gpu: &GpuLedger, margin: u64) -> u64 {
     let d = &class.shape.demand;
     if class.shape.gpus == 0 || !d.runs_on(gpu.total_bytes) || !class.accepts_model(&gpu.model) {
@@ -302,9 +368,7 @@ impl<'a> FragState<'a> {
         let mut weights: Vec<f64> = Vec::with_capacity(1);
         let mut group_of: Vec<u32> = Vec::with_capacity(node.gpus.len());
         for (i, gpu) in node.gpus.iter().enumerate() {
-            let found = reps.iter().position(|&r| {
-                node.gpus[r].total_bytes == gpu.total_bytes && node.gpus[r].model == gpu.model
-            });
+            let found = reps.iter().position(|&r| same_kind(&node.gpus[r], gpu));
             let g = found.unwrap_or_else(|| {
                 reps.push(i);
                 weights.push(unit.weight(gpu));
@@ -354,6 +418,11 @@ impl<'a> FragState<'a> {
             .zip(&self.shapes)
             .map(|((class, p), &agg)| p * Self::frag_of(class, agg, self.all, self.cpu_free))
             .sum()
+    }
+
+    /// Which kind (size and model) GPU `gpu` is: equal kinds are interchangeable.
+    pub fn kind_of(&self, gpu: usize) -> u32 {
+        self.group_of[gpu]
     }
 
     /// Weighted free memory of the node.
