@@ -16,7 +16,7 @@ pub use frag::{
 pub use ledger::{
     GpuLedger, NodeCondition, NodeLedger, NodeSummary, PodKey, ReportError, Reservation,
 };
-pub use score::{Scored, ScoringPolicy, place, scores_0_to_10};
+pub use score::{Scored, ScoringPolicy, Tuning, place, place_tuned, score, scores_0_to_10};
 
 #[cfg(test)]
 mod properties;
