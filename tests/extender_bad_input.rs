@@ -144,6 +144,21 @@ async fn unknown_paths_and_methods() {
 }
 
 #[tokio::test]
+async fn the_metrics_listener_serves_no_verbs() {
+    let h = harness(Arc::new(Index::new()));
+    let ops = peakfit::extender::routes::ops_router(h.ext.clone());
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let (s, _) = call(&ops, "GET", path, vec![]).await;
+        assert_eq!(s, 200, "{path}");
+    }
+    for path in ["/filter", "/bind", "/peakfit/preempt"] {
+        let body = br#"{"Pod":null,"NodeNames":[]}"#.to_vec();
+        let (s, _) = call(&ops, "POST", path, body).await;
+        assert_eq!(s, 404, "{path}");
+    }
+}
+
+#[tokio::test]
 async fn readyz_waits_for_every_watch() {
     let readiness = peakfit::extender::Readiness::waiting_for(3);
     let ext = peakfit::extender::Extender::new(

@@ -27,6 +27,10 @@ pub struct ExtenderArgs {
     /// Address to serve the extender verbs on (kube-scheduler calls it over loopback).
     #[arg(long, env = "PEAKFIT_LISTEN", default_value = "127.0.0.1:8888")]
     pub listen: SocketAddr,
+    /// A second address serving only GET /metrics, /healthz and /readyz, for Prometheus and
+    /// the kubelet's probes while the verbs stay on loopback (off unless set).
+    #[arg(long, env = "PEAKFIT_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Kubeconfig to use; in-cluster configuration otherwise.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -228,13 +232,51 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        stop_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let ops = match args.metrics_listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listening on {addr} (metrics)"))?;
+            tracing::info!(listen = %addr, "serving /metrics, /healthz, /readyz");
+            let server = axum::serve(l, routes::ops_router(ext.clone()))
+                .with_graceful_shutdown(stopped(stop.clone()));
+            Some(tokio::spawn(async move { server.await }))
+        }
+        None => None,
+    };
     tracing::info!(listen = %args.listen, scoring = ?args.scoring, "peakfit extender serving");
     axum::serve(listener, routes::router(ext))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(stopped(stop))
         .await?;
+    if let Some(ops) = ops {
+        ops.await??;
+    }
+    tracing::info!("peakfit extender stopped");
     Ok(())
+}
+
+/// SIGTERM (the kubelet stopping the pod) or Ctrl-C.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: shutting down"),
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 #[cfg(test)]

@@ -37,12 +37,22 @@ pub fn router(ext: Shared) -> Router {
         .merge(verbs.clone())
         // kube-scheduler posts to `<urlPrefix>/<verb>`; a prefix with a path is common.
         .nest("/{prefix}", verbs)
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .merge(ops())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .with_state(ext)
+}
+
+/// Only `GET /metrics /healthz /readyz`: what `--metrics-listen` serves beyond loopback.
+pub fn ops_router(ext: Shared) -> Router {
+    ops().fallback(not_found).with_state(ext)
+}
+
+fn ops() -> Router<Shared> {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
 }
 
 /// A JSON error body: `{"error": "...", "verb": "..."}`.
