@@ -1,5 +1,7 @@
 #![forbid(unsafe_code)]
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 use peakfit::{agent, extender, model, sim, telemetry, webhook};
 
@@ -29,10 +31,22 @@ enum Command {
     Crd,
 }
 
-fn main() -> anyhow::Result<()> {
+/// Errors print as one readable line (`error: …: cause`), never as a Debug dump or backtrace: the
+/// people reading them are ML engineers running `peakfit estimate` and operators reading pod logs.
+fn main() -> ExitCode {
     let cli = Cli::parse();
     telemetry::init(&cli.log);
-    match cli.command {
+    match dispatch(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::Extender(args) => runtime()?.block_on(extender::run(args)),
         Command::Webhook(args) => runtime()?.block_on(webhook::run(args)),

@@ -4,11 +4,14 @@
 //! The fake is a workspace cdylib, which `cargo test` does not build: run `cargo build -p fake-nvml`
 //! first (scripts/test does). Without it these tests say so and skip.
 
-use std::io::{Read, Write};
+mod agent_support;
+
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use agent_support::{Running, fake_lib, free_port, request};
 use peakfit::cluster::NodeGpuReport;
 use peakfit::inventory::NodeGpuReportStatus;
 
@@ -16,24 +19,6 @@ const GIB: u64 = 1 << 30;
 const POD_A: &str = "8f5d1a52-3f43-4a8e-9f1e-0d3c1b2a4e01";
 const POD_B: &str = "0c7e3b9a-51d2-4f6e-8a0b-2d4c6e8f0a1b";
 const CID: &str = "4f2c9e0b7a1d3c5e8f6a2b4d9c0e1f3a5b7c9d2e4f6a8b0c1d3e5f7a9b2c4d6e";
-
-/// The fake library beside the `peakfit` test binary, or `FAKE_NVML_LIB`.
-fn fake_lib() -> Option<PathBuf> {
-    let lib = std::env::var_os("FAKE_NVML_LIB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_BIN_EXE_peakfit")).with_file_name("libfake_nvml.so")
-        });
-    if lib.exists() {
-        Some(lib)
-    } else {
-        eprintln!(
-            "skipping: {} not found; build it with `cargo build -p fake-nvml`",
-            lib.display()
-        );
-        None
-    }
-}
 
 /// A scratch directory with the fake's config and a fake host `/proc`.
 struct Scene {
@@ -360,35 +345,8 @@ fn prints_yaml_by_default_and_needs_a_node_name_without_print() {
     assert!(stderr.contains("--node-name"), "{stderr}");
 }
 
-/// A running agent, killed on drop if the test fails before stopping it.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
+    request(port, "GET", path, "").map(|(code, body)| format!("{code}\n{body}"))
 }
 
 /// Scrapes until `want` is in the body, for up to 20 s.
@@ -446,7 +404,7 @@ fn serves_metrics_follows_memory_and_stops_on_sigterm() {
         "a MIG parent is not exported (its instances are)\n{body}"
     );
     let health = http_get(port, "/healthz").unwrap();
-    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert_eq!(health, "200\nok");
 
     // The same running agent sees memory move (the fake re-reads its config).
     scene.set_config(&TWO_GPUS.replace("used: 21474836480", "used: 64424509440"));

@@ -211,8 +211,15 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let mut stop = stop_rx;
     loop {
         let started = Instant::now();
-        // NVML calls block (a driver can take milliseconds, more when a GPU is in trouble).
-        let status = tokio::task::block_in_place(|| poller.poll());
+        // NVML calls block (a driver can take milliseconds, more when a GPU is in trouble), so
+        // they run off the async workers that serve /metrics.
+        let (returned, status) = tokio::task::spawn_blocking(move || {
+            let status = poller.poll();
+            (poller, status)
+        })
+        .await
+        .context("the GPU poll panicked")?;
+        poller = returned;
         metrics.record(&status, started.elapsed());
         let now = Instant::now();
         if gate.due(&status, now) {

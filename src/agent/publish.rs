@@ -17,13 +17,13 @@ pub const FIELD_MANAGER: &str = "peakfit-agent";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
-    #[error("applying NodeGpuReport {name}: {source}")]
+    #[error("applying NodeGpuReport {name}")]
     Object {
         name: String,
         #[source]
         source: kube::Error,
     },
-    #[error("applying the status of NodeGpuReport {name}: {source}")]
+    #[error("applying the status of NodeGpuReport {name}")]
     Status {
         name: String,
         #[source]

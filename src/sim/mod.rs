@@ -1,8 +1,337 @@
-//! Scaffolding: replaced by the simulator.
+//! `peakfit simulate`: replays a cluster and a workload through the placement code under several
+//! policies. With the Alibaba `openb` trace it reproduces the FGD paper's experiment; with no
+//! arguments it runs a built-in mixed cluster and LLM workload (see `builtin`).
+
+pub mod builtin;
+pub mod dynamic;
+pub mod expected;
+pub mod frag;
+pub mod openb;
+pub mod profiles;
+pub mod replay;
+pub mod svg;
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
+
+pub use replay::{CurvePoint, Policy, RunResult, run_one};
 
 #[derive(Clone, Debug, clap::Args)]
-pub struct SimulateArgs {}
+pub struct SimulateArgs {
+    /// openb node list (CSV: sn, cpu_milli, memory_mib, gpu, model). With --pods: replay the
+    /// FGD paper's experiment instead of the built-in default.
+    #[arg(long, env = "PEAKFIT_SIM_NODES")]
+    pub nodes: Option<PathBuf>,
+    /// One or several openb pod lists (comma separated or repeated).
+    #[arg(long, env = "PEAKFIT_SIM_PODS", value_delimiter = ',', num_args = 1..)]
+    pub pods: Vec<PathBuf>,
+    /// A folder holding `openb_node_list_gpu_node.csv` and `openb_pod_list_*.csv`: every pod
+    /// list in it (and the authors' `expected/` results, when present, for comparison).
+    #[arg(long, env = "PEAKFIT_SIM_TRACE_DIR")]
+    pub trace_dir: Option<PathBuf>,
+    /// Seeds: a range `42..51` (inclusive) or a list `42,43`.
+    #[arg(long, env = "PEAKFIT_SIM_SEEDS", default_value = "42..51", value_parser = parse_seeds)]
+    pub seeds: Seeds,
+    /// `all` or a comma-separated list of random, dotprod, clustering, packing, bestfit, fgd,
+    /// peakfit.
+    #[arg(long, env = "PEAKFIT_SIM_POLICIES", default_value = "all", value_parser = parse_policies)]
+    pub policies: Policies,
+    /// Worker threads (default: every core).
+    #[arg(long, env = "PEAKFIT_SIM_JOBS")]
+    pub jobs: Option<usize>,
+    /// Folder for the JSON report and the SVG charts.
+    #[arg(long, env = "PEAKFIT_SIM_OUT", default_value = "peakfit-sim-out")]
+    pub out: PathBuf,
+    /// Print one JSON object per run on stdout (the table goes to stderr).
+    #[arg(long, env = "PEAKFIT_SIM_JSON")]
+    pub json: bool,
+    /// Real GPU-memory curves (`pod_gpu_memory_used_bytes_anon.tar.gz` of Alibaba GenTD26) for
+    /// the dynamic mode's serving pods; without it they follow generated curves.
+    #[arg(long, env = "PEAKFIT_SIM_USAGE_PROFILES")]
+    pub usage_profiles: Option<PathBuf>,
+}
 
-pub fn run(_args: SimulateArgs) -> anyhow::Result<()> {
-    anyhow::bail!("peakfit simulate is not built yet")
+/// The seeds of a sweep.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seeds(pub Vec<u64>);
+
+/// The policies of a sweep.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policies(pub Vec<Policy>);
+
+pub fn parse_seeds(s: &str) -> Result<Seeds, String> {
+    let bad =
+        || format!("--seeds {s:?} is not valid: use a range like 42..51 or a list like 42,43");
+    let s = s.trim();
+    if let Some((a, b)) = s.split_once("..") {
+        let a: u64 = a.trim().parse().map_err(|_| bad())?;
+        let b: u64 = b
+            .trim()
+            .trim_start_matches('=')
+            .parse()
+            .map_err(|_| bad())?;
+        if b < a || b - a > 10_000 {
+            return Err(bad());
+        }
+        return Ok(Seeds((a..=b).collect()));
+    }
+    let v: Result<Vec<u64>, _> = s.split(',').map(|x| x.trim().parse()).collect();
+    match v {
+        Ok(v) if !v.is_empty() => Ok(Seeds(v)),
+        _ => Err(bad()),
+    }
+}
+
+pub fn parse_policies(s: &str) -> Result<Policies, String> {
+    if s.trim() == "all" {
+        return Ok(Policies(Policy::ALL.to_vec()));
+    }
+    let mut out = Vec::new();
+    for name in s.split(',').map(str::trim) {
+        let p = <Policy as clap::ValueEnum>::from_str(name, true).map_err(|_| {
+            format!(
+                "--policies: {name:?} is not a policy: use all, or a comma-separated list of {}",
+                Policy::ALL.map(Policy::name).join(", ")
+            )
+        })?;
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    Ok(Policies(out))
+}
+
+pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    if let Some(jobs) = args.jobs {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(jobs.max(1))
+            .build_global()
+            .context("--jobs: cannot start the worker threads")?;
+    }
+    if args.nodes.is_none() && args.pods.is_empty() && args.trace_dir.is_none() {
+        return builtin::run(&args);
+    }
+    run_openb(&args)
+}
+
+/// A progress bar on a terminal, nothing otherwise (CI logs, pipes).
+pub fn progress(len: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} runs, {elapsed}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_owned());
+    bar
+}
+
+fn run_openb(args: &SimulateArgs) -> anyhow::Result<()> {
+    let (nodes_path, pod_paths, expected_path) = openb_inputs(args)?;
+    let nodes = openb::load_nodes(&nodes_path)?;
+    let mut traces = Vec::new();
+    for p in &pod_paths {
+        traces.push((openb::trace_name(p), openb::load_pods(p)?));
+    }
+    let jobs: Vec<(usize, Policy, u64)> = (0..traces.len())
+        .flat_map(|t| {
+            args.policies
+                .0
+                .iter()
+                .flat_map(move |&p| args.seeds.0.iter().map(move |&s| (t, p, s)))
+        })
+        .collect();
+    let bar = progress(jobs.len() as u64, "openb");
+    let started = std::time::Instant::now();
+    let results: Vec<RunResult> = jobs
+        .par_iter()
+        .map(|&(t, policy, seed)| {
+            let r = run_one(&traces[t].0, &nodes, &traces[t].1, policy, seed);
+            bar.inc(1);
+            r
+        })
+        .collect();
+    bar.finish_and_clear();
+    tracing::info!(
+        runs = results.len(),
+        seconds = started.elapsed().as_secs_f64(),
+        "openb sweep done"
+    );
+    let expected = match expected_path {
+        Some(p) if p.is_file() => Some(expected::Expected::load(&p)?),
+        _ => None,
+    };
+    let table = openb_table(&results, &args.seeds.0, expected.as_ref());
+    if args.json {
+        for r in &results {
+            println!("{}", serde_json::to_string(r)?);
+        }
+        eprint!("{table}");
+    } else {
+        print!("{table}");
+    }
+    write_openb_report(&args.out, &results)?;
+    if !args.json {
+        println!("report: {}", args.out.display());
+    }
+    Ok(())
+}
+
+fn openb_inputs(args: &SimulateArgs) -> anyhow::Result<(PathBuf, Vec<PathBuf>, Option<PathBuf>)> {
+    let dir = args.trace_dir.as_deref();
+    let nodes = match (&args.nodes, dir) {
+        (Some(n), _) => n.clone(),
+        (None, Some(d)) => d.join("openb_node_list_gpu_node.csv"),
+        (None, None) => anyhow::bail!("--pods needs --nodes (or --trace-dir) for the node list"),
+    };
+    let pods = if !args.pods.is_empty() {
+        args.pods.clone()
+    } else if let Some(d) = dir {
+        let all = openb::pod_lists_in(d)?;
+        anyhow::ensure!(
+            !all.is_empty(),
+            "--trace-dir {}: no openb_pod_list_*.csv in it",
+            d.display()
+        );
+        all
+    } else {
+        anyhow::bail!("--nodes needs --pods (or --trace-dir) for the pod lists")
+    };
+    let expected = dir
+        .map(Path::to_path_buf)
+        .or_else(|| nodes.parent().map(Path::to_path_buf))
+        .map(|d| d.join("expected/analysis_allo_discrete.csv"));
+    Ok((nodes, pods, expected))
+}
+
+/// Mean unallocated % at arrived = 100 % per trace and policy, the paper's mean beside it.
+pub fn openb_table(
+    results: &[RunResult],
+    seeds: &[u64],
+    expected: Option<&expected::Expected>,
+) -> String {
+    let mut by: BTreeMap<(&str, Policy), Vec<f64>> = BTreeMap::new();
+    for r in results {
+        if let Some(u) = r.unallocated_at_100 {
+            by.entry((&r.trace, r.policy)).or_default().push(u);
+        }
+    }
+    let mut policies: Vec<Policy> = results.iter().map(|r| r.policy).collect();
+    policies.sort();
+    policies.dedup();
+    let mut traces: Vec<&str> = results.iter().map(|r| r.trace.as_str()).collect();
+    traces.sort();
+    traces.dedup();
+    let mut out = format!(
+        "unallocated GPU % at arrived = 100 % (mean over {} seed(s); paper's mean in brackets)\n{:<14}",
+        seeds.len(),
+        "trace"
+    );
+    for p in &policies {
+        out.push_str(&format!("{:>17}", p.name()));
+    }
+    out.push('\n');
+    for t in traces {
+        out.push_str(&format!("{t:<14}"));
+        for &p in &policies {
+            let ours = by
+                .get(&(t, p))
+                .map(|v| v.iter().sum::<f64>() / v.len() as f64);
+            let paper = expected
+                .zip(p.paper_name())
+                .and_then(|(e, name)| e.unallocated_at_100(t, name, seeds));
+            let cell = match (ours, paper) {
+                (Some(o), Some(x)) => format!("{o:.2} [{x:.2}]"),
+                (Some(o), None) => format!("{o:.2}"),
+                _ => "-".to_owned(),
+            };
+            out.push_str(&format!("{cell:>17}"));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn write_openb_report(out: &Path, results: &[RunResult]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("--out {}", out.display()))?;
+    std::fs::write(
+        out.join("openb-runs.json"),
+        serde_json::to_vec_pretty(results)?,
+    )?;
+    let mut traces: Vec<&str> = results.iter().map(|r| r.trace.as_str()).collect();
+    traces.sort();
+    traces.dedup();
+    for t in traces {
+        let series = mean_unallocated_series(results.iter().filter(|r| r.trace == t));
+        let svg = svg::line_chart(
+            &format!("openb {t}: unallocated GPU vs arrived load"),
+            "arrived GPU load (% of capacity)",
+            "unallocated GPU (% of capacity)",
+            (0.0, 130.0),
+            &series,
+        );
+        std::fs::write(out.join(format!("openb-{t}-unallocated.svg")), svg)?;
+    }
+    Ok(())
+}
+
+/// Per policy, mean over seeds of `arrived − allocated` (GPU that arrived but found no place),
+/// the paper's "unallocated" once arrived load reaches 100 %.
+pub fn mean_unallocated_series<'a>(
+    runs: impl Iterator<Item = &'a RunResult>,
+) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut acc: BTreeMap<Policy, BTreeMap<u32, (f64, u32)>> = BTreeMap::new();
+    for r in runs {
+        for c in &r.curve {
+            let e = acc
+                .entry(r.policy)
+                .or_default()
+                .entry(c.arrived_pct)
+                .or_insert((0.0, 0));
+            e.0 += f64::from(c.arrived_pct).min(100.0) - c.allocated_pct;
+            e.1 += 1;
+        }
+    }
+    acc.into_iter()
+        .map(|(p, pts)| {
+            (
+                p.name().to_owned(),
+                pts.into_iter()
+                    .map(|(a, (s, n))| (f64::from(a), (s / f64::from(n)).max(0.0)))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_parse_as_inclusive_ranges_or_lists() {
+        assert_eq!(parse_seeds("42..51").unwrap().0.len(), 10);
+        assert_eq!(parse_seeds("42..=43").unwrap().0, vec![42, 43]);
+        assert_eq!(parse_seeds("1,5").unwrap().0, vec![1, 5]);
+        let e = parse_seeds("x").unwrap_err();
+        assert!(e.contains("\"x\"") && e.contains("42..51"), "{e}");
+    }
+
+    #[test]
+    fn policies_parse_all_or_a_list() {
+        assert_eq!(parse_policies("all").unwrap().0.len(), 7);
+        assert_eq!(
+            parse_policies("fgd,peakfit").unwrap().0,
+            vec![Policy::Fgd, Policy::Peakfit]
+        );
+        let e = parse_policies("fgd,tetris").unwrap_err();
+        assert!(e.contains("tetris") && e.contains("bestfit"), "{e}");
+    }
 }

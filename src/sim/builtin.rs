@@ -1,0 +1,614 @@
+//! The built-in default: a mixed cluster (H100-80GB, A100-40GB and L4-24GB nodes) and an LLM
+//! workload (serving of several sizes with and without engines, fine-tunes, small embedders).
+//! Every pod's demand comes from the peak-memory model (`model::pod_request` on the pod's
+//! annotations), the same call the extender makes.
+//!
+//! Two experiments run on it: the openb-style packing experiment (pods arrive and stay until
+//! 1.3 × the GPU capacity has been asked for) under every policy, and the dynamic experiment
+//! (pods come and go, memory use follows profiles) under the three accountings.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use anyhow::Context;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use super::dynamic::{self, Accounting, DynNode, DynPod, DynamicResult};
+use super::openb::{NodeSpec, PodSpec, model_memory_mib};
+use super::profiles::{self, Kind, Profile};
+use super::{Policy, RunResult, SimulateArgs, run_one, svg};
+use crate::model;
+use crate::placement::Demand;
+
+const GI: u64 = 1 << 30;
+
+/// A node type of the built-in cluster.
+struct NodeType {
+    model: &'static str,
+    count: usize,
+    gpus: u32,
+    cpu_milli: u64,
+    memory_mib: u64,
+}
+
+const CLUSTER: [NodeType; 3] = [
+    NodeType {
+        model: "H100-80GB",
+        count: 4,
+        gpus: 8,
+        cpu_milli: 192_000,
+        memory_mib: 2_048 * 1024,
+    },
+    NodeType {
+        model: "A100-40GB",
+        count: 6,
+        gpus: 8,
+        cpu_milli: 128_000,
+        memory_mib: 1_024 * 1024,
+    },
+    NodeType {
+        model: "L4-24GB",
+        count: 10,
+        gpus: 4,
+        cpu_milli: 48_000,
+        memory_mib: 192 * 1024,
+    },
+];
+
+/// One kind of pod of the built-in workload: its annotations, how often it comes, how long it
+/// runs, and how its memory moves.
+struct Template {
+    name: &'static str,
+    annotations: &'static [(&'static str, &'static str)],
+    /// Used only if the model does not know these annotations (an older model).
+    fallback_vram: &'static str,
+    weight: f64,
+    cpu_milli: u64,
+    memory_mib: u64,
+    hours: (f64, f64),
+    kind: Kind,
+}
+
+const TEMPLATES: [Template; 7] = [
+    Template {
+        name: "llama-3.1-8b vLLM",
+        annotations: &[
+            ("model", "llama-3.1-8b"),
+            ("workload", "inference"),
+            ("engine", "vllm"),
+            ("gpu-memory-utilization", "0.45"),
+        ],
+        fallback_vram: "37Gi",
+        weight: 0.22,
+        cpu_milli: 8_000,
+        memory_mib: 32 * 1024,
+        hours: (4.0, 16.0),
+        kind: Kind::EngineServing,
+    },
+    Template {
+        name: "llama-3.1-70b vLLM TP4",
+        annotations: &[
+            ("model", "llama-3.1-70b"),
+            ("workload", "inference"),
+            ("engine", "vllm"),
+            ("tensor-parallel", "4"),
+            ("gpu-memory-utilization", "0.9"),
+        ],
+        fallback_vram: "73Gi",
+        weight: 0.04,
+        cpu_milli: 32_000,
+        memory_mib: 256 * 1024,
+        hours: (6.0, 20.0),
+        kind: Kind::EngineServing,
+    },
+    Template {
+        name: "qwen2.5-7b HF serving",
+        annotations: &[
+            ("model", "qwen2.5-7b"),
+            ("workload", "inference"),
+            ("engine", "hf"),
+            ("batch", "8"),
+            ("context-tokens", "4096"),
+        ],
+        fallback_vram: "20Gi",
+        weight: 0.22,
+        cpu_milli: 6_000,
+        memory_mib: 32 * 1024,
+        hours: (2.0, 12.0),
+        kind: Kind::Serving,
+    },
+    Template {
+        name: "qwen3-4b HF serving",
+        annotations: &[
+            ("model", "qwen3-4b"),
+            ("workload", "inference"),
+            ("engine", "hf"),
+            ("batch", "4"),
+            ("context-tokens", "8192"),
+        ],
+        fallback_vram: "14Gi",
+        weight: 0.16,
+        cpu_milli: 4_000,
+        memory_mib: 24 * 1024,
+        hours: (2.0, 12.0),
+        kind: Kind::Serving,
+    },
+    Template {
+        name: "llama-3.1-8b LoRA",
+        annotations: &[
+            ("model", "llama-3.1-8b"),
+            ("workload", "lora"),
+            ("lora-rank", "16"),
+            ("batch", "4"),
+            ("context-tokens", "4096"),
+            ("gradient-checkpointing", "full"),
+        ],
+        fallback_vram: "48Gi",
+        weight: 0.08,
+        cpu_milli: 16_000,
+        memory_mib: 128 * 1024,
+        hours: (1.0, 6.0),
+        kind: Kind::Training,
+    },
+    Template {
+        name: "qwen3-1.7b fine-tune",
+        annotations: &[
+            ("model", "qwen3-1.7b"),
+            ("workload", "training"),
+            ("batch", "4"),
+            ("context-tokens", "2048"),
+            ("gradient-checkpointing", "full"),
+        ],
+        fallback_vram: "22Gi",
+        weight: 0.08,
+        cpu_milli: 12_000,
+        memory_mib: 96 * 1024,
+        hours: (1.0, 4.0),
+        kind: Kind::Training,
+    },
+    Template {
+        name: "bert-large embedder",
+        annotations: &[
+            ("model", "bert-large"),
+            ("workload", "inference"),
+            ("batch", "32"),
+            ("context-tokens", "512"),
+        ],
+        fallback_vram: "3Gi",
+        weight: 0.20,
+        cpu_milli: 2_000,
+        memory_mib: 8 * 1024,
+        hours: (1.0, 8.0),
+        kind: Kind::Serving,
+    },
+];
+
+/// GPU memory of the built-in models, in bytes.
+pub fn gpu_bytes(model: &str) -> u64 {
+    model_memory_mib(model) << 20
+}
+
+/// A template's demand from the peak-memory model, as the extender would compute it.
+fn demand_of(t: &Template) -> anyhow::Result<(u32, Demand)> {
+    let ann = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (format!("{}{k}", model::PREFIX), (*v).to_owned()))
+            .collect()
+    };
+    let from_model = model::pod_request(&ann(t.annotations));
+    let req = match from_model {
+        Ok(Some(r)) => r,
+        _ => model::pod_request(&ann(&[("vram", t.fallback_vram)]))
+            .with_context(|| format!("built-in template {}", t.name))?
+            .with_context(|| format!("built-in template {}: no demand", t.name))?,
+    };
+    let gpus = if req.gpus == 0 { 1 } else { req.gpus };
+    Ok((gpus, req.demand))
+}
+
+/// The GPU models a demand can run on, and its share of one GPU (milli) on the smallest of them.
+fn openb_fit(demand: &Demand) -> Option<(Vec<&'static str>, u32)> {
+    let mut models: Vec<&'static str> = CLUSTER
+        .iter()
+        .map(|n| n.model)
+        .filter(|m| {
+            let total = gpu_bytes(m);
+            demand.runs_on(total) && demand.bytes_on(total) <= total
+        })
+        .collect();
+    models.sort_by_key(|m| gpu_bytes(m));
+    let smallest = *models.first()?;
+    let total = gpu_bytes(smallest);
+    let milli = (demand.bytes_on(total) as f64 / total as f64 * 1000.0).ceil() as u32;
+    Some((models, milli.clamp(1, 1000)))
+}
+
+fn cluster_nodes() -> Vec<NodeSpec> {
+    CLUSTER
+        .iter()
+        .flat_map(|t| {
+            (0..t.count).map(move |i| NodeSpec {
+                name: format!("{}-{i:02}", t.model.to_lowercase()),
+                cpu_milli: t.cpu_milli,
+                memory_mib: t.memory_mib,
+                gpus: t.gpus,
+                model: t.model.to_owned(),
+            })
+        })
+        .collect()
+}
+
+struct Resolved<'a> {
+    t: &'a Template,
+    gpus: u32,
+    demand: Demand,
+}
+
+fn resolve() -> anyhow::Result<Vec<Resolved<'static>>> {
+    TEMPLATES
+        .iter()
+        .map(|t| {
+            let (gpus, demand) = demand_of(t)?;
+            Ok(Resolved { t, gpus, demand })
+        })
+        .collect()
+}
+
+/// The pod list of the packing experiment: templates drawn by weight. A pod takes a share of
+/// one GPU on the smallest GPU model it fits and may run on any model it fits (a fraction-budget
+/// engine takes the same share everywhere; a fixed-size pod is counted at its share of the
+/// smallest, which overstates it on larger GPUs).
+fn packing_pods(resolved: &[Resolved], count: usize, seed: u64) -> Vec<PodSpec> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let total: f64 = resolved.iter().map(|r| r.t.weight).sum();
+    (0..count)
+        .filter_map(|i| {
+            let mut x = rng.random_range(0.0..total);
+            let r = resolved
+                .iter()
+                .find(|r| {
+                    x -= r.t.weight;
+                    x < 0.0
+                })
+                .unwrap_or(&resolved[0]);
+            let (models, milli) = openb_fit(&r.demand)?;
+            let (num_gpu, gpu_milli) = if r.gpus > 1 || milli >= 1000 {
+                (r.gpus, 1000)
+            } else {
+                (1, milli)
+            };
+            Some(PodSpec {
+                name: format!("pod-{i:05}"),
+                cpu_milli: r.t.cpu_milli,
+                memory_mib: r.t.memory_mib,
+                num_gpu,
+                gpu_milli,
+                gpu_spec: models.join("|"),
+            })
+        })
+        .collect()
+}
+
+fn dynamic_nodes() -> Vec<DynNode> {
+    cluster_nodes()
+        .into_iter()
+        .map(|n| DynNode {
+            gpu_bytes: vec![gpu_bytes(&n.model); n.gpus as usize],
+            name: n.name,
+        })
+        .collect()
+}
+
+/// Poisson arrivals over `horizon_min` minutes; each pod's real peak is 85–100 % of the model's
+/// prediction, and its declared request is what a dashboard shows: its median use, plus up to
+/// 20 %, rounded up to a GiB.
+fn dynamic_pods(
+    resolved: &[Resolved],
+    real: &[Profile],
+    horizon_min: u64,
+    per_hour: f64,
+    seed: u64,
+) -> Vec<DynPod> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let total: f64 = resolved.iter().map(|r| r.t.weight).sum();
+    let mut out = Vec::new();
+    let mut t = 0.0f64;
+    loop {
+        t += -(1.0 - rng.random::<f64>()).ln() / (per_hour / 60.0);
+        if t >= horizon_min as f64 {
+            return out;
+        }
+        let mut x = rng.random_range(0.0..total);
+        let r = resolved
+            .iter()
+            .find(|r| {
+                x -= r.t.weight;
+                x < 0.0
+            })
+            .unwrap_or(&resolved[0]);
+        let Some((models, _)) = openb_fit(&r.demand) else {
+            continue;
+        };
+        let duration_min = (rng.random_range(r.t.hours.0..r.t.hours.1) * 60.0) as u64;
+        let profile = if r.t.kind == Kind::Serving && !real.is_empty() {
+            real[rng.random_range(0..real.len())].clone()
+        } else {
+            profiles::generate(r.t.kind, duration_min as usize, &mut rng)
+        };
+        let true_peak_fraction = rng.random_range(0.85..1.0);
+        let smallest = gpu_bytes(models[0]);
+        let peak = r.demand.bytes_on(smallest) as f64 * true_peak_fraction;
+        let declared = peak * profile.median() * rng.random_range(1.0..1.2);
+        let declared_bytes = (declared / GI as f64).ceil() as u64 * GI;
+        out.push(DynPod {
+            kind: r.t.name.to_owned(),
+            arrival_min: t as u64,
+            duration_min,
+            gpus: r.gpus,
+            predicted: r.demand,
+            declared_bytes,
+            true_peak_fraction,
+            profile,
+        });
+    }
+}
+
+/// The built-in default's report.
+#[derive(Serialize)]
+struct Report {
+    cluster: Vec<String>,
+    workload: Vec<TemplateReport>,
+    packing: Vec<RunResult>,
+    dynamic: Vec<DynamicRun>,
+}
+
+#[derive(Serialize)]
+struct TemplateReport {
+    name: String,
+    annotations: BTreeMap<String, String>,
+    gpus: u32,
+    demand: Demand,
+}
+
+#[derive(Serialize)]
+struct DynamicRun {
+    seed: u64,
+    #[serde(flatten)]
+    result: DynamicResult,
+}
+
+pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let resolved = resolve()?;
+    let real = match &args.usage_profiles {
+        Some(p) => profiles::load_tarball(p, 60)?,
+        None => Vec::new(),
+    };
+    let nodes = cluster_nodes();
+    let capacity_gpus: u32 = nodes.iter().map(|n| n.gpus).sum();
+    let seeds = &args.seeds.0;
+    let policies = &args.policies.0;
+    let jobs: Vec<(Policy, u64)> = policies
+        .iter()
+        .flat_map(|&p| seeds.iter().map(move |&s| (p, s)))
+        .collect();
+    let bar = super::progress((jobs.len() + seeds.len() * 3) as u64, "built-in");
+    let packing: Vec<RunResult> = jobs
+        .par_iter()
+        .map(|&(policy, seed)| {
+            let pods = packing_pods(&resolved, 4 * capacity_gpus as usize, seed);
+            let r = run_one("builtin", &nodes, &pods, policy, seed);
+            bar.inc(1);
+            r
+        })
+        .collect();
+    let horizon = 24 * 60;
+    let dyn_nodes = dynamic_nodes();
+    let dyn_jobs: Vec<(u64, Accounting)> = seeds
+        .iter()
+        .flat_map(|&s| Accounting::ALL.iter().map(move |&a| (s, a)))
+        .collect();
+    let dynamic: Vec<DynamicRun> = dyn_jobs
+        .par_iter()
+        .map(|&(seed, accounting)| {
+            let pods = dynamic_pods(&resolved, &real, horizon, 30.0, seed);
+            let result = dynamic::simulate(&dyn_nodes, &pods, accounting, horizon, seed);
+            bar.inc(1);
+            DynamicRun { seed, result }
+        })
+        .collect();
+    bar.finish_and_clear();
+
+    let table = builtin_table(&packing, &dynamic, seeds.len());
+    let report = Report {
+        cluster: CLUSTER
+            .iter()
+            .map(|t| format!("{} x {} GPU {}", t.count, t.gpus, t.model))
+            .collect(),
+        workload: resolved
+            .iter()
+            .map(|r| TemplateReport {
+                name: r.t.name.to_owned(),
+                annotations: r
+                    .t
+                    .annotations
+                    .iter()
+                    .map(|(k, v)| (format!("{}{k}", model::PREFIX), (*v).to_owned()))
+                    .collect(),
+                gpus: r.gpus,
+                demand: r.demand,
+            })
+            .collect(),
+        packing,
+        dynamic,
+    };
+    write_report(&args.out, &report)?;
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        for r in &report.packing {
+            writeln!(stdout, "{}", serde_json::to_string(r)?)?;
+        }
+        for d in &report.dynamic {
+            writeln!(
+                stdout,
+                "{}",
+                serde_json::to_string(&serde_json::json!({
+                    "trace": "builtin-dynamic", "seed": d.seed, "dynamic": d.result
+                }))?
+            )?;
+        }
+        eprint!("{table}");
+    } else {
+        write!(stdout, "{table}")?;
+        writeln!(
+            stdout,
+            "report and charts: {} ({:.1} s)",
+            args.out.display(),
+            started.elapsed().as_secs_f64()
+        )?;
+    }
+    Ok(())
+}
+
+fn mean(v: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 { f64::NAN } else { s / n as f64 }
+}
+
+fn builtin_table(packing: &[RunResult], dynamic: &[DynamicRun], seeds: usize) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "Built-in cluster: {}\n\n",
+        CLUSTER
+            .iter()
+            .map(|t| format!("{} x {} {}", t.count, t.gpus, t.model))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    out.push_str(&format!(
+        "Packing (pods stay; mean of {seeds} seed(s)): unallocated GPU % at arrived = 100 %\n"
+    ));
+    let mut policies: Vec<Policy> = packing.iter().map(|r| r.policy).collect();
+    policies.sort();
+    policies.dedup();
+    for p in policies {
+        let u = mean(
+            packing
+                .iter()
+                .filter(|r| r.policy == p)
+                .filter_map(|r| r.unallocated_at_100),
+        );
+        out.push_str(&format!("  {:<11}{u:>7.2}\n", p.name()));
+    }
+    out.push_str(&format!(
+        "\nPods come and go for 24 h, memory follows profiles (mean of {seeds} seed(s)):\n  {:<11}{:>7}{:>8}{:>10}{:>9}{:>11}{:>10}{:>10}\n",
+        "accounting", "pods", "placed", "completed", "OOMs", "OOM-killed", "pending", "mem used"
+    ));
+    for a in Accounting::ALL {
+        let rs: Vec<&DynamicResult> = dynamic
+            .iter()
+            .filter(|d| d.result.accounting == a.name())
+            .map(|d| &d.result)
+            .collect();
+        let m = |f: &dyn Fn(&DynamicResult) -> f64| mean(rs.iter().map(|r| f(r)));
+        out.push_str(&format!(
+            "  {:<11}{:>7.0}{:>8.0}{:>10.0}{:>9.1}{:>11.1}{:>7.0} min{:>9.1}%\n",
+            a.name(),
+            m(&|r| r.pods as f64),
+            m(&|r| r.pods_placed as f64),
+            m(&|r| r.pods_completed as f64),
+            m(&|r| r.oom_events as f64),
+            m(&|r| r.pods_oom_killed as f64),
+            m(&|r| r.mean_pending_min),
+            m(&|r| r.mean_memory_used_pct),
+        ));
+    }
+    out
+}
+
+fn write_report(out: &std::path::Path, report: &Report) -> anyhow::Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("--out {}", out.display()))?;
+    std::fs::write(
+        out.join("builtin-report.json"),
+        serde_json::to_vec_pretty(report)?,
+    )?;
+    let series = super::mean_unallocated_series(report.packing.iter());
+    std::fs::write(
+        out.join("builtin-unallocated.svg"),
+        svg::line_chart(
+            "Built-in cluster: unallocated GPU vs arrived load",
+            "arrived GPU load (% of capacity)",
+            "unallocated GPU (% of capacity)",
+            (0.0, 130.0),
+            &series,
+        ),
+    )?;
+    let cats: Vec<String> = Accounting::ALL
+        .iter()
+        .map(|a| a.name().to_owned())
+        .collect();
+    let per = |f: &dyn Fn(&DynamicResult) -> f64| -> Vec<f64> {
+        Accounting::ALL
+            .iter()
+            .map(|a| {
+                mean(
+                    report
+                        .dynamic
+                        .iter()
+                        .filter(|d| d.result.accounting == a.name())
+                        .map(|d| f(&d.result)),
+                )
+            })
+            .collect()
+    };
+    std::fs::write(
+        out.join("builtin-ooms.svg"),
+        svg::bar_chart(
+            "Pods come and go for 24 h: OOMs and pods per accounting",
+            "count (mean over seeds)",
+            &cats,
+            &[
+                ("OOM events".to_owned(), per(&|r| r.oom_events as f64)),
+                (
+                    "pods completed".to_owned(),
+                    per(&|r| r.pods_completed as f64),
+                ),
+            ],
+        ),
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_template_gets_a_demand_that_fits_some_gpu() {
+        for r in resolve().unwrap() {
+            let fit = openb_fit(&r.demand);
+            assert!(
+                fit.is_some(),
+                "{} fits no built-in GPU: {:?}",
+                r.t.name,
+                r.demand
+            );
+        }
+    }
+
+    #[test]
+    fn peakfit_has_no_ooms_on_the_builtin_workload() {
+        let resolved = resolve().unwrap();
+        let pods = dynamic_pods(&resolved, &[], 12 * 60, 30.0, 1);
+        let nodes = dynamic_nodes();
+        let peak = dynamic::simulate(&nodes, &pods, Accounting::Peakfit, 12 * 60, 1);
+        let declared = dynamic::simulate(&nodes, &pods, Accounting::Declared, 12 * 60, 1);
+        assert_eq!(peak.oom_events, 0, "{peak:?}");
+        assert!(declared.oom_events > 0, "{declared:?}");
+        assert!(peak.pods_placed > pods.len() / 2, "{peak:?}");
+    }
+}

@@ -1,0 +1,356 @@
+//! Memory that changes over time: pods arrive and leave, and each pod's real GPU memory use
+//! follows a profile. The same arrivals are replayed under three accountings of what is free:
+//!
+//! - `declared`: the sum of declared requests (how HAMi, gpushare and KAI decide);
+//! - `live-free`: the memory NVML shows free right now (a naive NVML scheduler);
+//! - `peakfit`: the extender's ledger, each pod at max(predicted peak, observed use).
+//!
+//! All three place with the extender's own `placement::place` (peakfit scoring over the shapes
+//! seen so far, fed to `ShapeStats` as the extender does) on a `NodeLedger`; only what the
+//! ledger holds, and the demand it is asked for, differ. A GPU whose pods' real use exceeds its
+//! memory at a sample is an OOM event: the youngest pod on it is killed and queued again.
+
+use std::collections::VecDeque;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use super::profiles::Profile;
+use crate::placement::{
+    self, Demand, FitConfig, GpuLedger, NodeLedger, PodClass, PodShape, ScoringPolicy, ShapeStats,
+};
+
+/// How the scheduler counts memory as taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Accounting {
+    Declared,
+    LiveFree,
+    Peakfit,
+}
+
+impl Accounting {
+    pub const ALL: [Accounting; 3] = [
+        Accounting::Declared,
+        Accounting::LiveFree,
+        Accounting::Peakfit,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Accounting::Declared => "declared",
+            Accounting::LiveFree => "live-free",
+            Accounting::Peakfit => "peakfit",
+        }
+    }
+}
+
+/// A node of the dynamic cluster: its GPUs' memory.
+#[derive(Clone, Debug)]
+pub struct DynNode {
+    pub name: String,
+    pub gpu_bytes: Vec<u64>,
+}
+
+/// One pod of the dynamic workload.
+#[derive(Clone, Debug)]
+pub struct DynPod {
+    pub kind: String,
+    pub arrival_min: u64,
+    pub duration_min: u64,
+    pub gpus: u32,
+    /// The peak-memory model's demand (what peakfit reserves).
+    pub predicted: Demand,
+    /// What the user declared per GPU (what declared-only and live-free schedulers are told).
+    pub declared_bytes: u64,
+    /// The pod's real peak as a fraction of the predicted bytes on the GPU it lands on.
+    pub true_peak_fraction: f64,
+    pub profile: Profile,
+}
+
+/// What one accounting did with the arrivals.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DynamicResult {
+    pub accounting: String,
+    pub pods: usize,
+    /// Pods that started at least once.
+    pub pods_placed: usize,
+    /// Pods that ran to their end without being OOM-killed on their last start.
+    pub pods_completed: usize,
+    pub oom_events: usize,
+    pub pods_oom_killed: usize,
+    /// Pods still waiting when the simulation ended.
+    pub pods_pending_at_end: usize,
+    /// Mean minutes from arrival to (last) start, over pods that started.
+    pub mean_pending_min: f64,
+    /// Mean over samples of the cluster's real GPU memory use, % of capacity.
+    pub mean_memory_used_pct: f64,
+    /// Mean over samples of memory the scheduler counts as taken, % of capacity.
+    pub mean_memory_committed_pct: f64,
+}
+
+#[derive(Clone, Debug)]
+struct Running {
+    pod: usize,
+    node: usize,
+    gpus: Vec<usize>,
+    start_min: u64,
+    /// Real peak bytes per GPU on the GPUs it runs on.
+    peak_bytes: u64,
+    key: String,
+}
+
+/// Replays `pods` on `nodes` for `horizon_min` minutes under one accounting.
+pub fn simulate(
+    nodes: &[DynNode],
+    pods: &[DynPod],
+    accounting: Accounting,
+    horizon_min: u64,
+    seed: u64,
+) -> DynamicResult {
+    let cfg = FitConfig {
+        safety_margin_bytes: FitConfig::default().safety_margin_bytes,
+        max_report_age_secs: None,
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut stats = ShapeStats::default();
+    let mut ledgers: Vec<NodeLedger> = nodes
+        .iter()
+        .map(|n| {
+            NodeLedger::with_gpus(
+                n.name.clone(),
+                n.gpu_bytes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &b)| GpuLedger::new(format!("{}-gpu{i}", n.name), b))
+                    .collect(),
+            )
+        })
+        .collect();
+    let capacity: u64 = nodes.iter().flat_map(|n| n.gpu_bytes.iter()).sum();
+    let mut order: Vec<usize> = (0..pods.len()).collect();
+    order.sort_by_key(|&i| (pods[i].arrival_min, i));
+    let mut next_arrival = 0;
+    let mut pending: VecDeque<(usize, u64)> = VecDeque::new();
+    let mut running: Vec<Running> = Vec::new();
+    let mut started = vec![false; pods.len()];
+    let mut killed = vec![false; pods.len()];
+    let mut out = DynamicResult {
+        accounting: accounting.name().to_owned(),
+        pods: pods.len(),
+        ..Default::default()
+    };
+    let mut pending_total = 0.0;
+    let mut pending_count = 0usize;
+    let mut used_sum = 0.0;
+    let mut committed_sum = 0.0;
+    let mut starts = 0u64;
+    for minute in 0..horizon_min {
+        // Departures.
+        running.retain(|r| {
+            let done = minute >= r.start_min + pods[r.pod].duration_min;
+            if done {
+                ledgers[r.node].release(&r.key);
+                out.pods_completed += 1;
+            }
+            !done
+        });
+        // Arrivals.
+        while next_arrival < order.len() && pods[order[next_arrival]].arrival_min <= minute {
+            let p = order[next_arrival];
+            pending.push_back((p, pods[p].arrival_min));
+            next_arrival += 1;
+        }
+        // Scheduling, in arrival order; a pod that fits nowhere does not block the others.
+        let mut still = VecDeque::with_capacity(pending.len());
+        while let Some((p, arrived)) = pending.pop_front() {
+            let class = class_of(&pods[p], accounting);
+            stats.observe(&class);
+            match place(&ledgers, &class, &stats, &cfg, &mut rng) {
+                Some((n, placement)) => {
+                    let pod = &pods[p];
+                    let key = format!("pod-{p}-{starts}");
+                    starts += 1;
+                    let gpu_total = ledgers[n].gpus[placement.gpu_indices[0]].total_bytes;
+                    let predicted = pod.predicted.bytes_on(gpu_total);
+                    let reserve_bytes = match accounting {
+                        Accounting::Declared => pod.declared_bytes,
+                        Accounting::LiveFree => 0,
+                        Accounting::Peakfit => predicted,
+                    };
+                    let per_gpu = vec![reserve_bytes; placement.gpu_indices.len()];
+                    ledgers[n].reserve(&key, &placement.gpu_indices, &per_gpu);
+                    let peak_bytes = (predicted as f64 * pod.true_peak_fraction) as u64;
+                    running.push(Running {
+                        pod: p,
+                        node: n,
+                        gpus: placement.gpu_indices,
+                        start_min: minute,
+                        peak_bytes,
+                        key,
+                    });
+                    if !started[p] {
+                        started[p] = true;
+                        out.pods_placed += 1;
+                    }
+                    pending_total += (minute - arrived) as f64;
+                    pending_count += 1;
+                }
+                None => still.push_back((p, arrived)),
+            }
+        }
+        pending = still;
+        // Real use; the agent reports it, and ledgers that look at it record it.
+        let mut use_per_gpu: Vec<Vec<Vec<(&str, u64)>>> = nodes
+            .iter()
+            .map(|n| vec![Vec::new(); n.gpu_bytes.len()])
+            .collect();
+        for r in &running {
+            let pod = &pods[r.pod];
+            let now =
+                (r.peak_bytes as f64 * pod.profile.at((minute - r.start_min) as usize)) as u64;
+            for &g in &r.gpus {
+                use_per_gpu[r.node][g].push((r.key.as_str(), now));
+            }
+        }
+        if accounting != Accounting::Declared {
+            for (n, gpus) in use_per_gpu.iter().enumerate() {
+                for (g, seen) in gpus.iter().enumerate() {
+                    let total = nodes[n].gpu_bytes[g];
+                    ledgers[n].gpus[g].observe(total, 0, seen.iter().copied(), 0);
+                }
+            }
+        }
+        let use_per_gpu: Vec<Vec<u64>> = use_per_gpu
+            .iter()
+            .map(|gpus| gpus.iter().map(|s| s.iter().map(|x| x.1).sum()).collect())
+            .collect();
+        used_sum += use_per_gpu.iter().flatten().sum::<u64>() as f64 / capacity as f64;
+        committed_sum += ledgers
+            .iter()
+            .flat_map(|l| l.gpus.iter().map(GpuLedger::committed_bytes))
+            .sum::<u64>() as f64
+            / capacity as f64;
+        // OOM: a GPU whose pods use more than it has. The youngest pod on it dies and retries.
+        for (n, gpus) in use_per_gpu.iter().enumerate() {
+            for (g, &used) in gpus.iter().enumerate() {
+                if used <= nodes[n].gpu_bytes[g] {
+                    continue;
+                }
+                out.oom_events += 1;
+                let victim = running
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.node == n && r.gpus.contains(&g))
+                    .max_by_key(|(_, r)| r.start_min)
+                    .map(|(i, _)| i);
+                if let Some(i) = victim {
+                    let r = running.swap_remove(i);
+                    ledgers[r.node].release(&r.key);
+                    if !killed[r.pod] {
+                        killed[r.pod] = true;
+                        out.pods_oom_killed += 1;
+                    }
+                    pending.push_back((r.pod, minute));
+                }
+            }
+        }
+    }
+    out.pods_pending_at_end = pending.len();
+    out.mean_pending_min = if pending_count > 0 {
+        pending_total / pending_count as f64
+    } else {
+        0.0
+    };
+    out.mean_memory_used_pct = 100.0 * used_sum / horizon_min.max(1) as f64;
+    out.mean_memory_committed_pct = 100.0 * committed_sum / horizon_min.max(1) as f64;
+    out
+}
+
+/// The pod as each accounting's scheduler is asked to place it.
+fn class_of(pod: &DynPod, accounting: Accounting) -> PodClass {
+    let demand = match accounting {
+        Accounting::Peakfit => pod.predicted,
+        Accounting::Declared | Accounting::LiveFree => Demand::fixed(pod.declared_bytes),
+    };
+    PodClass::from(PodShape {
+        gpus: pod.gpus,
+        demand,
+    })
+}
+
+/// The extender's filter and prioritize over every node; ties broken at random.
+fn place(
+    ledgers: &[NodeLedger],
+    class: &PodClass,
+    stats: &ShapeStats,
+    cfg: &FitConfig,
+    rng: &mut ChaCha8Rng,
+) -> Option<(usize, placement::Placement)> {
+    let mix = stats.mix();
+    let mut best: Option<(f64, usize, placement::Placement)> = None;
+    let mut ties = 0u32;
+    for (n, ledger) in ledgers.iter().enumerate() {
+        let Ok(scored) = placement::place(ledger, class, ScoringPolicy::Peakfit, &mix, cfg, 0)
+        else {
+            continue;
+        };
+        let s = scored.score;
+        match &best {
+            Some((b, _, _)) if s < *b - 1e-12 => {}
+            Some((b, _, _)) if s <= *b + 1e-12 => {
+                ties += 1;
+                if rng.random_range(0..ties) == 0 {
+                    best = Some((s, n, scored.placement));
+                }
+            }
+            _ => {
+                ties = 1;
+                best = Some((s, n, scored.placement));
+            }
+        }
+    }
+    best.map(|(_, n, p)| (n, p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GI: u64 = 1 << 30;
+
+    fn growing_pod(arrival: u64) -> DynPod {
+        // Starts at a third of its 30 GiB peak and reaches it after ten minutes.
+        let minutes = (0..60).map(|m| if m < 10 { 0.34 } else { 1.0 }).collect();
+        DynPod {
+            kind: "serving".into(),
+            arrival_min: arrival,
+            duration_min: 60,
+            gpus: 1,
+            predicted: Demand::fixed(30 * GI),
+            declared_bytes: 12 * GI,
+            true_peak_fraction: 1.0,
+            profile: Profile { minutes },
+        }
+    }
+
+    #[test]
+    fn only_the_ledger_keeps_growing_pods_apart() {
+        let nodes = vec![DynNode {
+            name: "n".into(),
+            gpu_bytes: vec![40 * GI],
+        }];
+        let pods: Vec<_> = (0..3).map(growing_pod).collect();
+        let declared = simulate(&nodes, &pods, Accounting::Declared, 120, 1);
+        let live = simulate(&nodes, &pods, Accounting::LiveFree, 120, 1);
+        let peak = simulate(&nodes, &pods, Accounting::Peakfit, 120, 1);
+        assert!(declared.oom_events > 0, "{declared:?}");
+        assert!(live.oom_events > 0, "{live:?}");
+        assert_eq!(peak.oom_events, 0, "{peak:?}");
+        // peakfit runs them one after another instead.
+        assert_eq!(peak.pods_completed, 1);
+        assert_eq!(peak.pods_placed, 2);
+        assert!(peak.mean_pending_min > 0.0);
+    }
+}

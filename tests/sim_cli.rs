@@ -1,0 +1,93 @@
+//! `peakfit simulate` end to end through its `Args`: the built-in default writes its report and
+//! charts, and the openb JSON contract has a point per integer arrived % from 0 to 130.
+
+use std::path::Path;
+
+use clap::Parser;
+use peakfit::sim::{RunResult, SimulateArgs};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: SimulateArgs,
+}
+
+fn args(extra: &[&str]) -> SimulateArgs {
+    let mut argv = vec!["simulate"];
+    argv.extend_from_slice(extra);
+    Cli::try_parse_from(argv).unwrap().args
+}
+
+#[test]
+fn builtin_default_writes_report_and_charts() {
+    let out = tempfile::tempdir().unwrap();
+    let out_s = out.path().to_str().unwrap();
+    peakfit::sim::run(args(&[
+        "--seeds",
+        "1",
+        "--policies",
+        "bestfit,peakfit",
+        "--out",
+        out_s,
+    ]))
+    .unwrap();
+    for f in [
+        "builtin-report.json",
+        "builtin-unallocated.svg",
+        "builtin-ooms.svg",
+    ] {
+        assert!(out.path().join(f).is_file(), "{f} missing");
+    }
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("builtin-report.json")).unwrap())
+            .unwrap();
+    let dynamic = report["dynamic"].as_array().unwrap();
+    assert_eq!(dynamic.len(), 3);
+    let peakfit = dynamic
+        .iter()
+        .find(|d| d["accounting"] == "peakfit")
+        .unwrap();
+    assert_eq!(peakfit["oom_events"], 0);
+    assert_eq!(report["packing"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn openb_json_has_a_point_per_arrived_percent() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/openb");
+    if !dir.is_dir() {
+        eprintln!("skipping: {} not found", dir.display());
+        return;
+    }
+    let nodes = peakfit::sim::openb::load_nodes(&dir.join("openb_node_list_gpu_node.csv")).unwrap();
+    let pods = peakfit::sim::openb::load_pods(&dir.join("openb_pod_list_multigpu50.csv")).unwrap();
+    let r = peakfit::sim::run_one(
+        "multigpu50",
+        &nodes,
+        &pods,
+        peakfit::sim::Policy::Bestfit,
+        42,
+    );
+    let json = serde_json::to_value(&r).unwrap();
+    for key in ["trace", "policy", "seed", "unallocated_at_100", "curve"] {
+        assert!(json.get(key).is_some(), "{key} missing");
+    }
+    let back: RunResult = serde_json::from_value(json).unwrap();
+    let arrived: Vec<u32> = back.curve.iter().map(|c| c.arrived_pct).collect();
+    assert_eq!(arrived, (0..=130).collect::<Vec<_>>());
+    let p = &back.curve[100];
+    assert!(p.allocated_pct > 80.0 && p.allocated_pct <= 100.0, "{p:?}");
+    assert!(p.frag_ratio_pct >= 0.0 && p.frag_amount_pct >= 0.0);
+}
+
+#[test]
+fn bad_flags_name_the_value_and_what_is_allowed() {
+    let e = Cli::try_parse_from(["simulate", "--policies", "tetris"])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("tetris") && e.contains("fgd"), "{e}");
+    let e = peakfit::sim::run(args(&["--pods", "/nonexistent.csv"]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--nodes"), "{e}");
+}
