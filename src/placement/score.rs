@@ -420,6 +420,17 @@ mod tests {
         };
         let mix = ShapeMix::new([(any.clone(), 1.0), (t4_only.clone(), 1.0)])
             .with_capacity([("T4".to_string(), 2.0), ("G2".to_string(), 8.0)]);
+        let cluster: Vec<NodeLedger> = [("T4", 2), ("G2", 8)]
+            .iter()
+            .map(|&(m, k)| {
+                let mut n = node(&vec![1000; k]);
+                n.gpus.iter_mut().for_each(|g| g.model = m.into());
+                n
+            })
+            .collect();
+        let same =
+            ShapeMix::new([(any.clone(), 1.0), (t4_only.clone(), 1.0)]).with_cluster(&cluster);
+        assert_eq!(same.model_pressure("T4"), mix.model_pressure("T4"));
         // T4-only pods bring half the demand onto a fifth of the GPUs: 2.5x the average load.
         assert!((mix.model_pressure("T4") - 2.5).abs() < 1e-12);
         assert_eq!(mix.model_pressure("G2"), 0.0);
