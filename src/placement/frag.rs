@@ -114,6 +114,14 @@ impl ShapeMix {
         self
     }
 
+    /// `with_capacity` with the GPUs of these nodes (by `GpuLedger::model`).
+    pub fn with_cluster<'n>(self, nodes: impl IntoIterator<Item = &'n NodeLedger>) -> Self {
+        let gpus = nodes
+            .into_iter()
+            .flat_map(|n| n.gpus.iter().map(|g| (g.model.clone(), 1.0)));
+        self.with_capacity(gpus)
+    }
+
     /// See `with_capacity`; 0 for unknown models.
     pub fn model_pressure(&self, model: &str) -> f64 {
         self.model_pressure.get(model).copied().unwrap_or(0.0)
