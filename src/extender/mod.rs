@@ -234,7 +234,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}", args.listen))?;
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        stop_signal().await;
+        crate::shutdown::signal().await;
         let _ = stop_tx.send(true);
     });
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -261,22 +261,6 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     }
     tracing::info!("peakfit extender stopped");
     Ok(())
-}
-
-/// SIGTERM (the kubelet stopping the pod) or Ctrl-C.
-async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                _ = tokio::signal::ctrl_c() => tracing::info!("Ctrl-C: shutting down"),
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 #[cfg(test)]

@@ -93,7 +93,7 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         }
     });
 
-    serve(listener, acceptor, app, shutdown_signal()).await;
+    serve(listener, acceptor, app, crate::shutdown::signal()).await;
     tracing::info!("webhook stopping");
     Ok(())
 }
@@ -144,22 +144,4 @@ pub async fn serve(
             }
         });
     }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return ctrl_c.await.unwrap_or_default(),
-            };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
-    }
-    #[cfg(not(unix))]
-    ctrl_c.await.unwrap_or_default();
 }
