@@ -8,6 +8,7 @@ pub mod inventory;
 pub mod metrics;
 pub mod model;
 pub mod placement;
+pub mod shutdown;
 pub mod sim;
 pub mod telemetry;
 pub mod webhook;

@@ -1,5 +1,7 @@
 //! Logging set-up shared by every subcommand.
 
+use std::io::IsTerminal;
+
 use clap::{Args, ValueEnum};
 use tracing_subscriber::EnvFilter;
 
@@ -25,8 +27,10 @@ pub struct LogArgs {
 /// Logs go to stderr so that `--print`/`--json` output on stdout stays machine-readable.
 pub fn init(args: &LogArgs) {
     let filter = EnvFilter::try_new(&args.log).unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour only on a terminal: escape codes in `kubectl logs` or a log pipeline are noise.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match args.log_format {
         LogFormat::Plain => builder.try_init(),

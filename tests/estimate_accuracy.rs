@@ -24,9 +24,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use peakfit::model::quantity::GIB;
 use peakfit::model::{Spec, estimate};
 
-const GIB: f64 = 1_073_741_824.0;
 const NOT_INPUTS: &[&str] = &[
     "id",
     "measured_gib",

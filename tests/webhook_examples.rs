@@ -20,12 +20,7 @@ fn example_pod(name: &str) -> Value {
     let object: Value = serde_saphyr::from_str(&text).expect("example parses as YAML");
     match object["kind"].as_str() {
         Some("Pod") => object,
-        Some("Deployment") => json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": object["spec"]["template"]["metadata"],
-            "spec": object["spec"]["template"]["spec"],
-        }),
-        Some("Job") => json!({
+        Some("Deployment" | "Job") => json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": object["spec"]["template"]["metadata"],
             "spec": object["spec"]["template"]["spec"],

@@ -202,7 +202,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     );
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        crate::shutdown::signal().await;
         let _ = stop_tx.send(true);
     });
     let server = tokio::spawn(serve(listener, router(&metrics), stop_rx.clone()));
@@ -269,22 +269,6 @@ async fn serve(
             let _ = stop.wait_for(|s| *s).await;
         })
         .await
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM received"),
-                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-            }
-        }
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGTERM ({e}); only SIGINT stops the agent");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,11 @@
-//! Kubernetes glue: the CRD type, watches that feed the extender's index, and the binding writer.
+//! Kubernetes glue: the CRD type, the index the extender answers from, the watches (or the file)
+//! that feed it, and the binding writer.
 
+pub mod binding;
+pub mod file;
+pub mod index;
 pub mod report;
+pub mod watch;
 
 pub use report::{NodeGpuReport, NodeGpuReportSpec};
 

@@ -1,8 +1,292 @@
-//! Scaffolding: replaced by the extender implementation.
+//! The scheduler extender: kube-scheduler's filter, prioritize, bind and preempt over HTTP,
+//! answered from the index's per-node ledgers.
+
+pub mod bind;
+pub mod filter;
+pub mod preempt;
+pub mod prioritize;
+pub mod routes;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::Context as _;
+use parking_lot::Mutex;
+
+use crate::cluster::binding::{BindingWriter, KubeBinder, MemoryBinder};
+use crate::cluster::index::Index;
+use crate::metrics::extender::{ExtenderMetrics, ReasonLabels};
+use crate::placement::{FitConfig, PodKey, ScoringPolicy, ShapeStats};
 
 #[derive(Clone, Debug, clap::Args)]
-pub struct ExtenderArgs {}
+pub struct ExtenderArgs {
+    /// Address to serve the extender verbs on (kube-scheduler calls it over loopback).
+    #[arg(long, env = "PEAKFIT_LISTEN", default_value = "127.0.0.1:8888")]
+    pub listen: SocketAddr,
+    /// A second address serving only GET /metrics, /healthz and /readyz, for Prometheus and
+    /// the kubelet's probes while the verbs stay on loopback (off unless set).
+    #[arg(long, env = "PEAKFIT_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Kubeconfig to use; in-cluster configuration otherwise.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Serve from a file of Node, Pod and NodeGpuReport objects (a `List` or multi-document
+    /// YAML) instead of a cluster; bind then records in memory and logs.
+    #[arg(long, env = "PEAKFIT_FROM_FILE")]
+    pub from_file: Option<PathBuf>,
+    /// How prioritize ranks the nodes that fit.
+    #[arg(long, env = "PEAKFIT_SCORING", value_enum, default_value_t = ScoringPolicy::Peakfit)]
+    pub scoring: ScoringPolicy,
+    /// Kept free on every GPU on top of a pod's peak (Kubernetes quantity).
+    #[arg(long, env = "PEAKFIT_SAFETY_MARGIN", default_value = "256Mi", value_parser = parse_bytes)]
+    pub safety_margin: u64,
+    /// A node whose GPU report is older than this is not schedulable (e.g. `120s`, `2m`).
+    #[arg(long, env = "PEAKFIT_MAX_REPORT_AGE", default_value = "120s", value_parser = parse_seconds)]
+    pub max_report_age: i64,
+}
 
-pub async fn run(_args: ExtenderArgs) -> anyhow::Result<()> {
-    anyhow::bail!("peakfit extender is not built yet")
+/// A byte quantity in Kubernetes syntax (`256Mi`, `1G`, `1073741824`).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    crate::model::quantity::parse_bytes(s).map_err(|e| e.to_string())
+}
+
+/// A duration such as `120s`, `2m` or `1h` in whole seconds.
+pub fn parse_seconds(s: &str) -> Result<i64, String> {
+    let d: jiff::SignedDuration = s
+        .trim()
+        .parse()
+        .map_err(|e| format!("{s:?}: not a duration such as 120s or 2m ({e})"))?;
+    if d.is_negative() {
+        return Err(format!("{s:?}: must not be negative"));
+    }
+    Ok(d.as_secs())
+}
+
+/// Ready once every watch has listed its objects (kubert's `Initialized` gate): until then the
+/// index could call a busy node free.
+#[derive(Clone, Debug, Default)]
+pub struct Readiness {
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Readiness {
+    /// A gate that opens after `n` calls to [`Readiness::synced`].
+    pub fn waiting_for(n: usize) -> Self {
+        Self {
+            waiting: Arc::new(AtomicUsize::new(n)),
+        }
+    }
+
+    pub fn synced(&self) {
+        let _ = self
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) == 0
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Pending {
+    since_unix: i64,
+    reason: &'static str,
+}
+
+/// Everything a request needs; shared by every handler.
+pub struct Extender {
+    pub index: Arc<Index>,
+    pub fit: FitConfig,
+    pub scoring: ScoringPolicy,
+    pub binder: Arc<dyn BindingWriter>,
+    pub metrics: Arc<ExtenderMetrics>,
+    pub readiness: Readiness,
+    /// The pod shapes filter has seen lately: peakfit scoring weighs fragmentation by them.
+    shapes: Mutex<ShapeStats>,
+    pending: Mutex<HashMap<PodKey, Pending>>,
+    clock: fn() -> i64,
+}
+
+fn now_unix() -> i64 {
+    jiff::Timestamp::now().as_second()
+}
+
+impl Extender {
+    pub fn new(
+        index: Arc<Index>,
+        metrics: Arc<ExtenderMetrics>,
+        binder: Arc<dyn BindingWriter>,
+    ) -> Self {
+        Self {
+            index,
+            fit: FitConfig::default(),
+            scoring: ScoringPolicy::default(),
+            binder,
+            metrics,
+            readiness: Readiness::default(),
+            shapes: Mutex::new(ShapeStats::default()),
+            pending: Mutex::new(HashMap::new()),
+            clock: now_unix,
+        }
+    }
+
+    pub fn with_fit(mut self, fit: FitConfig) -> Self {
+        self.fit = fit;
+        self
+    }
+
+    pub fn with_scoring(mut self, scoring: ScoringPolicy) -> Self {
+        self.scoring = scoring;
+        self
+    }
+
+    pub fn with_readiness(mut self, readiness: Readiness) -> Self {
+        self.readiness = readiness;
+        self
+    }
+
+    /// A fixed clock, for tests that need reports of a known age.
+    pub fn with_clock(mut self, clock: fn() -> i64) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    pub fn now(&self) -> i64 {
+        (self.clock)()
+    }
+
+    fn set_pending(&self, key: &str, reason: Option<&'static str>) {
+        let mut p = self.pending.lock();
+        match reason {
+            Some(reason) => {
+                let now = self.now();
+                p.entry(key.to_owned())
+                    .and_modify(|e| e.reason = reason)
+                    .or_insert(Pending {
+                        since_unix: now,
+                        reason,
+                    });
+            }
+            None => {
+                p.remove(key);
+            }
+        }
+    }
+
+    /// Writes the pending-pod gauges (scrape time), first forgetting pods that no longer exist
+    /// (deleted while pending: no later filter would have cleared them).
+    pub fn refresh_pending_gauges(&self) {
+        let now = self.now();
+        let mut p = self.pending.lock();
+        p.retain(|key, _| self.index.contains_pod(key));
+        let mut by_reason: HashMap<&'static str, i64> = HashMap::new();
+        let mut oldest = 0i64;
+        for e in p.values() {
+            *by_reason.entry(e.reason).or_default() += 1;
+            oldest = oldest.max(now - e.since_unix);
+        }
+        self.metrics.pending_pods.clear();
+        for (reason, n) in by_reason {
+            self.metrics
+                .pending_pods
+                .get_or_create(&ReasonLabels { reason })
+                .set(n);
+        }
+        self.metrics.pending_pod_oldest.set(oldest as f64);
+    }
+}
+
+pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
+    let metrics = Arc::new(ExtenderMetrics::new());
+    let index = Arc::new(Index::with_metrics(metrics.clone()));
+    let fit = FitConfig {
+        safety_margin_bytes: args.safety_margin,
+        // A file is a snapshot: the age of its reports says nothing about live agents.
+        max_report_age_secs: args.from_file.is_none().then_some(args.max_report_age),
+    };
+    let (binder, readiness): (Arc<dyn BindingWriter>, Readiness) = match &args.from_file {
+        Some(path) => {
+            let n = crate::cluster::file::load_into(&index, path)
+                .with_context(|| format!("loading {}", path.display()))?;
+            tracing::info!(path = %path.display(), objects = n, "serving from a file; bind records in memory");
+            (Arc::new(MemoryBinder::default()), Readiness::default())
+        }
+        None => {
+            let client = crate::cluster::watch::client(args.kubeconfig.as_deref()).await?;
+            let readiness = Readiness::waiting_for(crate::cluster::watch::WATCHES);
+            crate::cluster::watch::spawn(client.clone(), index.clone(), readiness.clone());
+            (Arc::new(KubeBinder::new(client)), readiness)
+        }
+    };
+    let ext = Arc::new(
+        Extender::new(index, metrics, binder)
+            .with_fit(fit)
+            .with_scoring(args.scoring)
+            .with_readiness(readiness),
+    );
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        crate::shutdown::signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let ops = match args.metrics_listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listening on {addr} (metrics)"))?;
+            tracing::info!(listen = %addr, "serving /metrics, /healthz, /readyz");
+            let server = axum::serve(l, routes::ops_router(ext.clone()))
+                .with_graceful_shutdown(stopped(stop.clone()));
+            Some(tokio::spawn(async move { server.await }))
+        }
+        None => None,
+    };
+    tracing::info!(listen = %args.listen, scoring = ?args.scoring, "peakfit extender serving");
+    axum::serve(listener, routes::router(ext))
+        .with_graceful_shutdown(stopped(stop))
+        .await?;
+    if let Some(ops) = ops {
+        ops.await??;
+    }
+    tracing::info!("peakfit extender stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_and_durations() {
+        assert_eq!(parse_bytes("256Mi"), Ok(256 << 20));
+        assert_eq!(parse_bytes("1.5Gi"), Ok(3 << 29));
+        assert_eq!(parse_bytes("2G"), Ok(2_000_000_000));
+        assert!(parse_bytes("12 bananas").is_err());
+        assert!(parse_bytes("-1Gi").is_err());
+        assert_eq!(parse_seconds("120s"), Ok(120));
+        assert_eq!(parse_seconds("2m"), Ok(120));
+        assert!(parse_seconds("soon").is_err());
+    }
+
+    #[test]
+    fn readiness_opens_after_every_watch() {
+        let r = Readiness::waiting_for(2);
+        assert!(!r.is_ready());
+        r.synced();
+        assert!(!r.is_ready());
+        r.synced();
+        r.synced();
+        assert!(r.is_ready());
+    }
 }

@@ -10,9 +10,9 @@
 //!
 //! | annotation (`peakfit.io/…`) | accepted values | default |
 //! |---|---|---|
-//! | `vram` | Kubernetes quantity per GPU (`20Gi`, `20G`, `1.5Ti`, `1e9`); overrides the model | from the model |
+//! | `vram` | Kubernetes quantity per GPU, at most `1Ei` (`20Gi`, `20G`, `1.5Ti`, `1e9`); overrides the model | from the model |
 //! | `gpus` | 1–64 | `tensor-parallel`, else 1 |
-//! | `model` | a preset (see [`super::presets`]), case-insensitive, checkpoint suffixes like `-Chat`, `-Int4`, `(v1)` ignored | none |
+//! | `model` | a built-in preset (see the preset table), case-insensitive, checkpoint suffixes like `-Chat`, `-Int4`, `(v1)` ignored | none |
 //! | `params` | count: `8.03B`, `335M`, `1.1T`, `124000000` | the preset's |
 //! | `layers` | 1–1024 | the preset's |
 //! | `hidden-size` | 1–1048576 | the preset's |
@@ -20,7 +20,7 @@
 //! | `kv-heads` | 1–4096, at most `attention-heads` | the preset's (= heads without a preset) |
 //! | `head-dim` | 1–4096 | the preset's (hidden / heads without a preset) |
 //! | `vocab-size` | 1–16777216 | the preset's |
-//! | `intermediate-size` | per-branch FFN width | the preset's |
+//! | `intermediate-size` | per-branch FFN width, 1–4194304 | the preset's |
 //! | `tied-embeddings` | `true` `false` | the preset's |
 //! | `dtype` | `fp32 fp16 bf16 fp16-amp fp8 int8 int4-gptq int4-awq nf4 nf4-dq` | `bf16`; `fp16-amp` for training; `nf4` for qlora |
 //! | `kv-dtype` | `fp32 fp16 bf16 fp8 int8` | 16-bit (fp32 for fp32 models) |
@@ -77,6 +77,10 @@ pub const INPUT_KEYS: &[&str] = &[
     "lora-rank",
     "headroom",
 ];
+
+/// The largest `vram` accepted (1Ei). No GPU comes near it, and with the largest headroom (10x
+/// more) a request stays far below 2^64, so the scheduler's sums over it cannot overflow.
+const MAX_VRAM: u64 = 1 << 60;
 
 /// Written by bind; reading them back must neither opt a pod in nor be refused.
 pub const OUTPUT_KEYS: &[&str] = &["assigned-gpus", "reserved-bytes", "gpu-memory-fraction"];
@@ -443,11 +447,11 @@ impl Spec {
             "vram" => {
                 let bytes =
                     parse_bytes(v).map_err(|e| AnnotationError::new(key, value, e.to_string()))?;
-                if bytes == 0 {
+                if bytes == 0 || bytes > MAX_VRAM {
                     return Err(AnnotationError::new(
                         key,
                         value,
-                        "a quantity above zero, such as 20Gi",
+                        "a quantity above zero and at most 1Ei, such as 20Gi",
                     ));
                 }
                 self.vram = Some(bytes);
@@ -656,10 +660,11 @@ pub fn pod_request(
 /// The request for an already parsed, non-empty spec.
 pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
     if let Some(vram) = spec.vram {
-        // An explicit per-GPU figure overrides the model; headroom still applies.
+        // An explicit per-GPU figure overrides the model; headroom still applies, and the GPU
+        // count defaults as it does for a modelled pod (a tensor-parallel job spans its group).
         let bytes = (vram as f64 * (1.0 + spec.headroom.unwrap_or(0.0))).ceil() as u64;
         return Ok(PodRequest {
-            gpus: spec.gpus.unwrap_or(1),
+            gpus: spec.gpus.or(spec.tensor_parallel).unwrap_or(1),
             demand: Demand::fixed(bytes),
             engine_fraction: None,
         });
@@ -747,6 +752,11 @@ mod tests {
         .unwrap();
         assert_eq!(r.gpus, 2);
         assert_eq!(r.demand.fixed_bytes, 11 << 30);
+        // As documented, `gpus` defaults to `tensor-parallel` for an explicit figure too.
+        let r = pod_request(&ann(&[("vram", "10Gi"), ("tensor-parallel", "4")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.gpus, 4);
     }
 
     #[test]
@@ -781,6 +791,7 @@ mod tests {
             ("vram", "20GB", "20Gi"),
             ("vram", "-1Gi", "negative"),
             ("vram", "0", "above zero"),
+            ("vram", "2Ei", "at most 1Ei"),
             ("gpus", "0", "from 1 to 64"),
             ("gpus", "two", "from 1 to 64"),
             ("model", "llama-9", "llama-3.1-8b"),

@@ -14,7 +14,8 @@ use super::quantity::{GIB, parse_bytes};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct EstimateArgs {
-    /// An annotation, `KEY=VALUE`; the `peakfit.io/` prefix is optional. Repeatable.
+    /// An annotation, `KEY=VALUE`; the `peakfit.io/` prefix is optional. Repeatable, or several
+    /// separated by commas (no annotation value contains one), which is how the env var lists them.
     #[arg(
         short = 'a',
         long = "annotation",

@@ -18,10 +18,8 @@ use super::annotations::{
     Checkpointing, Dtype, Engine, FractionEngine, KvDtype, Optimizer, Spec, Workload,
 };
 use super::presets::Architecture;
+use super::quantity::{GIB, MIB};
 use crate::placement::Demand;
-
-const GIB: f64 = 1_073_741_824.0;
-const MIB: f64 = 1_048_576.0;
 
 /// CUDA context per process per GPU on a CUDA >= 12.2 stack with lazy module loading: 274 MiB
 /// bare (PyTorch #86509) to ~430 MiB once cuBLAS/NCCL kernels load (unsloth-zoo #1053); the
@@ -581,15 +579,7 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
         return fraction_engine(spec, &inp, *engine, gpu_total, assumed);
     }
     let mut components = Vec::new();
-    let mut tensor = |name, bytes: f64| {
-        if bytes > 0.0 {
-            components.push(Component {
-                name,
-                bytes: round(bytes),
-                counter: Counter::Allocated,
-            });
-        }
-    };
+    let mut tensor = |name, bytes| add(&mut components, name, bytes, Counter::Allocated);
     let has_shape = spec.model.is_none_or(|p| p.shape.is_some()) || spec.layers.is_some();
     tensor("weights", inp.weights());
     tensor("quantisation", inp.quantisation_overhead());
@@ -1080,10 +1070,18 @@ mod tests {
         #[test]
         fn any_valid_spec_estimates_without_panicking(
             preset in 0usize..super::super::presets::PRESETS.len(),
-            params in 1u64..(1u64 << 44),
+            // Up to 2^63: every count the parser accepts is below 2^64.
+            params in 1u64..=(1u64 << 63),
             layers in 1u32..=1024,
             hidden in 1u32..=(1 << 20),
             heads in 1u32..=4096,
+            kv_seed in 0u32..4096,
+            head_dim in 1u32..=4096,
+            vocab in 1u32..=(1 << 24),
+            ffn in 1u32..=(1 << 22),
+            lora_rank in 1u32..=65536,
+            optimizer in 0usize..5,
+            kv_dtype in 0usize..3,
             batch in 1u32..=(1 << 20),
             context in 1u64..=(1 << 26),
             tp in 1u32..=64,
@@ -1101,12 +1099,20 @@ mod tests {
             let dtypes = ["fp32", "fp16", "bf16", "fp16-amp", "fp8", "int8", "int4-gptq", "int4-awq", "nf4", "nf4-dq"];
             let engines = ["vllm", "tgi", "sglang", "tensorrt-llm", "hf", "torchtune"];
             let gcs = ["none", "selective", "full"];
+            let optimizers = ["adamw", "sgd", "adafactor", "adam-8bit", "paged-adamw-8bit"];
+            let kv_dtypes = ["fp32", "bf16", "fp8"];
             let mut pairs = vec![
                 ("model", super::super::presets::PRESETS[preset].name.to_string()),
                 ("params", params.to_string()),
                 ("layers", layers.to_string()),
                 ("hidden-size", hidden.to_string()),
                 ("attention-heads", heads.to_string()),
+                ("kv-heads", (1 + kv_seed % heads).to_string()),
+                ("head-dim", head_dim.to_string()),
+                ("vocab-size", vocab.to_string()),
+                ("intermediate-size", ffn.to_string()),
+                ("optimizer", optimizers[optimizer].to_string()),
+                ("kv-dtype", kv_dtypes[kv_dtype].to_string()),
                 ("batch", batch.to_string()),
                 ("context-tokens", context.to_string()),
                 ("tensor-parallel", tp.to_string()),
@@ -1129,6 +1135,9 @@ mod tests {
             if engine < 4 {
                 pairs.push(("gpu-memory-utilization", util.to_string()));
             }
+            if workload >= 2 {
+                pairs.push(("lora-rank", lora_rank.to_string()));
+            }
             let map: BTreeMap<String, String> = pairs
                 .into_iter()
                 .map(|(k, v)| (format!("peakfit.io/{k}"), v))
@@ -1136,6 +1145,9 @@ mod tests {
             let spec = Spec::parse(&map).unwrap();
             let e = estimate(&spec, Defaults::GPU_TOTAL);
             proptest::prop_assert!(e.allocated_bytes <= e.reserved_bytes);
+            if engine >= 4 {
+                proptest::prop_assert!(e.reserved_bytes <= e.per_gpu_bytes);
+            }
             proptest::prop_assert!(e.demand.fixed_bytes > 0);
             let r = super::super::annotations::pod_request(&map).unwrap().unwrap();
             proptest::prop_assert!(r.gpus >= 1);

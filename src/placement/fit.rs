@@ -78,7 +78,7 @@ pub enum Rejection {
     },
     #[error(
         "needs {} free per GPU on {needed_gpus} GPU(s) (peak {} + {} safety margin); {}; best free GPU has {} free of {}",
-        gib(*needed_per_gpu_bytes + *margin_bytes), gib(*needed_per_gpu_bytes), gib(*margin_bytes),
+        gib(needed_per_gpu_bytes.saturating_add(*margin_bytes)), gib(*needed_per_gpu_bytes), gib(*margin_bytes),
         fitting(*fitting_gpus, *gpus), gib(*best_free_bytes), gib(*best_gpu_total_bytes)
     )]
     NotEnoughMemory {

@@ -24,6 +24,10 @@ use super::ledger::{GpuLedger, NodeLedger};
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ShapeMix {
     shapes: Vec<(PodClass, f64)>,
+    /// Per GPU model: how much of its capacity the expected model-restricted pods need, as a
+    /// multiple of the average load (see `with_capacity`). Empty when no capacity is known.
+    #[serde(default)]
+    model_pressure: HashMap<String, f64>,
     /// Changes whenever the mix does, so callers can cache fragmentation per (node, mix).
     #[serde(skip)]
     generation: u64,
@@ -57,8 +61,70 @@ impl ShapeMix {
             .collect();
         Self {
             shapes,
+            model_pressure: HashMap::new(),
             generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
         }
+    }
+
+    /// Tells the mix how many GPUs of each model the cluster has, so it can say which models the
+    /// model-restricted pods will need: pressure(X) = the restricted GPU demand expected on X
+    /// (each restricted shape's demand spread over its allowed models by capacity), per GPU of
+    /// X, relative to the cluster's average demand per GPU. 1.0 means restricted pods alone
+    /// will fill X at the cluster's average load; unrestricted pods should stay off it.
+    pub fn with_capacity(
+        mut self,
+        gpus_per_model: impl IntoIterator<Item = (String, f64)>,
+    ) -> Self {
+        let mut capacity: HashMap<String, f64> = HashMap::new();
+        for (model, gpus) in gpus_per_model {
+            *capacity.entry(model).or_default() += gpus;
+        }
+        let total: f64 = capacity.values().sum();
+        let units = |c: &PodClass| f64::from(c.shape.gpus) * c.shape.demand.gpu_fraction.min(1.0);
+        let demand: f64 = self.shapes.iter().map(|(c, p)| p * units(c)).sum();
+        let mut restricted: HashMap<&str, f64> = HashMap::new();
+        for (class, p) in &self.shapes {
+            let allowed: f64 = class
+                .gpu_models
+                .iter()
+                .filter_map(|m| capacity.get(m))
+                .sum();
+            if class.gpu_models.is_empty() || allowed <= 0.0 {
+                continue;
+            }
+            for model in &class.gpu_models {
+                if let Some(cap) = capacity.get(model) {
+                    *restricted.entry(model).or_default() += p * units(class) * cap / allowed;
+                }
+            }
+        }
+        self.model_pressure = if demand > 0.0 && total > 0.0 {
+            capacity
+                .iter()
+                .filter(|(_, cap)| **cap > 0.0)
+                .map(|(m, cap)| {
+                    let r = restricted.get(m.as_str()).copied().unwrap_or(0.0);
+                    (m.clone(), r / cap * total / demand)
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        self.generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
+        self
+    }
+
+    /// `with_capacity` with the GPUs of these nodes (by `GpuLedger::model`).
+    pub fn with_cluster<'n>(self, nodes: impl IntoIterator<Item = &'n NodeLedger>) -> Self {
+        let gpus = nodes
+            .into_iter()
+            .flat_map(|n| n.gpus.iter().map(|g| (g.model.clone(), 1.0)));
+        self.with_capacity(gpus)
+    }
+
+    /// See `with_capacity`; 0 for unknown models.
+    pub fn model_pressure(&self, model: &str) -> f64 {
+        self.model_pressure.get(model).copied().unwrap_or(0.0)
     }
 
     /// FGD's "typical pods": the most frequent classes of `pods` that together cover at least
@@ -263,58 +329,93 @@ struct ShapeAgg {
 #[derive(Clone, Debug)]
 pub struct FragState<'a> {
     mix: &'a ShapeMix,
-    margin: u64,
-    unit: FragUnit,
     /// Weighted free memory of the whole node.
     all: f64,
     cpu_free: Option<u64>,
     shapes: Vec<ShapeAgg>,
+    /// Per GPU of the node, its row in `needs`: GPUs of one size and model share a row, so a
+    /// node of identical GPUs computes each shape's need once.
+    group_of: Vec<u32>,
+    /// Row-major, one row of `mix.shapes.len()` per group: the free bytes a GPU of the group
+    /// needs to take one share of the shape (margin included); `u64::MAX` = never.
+    needs: Vec<u64>,
+    /// Per group: the weight of one free byte in `unit`.
+    weights: Vec<f64>,
 }
 
-/// One GPU's change: its free bytes before and after.
+/// One GPU's change, by its index in `NodeLedger::gpus`: its free bytes before and after.
 #[derive(Clone, Copy, Debug)]
-pub struct GpuChange<'g> {
-    pub gpu: &'g GpuLedger,
+pub struct GpuChange {
+    pub gpu: usize,
     pub free_before: u64,
     pub free_after: u64,
 }
 
-fn fits_share(class: &PodClass, gpu: &GpuLedger, free: u64, margin: u64) -> bool {
+/// Same size and model. Compares the model bytes inline: a `memcmp` call per GPU was a third
+/// of a node's scoring time.
+fn same_kind(a: &GpuLedger, b: &GpuLedger) -> bool {
+    a.total_bytes == b.total_bytes
+        && a.model.len() == b.model.len()
+        && a.model.bytes().zip(b.model.bytes()).all(|(x, y)| x == y)
+}
+
+fn share_need(class: &PodClass, gpu: &GpuLedger, margin: u64) -> u64 {
     let d = &class.shape.demand;
-    d.runs_on(gpu.total_bytes)
-        && class.accepts_model(&gpu.model)
-        && free >= d.bytes_on(gpu.total_bytes).saturating_add(margin)
+    if class.shape.gpus == 0 || !d.runs_on(gpu.total_bytes) || !class.accepts_model(&gpu.model) {
+        return u64::MAX;
+    }
+    d.bytes_on(gpu.total_bytes).saturating_add(margin)
 }
 
 impl<'a> FragState<'a> {
-    /// O(GPUs × shapes).
+    /// O(GPUs × shapes) compares, plus O(distinct GPU kinds × shapes) needs.
     pub fn new(node: &NodeLedger, mix: &'a ShapeMix, cfg: &FitConfig, unit: FragUnit) -> Self {
-        let margin = cfg.safety_margin_bytes;
-        let mut shapes = vec![ShapeAgg::default(); mix.shapes.len()];
-        let mut all = 0.0;
-        for gpu in &node.gpus {
+        let m = mix.shapes.len();
+        let mut reps: Vec<usize> = Vec::with_capacity(1);
+        let mut needs: Vec<u64> = Vec::with_capacity(m);
+        let mut weights: Vec<f64> = Vec::with_capacity(1);
+        let mut group_of: Vec<u32> = Vec::with_capacity(node.gpus.len());
+        for (i, gpu) in node.gpus.iter().enumerate() {
+            let found = reps.iter().position(|&r| same_kind(&node.gpus[r], gpu));
+            let g = found.unwrap_or_else(|| {
+                reps.push(i);
+                weights.push(unit.weight(gpu));
+                needs.extend(
+                    mix.shapes
+                        .iter()
+                        .map(|(class, _)| share_need(class, gpu, cfg.safety_margin_bytes)),
+                );
+                reps.len() - 1
+            });
+            group_of.push(g as u32);
+        }
+        let mut state = Self {
+            mix,
+            all: 0.0,
+            cpu_free: node.cpu_free_milli(),
+            shapes: vec![ShapeAgg::default(); m],
+            group_of,
+            needs,
+            weights,
+        };
+        for (i, gpu) in node.gpus.iter().enumerate() {
             let free = gpu.free_bytes();
+            let g = state.group_of[i] as usize;
+            let wf = state.weights[g] * free as f64;
+            state.all += wf;
+            let row = &state.needs[g * m..(g + 1) * m];
             if free == 0 {
                 continue;
             }
-            let wf = unit.weight(gpu) * free as f64;
-            all += wf;
-            for ((class, _), agg) in mix.shapes.iter().zip(&mut shapes) {
-                if class.shape.gpus > 0 && fits_share(class, gpu, free, margin) {
+            for (agg, &need) in state.shapes.iter_mut().zip(row) {
+                if free >= need {
                     agg.fitting += 1;
                 } else {
                     agg.stranded += wf;
                 }
             }
         }
-        Self {
-            mix,
-            margin,
-            unit,
-            all,
-            cpu_free: node.cpu_free_milli(),
-            shapes,
-        }
+        state
     }
 
     /// `F = Σ_m p_m · frag(m)`.
@@ -327,27 +428,32 @@ impl<'a> FragState<'a> {
             .sum()
     }
 
+    /// Which kind (size and model) GPU `gpu` is: equal kinds are interchangeable.
+    pub fn kind_of(&self, gpu: usize) -> u32 {
+        self.group_of[gpu]
+    }
+
     /// Weighted free memory of the node.
     pub fn free(&self) -> f64 {
         self.all
     }
 
     /// Applies GPU changes (and CPU taken) for good; O(changes × shapes).
-    pub fn apply(&mut self, changes: &[GpuChange<'_>], cpu_taken: u64) {
-        for (m, (class, _)) in self.mix.shapes.iter().enumerate() {
-            self.shapes[m] = self.shape_after(class, self.shapes[m], changes);
+    pub fn apply(&mut self, changes: &[GpuChange], cpu_taken: u64) {
+        for m in 0..self.shapes.len() {
+            self.shapes[m] = self.shape_after(m, self.shapes[m], changes);
         }
         self.all = self.all_after(changes);
         self.cpu_free = self.cpu_free.map(|c| c.saturating_sub(cpu_taken));
     }
 
     /// `F` after the changes, without keeping them; O(changes × shapes), no allocation.
-    pub fn value_after(&self, changes: &[GpuChange<'_>], cpu_taken: u64) -> f64 {
+    pub fn value_after(&self, changes: &[GpuChange], cpu_taken: u64) -> f64 {
         let all = self.all_after(changes);
         let cpu_free = self.cpu_free.map(|c| c.saturating_sub(cpu_taken));
         let mut f = 0.0;
-        for ((class, p), &agg) in self.mix.shapes.iter().zip(&self.shapes) {
-            let agg = self.shape_after(class, agg, changes);
+        for (m, ((class, p), &agg)) in self.mix.shapes.iter().zip(&self.shapes).enumerate() {
+            let agg = self.shape_after(m, agg, changes);
             f += p * Self::frag_of(class, agg, all, cpu_free);
         }
         f
@@ -360,32 +466,29 @@ impl<'a> FragState<'a> {
         if hosts { agg.stranded } else { all }
     }
 
-    fn all_after(&self, changes: &[GpuChange<'_>]) -> f64 {
+    fn all_after(&self, changes: &[GpuChange]) -> f64 {
         changes.iter().fold(self.all, |all, ch| {
-            let w = self.unit.weight(ch.gpu);
+            let w = self.weights[self.group_of[ch.gpu] as usize];
             all + w * ch.free_after as f64 - w * ch.free_before as f64
         })
     }
 
-    fn shape_after(
-        &self,
-        class: &PodClass,
-        mut agg: ShapeAgg,
-        changes: &[GpuChange<'_>],
-    ) -> ShapeAgg {
-        let gpu_shape = class.shape.gpus > 0;
+    fn shape_after(&self, m: usize, mut agg: ShapeAgg, changes: &[GpuChange]) -> ShapeAgg {
+        let width = self.shapes.len();
         for ch in changes {
-            let w = self.unit.weight(ch.gpu);
+            let g = self.group_of[ch.gpu] as usize;
+            let w = self.weights[g];
+            let need = self.needs[g * width + m];
             // A GPU with nothing free was never counted (see `new`).
             if ch.free_before > 0 {
-                if gpu_shape && fits_share(class, ch.gpu, ch.free_before, self.margin) {
+                if ch.free_before >= need {
                     agg.fitting -= 1;
                 } else {
                     agg.stranded -= w * ch.free_before as f64;
                 }
             }
             if ch.free_after > 0 {
-                if gpu_shape && fits_share(class, ch.gpu, ch.free_after, self.margin) {
+                if ch.free_after >= need {
                     agg.fitting += 1;
                 } else {
                     agg.stranded += w * ch.free_after as f64;
@@ -488,12 +591,12 @@ mod tests {
         let state = FragState::new(&n, &mix, &cfg, FragUnit::Gpus);
         let changes = [
             GpuChange {
-                gpu: &n.gpus[0],
+                gpu: 0,
                 free_before: 1000,
                 free_after: 300,
             },
             GpuChange {
-                gpu: &n.gpus[3],
+                gpu: 3,
                 free_before: 100,
                 free_after: 0,
             },

@@ -239,7 +239,7 @@ proptest! {
         let gpu_changes: Vec<_> = changes
             .iter()
             .map(|&(i, b)| frag::GpuChange {
-                gpu: &node.gpus[i],
+                gpu: i,
                 free_before: node.gpus[i].free_bytes(),
                 free_after: node.gpus[i].free_bytes() - b,
             })

@@ -273,7 +273,10 @@ impl<'a> Replay<'a> {
                 state.classes.push(class);
             }
             state.class_cache = vec![vec![None; nodes.len()]; ids.len()];
-            state.mix = ShapeMix::typical(arrivals.iter().map(|&i| state.classes[i].clone()), 0.95);
+            // The mix knows how many GPUs of each model the cluster has, so the peakfit policy can
+            // keep unconstrained pods off the models that constrained pods will need.
+            state.mix = ShapeMix::typical(arrivals.iter().map(|&i| state.classes[i].clone()), 0.95)
+                .with_cluster(&state.ledgers);
         }
         state
     }

@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use axum::Router;
 use axum::extract::State;
 use axum::routing::{get, post};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionReview;
@@ -93,10 +93,14 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         }
     });
 
-    serve(listener, acceptor, app, shutdown_signal()).await;
+    serve(listener, acceptor, app, crate::shutdown::signal()).await;
     tracing::info!("webhook stopping");
     Ok(())
 }
+
+/// How long a connection may take to send a request's headers, idle keep-alive included: the API
+/// server sends each review at once and reconnects when a kept-alive connection was closed.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Accepts TLS connections and serves `app` on each until `shutdown` completes. A failed handshake
 /// or a broken connection only ends that connection.
@@ -128,29 +132,16 @@ pub async fn serve(
                 Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
             };
+            // Without a timer hyper silently drops its header-read timeout, and a client that
+            // completes the handshake and then sends nothing would hold its connection (and file
+            // descriptor) forever; enough of those take the webhook down for every opted-in pod.
             let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(tls), service);
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
     }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return ctrl_c.await.unwrap_or_default(),
-            };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
-    }
-    #[cfg(not(unix))]
-    ctrl_c.await.unwrap_or_default();
 }

@@ -384,10 +384,22 @@ mod tests {
 
     #[test]
     fn updates_and_other_kinds_pass_through() {
+        // A bogus value that a pod CREATE would be refused for: passing through shows it was not read.
         let p = pod(json!({"peakfit.io/vram": "bogus"}), json!([]));
-        let review = review_of(p, "UPDATE");
+        assert!(matches!(
+            decide(p.clone(), OptIn::Annotation),
+            Decision::Refuse(_)
+        ));
+        let review = review_of(p.clone(), "UPDATE");
         assert_eq!(
             mutator().decide(&review.try_into().unwrap(), OptIn::Annotation),
+            Decision::PassThrough
+        );
+        let mut other = serde_json::to_value(review_of(p, "CREATE")).unwrap();
+        other["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
+        let review: AdmissionReview<DynamicObject> = serde_json::from_value(other).unwrap();
+        assert_eq!(
+            mutator().decide(&review.try_into().unwrap(), OptIn::Namespace),
             Decision::PassThrough
         );
     }

@@ -1,0 +1,306 @@
+//! The Measure section of issue 2: filter and prioritize for 5,000 nodes × 8 GPUs with 150,000
+//! pods indexed, node-cache mode, in process and over loopback HTTP, plus the index's resident
+//! memory. A bench binary (harness = false) that records every request's latency and prints
+//! percentiles: criterion reports means and medians, the targets are p99s.
+//!
+//! `cargo bench --bench extender` (env `PEAKFIT_BENCH_ITERS`, default 2000 per measurement).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
+use kube::api::ObjectMeta;
+use peakfit::cluster::binding::MemoryBinder;
+use peakfit::cluster::index::{ASSIGNED_GPUS, Index, RESERVED_BYTES};
+use peakfit::cluster::{NodeGpuReport, NodeGpuReportSpec};
+use peakfit::extender::wire::{ExtenderArgs, to_go_json};
+use peakfit::extender::{Extender, routes};
+use peakfit::inventory::{GpuDevice, GpuProcess, NodeGpuReportStatus, NvmlStatus};
+use peakfit::metrics::extender::ExtenderMetrics;
+
+const NODES: usize = 5_000;
+const GPUS: usize = 8;
+const PODS: usize = 150_000;
+const GIB: u64 = 1 << 30;
+const H100: u64 = 81_559 << 20;
+
+/// Resident set size in bytes, from /proc/self/statm (pages × page size).
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn uuid(node: usize, gpu: usize) -> String {
+    format!("GPU-{node:08x}-0000-4000-8000-{gpu:012x}")
+}
+
+fn pod_uid(i: usize) -> String {
+    format!("00000000-0000-4000-8000-{i:012x}")
+}
+
+/// A deterministic mixed cluster: pod i sits on node i % NODES, GPU (i / NODES) % GPUS, asks
+/// 2-17 GiB, and its processes use 60-100 % of that; every 7th GPU runs a process of no pod.
+fn build(index: &Index) {
+    for n in 0..NODES {
+        let name = format!("gpu-node-{n:05}");
+        index.apply_node(&Node {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+    }
+    let per_node = PODS / NODES;
+    for n in 0..NODES {
+        let name = format!("gpu-node-{n:05}");
+        let mut gpus: Vec<GpuDevice> = (0..GPUS)
+            .map(|g| GpuDevice {
+                index: g as u32,
+                uuid: uuid(n, g),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                memory_total_bytes: H100,
+                memory_reserved_bytes: 512 << 20,
+                ..Default::default()
+            })
+            .collect();
+        for k in 0..per_node {
+            let i = k * NODES + n;
+            let g = (i / NODES) % GPUS;
+            let want = (2 + (i % 16) as u64) * GIB;
+            let used = want * (60 + (i % 41) as u64) / 100;
+            gpus[g].memory_used_bytes += used;
+            gpus[g].processes.push(GpuProcess {
+                pid: 1000 + k as u32,
+                used_bytes: Some(used),
+                pod_uid: Some(pod_uid(i)),
+                container_id: None,
+            });
+        }
+        for (g, gpu) in gpus.iter_mut().enumerate() {
+            if (n * GPUS + g).is_multiple_of(7) {
+                gpu.memory_used_bytes += GIB;
+                gpu.processes.push(GpuProcess {
+                    pid: 99,
+                    used_bytes: Some(GIB),
+                    ..Default::default()
+                });
+            }
+            gpu.memory_free_bytes = H100 - gpu.memory_used_bytes - gpu.memory_reserved_bytes;
+        }
+        let mut r = NodeGpuReport::new(
+            &name,
+            NodeGpuReportSpec {
+                node_name: name.clone(),
+            },
+        );
+        r.status = Some(NodeGpuReportStatus {
+            observed_at: jiff::Timestamp::now().to_string(),
+            nvml: NvmlStatus {
+                up: true,
+                ..Default::default()
+            },
+            gpus,
+            ..Default::default()
+        });
+        index.apply_report(&r);
+    }
+    for i in 0..PODS {
+        let n = i % NODES;
+        let g = (i / NODES) % GPUS;
+        let want = (2 + (i % 16) as u64) * GIB;
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(format!("job-{i:06}-worker")),
+                namespace: Some(format!("team-{:02}", i % 40)),
+                uid: Some(pod_uid(i)),
+                annotations: Some(
+                    [
+                        ("peakfit.io/vram".to_owned(), format!("{}Gi", want / GIB)),
+                        (ASSIGNED_GPUS.to_owned(), uuid(n, g)),
+                        (RESERVED_BYTES.to_owned(), want.to_string()),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(format!("gpu-node-{n:05}")),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        index.apply_pod(&pod);
+    }
+}
+
+fn request_body() -> Vec<u8> {
+    let names: Vec<String> = (0..NODES).map(|n| format!("gpu-node-{n:05}")).collect();
+    serde_json::to_vec(&serde_json::json!({
+        "Pod": {"metadata": {"name": "chat", "namespace": "ml", "uid": "bench-pod",
+                             "annotations": {"peakfit.io/vram": "24Gi"}},
+                "spec": {"containers": [{"name": "c", "image": "x"}], "schedulerName": "peakfit-scheduler"}},
+        "Nodes": null,
+        "NodeNames": names,
+    }))
+    .unwrap()
+}
+
+struct Stats(Vec<Duration>);
+
+impl Stats {
+    fn pct(&self, p: f64) -> Duration {
+        let mut v = self.0.clone();
+        v.sort();
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    }
+
+    fn line(&self, what: &str) -> String {
+        format!(
+            "{what:<44} n={:<5} p50={:>8.3} ms  p99={:>8.3} ms  max={:>8.3} ms",
+            self.0.len(),
+            self.pct(0.50).as_secs_f64() * 1e3,
+            self.pct(0.99).as_secs_f64() * 1e3,
+            self.pct(1.0).as_secs_f64() * 1e3,
+        )
+    }
+}
+
+fn measure(iters: usize, mut f: impl FnMut()) -> Stats {
+    for _ in 0..iters / 10 {
+        f();
+    }
+    Stats(
+        (0..iters)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed()
+            })
+            .collect(),
+    )
+}
+
+/// One keep-alive HTTP/1.1 POST; returns the body.
+fn post(conn: &mut BufReader<TcpStream>, path: &str, body: &[u8]) -> Vec<u8> {
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let s = conn.get_mut();
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut len = 0usize;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        conn.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap();
+        }
+    }
+    let mut out = vec![0; len];
+    conn.read_exact(&mut out).unwrap();
+    out
+}
+
+fn main() {
+    let iters: usize = std::env::var("PEAKFIT_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let body = request_body();
+
+    // Memory: the index alone, then as the server holds it (with its per-GPU and per-pod gauges).
+    let before = rss_bytes();
+    let t = Instant::now();
+    let bare = Index::new();
+    build(&bare);
+    let bare_rss = rss_bytes().saturating_sub(before);
+    println!(
+        "index without metrics: {NODES} nodes x {GPUS} GPUs, {} pods, built in {:.1} s, RSS +{:.1} MiB",
+        bare.pod_count(),
+        t.elapsed().as_secs_f64(),
+        bare_rss as f64 / (1 << 20) as f64
+    );
+    drop(bare);
+    let before = rss_bytes();
+    let t = Instant::now();
+    let metrics = Arc::new(ExtenderMetrics::new());
+    let index = Arc::new(Index::with_metrics(metrics.clone()));
+    build(&index);
+    println!(
+        "index with ledger gauges: built in {:.1} s, RSS +{:.1} MiB (RSS now {:.1} MiB; freed pages of the first build may be reused)",
+        t.elapsed().as_secs_f64(),
+        rss_bytes().saturating_sub(before) as f64 / (1 << 20) as f64,
+        rss_bytes() as f64 / (1 << 20) as f64
+    );
+
+    let ext = Arc::new(Extender::new(
+        index,
+        metrics,
+        Arc::new(MemoryBinder::default()),
+    ));
+    // Sanity: the decision is a real one.
+    let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
+    let r = ext.filter(args);
+    let kept = r.node_names.as_ref().map_or(0, Vec::len);
+    let refused = r.failed_nodes.as_ref().map_or(0, |m| m.len())
+        + r.failed_and_unresolvable_nodes
+            .as_ref()
+            .map_or(0, |m| m.len());
+    println!("filter of a 24Gi pod: {kept} nodes fit, {refused} refused");
+    assert_eq!(kept + refused, NODES);
+
+    println!(
+        "request body: {} bytes (node-cache mode, {NODES} names)",
+        body.len()
+    );
+    let f = measure(iters, || {
+        let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
+        let out = to_go_json(&ext.filter(args)).unwrap();
+        std::hint::black_box(out);
+    });
+    println!("{}", f.line("filter, in process (decode+decide+encode)"));
+    let p = measure(iters, || {
+        let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
+        let out = to_go_json(&ext.prioritize(args)).unwrap();
+        std::hint::black_box(out);
+    });
+    println!("{}", p.line("prioritize, in process"));
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = routes::router(ext.clone());
+    rt.spawn(async move { axum::serve(listener, router).await });
+    let stream = TcpStream::connect(addr).unwrap();
+    stream.set_nodelay(true).unwrap();
+    let mut conn = BufReader::new(stream);
+    let first = post(&mut conn, "/filter", &body);
+    assert!(first.starts_with(b"{\"Nodes\":null,\"NodeNames\":["));
+    let hf = measure(iters, || {
+        std::hint::black_box(post(&mut conn, "/filter", &body));
+    });
+    println!("{}", hf.line("filter, loopback HTTP (keep-alive)"));
+    let hp = measure(iters, || {
+        std::hint::black_box(post(&mut conn, "/prioritize", &body));
+    });
+    println!("{}", hp.line("prioritize, loopback HTTP (keep-alive)"));
+}

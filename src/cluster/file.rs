@@ -1,0 +1,119 @@
+//! File mode: a Kubernetes `List` or multi-document YAML (or JSON) of Nodes, Pods and
+//! NodeGpuReports loaded into the index, so the extender runs without a cluster.
+
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::Value;
+
+use super::NodeGpuReport;
+use super::index::Index;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} is not YAML or JSON: {message}")]
+    Parse { path: String, message: String },
+    #[error("{path}: object {index} (kind {kind}, name {name:?}) is not a valid {kind}: {source}")]
+    Object {
+        path: String,
+        index: usize,
+        kind: String,
+        name: String,
+        source: serde_json::Error,
+    },
+}
+
+/// Loads every Node, Pod and NodeGpuReport of the file into `index`; other kinds (priority
+/// classes, namespaces …) are skipped. Returns how many objects were indexed.
+pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
+    let p = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
+        path: p.clone(),
+        source,
+    })?;
+    let docs = parse_documents(&text).map_err(|message| FileError::Parse {
+        path: p.clone(),
+        message,
+    })?;
+    let mut objects = Vec::new();
+    for d in docs {
+        flatten(d, &mut objects);
+    }
+    // Nodes and reports first, so that pods land on known nodes (the order is not required).
+    objects.sort_by_key(|o| match o.get("kind").and_then(Value::as_str) {
+        Some("Node") => 0,
+        Some("NodeGpuReport") => 1,
+        _ => 2,
+    });
+    let mut n = 0;
+    for (i, obj) in objects.into_iter().enumerate() {
+        let kind = obj
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let err = |source| FileError::Object {
+            path: p.clone(),
+            index: i,
+            kind: kind.clone(),
+            name: name.clone(),
+            source,
+        };
+        match kind.as_str() {
+            "Node" => index.apply_node(&serde_json::from_value::<Node>(obj).map_err(err)?),
+            "Pod" => index.apply_pod(&serde_json::from_value::<Pod>(obj).map_err(err)?),
+            "NodeGpuReport" => {
+                index.apply_report(&serde_json::from_value::<NodeGpuReport>(obj).map_err(err)?)
+            }
+            other => {
+                tracing::debug!(kind = other, %name, "skipping an object peakfit does not index");
+                continue;
+            }
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
+    if text.trim_start().starts_with(['{', '[']) {
+        return serde_json::from_str::<Value>(text)
+            .map(|v| vec![v])
+            .map_err(|e| e.to_string());
+    }
+    serde_saphyr::from_multiple::<Value>(text).map_err(|e| e.to_string())
+}
+
+/// Unwraps `List`s (and `*List`s) into their items; drops empty documents.
+fn flatten(v: Value, out: &mut Vec<Value>) {
+    match v {
+        Value::Null => {}
+        Value::Array(items) => items.into_iter().for_each(|i| flatten(i, out)),
+        Value::Object(mut m) => {
+            let is_list = m
+                .get("kind")
+                .and_then(Value::as_str)
+                .is_some_and(|k| k.ends_with("List"));
+            match (is_list, m.remove("items")) {
+                (true, Some(items)) => flatten(items, out),
+                (_, items) => {
+                    if let Some(items) = items {
+                        m.insert("items".into(), items);
+                    }
+                    out.push(Value::Object(m));
+                }
+            }
+        }
+        _ => {}
+    }
+}

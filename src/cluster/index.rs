@@ -1,0 +1,911 @@
+//! The extender's view of the cluster: one ledger per node, fed one object at a time.
+//!
+//! Watches (or a file) call `apply_*`/`delete_*` for Nodes, Pods and NodeGpuReports; each call
+//! touches only the nodes that object concerns, so a request never rescans the cluster. A pod's
+//! annotations are parsed once, when it is indexed, and a pod with a bad annotation is remembered
+//! with its error without affecting any other pod.
+//!
+//! Locks: the pod table has one lock, every node its own. The order is always pod table, then
+//! node. Filter and prioritize only take node read locks; bind serialises on the node's
+//! `bind_lock` (async, held across the API calls) and writes the ledger only once the API said yes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use parking_lot::{RwLock, RwLockReadGuard};
+
+use crate::cluster::NodeGpuReport;
+use crate::metrics::extender::{ExtenderMetrics, GpuLabels, NodeLabels, PodGpuLabels};
+use crate::model::{self, AnnotationError, PodRequest};
+use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey};
+
+/// Written by bind: the GPUs (UUIDs, comma separated).
+pub const ASSIGNED_GPUS: &str = "peakfit.io/assigned-gpus";
+/// Written by bind: bytes reserved on each assigned GPU.
+pub const RESERVED_BYTES: &str = "peakfit.io/reserved-bytes";
+/// Written by bind for fraction-budget engines: the share of the GPU to tell the engine.
+pub const GPU_MEMORY_FRACTION: &str = "peakfit.io/gpu-memory-fraction";
+
+/// Where a pod's GPU memory is committed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    pub gpu_uuids: Vec<String>,
+    /// Per GPU; `None` when the pod carries `assigned-gpus` only (then its request decides).
+    pub reserved_bytes: Option<u64>,
+}
+
+/// What the index keeps of a pod: a few hundred bytes, not the object.
+#[derive(Clone, Debug)]
+pub struct PodEntry {
+    pub key: PodKey,
+    pub namespace: String,
+    pub name: String,
+    /// Whether `key` is the pod's UID (else it is `namespace/name`).
+    pub has_uid: bool,
+    pub node: Option<String>,
+    pub priority: i32,
+    /// `Ok(None)`: no peakfit annotation (pass-through).
+    pub request: Result<Option<PodRequest>, AnnotationError>,
+    pub assignment: Option<Assignment>,
+    /// Recorded by our own bind before the watch shows the pod's new annotations.
+    pub bound_here: bool,
+}
+
+/// The key a pod is indexed under: its UID, or `namespace/name` for objects without one
+/// (hand-written files).
+pub fn pod_key(pod: &Pod) -> PodKey {
+    match &pod.metadata.uid {
+        Some(uid) if !uid.is_empty() => uid.clone(),
+        _ => format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+            pod.metadata.name.as_deref().unwrap_or_default()
+        ),
+    }
+}
+
+/// The pod's own request, parsed from its annotations.
+pub fn pod_request_of(pod: &Pod) -> Result<Option<PodRequest>, AnnotationError> {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    model::pod_request(pod.metadata.annotations.as_ref().unwrap_or(&EMPTY))
+}
+
+impl PodEntry {
+    pub fn uid(&self) -> Option<&str> {
+        self.has_uid.then_some(self.key.as_str())
+    }
+
+    pub fn from_pod(pod: &Pod) -> Self {
+        let ann = pod.metadata.annotations.as_ref();
+        let assignment = ann
+            .and_then(|a| a.get(ASSIGNED_GPUS))
+            .map(|gpus| Assignment {
+                gpu_uuids: gpus
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+                reserved_bytes: ann
+                    .and_then(|a| a.get(RESERVED_BYTES))
+                    .and_then(|v| v.trim().parse().ok()),
+            })
+            .filter(|a| !a.gpu_uuids.is_empty());
+        let spec = pod.spec.as_ref();
+        Self {
+            key: pod_key(pod),
+            namespace: pod
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            has_uid: pod.metadata.uid.as_deref().is_some_and(|u| !u.is_empty()),
+            node: spec
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty()),
+            priority: spec.and_then(|s| s.priority).unwrap_or(0),
+            request: pod_request_of(pod),
+            assignment,
+            bound_here: false,
+        }
+    }
+}
+
+/// The parts of a NodeGpuReport the ledger needs, per schedulable device.
+#[derive(Clone, Debug, Default)]
+struct ReportView {
+    observed_at_unix: Option<i64>,
+    nvml_down: Option<String>,
+    gpus: Vec<ReportGpu>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct ReportGpu {
+    uuid: String,
+    model: String,
+    total: u64,
+    used: u64,
+    driver_reserved: u64,
+    /// Memory of processes the agent tied to a pod UID.
+    by_pod: Vec<(String, u64)>,
+}
+
+impl ReportView {
+    fn from_report(r: &NodeGpuReport) -> Self {
+        let Some(status) = &r.status else {
+            return Self {
+                observed_at_unix: None,
+                nvml_down: Some("the agent has not published a status yet".into()),
+                gpus: Vec::new(),
+            };
+        };
+        let observed_at_unix = status
+            .observed_at
+            .parse::<jiff::Timestamp>()
+            .ok()
+            .map(|t| t.as_second());
+        let nvml_down = (!status.nvml.up).then(|| {
+            status
+                .nvml
+                .reason
+                .clone()
+                .unwrap_or_else(|| "no reason given".into())
+        });
+        let gpus = status
+            .gpus
+            .iter()
+            .filter(|g| g.is_schedulable())
+            .map(|g| {
+                let mut by_pod: Vec<(String, u64)> = Vec::new();
+                for p in &g.processes {
+                    if let (Some(uid), Some(bytes)) = (&p.pod_uid, p.used_bytes) {
+                        match by_pod.iter_mut().find(|(u, _)| u == uid) {
+                            Some((_, b)) => *b += bytes,
+                            None => by_pod.push((uid.clone(), bytes)),
+                        }
+                    }
+                }
+                ReportGpu {
+                    uuid: g.uuid.clone(),
+                    model: g.name.clone(),
+                    total: g.memory_total_bytes,
+                    used: g.memory_used_bytes,
+                    driver_reserved: g.memory_reserved_bytes,
+                    by_pod,
+                }
+            })
+            .collect();
+        Self {
+            observed_at_unix,
+            nvml_down,
+            gpus,
+        }
+    }
+}
+
+/// Everything the index knows about one node.
+#[derive(Debug)]
+pub struct NodeState {
+    pub node_known: bool,
+    report: Option<ReportView>,
+    pods: BTreeSet<PodKey>,
+    pub ledger: NodeLedger,
+    emitted_gpus: Vec<GpuLabels>,
+    emitted_pods: Vec<PodGpuLabels>,
+}
+
+/// One node: its state, and the lock bind holds across the API calls.
+#[derive(Debug)]
+pub struct NodeSlot {
+    pub bind_lock: tokio::sync::Mutex<()>,
+    state: RwLock<NodeState>,
+}
+
+impl NodeSlot {
+    fn new(name: &str) -> Self {
+        Self {
+            bind_lock: tokio::sync::Mutex::new(()),
+            state: RwLock::new(NodeState {
+                node_known: false,
+                report: None,
+                pods: BTreeSet::new(),
+                ledger: NodeLedger::new(name),
+                emitted_gpus: Vec::new(),
+                emitted_pods: Vec::new(),
+            }),
+        }
+    }
+
+    pub fn read(&self) -> RwLockReadGuard<'_, NodeState> {
+        self.state.read()
+    }
+}
+
+#[derive(Default)]
+struct PodTable {
+    /// Boxed: a map of 150,000 pods keeps ~40 % of its buckets empty, and an empty bucket
+    /// costs the size of its value.
+    by_key: HashMap<PodKey, Box<PodEntry>>,
+    by_name: HashMap<(String, String), PodKey>,
+}
+
+/// The index. Cheap to share: wrap it in an `Arc`.
+#[derive(Default)]
+pub struct Index {
+    nodes: RwLock<HashMap<String, Arc<NodeSlot>>>,
+    pods: RwLock<PodTable>,
+    metrics: Option<Arc<ExtenderMetrics>>,
+}
+
+impl std::fmt::Debug for Index {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Index")
+            .field("nodes", &self.nodes.read().len())
+            .field("pods", &self.pods.read().by_key.len())
+            .finish()
+    }
+}
+
+impl Index {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An index that keeps the ledger gauges of `metrics` current as nodes change.
+    pub fn with_metrics(metrics: Arc<ExtenderMetrics>) -> Self {
+        Self {
+            metrics: Some(metrics),
+            ..Self::default()
+        }
+    }
+
+    /// The metrics this index keeps current, for the server to expose with its own.
+    pub fn metrics(&self) -> Option<Arc<ExtenderMetrics>> {
+        self.metrics.clone()
+    }
+
+    pub fn node(&self, name: &str) -> Option<Arc<NodeSlot>> {
+        self.nodes.read().get(name).cloned()
+    }
+
+    /// The slots of `names` under one lock acquisition (a request asks for thousands).
+    pub fn slots<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<Option<Arc<NodeSlot>>> {
+        let nodes = self.nodes.read();
+        names.into_iter().map(|n| nodes.get(n).cloned()).collect()
+    }
+
+    pub fn node_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.nodes.read().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    pub fn contains_pod(&self, key: &str) -> bool {
+        self.pods.read().by_key.contains_key(key)
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.pods.read().by_key.len()
+    }
+
+    fn slot(&self, name: &str) -> Arc<NodeSlot> {
+        if let Some(s) = self.nodes.read().get(name) {
+            return s.clone();
+        }
+        self.nodes
+            .write()
+            .entry(name.to_owned())
+            .or_insert_with(|| Arc::new(NodeSlot::new(name)))
+            .clone()
+    }
+
+    pub fn apply_node(&self, node: &Node) {
+        let Some(name) = node.metadata.name.as_deref() else {
+            return;
+        };
+        let slot = self.slot(name);
+        slot.state.write().node_known = true;
+    }
+
+    pub fn delete_node(&self, name: &str) {
+        let Some(slot) = self.node(name) else { return };
+        let empty = {
+            let mut st = slot.state.write();
+            st.node_known = false;
+            st.report.is_none() && st.pods.is_empty()
+        };
+        if empty {
+            self.nodes.write().remove(name);
+            self.forget_series(&slot);
+        }
+    }
+
+    pub fn apply_report(&self, report: &NodeGpuReport) {
+        let name = match report.metadata.name.as_deref() {
+            Some(n) if !n.is_empty() => n,
+            _ => report.spec.node_name.as_str(),
+        };
+        if name.is_empty() {
+            return;
+        }
+        let view = ReportView::from_report(report);
+        let slot = self.slot(name);
+        let pods = self.pods.read();
+        let mut st = slot.state.write();
+        st.report = Some(view);
+        self.rebuild(&mut st, &pods.by_key);
+    }
+
+    pub fn delete_report(&self, name: &str) {
+        let Some(slot) = self.node(name) else { return };
+        let pods = self.pods.read();
+        let mut st = slot.state.write();
+        st.report = None;
+        self.rebuild(&mut st, &pods.by_key);
+    }
+
+    /// Indexes a pod (new or changed). Terminal pods (Succeeded/Failed) hold nothing: deleted.
+    pub fn apply_pod(&self, pod: &Pod) {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            self.delete_pod_key(&pod_key(pod));
+            return;
+        }
+        if let Some(Err(e)) = Some(pod_request_of(pod)).filter(|r| r.is_err()) {
+            tracing::debug!(pod = ?pod.metadata.name, error = %e, "pod has an invalid peakfit annotation");
+        }
+        self.upsert(PodEntry::from_pod(pod));
+    }
+
+    fn upsert(&self, mut entry: PodEntry) {
+        let name_key = (entry.namespace.clone(), entry.name.clone());
+        let other = self.pods.read().by_name.get(&name_key).cloned();
+        if let Some(other) = other
+            && other != entry.key
+        {
+            // Same name, another key: the pod was recreated (or first seen without its UID).
+            self.delete_pod_key(&other);
+        }
+        let mut pods = self.pods.write();
+        let old = pods.by_key.remove(&entry.key);
+        if let Some(old) = &old {
+            // Keep what our own bind recorded until the watch shows the pod's annotations.
+            if old.bound_here && entry.assignment.is_none() {
+                entry.assignment = old.assignment.clone();
+                entry.node = entry.node.clone().or(old.node.clone());
+                entry.bound_here = true;
+            }
+            if (&old.namespace, &old.name) != (&entry.namespace, &entry.name) {
+                pods.by_name
+                    .remove(&(old.namespace.clone(), old.name.clone()));
+            }
+        }
+        let old_node = old.as_ref().and_then(|o| o.node.clone());
+        let new_node = entry.node.clone();
+        let key = entry.key.clone();
+        pods.by_name
+            .insert((entry.namespace.clone(), entry.name.clone()), key.clone());
+        pods.by_key.insert(key.clone(), Box::new(entry));
+        if old_node != new_node
+            && let Some(n) = &old_node
+            && let Some(slot) = self.node(n)
+        {
+            let mut st = slot.state.write();
+            st.pods.remove(&key);
+            self.rebuild(&mut st, &pods.by_key);
+        }
+        if let Some(n) = &new_node {
+            let slot = self.slot(n);
+            let mut st = slot.state.write();
+            st.pods.insert(key);
+            self.rebuild(&mut st, &pods.by_key);
+        }
+    }
+
+    /// Forgets a pod and releases what it held.
+    pub fn delete_pod(&self, pod: &Pod) {
+        self.delete_pod_key(&pod_key(pod));
+    }
+
+    pub fn delete_pod_key(&self, key: &str) {
+        let mut pods = self.pods.write();
+        let Some(old) = pods.by_key.remove(key) else {
+            return;
+        };
+        let nk = (old.namespace.clone(), old.name.clone());
+        if pods.by_name.get(&nk).map(String::as_str) == Some(key) {
+            pods.by_name.remove(&nk);
+        }
+        if let Some(n) = &old.node
+            && let Some(slot) = self.node(n)
+        {
+            let mut st = slot.state.write();
+            st.pods.remove(key);
+            self.rebuild(&mut st, &pods.by_key);
+        }
+    }
+
+    /// Finds a pod by UID, else by namespace and name.
+    pub fn find_pod(&self, uid: &str, namespace: &str, name: &str) -> Option<PodEntry> {
+        let pods = self.pods.read();
+        if !uid.is_empty()
+            && let Some(p) = pods.by_key.get(uid)
+        {
+            return Some(PodEntry::clone(p));
+        }
+        let key = pods.by_name.get(&(namespace.to_owned(), name.to_owned()))?;
+        pods.by_key.get(key).map(|p| PodEntry::clone(p))
+    }
+
+    /// Bind's commit: the pod now holds `assignment` on `node`. Call with the node's bind lock
+    /// held and only after the API server accepted the binding.
+    pub fn record_binding(&self, key: &str, node: &str, assignment: Option<Assignment>) {
+        let mut entry = match self.pods.read().by_key.get(key) {
+            Some(e) => PodEntry::clone(e),
+            None => return,
+        };
+        entry.node = Some(node.to_owned());
+        if assignment.is_some() {
+            entry.assignment = assignment;
+            entry.bound_here = true;
+        }
+        self.upsert(entry);
+    }
+
+    /// Rebuilds one node's ledger from its report and its pods: O(pods on the node × GPUs).
+    fn rebuild(&self, st: &mut NodeState, pods: &HashMap<PodKey, Box<PodEntry>>) {
+        let name = st.ledger.name.clone();
+        let mut ledger = NodeLedger::new(name.clone());
+        if let Some(report) = &st.report {
+            ledger.observed_at_unix = report.observed_at_unix;
+            ledger.condition = match &report.nvml_down {
+                Some(reason) => NodeCondition::NvmlDown {
+                    reason: reason.clone(),
+                },
+                None => NodeCondition::Ready,
+            };
+            ledger.gpus = report
+                .gpus
+                .iter()
+                .map(|g| GpuLedger::new(g.uuid.clone(), g.total).with_model(g.model.clone()))
+                .collect();
+            for key in &st.pods {
+                let Some(pod) = pods.get(key) else { continue };
+                let Some(a) = &pod.assignment else { continue };
+                for uuid in &a.gpu_uuids {
+                    let Some(gpu) = ledger.gpus.iter_mut().find(|g| &g.uuid == uuid) else {
+                        tracing::debug!(node = %name, pod = %pod.name, %uuid, "assigned GPU not in the node's report");
+                        continue;
+                    };
+                    let predicted = a.reserved_bytes.unwrap_or_else(|| match &pod.request {
+                        Ok(Some(r)) => r.demand.bytes_on(gpu.total_bytes),
+                        _ => 0,
+                    });
+                    gpu.reserve(key, predicted);
+                }
+            }
+            // Placement's rule: use by pods with a reservation on the device is theirs,
+            // everything else the device uses is unattributed.
+            for (gpu, seen) in ledger.gpus.iter_mut().zip(&report.gpus) {
+                let by_pods: u64 = seen.by_pod.iter().map(|(_, b)| *b).sum();
+                gpu.observe(
+                    seen.total,
+                    seen.driver_reserved,
+                    seen.by_pod.iter().map(|(u, b)| (u.as_str(), *b)),
+                    seen.used.saturating_sub(by_pods),
+                );
+            }
+        }
+        st.ledger = ledger;
+        if let Some(m) = &self.metrics {
+            publish(m, st, pods);
+        }
+    }
+
+    fn forget_series(&self, slot: &NodeSlot) {
+        if let Some(m) = &self.metrics {
+            let mut st = slot.state.write();
+            for l in st.emitted_gpus.drain(..) {
+                m.gpu_total.remove(&l);
+                m.gpu_committed.remove(&l);
+                m.gpu_observed.remove(&l);
+                m.gpu_free.remove(&l);
+            }
+            for l in st.emitted_pods.drain(..) {
+                m.pod_predicted.remove(&l);
+                m.pod_observed.remove(&l);
+            }
+            let node = NodeLabels {
+                node: st.ledger.name.clone(),
+            };
+            m.node_fragmentation.remove(&node);
+            m.node_report_age.remove(&node);
+        }
+    }
+
+    /// Sets the report-age gauges (they grow with time, so they are written at scrape).
+    pub fn refresh_age_gauges(&self, now_unix: i64) {
+        let Some(m) = &self.metrics else { return };
+        let slots: Vec<Arc<NodeSlot>> = self.nodes.read().values().cloned().collect();
+        for slot in slots {
+            let st = slot.state.read();
+            let labels = NodeLabels {
+                node: st.ledger.name.clone(),
+            };
+            match st.ledger.observed_at_unix {
+                Some(at) => {
+                    m.node_report_age
+                        .get_or_create(&labels)
+                        .set((now_unix - at) as f64);
+                }
+                None => {
+                    m.node_report_age.remove(&labels);
+                }
+            }
+        }
+    }
+}
+
+/// `peakfit_node_fragmentation_ratio`: the share of a node's free GPU memory that lies outside
+/// its largest free GPU (0 when all free memory is in one place, towards 1 when it is scattered
+/// in slivers). Unlike placement's mix-weighted fragmentation it needs no pod mix, so it can be
+/// written whenever the node changes.
+pub fn free_outside_largest_gpu_ratio(ledger: &NodeLedger) -> f64 {
+    let (sum, max) = ledger
+        .gpus
+        .iter()
+        .map(GpuLedger::free_bytes)
+        .fold((0u64, 0u64), |(s, m), f| (s + f, m.max(f)));
+    if sum == 0 {
+        0.0
+    } else {
+        1.0 - max as f64 / sum as f64
+    }
+}
+
+fn publish(m: &ExtenderMetrics, st: &mut NodeState, pods: &HashMap<PodKey, Box<PodEntry>>) {
+    let node = st.ledger.name.clone();
+    let mut gpus = Vec::with_capacity(st.ledger.gpus.len());
+    let mut pod_series = Vec::new();
+    for g in &st.ledger.gpus {
+        let l = GpuLabels {
+            node: node.clone(),
+            uuid: g.uuid.clone(),
+        };
+        m.gpu_total.get_or_create(&l).set(g.total_bytes as i64);
+        m.gpu_committed
+            .get_or_create(&l)
+            .set(g.committed_bytes() as i64);
+        m.gpu_observed
+            .get_or_create(&l)
+            .set(g.observed_bytes() as i64);
+        m.gpu_free.get_or_create(&l).set(g.free_bytes() as i64);
+        gpus.push(l);
+        for (key, r) in g.reservations() {
+            let Some(p) = pods.get(key) else { continue };
+            let l = PodGpuLabels {
+                namespace: p.namespace.clone(),
+                pod: p.name.clone(),
+                node: node.clone(),
+                uuid: g.uuid.clone(),
+            };
+            m.pod_predicted
+                .get_or_create(&l)
+                .set(r.predicted_bytes as i64);
+            m.pod_observed
+                .get_or_create(&l)
+                .set(r.observed_bytes as i64);
+            pod_series.push(l);
+        }
+    }
+    for l in st.emitted_gpus.drain(..) {
+        if !gpus.contains(&l) {
+            m.gpu_total.remove(&l);
+            m.gpu_committed.remove(&l);
+            m.gpu_observed.remove(&l);
+            m.gpu_free.remove(&l);
+        }
+    }
+    for l in st.emitted_pods.drain(..) {
+        if !pod_series.contains(&l) {
+            m.pod_predicted.remove(&l);
+            m.pod_observed.remove(&l);
+        }
+    }
+    st.emitted_gpus = gpus;
+    st.emitted_pods = pod_series;
+    m.node_fragmentation
+        .get_or_create(&NodeLabels { node })
+        .set(free_outside_largest_gpu_ratio(&st.ledger));
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::cluster::NodeGpuReportSpec;
+    use crate::inventory::{GpuDevice, GpuProcess, NodeGpuReportStatus, NvmlStatus};
+    use k8s_openapi::api::core::v1::PodSpec;
+    use kube::api::ObjectMeta;
+
+    const GIB: u64 = 1 << 30;
+
+    pub fn mk_node(name: &str) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    pub fn mk_pod(uid: &str, node: Option<&str>, ann: &[(&str, &str)]) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(format!("pod-{uid}")),
+                namespace: Some("ml".into()),
+                uid: Some(uid.into()),
+                annotations: Some(
+                    ann.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: node.map(Into::into),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// One GPU: `(uuid, total, used, processes as (pod uid or "", bytes))`.
+    pub type MkGpu<'a> = (&'a str, u64, u64, &'a [(&'a str, u64)]);
+
+    pub fn mk_report(node: &str, gpus: &[MkGpu<'_>]) -> NodeGpuReport {
+        let mut r = NodeGpuReport::new(
+            node,
+            NodeGpuReportSpec {
+                node_name: node.into(),
+            },
+        );
+        r.status = Some(NodeGpuReportStatus {
+            observed_at: jiff::Timestamp::now().to_string(),
+            nvml: NvmlStatus {
+                up: true,
+                ..Default::default()
+            },
+            gpus: gpus
+                .iter()
+                .enumerate()
+                .map(|(i, (uuid, total, used, procs))| GpuDevice {
+                    index: i as u32,
+                    uuid: (*uuid).into(),
+                    memory_total_bytes: *total,
+                    memory_used_bytes: *used,
+                    memory_free_bytes: total - used,
+                    processes: procs
+                        .iter()
+                        .enumerate()
+                        .map(|(pid, (uid, b))| GpuProcess {
+                            pid: pid as u32 + 100,
+                            used_bytes: Some(*b),
+                            pod_uid: (!uid.is_empty()).then(|| (*uid).into()),
+                            container_id: None,
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        });
+        r
+    }
+
+    fn ledger(index: &Index, node: &str) -> NodeLedger {
+        index.node(node).unwrap().read().ledger.clone()
+    }
+
+    #[test]
+    fn bound_pods_reserve_their_assigned_gpus_and_deleting_releases_them() {
+        let index = Index::new();
+        index.apply_node(&mk_node("n1"));
+        index.apply_report(&mk_report(
+            "n1",
+            &[("GPU-a", 80 * GIB, 0, &[]), ("GPU-b", 80 * GIB, 0, &[])],
+        ));
+        let p = mk_pod(
+            "u1",
+            Some("n1"),
+            &[
+                ("peakfit.io/vram", "20Gi"),
+                (ASSIGNED_GPUS, "GPU-b"),
+                (RESERVED_BYTES, &(21 * GIB).to_string()),
+            ],
+        );
+        index.apply_pod(&p);
+        let l = ledger(&index, "n1");
+        assert_eq!(l.gpus[0].free_bytes(), 80 * GIB);
+        assert_eq!(l.gpus[1].free_bytes(), 59 * GIB);
+        index.delete_pod(&p);
+        assert_eq!(ledger(&index, "n1").gpus[1].free_bytes(), 80 * GIB);
+        assert_eq!(index.pod_count(), 0);
+    }
+
+    #[test]
+    fn without_reserved_bytes_the_request_decides() {
+        let index = Index::new();
+        index.apply_report(&mk_report("n1", &[("GPU-a", 40 * GIB, 0, &[])]));
+        index.apply_pod(&mk_pod(
+            "u1",
+            Some("n1"),
+            &[("peakfit.io/vram", "10Gi"), (ASSIGNED_GPUS, "GPU-a")],
+        ));
+        assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 30 * GIB);
+    }
+
+    #[test]
+    fn observed_use_counts_when_larger_and_strangers_are_unattributed() {
+        let index = Index::new();
+        // 30 GiB used: 25 by our pod (predicted 10), 3 by an unknown pod, 2 by no pod.
+        index.apply_report(&mk_report(
+            "n1",
+            &[(
+                "GPU-a",
+                80 * GIB,
+                30 * GIB,
+                &[("u1", 25 * GIB), ("stranger", 3 * GIB), ("", 2 * GIB)],
+            )],
+        ));
+        index.apply_pod(&mk_pod(
+            "u1",
+            Some("n1"),
+            &[("peakfit.io/vram", "10Gi"), (ASSIGNED_GPUS, "GPU-a")],
+        ));
+        let l = ledger(&index, "n1");
+        let g = &l.gpus[0];
+        assert_eq!(g.unattributed_bytes, 5 * GIB);
+        assert_eq!(g.reservations()["u1"].observed_bytes, 25 * GIB);
+        assert_eq!(g.free_bytes(), 50 * GIB);
+    }
+
+    #[test]
+    fn unattributed_use_is_never_negative() {
+        let index = Index::new();
+        // The report's device total lags its processes (different NVML calls).
+        index.apply_report(&mk_report(
+            "n1",
+            &[("GPU-a", 80 * GIB, GIB, &[("u1", 4 * GIB)])],
+        ));
+        index.apply_pod(&mk_pod(
+            "u1",
+            Some("n1"),
+            &[("peakfit.io/vram", "2Gi"), (ASSIGNED_GPUS, "GPU-a")],
+        ));
+        assert_eq!(ledger(&index, "n1").gpus[0].unattributed_bytes, 0);
+    }
+
+    #[test]
+    fn a_pod_bound_after_the_report_takes_its_use_out_of_unattributed() {
+        let index = Index::new();
+        index.apply_report(&mk_report(
+            "n1",
+            &[("GPU-a", 80 * GIB, 8 * GIB, &[("u1", 8 * GIB)])],
+        ));
+        assert_eq!(ledger(&index, "n1").gpus[0].unattributed_bytes, 8 * GIB);
+        index.apply_pod(&mk_pod(
+            "u1",
+            Some("n1"),
+            &[("peakfit.io/vram", "6Gi"), (ASSIGNED_GPUS, "GPU-a")],
+        ));
+        let l = ledger(&index, "n1");
+        assert_eq!(l.gpus[0].unattributed_bytes, 0);
+        // Charged at its use (8 GiB), larger than its prediction (6 GiB).
+        assert_eq!(l.gpus[0].committed_bytes(), 8 * GIB);
+    }
+
+    #[test]
+    fn a_bad_annotation_is_remembered_and_blocks_nobody() {
+        let index = Index::new();
+        index.apply_report(&mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]));
+        index.apply_pod(&mk_pod("bad", Some("n1"), &[("peakfit.io/vram", "lots")]));
+        index.apply_pod(&mk_pod(
+            "good",
+            Some("n1"),
+            &[("peakfit.io/vram", "10Gi"), (ASSIGNED_GPUS, "GPU-a")],
+        ));
+        let bad = index.find_pod("bad", "", "").unwrap();
+        assert_eq!(bad.request.unwrap_err().key, "vram");
+        assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 70 * GIB);
+    }
+
+    #[test]
+    fn a_finished_pod_releases_its_gpu() {
+        let index = Index::new();
+        index.apply_report(&mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]));
+        let mut p = mk_pod(
+            "u1",
+            Some("n1"),
+            &[("peakfit.io/vram", "10Gi"), (ASSIGNED_GPUS, "GPU-a")],
+        );
+        index.apply_pod(&p);
+        p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        index.apply_pod(&p);
+        assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 80 * GIB);
+    }
+
+    #[test]
+    fn our_binding_survives_a_stale_watch_event() {
+        let index = Index::new();
+        index.apply_report(&mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]));
+        let p = mk_pod("u1", None, &[("peakfit.io/vram", "10Gi")]);
+        index.apply_pod(&p);
+        index.record_binding(
+            "u1",
+            "n1",
+            Some(Assignment {
+                gpu_uuids: vec!["GPU-a".into()],
+                reserved_bytes: Some(10 * GIB),
+            }),
+        );
+        assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 70 * GIB);
+        // The watch delivers an update written before our patch.
+        index.apply_pod(&p);
+        assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 70 * GIB);
+    }
+
+    #[test]
+    fn a_pod_seen_again_with_its_uid_replaces_the_uidless_entry() {
+        let index = Index::new();
+        index.apply_report(&mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]));
+        let ann = [("peakfit.io/vram", "10Gi"), (ASSIGNED_GPUS, "GPU-a")];
+        let mut p = mk_pod("u1", Some("n1"), &ann);
+        p.metadata.uid = None;
+        index.apply_pod(&p);
+        index.apply_pod(&mk_pod("u1", Some("n1"), &ann));
+        assert_eq!(index.pod_count(), 1);
+        assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 70 * GIB);
+    }
+
+    #[test]
+    fn moving_and_missing_nodes() {
+        let index = Index::new();
+        index.apply_node(&mk_node("n1"));
+        assert_eq!(ledger(&index, "n1").condition, NodeCondition::NoReport);
+        index.delete_node("n1");
+        assert!(index.node("n1").is_none());
+    }
+
+    #[test]
+    fn metrics_follow_the_ledger() {
+        let m = Arc::new(ExtenderMetrics::new());
+        let index = Index::with_metrics(m.clone());
+        index.apply_report(&mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]));
+        let p = mk_pod(
+            "u1",
+            Some("n1"),
+            &[("peakfit.io/vram", "10Gi"), (ASSIGNED_GPUS, "GPU-a")],
+        );
+        index.apply_pod(&p);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
+        assert!(
+            text.contains(r#"peakfit_ledger_gpu_free_bytes{node="n1",uuid="GPU-a"} 75161927680"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"peakfit_pod_predicted_bytes{namespace="ml",pod="pod-u1",node="n1",uuid="GPU-a"} 10737418240"#), "{text}");
+        index.delete_pod(&p);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
+        assert!(!text.contains("pod-u1"), "{text}");
+    }
+}

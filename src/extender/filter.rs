@@ -1,0 +1,247 @@
+//! Filter: which of the candidate nodes have GPUs that hold the pod's peak, and in words an ML
+//! engineer understands why the others do not.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use rayon::prelude::*;
+
+use super::Extender;
+use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
+use crate::cluster::index::{NodeSlot, pod_key, pod_request_of};
+use crate::metrics::extender::{DecisionLabels, ReasonLabels};
+use crate::placement::fit::fit;
+use crate::placement::{FitConfig, NodeLedger, PodClass, PodShape, Rejection};
+
+/// From this many candidates on, nodes are decided in parallel (below it the threads cost more
+/// than they save).
+pub const PARALLEL_FROM: usize = 256;
+
+/// The candidate nodes of a request, in whichever mode the scheduler uses.
+pub enum Candidates {
+    /// `nodeCacheCapable: true`: names only.
+    Names(Vec<String>),
+    /// `nodeCacheCapable: false`: whole nodes, echoed back unmodified.
+    Nodes(NodeList),
+}
+
+impl Candidates {
+    pub fn from_args(args: ExtenderArgs) -> Result<(Pod, Self), String> {
+        let pod = args
+            .pod
+            .ok_or("the request has no Pod (field `Pod` is null or missing)")?;
+        let c = match (args.node_names, args.nodes) {
+            (Some(names), _) => Self::Names(names),
+            (None, Some(nodes)) => Self::Nodes(nodes),
+            (None, None) => {
+                return Err("the request has neither `NodeNames` nor `Nodes`".into());
+            }
+        };
+        Ok((pod, c))
+    }
+
+    pub fn names(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        match self {
+            Self::Names(n) => Box::new(n.iter().map(String::as_str)),
+            Self::Nodes(list) => Box::new(list.items.iter().map(|n| n.name.as_str())),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Names(n) => n.len(),
+            Self::Nodes(list) => list.items.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps the candidates `keep` says yes to, in the reply field of the request's mode.
+    fn into_result(self, keep: &[bool]) -> ExtenderFilterResult {
+        match self {
+            Self::Names(names) => ExtenderFilterResult {
+                node_names: Some(
+                    names
+                        .into_iter()
+                        .zip(keep)
+                        .filter_map(|(n, &k)| k.then_some(n))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            Self::Nodes(list) => ExtenderFilterResult {
+                nodes: Some(NodeList {
+                    metadata: list.metadata,
+                    items: list
+                        .items
+                        .into_iter()
+                        .zip(keep)
+                        .filter_map(|(n, &k)| k.then_some(n))
+                        .collect(),
+                }),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+/// Whether evicting pods could ever make room: false when the node lacks the GPUs, its report
+/// is missing or stale, or its GPUs are too small even with every pod gone (memory of no pod
+/// with a reservation there, and the driver's share, cannot be evicted).
+pub fn resolvable_by_preemption(
+    ledger: &NodeLedger,
+    shape: &PodShape,
+    cfg: &FitConfig,
+    r: &Rejection,
+) -> bool {
+    match r {
+        Rejection::NotEnoughMemory { .. } => {
+            let could = ledger
+                .gpus
+                .iter()
+                .filter(|g| {
+                    let need = shape
+                        .demand
+                        .bytes_on(g.total_bytes)
+                        .saturating_add(cfg.safety_margin_bytes);
+                    shape.demand.runs_on(g.total_bytes)
+                        && g.total_bytes
+                            .saturating_sub(g.driver_reserved_bytes)
+                            .saturating_sub(g.unattributed_bytes)
+                            >= need
+                })
+                .count();
+            could as u32 >= shape.gpus.max(1)
+        }
+        Rejection::NotEnoughCpu { .. } => true,
+        Rejection::NoReport
+        | Rejection::StaleReport { .. }
+        | Rejection::NvmlDown { .. }
+        | Rejection::TooFewGpus { .. }
+        | Rejection::GpuTooSmall { .. } => false,
+    }
+}
+
+impl Extender {
+    pub fn filter(&self, args: ExtenderArgs) -> ExtenderFilterResult {
+        let (pod, candidates) = match Candidates::from_args(args) {
+            Ok(x) => x,
+            Err(e) => {
+                self.count("filter", "error");
+                return ExtenderFilterResult {
+                    error: e,
+                    ..Default::default()
+                };
+            }
+        };
+        let key = pod_key(&pod);
+        let n = candidates.len();
+        let mut failed = BTreeMap::new();
+        let mut unresolvable = BTreeMap::new();
+        let keep: Vec<bool> = match pod_request_of(&pod) {
+            Ok(None) => {
+                self.count("filter", "pass_through");
+                let mut r = candidates.into_result(&vec![true; n]);
+                r.failed_nodes = Some(failed);
+                r.failed_and_unresolvable_nodes = Some(unresolvable);
+                return r;
+            }
+            Err(e) => {
+                let msg = format!("{e} (fix the pod's annotation; no node can take it as is)");
+                for name in candidates.names() {
+                    unresolvable.insert(name.to_owned(), msg.clone());
+                }
+                self.metrics
+                    .rejections
+                    .get_or_create(&ReasonLabels {
+                        reason: "invalid_annotation",
+                    })
+                    .inc_by(n as u64);
+                self.set_pending(&key, Some("invalid_annotation"));
+                vec![false; n]
+            }
+            Ok(Some(req)) => {
+                let shape = req.shape();
+                self.shapes.lock().observe(&PodClass::from(shape));
+                let now = self.now();
+                let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+                let names: Vec<&str> = candidates.names().collect();
+                let slots = self.index.slots(names.iter().copied());
+                let verdict =
+                    |slot: &Option<std::sync::Arc<NodeSlot>>| -> Option<(Rejection, bool)> {
+                        let slot = slot.as_ref()?;
+                        let st = slot.read();
+                        fit(&st.ledger, &shape, &self.fit, now).err().map(|r| {
+                            let resolvable =
+                                resolvable_by_preemption(&st.ledger, &shape, &self.fit, &r);
+                            (r, resolvable)
+                        })
+                    };
+                // Thousands of nodes are independent decisions: spread them over the cores.
+                let verdicts: Vec<Option<(Rejection, bool)>> = if slots.len() >= PARALLEL_FROM {
+                    slots.par_iter().map(verdict).collect()
+                } else {
+                    slots.iter().map(verdict).collect()
+                };
+                let keep: Vec<bool> = names
+                    .iter()
+                    .zip(slots.iter().zip(verdicts))
+                    .map(|(name, (slot, verdict))| {
+                        if slot.is_none() {
+                            *counts.entry("no_report").or_default() += 1;
+                            unresolvable.insert(
+                                (*name).to_owned(),
+                                "peakfit knows nothing of this node yet: no GPU report from \
+                                 the peakfit agent (is the agent running there?)"
+                                    .to_owned(),
+                            );
+                            return false;
+                        }
+                        match verdict {
+                            None => true,
+                            Some((r, resolvable)) => {
+                                *counts.entry(r.reason()).or_default() += 1;
+                                let map = if resolvable {
+                                    &mut failed
+                                } else {
+                                    &mut unresolvable
+                                };
+                                map.insert((*name).to_owned(), r.to_string());
+                                false
+                            }
+                        }
+                    })
+                    .collect();
+                for (reason, c) in &counts {
+                    self.metrics
+                        .rejections
+                        .get_or_create(&ReasonLabels { reason })
+                        .inc_by(*c);
+                }
+                let top = counts.iter().max_by_key(|(_, c)| **c).map(|(r, _)| *r);
+                let none_fits = !keep.iter().any(|&k| k);
+                self.set_pending(&key, if none_fits { top } else { None });
+                keep
+            }
+        };
+        let outcome = if keep.iter().any(|&k| k) {
+            "fits"
+        } else {
+            "fits_nowhere"
+        };
+        self.count("filter", outcome);
+        let mut result = candidates.into_result(&keep);
+        result.failed_nodes = Some(failed);
+        result.failed_and_unresolvable_nodes = Some(unresolvable);
+        result
+    }
+
+    pub(crate) fn count(&self, verb: &'static str, outcome: &'static str) {
+        self.metrics
+            .decisions
+            .get_or_create(&DecisionLabels { verb, outcome })
+            .inc();
+    }
+}

@@ -1,0 +1,287 @@
+//! Bind against kube's tower-test mock API server: the pod PATCH, then
+//! `POST …/pods/NAME/binding` answered with the Status the real API server sent; and the paths
+//! where bind must refuse (the fit no longer holds, the API server says 409).
+
+mod extender_support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use extender_support::*;
+use futures::future::BoxFuture;
+use http::{Method, Request, Response};
+use kube::client::Body;
+use peakfit::cluster::binding::{BindError, BindTarget, BindingWriter, KubeBinder, MemoryBinder};
+use peakfit::cluster::index::Index;
+use serde_json::Value;
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+fn mock_client() -> (kube::Client, Handle) {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    (kube::Client::new(svc, "default"), handle)
+}
+
+const EMBEDDER_UID: &str = "319770bb-6c46-448d-83b5-26c60bbcc599";
+
+fn bind_request(dir: &std::path::Path) -> Vec<u8> {
+    std::fs::read(dir.join("node-cache/006-bind-request.json")).unwrap()
+}
+
+async fn body_json(req: Request<Body>) -> (http::request::Parts, Value) {
+    let (parts, body) = req.into_parts();
+    let bytes = body.collect_bytes().await.unwrap();
+    (parts, serde_json::from_slice(&bytes).unwrap())
+}
+
+fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, body: Vec<u8>) {
+    send.send_response(
+        Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap(),
+    );
+}
+
+async fn expect_patch(handle: &mut Handle) -> Value {
+    let (req, send) = handle.next_request().await.expect("the pod PATCH");
+    let (parts, body) = body_json(req).await;
+    assert_eq!(parts.method, Method::PATCH);
+    assert_eq!(parts.uri.path(), "/api/v1/namespaces/default/pods/embedder");
+    assert_eq!(
+        parts.headers["content-type"],
+        "application/merge-patch+json"
+    );
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "embedder", "namespace": "default", "uid": EMBEDDER_UID,
+                     "annotations": body["metadata"]["annotations"].clone()},
+    });
+    respond(send, 200, serde_json::to_vec(&pod).unwrap());
+    body
+}
+
+#[tokio::test]
+async fn bind_patches_the_pod_then_posts_the_binding() {
+    let Some(dir) = capture_dir() else { return };
+    let index = fixture_index(&dir, &node_cache_uids());
+    let (client, mut handle) = mock_client();
+    let h = harness_with(
+        index.clone(),
+        Arc::new(KubeBinder::new(client)),
+        Arc::new(MemoryBinder::default()),
+    );
+    let status = std::fs::read(dir.join("node-cache/apiserver-binding-response.json")).unwrap();
+    let api = tokio::spawn(async move {
+        let patch = expect_patch(&mut handle).await;
+        let (req, send) = handle.next_request().await.expect("the binding POST");
+        let (parts, binding) = body_json(req).await;
+        assert_eq!(parts.method, Method::POST);
+        assert_eq!(
+            parts.uri.path(),
+            "/api/v1/namespaces/default/pods/embedder/binding"
+        );
+        respond(send, 201, status);
+        (patch, binding)
+    });
+    let (code, reply) = call(&h.router, "POST", "/peakfit/bind", bind_request(&dir)).await;
+    assert_eq!(code, 200);
+    assert_eq!(json(&reply), serde_json::json!({"Error": ""}));
+    let (patch, binding) = tokio::time::timeout(Duration::from_secs(5), api)
+        .await
+        .expect("the API server saw both calls")
+        .unwrap();
+    // The patch carries the GPUs, the bytes and the pod's UID (a precondition).
+    assert_eq!(
+        patch,
+        serde_json::json!({"metadata": {"uid": EMBEDDER_UID, "annotations": {
+            "peakfit.io/assigned-gpus": "GPU-00000000-aaaa-bbbb-cccc-00000000000",
+            "peakfit.io/reserved-bytes": (6 * GIB).to_string(),
+        }}})
+    );
+    assert_eq!(binding["kind"], "Binding");
+    assert_eq!(binding["metadata"]["name"], "embedder");
+    assert_eq!(binding["metadata"]["uid"], EMBEDDER_UID);
+    assert_eq!(binding["target"]["kind"], "Node");
+    assert_eq!(binding["target"]["name"], "gpu-b");
+    // Only now is the reservation in the ledger.
+    let l = index.node("gpu-b").unwrap().read().ledger.clone();
+    assert_eq!(
+        l.gpus[0].reservations()[EMBEDDER_UID].predicted_bytes,
+        6 * GIB
+    );
+}
+
+/// Fills every GPU of gpu-b with memory of no known pod, as a newer agent report would.
+fn fill_gpu_b(index: &Index) {
+    let mut report: Value = serde_json::json!({
+        "apiVersion": "peakfit.io/v1alpha1", "kind": "NodeGpuReport",
+        "metadata": {"name": "gpu-b"}, "spec": {"nodeName": "gpu-b"},
+        "status": {"observedAt": "2026-11-21T17:48:20Z", "nvml": {"up": true}, "gpus": []}
+    });
+    for i in 0..4 {
+        report["status"]["gpus"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "index": i, "uuid": format!("GPU-0000000{i}-aaaa-bbbb-cccc-0000000000{i}"),
+                "memoryTotalBytes": 40960u64 << 20, "memoryUsedBytes": 38 * GIB,
+                "memoryFreeBytes": (40960u64 << 20) - 38 * GIB, "processes": []
+            }));
+    }
+    index.apply_report(&serde_json::from_value(report).unwrap());
+}
+
+#[tokio::test]
+async fn when_the_fit_no_longer_holds_bind_errs_and_writes_nothing() {
+    let Some(dir) = capture_dir() else { return };
+    let index = fixture_index(&dir, &node_cache_uids());
+    fill_gpu_b(&index);
+    let (client, mut handle) = mock_client();
+    let h = harness_with(
+        index.clone(),
+        Arc::new(KubeBinder::new(client)),
+        Arc::new(MemoryBinder::default()),
+    );
+    let (code, reply) = call(&h.router, "POST", "/bind", bind_request(&dir)).await;
+    assert_eq!(code, 200);
+    let err = json(&reply)["Error"].as_str().unwrap().to_owned();
+    assert!(err.contains("no longer fits on gpu-b"), "{err}");
+    let seen = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
+    assert!(
+        !matches!(seen, Ok(Some(_))),
+        "nothing may be written when the fit fails"
+    );
+    let l = index.node("gpu-b").unwrap().read().ledger.clone();
+    assert!(
+        l.gpus
+            .iter()
+            .all(|g| !g.reservations().contains_key(EMBEDDER_UID))
+    );
+}
+
+#[tokio::test]
+async fn a_409_from_the_api_server_is_an_error_and_reserves_nothing() {
+    let Some(dir) = capture_dir() else { return };
+    let index = fixture_index(&dir, &node_cache_uids());
+    let (client, mut handle) = mock_client();
+    let h = harness_with(
+        index.clone(),
+        Arc::new(KubeBinder::new(client)),
+        Arc::new(MemoryBinder::default()),
+    );
+    let api = tokio::spawn(async move {
+        expect_patch(&mut handle).await;
+        let (req, send) = handle.next_request().await.expect("the binding POST");
+        assert_eq!(
+            req.uri().path(),
+            "/api/v1/namespaces/default/pods/embedder/binding"
+        );
+        respond(
+            send,
+            409,
+            br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Operation cannot be fulfilled on pods/binding \"embedder\": pod embedder is already assigned to node \"gpu-a\"","reason":"Conflict","details":{"name":"embedder","kind":"pods/binding"},"code":409}"#.to_vec(),
+        );
+    });
+    let (_, reply) = call(&h.router, "POST", "/bind", bind_request(&dir)).await;
+    tokio::time::timeout(Duration::from_secs(5), api)
+        .await
+        .unwrap()
+        .unwrap();
+    let err = json(&reply)["Error"].as_str().unwrap().to_owned();
+    assert!(err.contains("already assigned"), "{err}");
+    let l = index.node("gpu-b").unwrap().read().ledger.clone();
+    assert!(
+        l.gpus
+            .iter()
+            .all(|g| !g.reservations().contains_key(EMBEDDER_UID))
+    );
+    let (_, metrics) = call(&h.router, "GET", "/metrics", vec![]).await;
+    let text = String::from_utf8(metrics).unwrap();
+    assert!(
+        text.contains(r#"peakfit_extender_decisions_total{verb="bind",outcome="api_error"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"peakfit_extender_errors_total{verb="bind"} 1"#),
+        "{text}"
+    );
+}
+
+/// A writer that takes its time, so two binds overlap.
+#[derive(Default)]
+struct SlowBinder(MemoryBinder);
+
+impl BindingWriter for SlowBinder {
+    fn bind<'a>(
+        &'a self,
+        target: &'a BindTarget,
+        annotations: &'a BTreeMap<String, String>,
+    ) -> BoxFuture<'a, Result<(), BindError>> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            self.0.bind(target, annotations).await
+        })
+    }
+}
+
+/// Two pods that each fit gpu-b's best GPU but not both: the node's lock makes the second bind
+/// re-check against the first and choose another GPU.
+#[tokio::test]
+async fn concurrent_binds_to_one_node_never_double_book_a_gpu() {
+    let Some(dir) = capture_dir() else { return };
+    let index = fixture_index(&dir, &node_cache_uids());
+    // gpu-b now reports a single, empty 40 GiB GPU.
+    let mut report: Value = serde_json::json!({
+        "apiVersion": "peakfit.io/v1alpha1", "kind": "NodeGpuReport",
+        "metadata": {"name": "gpu-b"}, "spec": {"nodeName": "gpu-b"},
+        "status": {"observedAt": "2026-11-21T17:48:20Z", "nvml": {"up": true}, "gpus": [{
+            "index": 0, "uuid": "GPU-00000000-aaaa-bbbb-cccc-00000000000",
+            "memoryTotalBytes": 40960u64 << 20, "memoryUsedBytes": 0, "memoryFreeBytes": 40960u64 << 20,
+            "processes": []}]}
+    });
+    index.apply_report(&serde_json::from_value(report.take()).unwrap());
+    for name in ["a", "b"] {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                         "annotations": {"peakfit.io/vram": "24Gi"}},
+            "spec": {"containers": [{"name": "c"}]}
+        }))
+        .unwrap();
+        index.apply_pod(&pod);
+    }
+    let writer = Arc::new(SlowBinder::default());
+    let h = harness_with(
+        index.clone(),
+        writer.clone(),
+        Arc::new(MemoryBinder::default()),
+    );
+    let req = |name: &str| {
+        serde_json::to_vec(&serde_json::json!({
+            "PodName": name, "PodNamespace": "ml", "PodUID": format!("uid-{name}"), "Node": "gpu-b"
+        }))
+        .unwrap()
+    };
+    let (a, b) = tokio::join!(
+        call(&h.router, "POST", "/bind", req("a")),
+        call(&h.router, "POST", "/bind", req("b"))
+    );
+    let errors: Vec<String> = [a, b]
+        .iter()
+        .map(|(_, r)| json(r)["Error"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        errors.iter().filter(|e| e.is_empty()).count(),
+        1,
+        "exactly one of two 24 GiB pods fits one 40 GiB GPU: {errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.contains("no longer fits")),
+        "{errors:?}"
+    );
+    assert_eq!(writer.0.bindings.lock().len(), 1);
+    let l = index.node("gpu-b").unwrap().read().ledger.clone();
+    assert_eq!(l.gpus[0].reservations().len(), 1);
+}

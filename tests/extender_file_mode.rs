@@ -1,0 +1,123 @@
+//! File mode on the example cluster in `deploy/examples/cluster.yaml`: loaded through the same
+//! loader `peakfit extender --from-file` uses, then asked through the real router.
+
+mod extender_support;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use extender_support::*;
+use peakfit::cluster::index::{ASSIGNED_GPUS, Index, RESERVED_BYTES};
+use peakfit::placement::FitConfig;
+
+fn example() -> (Arc<Index>, usize) {
+    let index = Arc::new(Index::new());
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/cluster.yaml");
+    let n = peakfit::cluster::file::load_into(&index, &path).unwrap();
+    (index, n)
+}
+
+fn file_mode_harness(index: Arc<Index>) -> Harness {
+    let binder = Arc::new(peakfit::cluster::binding::MemoryBinder::default());
+    let metrics = Arc::new(peakfit::metrics::extender::ExtenderMetrics::new());
+    // As `--from-file` does: a file is a snapshot, its reports' age is not checked.
+    let ext = Arc::new(
+        peakfit::extender::Extender::new(index, metrics, binder.clone()).with_fit(FitConfig {
+            max_report_age_secs: None,
+            ..FitConfig::default()
+        }),
+    );
+    Harness {
+        router: peakfit::extender::routes::router(ext.clone()),
+        ext,
+        binder,
+    }
+}
+
+fn filter_body(name: &str, annotations: serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "Pod": {"metadata": {"name": name, "namespace": "ml", "annotations": annotations}},
+        "Nodes": null,
+        "NodeNames": ["h100-0", "a100-0", "l4-0"],
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_example_cluster_loads_and_answers() {
+    let (index, n) = example();
+    assert_eq!(n, 10, "3 nodes, 3 reports, 4 pods");
+    assert_eq!(index.pod_count(), 4);
+    let h = file_mode_harness(index.clone());
+
+    // The README's curl: 45 GiB per GPU.
+    let (_, r) = call(
+        &h.router,
+        "POST",
+        "/filter",
+        filter_body("chat", serde_json::json!({"peakfit.io/vram": "45Gi"})),
+    )
+    .await;
+    let v = json(&r);
+    assert_eq!(v["NodeNames"], serde_json::json!(["h100-0"]));
+    let unres = &v["FailedAndUnresolvableNodes"];
+    assert!(
+        unres["a100-0"].as_str().unwrap().contains("45.2 GiB"),
+        "{v}"
+    );
+    assert!(
+        unres["l4-0"]
+            .as_str()
+            .unwrap()
+            .contains("NVML_ERROR_DRIVER_NOT_LOADED"),
+        "{v}"
+    );
+
+    // 8 GPUs of 20 GiB: the fine-tune holds half of h100-0 (evicting it would help).
+    let (_, r) = call(
+        &h.router,
+        "POST",
+        "/filter",
+        filter_body(
+            "eval",
+            serde_json::json!({"peakfit.io/vram": "20Gi", "peakfit.io/gpus": "8"}),
+        ),
+    )
+    .await;
+    let v = json(&r);
+    assert_eq!(v["NodeNames"], serde_json::json!([]));
+    assert!(
+        v["FailedNodes"]["h100-0"]
+            .as_str()
+            .unwrap()
+            .contains("only 4 of its 8 GPU(s)"),
+        "{v}"
+    );
+    assert!(
+        v["FailedAndUnresolvableNodes"]["a100-0"]
+            .as_str()
+            .unwrap()
+            .contains("needs 8 GPU(s)"),
+        "{v}"
+    );
+
+    // Bind the pending embedder: best fit is a100-0's GPU 0, beside the inference server.
+    let (_, r) = call(
+        &h.router,
+        "POST",
+        "/bind",
+        br#"{"PodName":"embedder","PodNamespace":"ml","PodUID":"5b0c7f4e-1c1d-4c4e-9a0b-000000000003","Node":"a100-0"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(json(&r)["Error"], "");
+    let bindings = h.binder.bindings.lock().clone();
+    assert_eq!(bindings.len(), 1);
+    assert_eq!(
+        bindings[0].1[ASSIGNED_GPUS],
+        "GPU-4f2b9c31-0000-4000-8000-000000000000"
+    );
+    assert_eq!(bindings[0].1[RESERVED_BYTES], (6 * GIB).to_string());
+    let l = index.node("a100-0").unwrap().read().ledger.clone();
+    // 40 GiB - 0.5 reserved - 30 chat-serve - 6 embedder.
+    assert_eq!(l.gpus[0].free_bytes(), 40 * GIB - GIB / 2 - 36 * GIB);
+}
