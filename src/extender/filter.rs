@@ -10,7 +10,7 @@ use super::Extender;
 use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
 use crate::cluster::index::{NodeSlot, pod_key, pod_request_of};
 use crate::metrics::extender::{DecisionLabels, ReasonLabels};
-use crate::placement::fit::fit;
+use crate::placement::fit::check_class;
 use crate::placement::{FitConfig, NodeLedger, PodClass, PodShape, Rejection};
 
 /// From this many candidates on, nodes are decided in parallel (below it the threads cost more
@@ -44,6 +44,15 @@ impl Candidates {
         match self {
             Self::Names(n) => Box::new(n.iter().map(String::as_str)),
             Self::Nodes(list) => Box::new(list.items.iter().map(|n| n.name.as_str())),
+        }
+    }
+
+    /// The names, owned: moved out in node-cache mode rather than copied, since a reply
+    /// naming every candidate would otherwise allocate each name again.
+    pub fn into_names(self) -> Vec<String> {
+        match self {
+            Self::Names(n) => n,
+            Self::Nodes(list) => list.items.into_iter().map(|n| n.name).collect(),
         }
     }
 
@@ -164,7 +173,8 @@ impl Extender {
             }
             Ok(Some(req)) => {
                 let shape = req.shape();
-                self.shapes.lock().observe(&PodClass::from(shape));
+                let class = PodClass::from(shape);
+                self.shapes.lock().observe(&class);
                 let now = self.now();
                 let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
                 let names: Vec<&str> = candidates.names().collect();
@@ -173,11 +183,13 @@ impl Extender {
                     |slot: &Option<std::sync::Arc<NodeSlot>>| -> Option<(Rejection, bool)> {
                         let slot = slot.as_ref()?;
                         let st = slot.read();
-                        fit(&st.ledger, &shape, &self.fit, now).err().map(|r| {
-                            let resolvable =
-                                resolvable_by_preemption(&st.ledger, &shape, &self.fit, &r);
-                            (r, resolvable)
-                        })
+                        check_class(&st.ledger, &class, &self.fit, now)
+                            .err()
+                            .map(|r| {
+                                let resolvable =
+                                    resolvable_by_preemption(&st.ledger, &shape, &self.fit, &r);
+                                (r, resolvable)
+                            })
                     };
                 // Thousands of nodes are independent decisions: spread them over the cores.
                 let verdicts: Vec<Option<(Rejection, bool)>> = if slots.len() >= PARALLEL_FROM {

@@ -7,7 +7,7 @@ use super::filter::{Candidates, PARALLEL_FROM};
 use super::wire::{ExtenderArgs, HostPriority, HostPriorityList, MAX_EXTENDER_PRIORITY};
 use crate::cluster::index::NodeSlot;
 use crate::cluster::index::pod_request_of;
-use crate::placement::{PodClass, place, scores_0_to_10};
+use crate::placement::{PodClass, place_score, scores_0_to_10};
 
 /// The score of every node for pods peakfit does not place: the same for all, so it changes
 /// nothing in the scheduler's ranking.
@@ -21,18 +21,19 @@ impl Extender {
             self.count("prioritize", "error");
             return Vec::new();
         };
-        let neutral = || {
+        let neutral = |candidates: Candidates| {
             candidates
-                .names()
-                .map(|n| HostPriority {
-                    host: n.to_owned(),
+                .into_names()
+                .into_iter()
+                .map(|host| HostPriority {
+                    host,
                     score: NEUTRAL_SCORE,
                 })
                 .collect()
         };
         let Ok(Some(req)) = pod_request_of(&pod) else {
             self.count("prioritize", "pass_through");
-            return neutral();
+            return neutral(candidates);
         };
         let class = PodClass::from(req.shape());
         let mix = self.shapes.lock().mix();
@@ -42,8 +43,8 @@ impl Extender {
         let raw_score = |slot: &Option<std::sync::Arc<NodeSlot>>| {
             slot.as_ref().map_or(f64::NAN, |slot| {
                 let st = slot.read();
-                place(&st.ledger, &class, self.scoring, &mix, &self.fit, now)
-                    .map_or(f64::NAN, |s| s.score)
+                place_score(&st.ledger, &class, self.scoring, &mix, &self.fit, now)
+                    .unwrap_or(f64::NAN)
             })
         };
         let raw: Vec<f64> = if slots.len() >= PARALLEL_FROM {
@@ -54,10 +55,11 @@ impl Extender {
         // Placement ranks the nodes against each other: the best gets 10, a node the pod does
         // not fit 0.
         candidates
-            .names()
+            .into_names()
+            .into_iter()
             .zip(scores_0_to_10(&raw))
-            .map(|(name, score)| HostPriority {
-                host: name.to_owned(),
+            .map(|(host, score)| HostPriority {
+                host,
                 score: i64::from(score).clamp(0, MAX_EXTENDER_PRIORITY),
             })
             .collect()

@@ -223,6 +223,32 @@ pub(crate) fn admissible(
     cfg: &FitConfig,
     now_unix: i64,
 ) -> Result<Vec<(usize, u64)>, Rejection> {
+    check_class(node, class, cfg, now_unix)?;
+    if class.shape.gpus == 0 {
+        return Ok(Vec::new());
+    }
+    Ok(candidate_gpus(node, class, cfg))
+}
+
+/// `fit`'s verdict without choosing GPUs. Filter only needs yes or why not for thousands of
+/// nodes per request; this skips the candidate list and the placement (allocations and a sort
+/// per node) and answers exactly as `fit` does.
+pub fn check(
+    node: &NodeLedger,
+    shape: &PodShape,
+    cfg: &FitConfig,
+    now_unix: i64,
+) -> Result<(), Rejection> {
+    check_class(node, &PodClass::from(*shape), cfg, now_unix)
+}
+
+/// `check` for a pod with CPU or GPU-model constraints (`fit_class`'s verdict).
+pub fn check_class(
+    node: &NodeLedger,
+    class: &PodClass,
+    cfg: &FitConfig,
+    now_unix: i64,
+) -> Result<(), Rejection> {
     node_usable(node, cfg, now_unix)?;
     if let Some(free) = node.cpu_free_milli()
         && free < class.cpu_milli
@@ -234,7 +260,7 @@ pub(crate) fn admissible(
     }
     let needed = class.shape.gpus;
     if needed == 0 {
-        return Ok(Vec::new());
+        return Ok(());
     }
     let eligible = node
         .gpus
@@ -262,8 +288,12 @@ pub(crate) fn admissible(
             largest_gpu_total_bytes: largest_total,
         });
     }
-    let candidates = candidate_gpus(node, class, cfg);
-    if (candidates.len() as u32) < needed {
+    let fitting = node
+        .gpus
+        .iter()
+        .filter(|g| share_on(g, class, cfg).is_some())
+        .count() as u32;
+    if fitting < needed {
         let usable: Vec<&GpuLedger> = node
             .gpus
             .iter()
@@ -277,13 +307,13 @@ pub(crate) fn admissible(
             needed_per_gpu_bytes: demand.bytes_on(best.total_bytes),
             margin_bytes: cfg.safety_margin_bytes,
             needed_gpus: needed,
-            fitting_gpus: candidates.len() as u32,
+            fitting_gpus: fitting,
             gpus: usable.len() as u32,
             best_free_bytes: best.free_bytes(),
             best_gpu_total_bytes: best.total_bytes,
         });
     }
-    Ok(candidates)
+    Ok(())
 }
 
 /// Decides whether `shape` fits on `node` and picks the GPUs: among the GPUs that fit, the ones

@@ -8,7 +8,7 @@ pub mod ledger;
 pub mod score;
 
 pub use demand::{Demand, PodClass, PodShape};
-pub use fit::{FitConfig, Placement, Rejection, fit, fit_class, gib};
+pub use fit::{FitConfig, Placement, Rejection, check, check_class, fit, fit_class, gib};
 pub use frag::{
     FragState, FragUnit, ShapeMix, ShapeStats, ShapeStatsConfig, fragmentation_ratio,
     node_fragmentation,
@@ -16,7 +16,9 @@ pub use frag::{
 pub use ledger::{
     GpuLedger, NodeCondition, NodeLedger, NodeSummary, PodKey, ReportError, Reservation,
 };
-pub use score::{Scored, ScoringPolicy, Tuning, place, place_tuned, score, scores_0_to_10};
+pub use score::{
+    Scored, ScoringPolicy, Tuning, place, place_score, place_tuned, score, scores_0_to_10,
+};
 
 #[cfg(test)]
 mod properties;

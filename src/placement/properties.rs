@@ -322,3 +322,34 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// The allocation-free verdicts filter and prioritize use on every node answer exactly as
+    /// `fit_class` and `place` do, on partly used nodes of mixed GPUs.
+    #[test]
+    fn fast_verdicts_match_fit_and_place(
+        mut node in arb_node(),
+        taken in prop::collection::vec((any::<usize>(), 0u32..=1000), 0..8),
+        class in arb_class(),
+        policy in arb_policy(),
+        with_mix in any::<bool>(),
+    ) {
+        for (k, &(s, m)) in taken.iter().enumerate() {
+            let i = s % node.gpus.len();
+            let bytes = node.gpus[i].free_bytes() / 1000 * u64::from(m);
+            let p = Placement { gpu_indices: vec![i], per_gpu_bytes: vec![bytes] };
+            node.reserve_placement(&format!("p{k}"), &p, &PodClass::default());
+        }
+        let cfg = cfg();
+        let mix = if with_mix { mix() } else { ShapeMix::default() };
+        prop_assert_eq!(
+            check_class(&node, &class, &cfg, NOW),
+            fit_class(&node, &class, &cfg, NOW).map(|_| ())
+        );
+        let full = place(&node, &class, policy, &mix, &cfg, NOW).map(|s| s.score.to_bits());
+        let fast = place_score(&node, &class, policy, &mix, &cfg, NOW).map(f64::to_bits);
+        prop_assert_eq!(fast, full);
+    }
+}

@@ -104,6 +104,35 @@ pub fn place_tuned(
     now_unix: i64,
     tuning: &Tuning,
 ) -> Result<Scored, Rejection> {
+    choose(node, class, policy, mix, cfg, now_unix, tuning).map(|(chosen, score)| Scored {
+        placement: Placement::from_pairs(chosen),
+        score,
+    })
+}
+
+/// `place`'s score alone: prioritize ranks thousands of nodes per request and never looks at
+/// the GPUs, so it skips building the `Placement`. Same value as `place(..).map(|s| s.score)`.
+pub fn place_score(
+    node: &NodeLedger,
+    class: &PodClass,
+    policy: ScoringPolicy,
+    mix: &ShapeMix,
+    cfg: &FitConfig,
+    now_unix: i64,
+) -> Result<f64, Rejection> {
+    choose(node, class, policy, mix, cfg, now_unix, &Tuning::default()).map(|(_, score)| score)
+}
+
+/// The chosen (GPU, bytes) pairs, in the order chosen, and the placement's score.
+fn choose(
+    node: &NodeLedger,
+    class: &PodClass,
+    policy: ScoringPolicy,
+    mix: &ShapeMix,
+    cfg: &FitConfig,
+    now_unix: i64,
+    tuning: &Tuning,
+) -> Result<(Vec<(usize, u64)>, f64), Rejection> {
     let candidates = admissible(node, class, cfg, now_unix)?;
     Ok(match policy {
         ScoringPolicy::Peakfit if !mix.is_empty() => {
@@ -138,7 +167,7 @@ fn by_free(
     class: &PodClass,
     mut candidates: Vec<(usize, u64)>,
     tight: bool,
-) -> Scored {
+) -> (Vec<(usize, u64)>, f64) {
     let left = |&(i, need): &(usize, u64)| {
         FragUnit::Gpus.weight(&node.gpus[i]) * (node.gpus[i].free_bytes() - need) as f64
     };
@@ -160,10 +189,7 @@ fn by_free(
     } else {
         (1.0 - packed) + GPU_TERM_WEIGHT * gpu_term
     };
-    Scored {
-        placement: Placement::from_pairs(candidates),
-        score,
-    }
+    (candidates, score)
 }
 
 /// Greedy over the pod's GPUs: each next GPU is the one whose share raises fragmentation least,
@@ -175,7 +201,7 @@ fn peakfit(
     mix: &ShapeMix,
     cfg: &FitConfig,
     tuning: &Tuning,
-) -> Scored {
+) -> (Vec<(usize, u64)>, f64) {
     let mut state = FragState::new(node, mix, cfg, FragUnit::Gpus);
     let before = state.value();
     let free_gpus = state.free();
@@ -184,16 +210,18 @@ fn peakfit(
     for _ in 0..class.shape.gpus {
         let mut best: Option<(f64, f64, usize)> = None; // (F after, free left, position)
         // GPUs of one kind (size and model: one group of `FragState`) with the same free memory
-        // are interchangeable: try one.
-        let mut tried: Vec<(u32, u64, u64)> = Vec::with_capacity(candidates.len());
+        // are interchangeable: try one (the first; a scan of the few earlier candidates is
+        // cheaper than a list of tried kinds per node).
         for (pos, &(i, need)) in candidates.iter().enumerate() {
             let gpu = &node.gpus[i];
             let free = gpu.free_bytes();
-            let key = (state.kind_of(i), free, need);
-            if tried.contains(&key) {
+            let kind = state.kind_of(i);
+            let tried = candidates[..pos].iter().any(|&(j, need_j)| {
+                need_j == need && state.kind_of(j) == kind && node.gpus[j].free_bytes() == free
+            });
+            if tried {
                 continue;
             }
-            tried.push(key);
             let f = state.value_after(&[change(i, free, need)], 0);
             let left = FragUnit::Gpus.weight(gpu) * (free - need) as f64;
             let better = match best {
@@ -241,10 +269,7 @@ fn peakfit(
             .sum();
         score -= tuning.model_pressure_weight * pressure;
     }
-    Scored {
-        placement: Placement::from_pairs(chosen),
-        score,
-    }
+    (chosen, score)
 }
 
 fn change(gpu: usize, free: u64, need: u64) -> GpuChange {
