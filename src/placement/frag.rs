@@ -522,27 +522,7 @@ pub fn fragmentation_ratio(node: &NodeLedger, mix: &ShapeMix, cfg: &FitConfig) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::{Demand, PodShape};
-
-    fn share(milli: u32, gpus: u32) -> PodClass {
-        PodClass::from(PodShape {
-            gpus,
-            demand: Demand::fraction(f64::from(milli) / 1000.0),
-        })
-    }
-
-    fn node(free_milli: &[u64]) -> NodeLedger {
-        let mut n = NodeLedger::with_gpus(
-            "n",
-            (0..free_milli.len())
-                .map(|i| GpuLedger::new(format!("g{i}"), 1000))
-                .collect(),
-        );
-        for (i, &f) in free_milli.iter().enumerate() {
-            n.reserve(&format!("p{i}"), &[i], &[1000 - f]);
-        }
-        n
-    }
+    use crate::placement::test_support::{node, share};
 
     #[test]
     fn fragmentation_follows_fgd_definition() {

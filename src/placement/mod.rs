@@ -22,3 +22,5 @@ pub use score::{
 
 #[cfg(test)]
 mod properties;
+#[cfg(test)]
+mod test_support;

@@ -335,30 +335,8 @@ pub fn scores_0_to_10(scores: &[f64]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::{Demand, GpuLedger, PodShape};
-
-    fn share(milli: u32, gpus: u32) -> PodClass {
-        PodClass::from(PodShape {
-            gpus,
-            demand: Demand::fraction(f64::from(milli) / 1000.0),
-        })
-    }
-
-    /// A node of 1000-byte GPUs with the given free bytes.
-    fn node(free: &[u64]) -> NodeLedger {
-        let mut n = NodeLedger::with_gpus(
-            "n",
-            (0..free.len())
-                .map(|i| GpuLedger::new(format!("g{i}"), 1000))
-                .collect(),
-        );
-        for (i, &f) in free.iter().enumerate() {
-            if f < 1000 {
-                n.reserve(&format!("p{i}"), &[i], &[1000 - f]);
-            }
-        }
-        n
-    }
+    use crate::placement::test_support::{node, share};
+    use crate::placement::{Demand, PodShape};
 
     fn placed(n: &NodeLedger, c: &PodClass, policy: ScoringPolicy, mix: &ShapeMix) -> Scored {
         place(n, c, policy, mix, &FitConfig::simulation(), 0).unwrap()
