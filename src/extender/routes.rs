@@ -120,6 +120,20 @@ impl<'a> Timed<'a> {
             .get_or_create(&VerbLabels { verb: self.verb })
             .inc();
     }
+
+    /// Decodes the request body, counting a malformed one as this verb's error.
+    fn parse<T: DeserializeOwned>(&self, body: &[u8]) -> Result<T, Box<Response>> {
+        parse(self.verb, body).inspect_err(|_| self.error())
+    }
+
+    /// Why the extender cannot decide yet (counted as an error), or `None` when it can.
+    fn not_ready(&self) -> Option<String> {
+        let reason = not_ready(self.ext);
+        if reason.is_some() {
+            self.error();
+        }
+        reason
+    }
 }
 
 impl Drop for Timed<'_> {
@@ -140,15 +154,11 @@ fn not_ready(ext: &Extender) -> Option<String> {
 
 async fn filter(State(ext): State<Shared>, body: Bytes) -> Response {
     let t = Timed::new(&ext, "filter");
-    let args: ExtenderArgs = match parse("filter", &body) {
+    let args: ExtenderArgs = match t.parse(&body) {
         Ok(a) => a,
-        Err(r) => {
-            t.error();
-            return *r;
-        }
+        Err(r) => return *r,
     };
-    if let Some(e) = not_ready(&ext) {
-        t.error();
+    if let Some(e) = t.not_ready() {
         return go_json(&wire::ExtenderFilterResult {
             error: e,
             ..Default::default()
@@ -163,15 +173,11 @@ async fn filter(State(ext): State<Shared>, body: Bytes) -> Response {
 
 async fn prioritize(State(ext): State<Shared>, body: Bytes) -> Response {
     let t = Timed::new(&ext, "prioritize");
-    let args: ExtenderArgs = match parse("prioritize", &body) {
+    let args: ExtenderArgs = match t.parse(&body) {
         Ok(a) => a,
-        Err(r) => {
-            t.error();
-            return *r;
-        }
+        Err(r) => return *r,
     };
-    if let Some(e) = not_ready(&ext) {
-        t.error();
+    if let Some(e) = t.not_ready() {
         return problem(StatusCode::SERVICE_UNAVAILABLE, "prioritize", e);
     }
     go_json(&ext.prioritize(args))
@@ -179,15 +185,11 @@ async fn prioritize(State(ext): State<Shared>, body: Bytes) -> Response {
 
 async fn bind(State(ext): State<Shared>, body: Bytes) -> Response {
     let t = Timed::new(&ext, "bind");
-    let args: ExtenderBindingArgs = match parse("bind", &body) {
+    let args: ExtenderBindingArgs = match t.parse(&body) {
         Ok(a) => a,
-        Err(r) => {
-            t.error();
-            return *r;
-        }
+        Err(r) => return *r,
     };
-    if let Some(error) = not_ready(&ext) {
-        t.error();
+    if let Some(error) = t.not_ready() {
         return go_json(&wire::ExtenderBindingResult { error });
     }
     let result = ext.bind(args).await;
@@ -199,15 +201,11 @@ async fn bind(State(ext): State<Shared>, body: Bytes) -> Response {
 
 async fn preempt(State(ext): State<Shared>, body: Bytes) -> Response {
     let t = Timed::new(&ext, "preempt");
-    let args: ExtenderPreemptionArgs = match parse("preempt", &body) {
+    let args: ExtenderPreemptionArgs = match t.parse(&body) {
         Ok(a) => a,
-        Err(r) => {
-            t.error();
-            return *r;
-        }
+        Err(r) => return *r,
     };
-    if let Some(e) = not_ready(&ext) {
-        t.error();
+    if let Some(e) = t.not_ready() {
         return problem(StatusCode::SERVICE_UNAVAILABLE, "preempt", e);
     }
     go_json(&ext.preempt(args))
