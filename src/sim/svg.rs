@@ -70,19 +70,7 @@ pub fn line_chart(
     let py = |y: f64| H - BOTTOM - y / y_max * (H - TOP - BOTTOM);
     let mut out = String::new();
     frame(&mut out, title, x_label, y_label);
-    for i in 0..=5 {
-        let y = y_max * f64::from(i) / 5.0;
-        let _ = writeln!(
-            out,
-            r##"<line x1="{LEFT}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            W - RIGHT,
-            py(y),
-            py(y),
-            LEFT - 6.0,
-            py(y) + 4.0,
-            trim(y)
-        );
-    }
+    y_grid(&mut out, y_max, py);
     for i in 0..=5 {
         let x = x0 + (x1 - x0) * f64::from(i) / 5.0;
         let _ = writeln!(
@@ -135,19 +123,7 @@ pub fn bar_chart(
     let py = |y: f64| H - BOTTOM - y / y_max * (H - TOP - BOTTOM);
     let mut out = String::new();
     frame(&mut out, title, "", y_label);
-    for i in 0..=5 {
-        let y = y_max * f64::from(i) / 5.0;
-        let _ = writeln!(
-            out,
-            r##"<line x1="{LEFT}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            W - RIGHT,
-            py(y),
-            py(y),
-            LEFT - 6.0,
-            py(y) + 4.0,
-            trim(y)
-        );
-    }
+    y_grid(&mut out, y_max, py);
     let group_w = (W - LEFT - RIGHT) / categories.len().max(1) as f64;
     let bar_w = group_w * 0.8 / series.len().max(1) as f64;
     for (c, cat) in categories.iter().enumerate() {
@@ -198,6 +174,23 @@ fn trim(v: f64) -> String {
         format!("{}", v.round() as i64)
     } else {
         format!("{v:.1}")
+    }
+}
+
+/// Six horizontal grid lines with their values on the left axis, shared by every chart.
+fn y_grid(out: &mut String, y_max: f64, py: impl Fn(f64) -> f64) {
+    for i in 0..=5 {
+        let y = y_max * f64::from(i) / 5.0;
+        let _ = writeln!(
+            out,
+            r##"<line x1="{LEFT}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
+            W - RIGHT,
+            py(y),
+            py(y),
+            LEFT - 6.0,
+            py(y) + 4.0,
+            trim(y)
+        );
     }
 }
 
