@@ -226,6 +226,10 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         // A file is a snapshot: the age of its reports says nothing about live agents.
         max_report_age_secs: args.from_file.is_none().then_some(args.max_report_age),
     };
+    // The stale-report alert compares each node's report age with this, so it follows the flag.
+    metrics
+        .node_report_age_limit
+        .set(fit.max_report_age_secs.unwrap_or(0) as f64);
     let (binder, readiness): (Arc<dyn BindingWriter>, Readiness) = match &args.from_file {
         Some(path) => {
             let n = crate::cluster::file::load_into(&index, path)
