@@ -23,7 +23,7 @@ use peakfit::cluster::{NodeGpuReport, NodeGpuReportSpec};
 use peakfit::extender::wire::{ExtenderArgs, ExtenderBindingArgs, to_go_json};
 use peakfit::extender::{Extender, routes};
 use peakfit::inventory::{GpuDevice, GpuProcess, NodeGpuReportStatus, NvmlStatus};
-use peakfit::metrics::extender::ExtenderMetrics;
+use peakfit::metrics::extender::{ExtenderMetrics, ScoreSourceLabels};
 
 /// The allocator the `peakfit` binary uses (see `src/main.rs`), so the bench measures what runs.
 #[global_allocator]
@@ -204,17 +204,34 @@ fn workload_stream(
     let mut resident: std::collections::VecDeque<String> = Default::default();
     let (mut f, mut p) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
     let warmup = iters / 10;
+    // An extender that has served this workload for a while: its shape mix reflects it (filter
+    // is what teaches the mix). The mix moving to a new workload is a transient this excludes.
+    let pick_shape = |rng: &mut rand_chacha::ChaCha8Rng| {
+        let mut pick = rng.random_range(0..total);
+        STREAM_SHAPES
+            .iter()
+            .position(|s| {
+                let hit = pick < s.2;
+                pick = pick.saturating_sub(s.2);
+                hit
+            })
+            .unwrap()
+    };
+    for i in 0..3000 {
+        let (vram, gpus, _) = STREAM_SHAPES[pick_shape(&mut rng)];
+        let annotations =
+            serde_json::json!({"peakfit.io/vram": vram, "peakfit.io/gpus": gpus.to_string()});
+        let args: ExtenderArgs = serde_json::from_slice(&request_for(pod_json(
+            "teach",
+            &format!("teach-{i}"),
+            annotations,
+        )))
+        .unwrap();
+        ext.filter(args);
+    }
     for i in 0..warmup + iters {
         if run_left == 0 {
-            let mut pick = rng.random_range(0..total);
-            shape = STREAM_SHAPES
-                .iter()
-                .position(|s| {
-                    let hit = pick < s.2;
-                    pick = pick.saturating_sub(s.2);
-                    hit
-                })
-                .unwrap();
+            shape = pick_shape(&mut rng);
             run_left = rng.random_range(1..=16);
         }
         run_left -= 1;
@@ -383,6 +400,16 @@ fn main() {
         metrics,
         Arc::new(MemoryBinder::default()),
     ));
+    // As `peakfit extender` runs it (`--prescore-interval-ms`, same env, default 100; 0: off).
+    let prescore_ms: u64 = std::env::var("PEAKFIT_PRESCORE_INTERVAL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    if prescore_ms > 0 {
+        ext.spawn_prescorer(Duration::from_millis(prescore_ms))
+            .unwrap();
+    }
+    println!("prescorer: every {prescore_ms} ms (0: off)");
     // Sanity: the decision is a real one.
     let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
     let r = ext.filter(args);
@@ -446,9 +473,24 @@ fn main() {
             "workload stream (filter, prioritize, bind; runs of 1-16 pods of {} shapes, {STREAM_RESIDENT} stay bound):",
             STREAM_SHAPES.len()
         );
+        let sources = || {
+            ["memo", "computed", "prescored"].map(|source| {
+                ext.metrics
+                    .node_scores
+                    .get_or_create(&ScoreSourceLabels { source })
+                    .get()
+            })
+        };
+        let before = sources();
         let (sf, sp) = workload_stream(&ext, &rt, iters);
+        let after = sources();
         println!("{}", sf.line("  filter, in process"));
         println!("{}", sp.line("  prioritize, in process"));
+        let [memo, computed, prescored] = [0, 1, 2].map(|i| after[i] - before[i]);
+        println!(
+            "  node scores prioritize used: {:.1} % from memos, {computed} computed in requests; {prescored} prescored",
+            100.0 * memo as f64 / (memo + computed).max(1) as f64
+        );
     }
     if wanted("cold") {
         let c = cold(&ext, iters);

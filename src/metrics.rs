@@ -34,6 +34,13 @@ pub mod extender {
     }
 
     #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+    pub struct ScoreSourceLabels {
+        /// `memo` (prioritize found it), `computed` (prioritize scored the node), `prescored`
+        /// (the background pass scored it ahead of the request).
+        pub source: &'static str,
+    }
+
+    #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
     pub struct DecisionLabels {
         pub verb: &'static str,
         pub outcome: &'static str,
@@ -71,6 +78,7 @@ pub mod extender {
         pub request_duration: HistogramFamily,
         pub decisions: Family<DecisionLabels, Counter>,
         pub rejections: Family<ReasonLabels, Counter>,
+        pub node_scores: Family<ScoreSourceLabels, Counter>,
         pub errors: Family<VerbLabels, Counter>,
         pub gpu_total: Family<GpuLabels, Gauge>,
         pub gpu_committed: Family<GpuLabels, Gauge>,
@@ -105,6 +113,7 @@ pub mod extender {
                 request_duration: Family::new_with_constructor(latency_histogram),
                 decisions: Family::default(),
                 rejections: Family::default(),
+                node_scores: Family::default(),
                 errors: Family::default(),
                 gpu_total: Family::default(),
                 gpu_committed: Family::default(),
@@ -133,6 +142,12 @@ pub mod extender {
                 "extender_rejections",
                 "Nodes refused by filter, by reason",
                 m.rejections.clone(),
+            );
+            r.register(
+                "extender_node_scores",
+                "Node scores prioritize used, by where they came from: the node's memo, computed \
+                 for the request, or computed ahead by the prescorer",
+                m.node_scores.clone(),
             );
             r.register(
                 "extender_errors",

@@ -91,8 +91,7 @@ fn from_scratch(ext: &Extender, index: &Index, pod: &Pod) -> Vec<u8> {
     scores_0_to_10(&raw)
 }
 
-#[tokio::test]
-async fn remembered_scores_always_equal_a_rescore() {
+fn cluster() -> Arc<Index> {
     let index = Arc::new(Index::new());
     for n in 0..NODES {
         index.apply_node(&Node {
@@ -104,7 +103,11 @@ async fn remembered_scores_always_equal_a_rescore() {
         });
         index.apply_report(&report(n, 0));
     }
-    let ext = Extender::new(
+    index
+}
+
+fn extender(index: &Arc<Index>) -> Extender {
+    Extender::new(
         index.clone(),
         Arc::new(ExtenderMetrics::new()),
         Arc::new(MemoryBinder::default()),
@@ -112,7 +115,13 @@ async fn remembered_scores_always_equal_a_rescore() {
     .with_fit(FitConfig {
         max_report_age_secs: None,
         ..FitConfig::default()
-    });
+    })
+}
+
+#[tokio::test]
+async fn remembered_scores_always_equal_a_rescore() {
+    let index = cluster();
+    let ext = extender(&index);
     // Runs of one shape, as replicas come; three shapes, one of them two GPUs wide.
     let shapes = [("10Gi", 1), ("30Gi", 2), ("18Gi", 1)];
     let mut bound: Vec<Pod> = Vec::new();
@@ -177,8 +186,45 @@ async fn remembered_scores_always_equal_a_rescore() {
             index.delete_pod(&bound.remove(0));
             index.apply_report(&report(step % NODES, 3 * GIB));
         }
+        // The prescorer runs now and then between requests, as its thread does.
+        if step % 3 == 0 {
+            ext.prescore();
+        }
     }
     // The loop exercised changing answers, not one answer sixty times.
     assert!(changed_scores >= 10, "only {changed_scores} steps changed");
     assert!(!bound.is_empty());
+}
+
+#[test]
+fn the_prescorer_fills_every_memo_once_and_then_only_what_changed() {
+    let index = cluster();
+    let ext = extender(&index);
+    assert_eq!(
+        ext.prescore(),
+        0,
+        "no pod seen yet: no mix, nothing to score"
+    );
+    let shapes = [("10Gi", 1), ("30Gi", 2), ("18Gi", 1)];
+    // The mix is rebuilt every 64 pods filter sees.
+    for (i, (vram, gpus)) in shapes.iter().cycle().take(129).enumerate() {
+        ext.filter(args(&pod(&format!("q{i}"), vram, *gpus)));
+    }
+    let classes = ext.mix().shapes().len();
+    assert_eq!(classes, shapes.len());
+    assert_eq!(ext.prescore(), NODES * classes);
+    assert_eq!(ext.prescore(), 0, "everything is warm");
+    // One node's report changes: only its scores are recomputed.
+    index.apply_report(&report(3, 7 * GIB));
+    assert_eq!(ext.prescore(), classes);
+    // And prioritize, answering from those memos, agrees with a rescore.
+    for (vram, gpus) in shapes {
+        let p = pod("check", vram, gpus);
+        let answered: Vec<u8> = ext
+            .prioritize(args(&p))
+            .iter()
+            .map(|h| h.score as u8)
+            .collect();
+        assert_eq!(answered, from_scratch(&ext, &index, &p));
+    }
 }

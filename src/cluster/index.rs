@@ -316,6 +316,12 @@ impl Index {
         }
     }
 
+    /// Every node's slot, for a pass over the whole cluster that must not hold the node map
+    /// while it works.
+    pub fn all_slots(&self) -> Vec<Arc<NodeSlot>> {
+        self.nodes.read().values().cloned().collect()
+    }
+
     pub fn node_names(&self) -> Vec<String> {
         let mut v: Vec<String> = self.nodes.read().keys().cloned().collect();
         v.sort();

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::Extender;
 use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
 use crate::cluster::index::{pod_key, pod_request_of};
-use crate::metrics::extender::{DecisionLabels, ReasonLabels};
+use crate::metrics::extender::{DecisionLabels, ReasonLabels, ScoreSourceLabels};
 use crate::placement::fit::check_class;
 use crate::placement::{FitConfig, NodeLedger, PodClass, PodShape, Rejection};
 
@@ -238,6 +238,15 @@ impl Extender {
         result.failed_nodes = Some(failed);
         result.failed_and_unresolvable_nodes = Some(unresolvable);
         result
+    }
+
+    pub(crate) fn count_scores(&self, source: &'static str, n: u64) {
+        if n > 0 {
+            self.metrics
+                .node_scores
+                .get_or_create(&ScoreSourceLabels { source })
+                .inc_by(n);
+        }
     }
 
     pub(crate) fn count(&self, verb: &'static str, outcome: &'static str) {

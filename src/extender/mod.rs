@@ -4,6 +4,7 @@
 pub mod bind;
 pub mod filter;
 pub mod preempt;
+pub mod prescore;
 pub mod prioritize;
 pub mod routes;
 pub mod wire;
@@ -48,6 +49,11 @@ pub struct ExtenderArgs {
     /// A node whose GPU report is older than this is not schedulable (e.g. `120s`, `2m`).
     #[arg(long, env = "PEAKFIT_MAX_REPORT_AGE", default_value = "120s", value_parser = parse_seconds)]
     pub max_report_age: i64,
+    /// How often, in milliseconds, a background thread scores the workload's usual pod classes
+    /// on nodes that changed, so prioritize answers the first pod of a new run from memory
+    /// (0: never).
+    #[arg(long, env = "PEAKFIT_PRESCORE_INTERVAL_MS", default_value_t = 100)]
+    pub prescore_interval_ms: u64,
 }
 
 /// A byte quantity in Kubernetes syntax (`256Mi`, `1G`, `1073741824`).
@@ -250,6 +256,10 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
             .with_scoring(args.scoring)
             .with_readiness(readiness),
     );
+    if args.prescore_interval_ms > 0 {
+        ext.spawn_prescorer(std::time::Duration::from_millis(args.prescore_interval_ms))
+            .context("starting the prescore thread")?;
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;

@@ -1,5 +1,7 @@
 //! Prioritize: among the nodes that fit, which wastes least (placement's scoring, 0-10).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use super::Extender;
 
 use super::filter::Candidates;
@@ -41,6 +43,7 @@ impl Extender {
         let now = self.now();
         self.count("prioritize", "scored");
         let names: Vec<&str> = candidates.names().collect();
+        let (remembered, computed) = (AtomicU64::new(0), AtomicU64::new(0));
         let raw = self.index.map_slots(&names, |slot| {
             let Some(slot) = slot else { return f64::NAN };
             let st = slot.read();
@@ -55,13 +58,17 @@ impl Extender {
                 class_id,
             };
             if let Some(score) = slot.scores.lock().get(&key) {
+                remembered.fetch_add(1, Ordering::Relaxed);
                 return score;
             }
             let score = place_score(&st.ledger, &class, self.scoring, &mix, &self.fit, now)
                 .unwrap_or(f64::NAN);
             slot.scores.lock().put(key, score);
+            computed.fetch_add(1, Ordering::Relaxed);
             score
         });
+        self.count_scores("computed", computed.into_inner());
+        self.count_scores("memo", remembered.into_inner());
         // Placement ranks the nodes against each other: the best gets 10, a node the pod does
         // not fit 0.
         candidates

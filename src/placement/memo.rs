@@ -34,8 +34,8 @@ pub struct MemoKey {
     pub class_id: u64,
 }
 
-/// The few most recent scores of one node: a handful covers the classes that alternate in a
-/// scheduling queue, and a node's memo stays a single cache line or two.
+/// The few most recent scores of one node: room for the classes the prescorer keeps warm
+/// (`PRESCORED`) and two more for whatever else the queue brings, in 384 bytes per node.
 #[derive(Clone, Debug, Default)]
 pub struct ScoreMemo {
     entries: [(MemoKey, f64); Self::WAYS],
@@ -43,7 +43,9 @@ pub struct ScoreMemo {
 }
 
 impl ScoreMemo {
-    const WAYS: usize = 4;
+    pub const WAYS: usize = 12;
+    /// How many of the mix's classes the prescorer keeps in every node's memo.
+    pub const PRESCORED: usize = Self::WAYS - 2;
 
     /// The score remembered under `key` (NaN when the pod did not fit).
     pub fn get(&self, key: &MemoKey) -> Option<f64> {
@@ -53,10 +55,25 @@ impl ScoreMemo {
             .map(|&(_, s)| s)
     }
 
-    /// Remembers a score, replacing the oldest entry.
+    /// Remembers a score in place of, first, the same class's older score or an empty entry,
+    /// then a score of an older ledger or mix (it can never be read again), and only then the
+    /// oldest of the current ones.
     pub fn put(&mut self, key: MemoKey, score: f64) {
-        self.entries[self.next] = (key, score);
-        self.next = (self.next + 1) % Self::WAYS;
+        let i = self
+            .entries
+            .iter()
+            .position(|(k, _)| k.class_id == key.class_id || k.class_id == 0)
+            .or_else(|| {
+                self.entries.iter().position(|(k, _)| {
+                    k.ledger_version != key.ledger_version || k.mix_generation != key.mix_generation
+                })
+            })
+            .unwrap_or_else(|| {
+                let i = self.next;
+                self.next = (i + 1) % Self::WAYS;
+                i
+            });
+        self.entries[i] = (key, score);
     }
 }
 
@@ -122,6 +139,26 @@ mod tests {
         // NaN (did not fit) is remembered like any score.
         memo.put(key(2, 1, 1), f64::NAN);
         assert!(memo.get(&key(2, 1, 1)).is_some_and(f64::is_nan));
+    }
+
+    #[test]
+    fn unreadable_entries_go_first() {
+        let mut memo = ScoreMemo::default();
+        for c in 1..=ScoreMemo::WAYS as u64 {
+            memo.put(key(1, 1, c), c as f64);
+        }
+        // The ledger moved on: new scores replace the old ledger's, not each other.
+        for c in 1..=ScoreMemo::WAYS as u64 {
+            memo.put(key(2, 1, 100 + c), c as f64);
+        }
+        for c in 1..=ScoreMemo::WAYS as u64 {
+            assert_eq!(memo.get(&key(2, 1, 100 + c)), Some(c as f64));
+        }
+        // A class scored again replaces its own older score.
+        memo.put(key(3, 1, 101), 0.5);
+        memo.put(key(3, 1, 102), 0.25);
+        assert_eq!(memo.get(&key(3, 1, 101)), Some(0.5));
+        assert_eq!(memo.get(&key(2, 1, 103)), Some(3.0));
     }
 
     #[test]
