@@ -4,7 +4,8 @@
 //! percentiles: criterion reports means and medians, the targets are p99s.
 //!
 //! `cargo bench --bench extender` (env `PEAKFIT_BENCH_ITERS`, default 2000 per measurement;
-//! `PEAKFIT_BENCH_ONLY=repeat,http,stream,cold` to run some of the workloads).
+//! `PEAKFIT_BENCH_ONLY=repeat,http,stream,cold,criterion` to run some of them; `criterion` adds
+//! criterion's estimates for the in-process calls).
 //!
 //! Three workloads: one pod asked about again and again (every node's memo answers), a stream
 //! of pods in runs of one shape with a bind and a finished pod per request (what a scheduler
@@ -496,4 +497,50 @@ fn main() {
         let c = cold(&ext, iters);
         println!("{}", c.line("prioritize, a new class every request"));
     }
+    if wanted("criterion") {
+        criterion_estimates(&ext, &body);
+    }
+}
+
+/// Criterion's estimates (the mean time per call and its confidence interval) for the same
+/// in-process calls, as a cross-check of the percentiles above that is robust to a few slow
+/// outliers. `PEAKFIT_BENCH_ONLY=criterion` runs only these.
+fn criterion_estimates(ext: &Extender, body: &[u8]) {
+    let mut c = criterion::Criterion::default()
+        .measurement_time(Duration::from_secs(5))
+        .sample_size(50)
+        .configure_from_args();
+    let mut g = c.benchmark_group("extender_5000_nodes");
+    g.bench_function("filter_in_process", |b| {
+        b.iter(|| {
+            let args: ExtenderArgs = serde_json::from_slice(body).unwrap();
+            to_go_json(&ext.filter(args)).unwrap()
+        })
+    });
+    g.bench_function("prioritize_in_process", |b| {
+        b.iter(|| {
+            let args: ExtenderArgs = serde_json::from_slice(body).unwrap();
+            to_go_json(&ext.prioritize(args)).unwrap()
+        })
+    });
+    let mut k = 1_000_000u64;
+    g.bench_function("prioritize_new_class", |b| {
+        b.iter_batched(
+            || {
+                k += 1;
+                request_for(pod_json(
+                    "cold",
+                    "bench-cold",
+                    serde_json::json!({"peakfit.io/vram": format!("{k}Ki")}),
+                ))
+            },
+            |body| {
+                let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
+                to_go_json(&ext.prioritize(args)).unwrap()
+            },
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    g.finish();
+    c.final_summary();
 }
