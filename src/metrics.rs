@@ -90,7 +90,7 @@ pub mod extender {
         pub pod_predicted: Family<PodGpuLabels, Gauge>,
         pub pod_observed: Family<PodGpuLabels, Gauge>,
         pub pending_pods: Family<ReasonLabels, Gauge>,
-        pub pending_pod_oldest: FloatGauge,
+        pub pending_pod_oldest: Family<ReasonLabels, FloatGauge>,
     }
 
     fn latency_histogram() -> Histogram {
@@ -125,7 +125,7 @@ pub mod extender {
                 pod_predicted: Family::default(),
                 pod_observed: Family::default(),
                 pending_pods: Family::default(),
-                pending_pod_oldest: FloatGauge::default(),
+                pending_pod_oldest: Family::default(),
             };
             let r = &mut registry;
             r.register(
@@ -207,7 +207,7 @@ pub mod extender {
             );
             r.register(
                 "pending_pod_oldest_seconds",
-                "How long the oldest pending pod has found no node",
+                "How long the oldest pending pod has found no node, by the reason most nodes gave",
                 m.pending_pod_oldest.clone(),
             );
             Self { registry, ..m }

@@ -369,7 +369,6 @@ async fn node_cache_mode_replay() {
         "peakfit_node_report_age_seconds",
         "peakfit_pod_predicted_bytes",
         "peakfit_pod_observed_bytes",
-        "peakfit_pending_pod_oldest_seconds",
     ] {
         assert!(
             text.contains(&format!("# TYPE {family} ")),
@@ -502,11 +501,19 @@ async fn filter_refuses_stale_and_missing_reports_as_unresolvable() {
         text.contains(r#"peakfit_pending_pods{reason="stale_report"} 1"#),
         "{text}"
     );
+    assert!(
+        text.contains(r#"peakfit_pending_pod_oldest_seconds{reason="stale_report"} "#),
+        "{text}"
+    );
     // Deleted while pending: it is no longer counted.
     index.delete_pod_key(node_cache_uids()["embedder"]);
     let (_, metrics) = call(&router, "GET", "/metrics", vec![]).await;
     let text = String::from_utf8(metrics).unwrap();
     assert!(!text.contains("peakfit_pending_pods{"), "{text}");
+    assert!(
+        !text.contains("peakfit_pending_pod_oldest_seconds{"),
+        "{text}"
+    );
 }
 
 #[tokio::test]

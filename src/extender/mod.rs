@@ -207,20 +207,23 @@ impl Extender {
         let now = self.now();
         let mut p = self.pending.lock();
         p.retain(|key, _| self.index.contains_pod(key));
-        let mut by_reason: HashMap<&'static str, i64> = HashMap::new();
-        let mut oldest = 0i64;
+        // Per reason: how many pods wait, and for how long the oldest has.
+        let mut by_reason: HashMap<&'static str, (i64, i64)> = HashMap::new();
         for e in p.values() {
-            *by_reason.entry(e.reason).or_default() += 1;
-            oldest = oldest.max(now - e.since_unix);
+            let r = by_reason.entry(e.reason).or_default();
+            r.0 += 1;
+            r.1 = r.1.max(now - e.since_unix);
         }
         self.metrics.pending_pods.clear();
-        for (reason, n) in by_reason {
+        self.metrics.pending_pod_oldest.clear();
+        for (reason, (n, oldest)) in by_reason {
+            let labels = ReasonLabels { reason };
+            self.metrics.pending_pods.get_or_create(&labels).set(n);
             self.metrics
-                .pending_pods
-                .get_or_create(&ReasonLabels { reason })
-                .set(n);
+                .pending_pod_oldest
+                .get_or_create(&labels)
+                .set(oldest as f64);
         }
-        self.metrics.pending_pod_oldest.set(oldest as f64);
     }
 }
 
