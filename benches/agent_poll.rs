@@ -204,6 +204,11 @@ fn bench_process(lib: &Path, proc_root: &Path, config: &Path, seconds: u64) {
         .arg(&kubeconfig)
         .env("FAKE_NVML_CONFIG", config)
         .env("PEAKFIT_LOG", "warn")
+        // As the chart's DaemonSet runs it; set MIMALLOC_ALLOW_THP=1 to see the difference.
+        .env(
+            "MIMALLOC_ALLOW_THP",
+            std::env::var("MIMALLOC_ALLOW_THP").unwrap_or_else(|_| "0".into()),
+        )
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
