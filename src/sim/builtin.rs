@@ -287,7 +287,13 @@ fn packing_pods(resolved: &[Resolved], count: usize, seed: u64) -> Vec<PodSpec> 
                 memory_mib: r.t.memory_mib,
                 num_gpu,
                 gpu_milli,
-                gpu_spec: models.join("|"),
+                // A pod that fits every model is unrestricted: listing them all would make it
+                // look model-bound to the placement (no model pressure) for no reason.
+                gpu_spec: if models.len() == CLUSTER.len() {
+                    String::new()
+                } else {
+                    models.join("|")
+                },
             })
         })
         .collect()
