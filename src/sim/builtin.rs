@@ -624,6 +624,17 @@ mod tests {
     }
 
     #[test]
+    fn only_pods_that_miss_some_model_are_model_bound() {
+        let pods = packing_pods(&resolve().unwrap(), 400, 7);
+        // bert fits every GPU; LoRA (about 48 GiB) only the H100.
+        assert!(pods.iter().any(|p| p.gpu_spec.is_empty()));
+        assert!(pods.iter().any(|p| p.gpu_spec == "H100-80GB"));
+        for p in &pods {
+            assert!(p.gpu_spec.split('|').count() < CLUSTER.len(), "{p:?}");
+        }
+    }
+
+    #[test]
     fn peakfit_has_no_ooms_on_the_builtin_workload() {
         let resolved = resolve().unwrap();
         let pods = dynamic_pods(&resolved, &[], 12 * 60, 30.0, 1);
