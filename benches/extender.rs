@@ -3,7 +3,12 @@
 //! memory. A bench binary (harness = false) that records every request's latency and prints
 //! percentiles: criterion reports means and medians, the targets are p99s.
 //!
-//! `cargo bench --bench extender` (env `PEAKFIT_BENCH_ITERS`, default 2000 per measurement).
+//! `cargo bench --bench extender` (env `PEAKFIT_BENCH_ITERS`, default 2000 per measurement;
+//! `PEAKFIT_BENCH_ONLY=repeat,http,stream,cold` to run some of the workloads).
+//!
+//! Three workloads: one pod asked about again and again (every node's memo answers), a stream
+//! of pods in runs of one shape with a bind and a finished pod per request (what a scheduler
+//! sees: one or two nodes change per pod), and a new class on every request (no memo answers).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -15,10 +20,14 @@ use kube::api::ObjectMeta;
 use peakfit::cluster::binding::MemoryBinder;
 use peakfit::cluster::index::{ASSIGNED_GPUS, Index, RESERVED_BYTES};
 use peakfit::cluster::{NodeGpuReport, NodeGpuReportSpec};
-use peakfit::extender::wire::{ExtenderArgs, to_go_json};
+use peakfit::extender::wire::{ExtenderArgs, ExtenderBindingArgs, to_go_json};
 use peakfit::extender::{Extender, routes};
 use peakfit::inventory::{GpuDevice, GpuProcess, NodeGpuReportStatus, NvmlStatus};
 use peakfit::metrics::extender::ExtenderMetrics;
+
+/// The allocator the `peakfit` binary uses (see `src/main.rs`), so the bench measures what runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const NODES: usize = 5_000;
 const GPUS: usize = 8;
@@ -141,16 +150,137 @@ fn build(index: &Index) {
     }
 }
 
-fn request_body() -> Vec<u8> {
+/// A node-cache-mode request for `pod` over every node.
+fn request_for(pod: serde_json::Value) -> Vec<u8> {
     let names: Vec<String> = (0..NODES).map(|n| format!("gpu-node-{n:05}")).collect();
-    serde_json::to_vec(&serde_json::json!({
-        "Pod": {"metadata": {"name": "chat", "namespace": "ml", "uid": "bench-pod",
-                             "annotations": {"peakfit.io/vram": "24Gi"}},
-                "spec": {"containers": [{"name": "c", "image": "x"}], "schedulerName": "peakfit-scheduler"}},
-        "Nodes": null,
-        "NodeNames": names,
-    }))
-    .unwrap()
+    serde_json::to_vec(&serde_json::json!({"Pod": pod, "Nodes": null, "NodeNames": names})).unwrap()
+}
+
+fn pod_json(name: &str, uid: &str, annotations: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"name": name, "namespace": "ml", "uid": uid, "annotations": annotations},
+        "spec": {"containers": [{"name": "c", "image": "x"}], "schedulerName": "peakfit-scheduler"},
+    })
+}
+
+fn request_body() -> Vec<u8> {
+    request_for(pod_json(
+        "chat",
+        "bench-pod",
+        serde_json::json!({"peakfit.io/vram": "24Gi"}),
+    ))
+}
+
+/// The shapes of the workload stream: (per-GPU VRAM, GPUs, relative frequency).
+const STREAM_SHAPES: [(&str, u32, u32); 8] = [
+    ("4Gi", 1, 6),
+    ("8Gi", 1, 5),
+    ("12Gi", 1, 4),
+    ("16Gi", 1, 4),
+    ("24Gi", 1, 3),
+    ("40Gi", 1, 2),
+    ("30Gi", 2, 1),
+    ("20Gi", 4, 1),
+];
+
+/// How many stream pods stay bound before the oldest finishes (is deleted): keeps the cluster
+/// at a steady fill while every bind and finish changes a node.
+const STREAM_RESIDENT: usize = 400;
+
+/// The scheduling loop kube-scheduler runs, in process: a pod is created (the watch indexes
+/// it), filtered, prioritized and bound to the best node; pods come in runs of one shape
+/// (replicas), and the oldest stream pod finishes as each new one binds. Returns filter and
+/// prioritize latencies.
+fn workload_stream(
+    ext: &Arc<Extender>,
+    rt: &tokio::runtime::Runtime,
+    iters: usize,
+) -> (Stats, Stats) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let total: u32 = STREAM_SHAPES.iter().map(|s| s.2).sum();
+    let mut shape = 0usize;
+    let mut run_left = 0u32;
+    let mut resident: std::collections::VecDeque<String> = Default::default();
+    let (mut f, mut p) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
+    let warmup = iters / 10;
+    for i in 0..warmup + iters {
+        if run_left == 0 {
+            let mut pick = rng.random_range(0..total);
+            shape = STREAM_SHAPES
+                .iter()
+                .position(|s| {
+                    let hit = pick < s.2;
+                    pick = pick.saturating_sub(s.2);
+                    hit
+                })
+                .unwrap();
+            run_left = rng.random_range(1..=16);
+        }
+        run_left -= 1;
+        let (vram, gpus, _) = STREAM_SHAPES[shape];
+        let name = format!("stream-{i:06}");
+        let uid = format!("00000000-0000-4000-9000-{i:012x}");
+        let annotations =
+            serde_json::json!({"peakfit.io/vram": vram, "peakfit.io/gpus": gpus.to_string()});
+        let pod_value = pod_json(&name, &uid, annotations);
+        ext.index
+            .apply_pod(&serde_json::from_value::<Pod>(pod_value.clone()).unwrap());
+        let body = request_for(pod_value);
+        let t = Instant::now();
+        let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
+        let kept = ext.filter(args);
+        std::hint::black_box(to_go_json(&kept).unwrap());
+        let tf = t.elapsed();
+        let t = Instant::now();
+        let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
+        let scores = ext.prioritize(args);
+        std::hint::black_box(to_go_json(&scores).unwrap());
+        let tp = t.elapsed();
+        if i >= warmup {
+            f.push(tf);
+            p.push(tp);
+        }
+        let fits: std::collections::HashSet<String> =
+            kept.node_names.unwrap_or_default().into_iter().collect();
+        let best = scores
+            .iter()
+            .filter(|h| fits.contains(&h.host))
+            .max_by_key(|h| h.score);
+        if let Some(best) = best {
+            let r = rt.block_on(ext.bind(ExtenderBindingArgs {
+                pod_name: name,
+                pod_namespace: "ml".into(),
+                pod_uid: uid.clone(),
+                node: best.host.clone(),
+            }));
+            assert!(r.error.is_empty(), "bind: {}", r.error);
+            resident.push_back(uid);
+        } else {
+            ext.index.delete_pod_key(&uid);
+        }
+        if resident.len() > STREAM_RESIDENT {
+            ext.index.delete_pod_key(&resident.pop_front().unwrap());
+        }
+    }
+    (Stats(f), Stats(p))
+}
+
+/// Every request a class no request had before: no node's memo can answer, the worst case.
+fn cold(ext: &Extender, iters: usize) -> Stats {
+    let mut k = 0u64;
+    measure(iters, || {
+        k += 1;
+        let body = request_for(pod_json(
+            "cold",
+            "bench-cold",
+            serde_json::json!({"peakfit.io/vram": format!("{}Mi", 10_240 + k)}),
+        ));
+        let t = Instant::now();
+        let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
+        std::hint::black_box(to_go_json(&ext.prioritize(args)).unwrap());
+        t.elapsed()
+    })
 }
 
 struct Stats(Vec<Duration>);
@@ -173,19 +303,21 @@ impl Stats {
     }
 }
 
-fn measure(iters: usize, mut f: impl FnMut()) -> Stats {
+/// Runs `f` `iters` times after a tenth as many warm-up runs; `f` returns what it timed.
+fn measure(iters: usize, mut f: impl FnMut() -> Duration) -> Stats {
     for _ in 0..iters / 10 {
         f();
     }
-    Stats(
-        (0..iters)
-            .map(|_| {
-                let t = Instant::now();
-                f();
-                t.elapsed()
-            })
-            .collect(),
-    )
+    Stats((0..iters).map(|_| f()).collect())
+}
+
+/// `measure` timing the whole of `f`.
+fn timed(iters: usize, mut f: impl FnMut()) -> Stats {
+    measure(iters, || {
+        let t = Instant::now();
+        f();
+        t.elapsed()
+    })
 }
 
 /// One keep-alive HTTP/1.1 POST; returns the body.
@@ -266,18 +398,22 @@ fn main() {
         "request body: {} bytes (node-cache mode, {NODES} names)",
         body.len()
     );
-    let f = measure(iters, || {
-        let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
-        let out = to_go_json(&ext.filter(args)).unwrap();
-        std::hint::black_box(out);
-    });
-    println!("{}", f.line("filter, in process (decode+decide+encode)"));
-    let p = measure(iters, || {
-        let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
-        let out = to_go_json(&ext.prioritize(args)).unwrap();
-        std::hint::black_box(out);
-    });
-    println!("{}", p.line("prioritize, in process"));
+    let only = std::env::var("PEAKFIT_BENCH_ONLY").unwrap_or_default();
+    let wanted = |scenario: &str| only.is_empty() || only.split(',').any(|s| s == scenario);
+    if wanted("repeat") {
+        let f = timed(iters, || {
+            let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
+            let out = to_go_json(&ext.filter(args)).unwrap();
+            std::hint::black_box(out);
+        });
+        println!("{}", f.line("filter, in process (decode+decide+encode)"));
+        let p = timed(iters, || {
+            let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
+            let out = to_go_json(&ext.prioritize(args)).unwrap();
+            std::hint::black_box(out);
+        });
+        println!("{}", p.line("prioritize, in process"));
+    }
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -295,12 +431,27 @@ fn main() {
     let mut conn = BufReader::new(stream);
     let first = post(&mut conn, "/filter", &body);
     assert!(first.starts_with(b"{\"Nodes\":null,\"NodeNames\":["));
-    let hf = measure(iters, || {
-        std::hint::black_box(post(&mut conn, "/filter", &body));
-    });
-    println!("{}", hf.line("filter, loopback HTTP (keep-alive)"));
-    let hp = measure(iters, || {
-        std::hint::black_box(post(&mut conn, "/prioritize", &body));
-    });
-    println!("{}", hp.line("prioritize, loopback HTTP (keep-alive)"));
+    if wanted("http") {
+        let hf = timed(iters, || {
+            std::hint::black_box(post(&mut conn, "/filter", &body));
+        });
+        println!("{}", hf.line("filter, loopback HTTP (keep-alive)"));
+        let hp = timed(iters, || {
+            std::hint::black_box(post(&mut conn, "/prioritize", &body));
+        });
+        println!("{}", hp.line("prioritize, loopback HTTP (keep-alive)"));
+    }
+    if wanted("stream") {
+        println!(
+            "workload stream (filter, prioritize, bind; runs of 1-16 pods of {} shapes, {STREAM_RESIDENT} stay bound):",
+            STREAM_SHAPES.len()
+        );
+        let (sf, sp) = workload_stream(&ext, &rt, iters);
+        println!("{}", sf.line("  filter, in process"));
+        println!("{}", sp.line("  prioritize, in process"));
+    }
+    if wanted("cold") {
+        let c = cold(&ext, iters);
+        println!("{}", c.line("prioritize, a new class every request"));
+    }
 }

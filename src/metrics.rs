@@ -78,6 +78,7 @@ pub mod extender {
         pub gpu_free: Family<GpuLabels, Gauge>,
         pub node_fragmentation: Family<NodeLabels, FloatGauge>,
         pub node_report_age: Family<NodeLabels, FloatGauge>,
+        pub node_report_age_limit: FloatGauge,
         pub pod_predicted: Family<PodGpuLabels, Gauge>,
         pub pod_observed: Family<PodGpuLabels, Gauge>,
         pub pending_pods: Family<ReasonLabels, Gauge>,
@@ -111,6 +112,7 @@ pub mod extender {
                 gpu_free: Family::default(),
                 node_fragmentation: Family::default(),
                 node_report_age: Family::default(),
+                node_report_age_limit: FloatGauge::default(),
                 pod_predicted: Family::default(),
                 pod_observed: Family::default(),
                 pending_pods: Family::default(),
@@ -166,6 +168,12 @@ pub mod extender {
                 "node_report_age_seconds",
                 "Age of the node's NodeGpuReport",
                 m.node_report_age.clone(),
+            );
+            r.register(
+                "node_report_age_limit_seconds",
+                "The extender's staleness limit (--max-report-age): a node whose report is older \
+                 gets no GPU pod; 0 in file mode, which does not check age",
+                m.node_report_age_limit.clone(),
             );
             r.register(
                 "pod_predicted_bytes",

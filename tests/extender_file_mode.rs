@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use extender_support::*;
-use peakfit::cluster::index::{ASSIGNED_GPUS, Index, RESERVED_BYTES};
+use peakfit::cluster::index::{ASSIGNED_GPUS, GPU_MEMORY_FRACTION, Index, RESERVED_BYTES};
 use peakfit::placement::FitConfig;
 
 fn example() -> (Arc<Index>, usize) {
@@ -120,4 +120,36 @@ async fn the_example_cluster_loads_and_answers() {
     let l = index.node("a100-0").unwrap().read().ledger.clone();
     // 40 GiB - 0.5 reserved - 30 chat-serve - 6 embedder.
     assert_eq!(l.gpus[0].free_bytes(), 40 * GIB - GIB / 2 - 36 * GIB);
+}
+
+/// vLLM given `vram` instead of a model would otherwise take its default 0.9 of the card while
+/// peakfit reserved only `vram`: bind tells it the share it was given.
+#[tokio::test]
+async fn a_fraction_engine_with_explicit_vram_is_told_its_share() {
+    let (index, _) = example();
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "small-vllm", "namespace": "ml", "uid": "uid-small-vllm",
+                     "annotations": {"peakfit.io/vram": "8Gi", "peakfit.io/engine": "vllm"}},
+        "spec": {"containers": [{"name": "c", "image": "vllm/vllm-openai"}]},
+    }))
+    .unwrap();
+    index.apply_pod(&pod);
+    let h = file_mode_harness(index.clone());
+    let (_, r) = call(
+        &h.router,
+        "POST",
+        "/bind",
+        br#"{"PodName":"small-vllm","PodNamespace":"ml","PodUID":"uid-small-vllm","Node":"a100-0"}"#
+            .to_vec(),
+    )
+    .await;
+    assert_eq!(json(&r)["Error"], "", "{}", String::from_utf8_lossy(&r));
+    let bindings = h.binder.bindings.lock().clone();
+    let ann = &bindings.last().unwrap().1;
+    assert_eq!(ann[RESERVED_BYTES], (8 * GIB).to_string());
+    // a100-0's GPUs are 40 GiB cards: 8 / 40 = 0.2, never rounded up past the reservation.
+    let total = index.node("a100-0").unwrap().read().ledger.gpus[0].total_bytes;
+    let want = ((8 * GIB) as f64 / total as f64 * 1e4).floor() / 1e4;
+    assert_eq!(ann[GPU_MEMORY_FRACTION], format!("{want:.4}"));
+    assert!(want <= 0.2 + 1e-9 && want > 0.19, "{want}");
 }

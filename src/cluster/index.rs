@@ -13,12 +13,18 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use parking_lot::{RwLock, RwLockReadGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::cluster::NodeGpuReport;
 use crate::metrics::extender::{ExtenderMetrics, GpuLabels, NodeLabels, PodGpuLabels};
 use crate::model::{self, AnnotationError, PodRequest};
+use crate::placement::ledger::shared_model;
+use crate::placement::memo::{ScoreMemo, fresh_id};
 use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey};
+
+/// From this many nodes on, a request's nodes are decided in parallel (below it the threads
+/// cost more than they save).
+pub const PARALLEL_FROM: usize = 256;
 
 /// Written by bind: the GPUs (UUIDs, comma separated).
 pub const ASSIGNED_GPUS: &str = "peakfit.io/assigned-gpus";
@@ -124,7 +130,8 @@ struct ReportView {
 #[derive(Clone, Debug, Default)]
 struct ReportGpu {
     uuid: String,
-    model: String,
+    /// One string for all GPUs of a model on the node (`placement::ledger::shared_model`).
+    model: Arc<str>,
     total: u64,
     used: u64,
     driver_reserved: u64,
@@ -153,6 +160,7 @@ impl ReportView {
                 .clone()
                 .unwrap_or_else(|| "no reason given".into())
         });
+        let mut models = Vec::new();
         let gpus = status
             .gpus
             .iter()
@@ -169,7 +177,7 @@ impl ReportView {
                 }
                 ReportGpu {
                     uuid: g.uuid.clone(),
-                    model: g.name.clone(),
+                    model: shared_model(&mut models, &g.name),
                     total: g.memory_total_bytes,
                     used: g.memory_used_bytes,
                     driver_reserved: g.memory_reserved_bytes,
@@ -192,6 +200,9 @@ pub struct NodeState {
     report: Option<ReportView>,
     pods: BTreeSet<PodKey>,
     pub ledger: NodeLedger,
+    /// A new `memo::fresh_id()` whenever `ledger` is rebuilt: the key under which scores of this
+    /// ledger are remembered.
+    version: u64,
     emitted_gpus: Vec<GpuLabels>,
     emitted_pods: Vec<PodGpuLabels>,
 }
@@ -201,6 +212,9 @@ pub struct NodeState {
 pub struct NodeSlot {
     pub bind_lock: tokio::sync::Mutex<()>,
     state: RwLock<NodeState>,
+    /// Prioritize's recent scores of this node; its own lock, so scoring under the state's read
+    /// lock can still remember what it computed.
+    pub scores: Mutex<ScoreMemo>,
 }
 
 impl NodeSlot {
@@ -212,14 +226,23 @@ impl NodeSlot {
                 report: None,
                 pods: BTreeSet::new(),
                 ledger: NodeLedger::new(name),
+                version: fresh_id(),
                 emitted_gpus: Vec::new(),
                 emitted_pods: Vec::new(),
             }),
+            scores: Mutex::new(ScoreMemo::default()),
         }
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, NodeState> {
         self.state.read()
+    }
+}
+
+impl NodeState {
+    /// Changes whenever the ledger does (see `placement::memo`).
+    pub fn version(&self) -> u64 {
+        self.version
     }
 }
 
@@ -234,7 +257,9 @@ struct PodTable {
 /// The index. Cheap to share: wrap it in an `Arc`.
 #[derive(Default)]
 pub struct Index {
-    nodes: RwLock<HashMap<String, Arc<NodeSlot>>>,
+    /// Hashed with foldhash: every request looks up thousands of names, and SipHash's defence
+    /// against chosen keys buys nothing for node names the API server hands out.
+    nodes: RwLock<HashMap<String, Arc<NodeSlot>, foldhash::fast::RandomState>>,
     pods: RwLock<PodTable>,
     metrics: Option<Arc<ExtenderMetrics>>,
 }
@@ -271,12 +296,24 @@ impl Index {
     }
 
     /// The slots of `names` under one lock acquisition (a request asks for thousands).
-    pub fn slots<'a>(
+    /// `f` of every named node's slot (`None` for a node the index does not know), in order;
+    /// spread over the cores from `PARALLEL_FROM` names on. The lookups run in parallel too:
+    /// for thousands of names they cost as much as the decisions.
+    pub fn map_slots<T: Send>(
         &self,
-        names: impl IntoIterator<Item = &'a str>,
-    ) -> Vec<Option<Arc<NodeSlot>>> {
-        let nodes = self.nodes.read();
-        names.into_iter().map(|n| nodes.get(n).cloned()).collect()
+        names: &[&str],
+        f: impl Fn(Option<&NodeSlot>) -> T + Sync,
+    ) -> Vec<T> {
+        use rayon::prelude::*;
+        // Recursive: a rayon worker waiting inside this call may run another request's part,
+        // which takes this lock again; an ordinary read would wait behind a queued writer.
+        let nodes = self.nodes.read_recursive();
+        let one = |n: &&str| f(nodes.get(*n).map(|s| &**s));
+        if names.len() >= PARALLEL_FROM {
+            names.par_iter().map(one).collect()
+        } else {
+            names.iter().map(one).collect()
+        }
     }
 
     pub fn node_names(&self) -> Vec<String> {
@@ -502,6 +539,7 @@ impl Index {
             }
         }
         st.ledger = ledger;
+        st.version = fresh_id();
         if let Some(m) = &self.metrics {
             publish(m, st, pods);
         }

@@ -94,7 +94,7 @@ impl Extender {
         let class = PodClass::from(request.shape());
         let mix = self.shapes.lock().mix();
         let _held = slot.bind_lock.lock().await;
-        let (uuids, per_gpu) = {
+        let (uuids, per_gpu, totals) = {
             let st = slot.read();
             // The same choice prioritize scored: the policy's GPUs on the current ledger.
             let placement = place(
@@ -120,7 +120,12 @@ impl Extender {
                 .iter()
                 .map(|&i| st.ledger.gpus[i].uuid.clone())
                 .collect();
-            (uuids, placement.per_gpu_bytes)
+            let totals: Vec<u64> = placement
+                .gpu_indices
+                .iter()
+                .map(|&i| st.ledger.gpus[i].total_bytes)
+                .collect();
+            (uuids, placement.per_gpu_bytes, totals)
         };
         // One number per pod: the largest per-GPU share (they differ only on mixed GPU sizes).
         let reserved = per_gpu.iter().copied().max().unwrap_or(0);
@@ -128,7 +133,12 @@ impl Extender {
             (ASSIGNED_GPUS.to_owned(), uuids.join(",")),
             (RESERVED_BYTES.to_owned(), reserved.to_string()),
         ]);
-        if let Some(f) = request.engine_fraction {
+        let fraction = request.engine_fraction.or_else(|| {
+            request
+                .fraction_engine
+                .then(|| fraction_within(&per_gpu, &totals))
+        });
+        if let Some(f) = fraction {
             annotations.insert(GPU_MEMORY_FRACTION.to_owned(), format!("{f:.4}"));
         }
         self.binder
@@ -145,5 +155,36 @@ impl Extender {
         );
         self.set_pending(&entry.key, None);
         Ok(())
+    }
+}
+
+/// The share of the GPU a fraction engine given fixed bytes (`vram`) may take: the smallest
+/// bytes/total over its GPUs (the engine takes one fraction for all of them), rounded down to
+/// the four decimals the annotation carries, so the engine never budgets past its reservation.
+fn fraction_within(per_gpu: &[u64], totals: &[u64]) -> f64 {
+    per_gpu
+        .iter()
+        .zip(totals)
+        .filter(|(_, t)| **t > 0)
+        .map(|(&b, &t)| (b as f64 / t as f64 * 1e4).floor() / 1e4)
+        .fold(1.0, f64::min)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fraction_within;
+
+    #[test]
+    fn a_fixed_reservation_becomes_the_smallest_share_rounded_down() {
+        const GIB: u64 = 1 << 30;
+        assert_eq!(fraction_within(&[20 * GIB], &[80 * GIB]), 0.25);
+        // 30 / 81 = 0.37037..: rounded down, never up past the reservation.
+        assert_eq!(fraction_within(&[30 * GIB], &[81 * GIB]), 0.3703);
+        // Mixed sizes: the engine's one fraction must hold on the smaller share.
+        assert_eq!(
+            fraction_within(&[20 * GIB, 20 * GIB], &[40 * GIB, 80 * GIB]),
+            0.25
+        );
+        assert_eq!(fraction_within(&[90 * GIB], &[80 * GIB]), 1.0);
     }
 }

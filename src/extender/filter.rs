@@ -4,18 +4,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
-use rayon::prelude::*;
 
 use super::Extender;
 use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
-use crate::cluster::index::{NodeSlot, pod_key, pod_request_of};
+use crate::cluster::index::{pod_key, pod_request_of};
 use crate::metrics::extender::{DecisionLabels, ReasonLabels};
 use crate::placement::fit::check_class;
 use crate::placement::{FitConfig, NodeLedger, PodClass, PodShape, Rejection};
-
-/// From this many candidates on, nodes are decided in parallel (below it the threads cost more
-/// than they save).
-pub const PARALLEL_FROM: usize = 256;
 
 /// The candidate nodes of a request, in whichever mode the scheduler uses.
 pub enum Candidates {
@@ -178,30 +173,25 @@ impl Extender {
                 let now = self.now();
                 let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
                 let names: Vec<&str> = candidates.names().collect();
-                let slots = self.index.slots(names.iter().copied());
-                let verdict =
-                    |slot: &Option<std::sync::Arc<NodeSlot>>| -> Option<(Rejection, bool)> {
-                        let slot = slot.as_ref()?;
-                        let st = slot.read();
-                        check_class(&st.ledger, &class, &self.fit, now)
-                            .err()
-                            .map(|r| {
-                                let resolvable =
-                                    resolvable_by_preemption(&st.ledger, &shape, &self.fit, &r);
-                                (r, resolvable)
-                            })
-                    };
-                // Thousands of nodes are independent decisions: spread them over the cores.
-                let verdicts: Vec<Option<(Rejection, bool)>> = if slots.len() >= PARALLEL_FROM {
-                    slots.par_iter().map(verdict).collect()
-                } else {
-                    slots.iter().map(verdict).collect()
-                };
+                // Outer `None`: the index does not know the node; inner: it fits.
+                let verdicts: Vec<Option<Option<(Rejection, bool)>>> =
+                    self.index.map_slots(&names, |slot| {
+                        let st = slot?.read();
+                        Some(
+                            check_class(&st.ledger, &class, &self.fit, now)
+                                .err()
+                                .map(|r| {
+                                    let resolvable =
+                                        resolvable_by_preemption(&st.ledger, &shape, &self.fit, &r);
+                                    (r, resolvable)
+                                }),
+                        )
+                    });
                 let keep: Vec<bool> = names
                     .iter()
-                    .zip(slots.iter().zip(verdicts))
-                    .map(|(name, (slot, verdict))| {
-                        if slot.is_none() {
+                    .zip(verdicts)
+                    .map(|(name, verdict)| {
+                        let Some(verdict) = verdict else {
                             *counts.entry("no_report").or_default() += 1;
                             unresolvable.insert(
                                 (*name).to_owned(),
@@ -210,7 +200,7 @@ impl Extender {
                                     .to_owned(),
                             );
                             return false;
-                        }
+                        };
                         match verdict {
                             None => true,
                             Some((r, resolvable)) => {

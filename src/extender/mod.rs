@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use crate::cluster::binding::{BindingWriter, KubeBinder, MemoryBinder};
 use crate::cluster::index::Index;
 use crate::metrics::extender::{ExtenderMetrics, ReasonLabels};
+use crate::placement::memo::ClassIds;
 use crate::placement::{FitConfig, PodKey, ScoringPolicy, ShapeStats};
 
 #[derive(Clone, Debug, clap::Args)]
@@ -101,6 +102,8 @@ struct Pending {
 /// Everything a request needs; shared by every handler.
 pub struct Extender {
     pub index: Arc<Index>,
+    /// Set with `with_fit` (and `scoring` with `with_scoring`): prioritize's memo assumes
+    /// they do not change under it.
     pub fit: FitConfig,
     pub scoring: ScoringPolicy,
     pub binder: Arc<dyn BindingWriter>,
@@ -108,6 +111,9 @@ pub struct Extender {
     pub readiness: Readiness,
     /// The pod shapes filter has seen lately: peakfit scoring weighs fragmentation by them.
     shapes: Mutex<ShapeStats>,
+    /// Ids for the classes prioritize scores, the third part of a node's memo key; one table
+    /// per extender, because the memo also depends on its policy and fit configuration.
+    class_ids: Mutex<ClassIds>,
     pending: Mutex<HashMap<PodKey, Pending>>,
     clock: fn() -> i64,
 }
@@ -130,18 +136,24 @@ impl Extender {
             metrics,
             readiness: Readiness::default(),
             shapes: Mutex::new(ShapeStats::default()),
+            class_ids: Mutex::new(ClassIds::default()),
             pending: Mutex::new(HashMap::new()),
             clock: now_unix,
         }
     }
 
+    /// Also starts a new class table, so no score remembered under the old configuration is
+    /// read under the new one.
     pub fn with_fit(mut self, fit: FitConfig) -> Self {
         self.fit = fit;
+        self.class_ids = Mutex::new(ClassIds::default());
         self
     }
 
+    /// Also starts a new class table (see `with_fit`).
     pub fn with_scoring(mut self, scoring: ScoringPolicy) -> Self {
         self.scoring = scoring;
+        self.class_ids = Mutex::new(ClassIds::default());
         self
     }
 
@@ -154,6 +166,11 @@ impl Extender {
     pub fn with_clock(mut self, clock: fn() -> i64) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// The shape mix prioritize scores with now (learned from the pods filter has seen).
+    pub fn mix(&self) -> Arc<crate::placement::ShapeMix> {
+        self.shapes.lock().mix()
     }
 
     pub fn now(&self) -> i64 {
@@ -209,6 +226,10 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         // A file is a snapshot: the age of its reports says nothing about live agents.
         max_report_age_secs: args.from_file.is_none().then_some(args.max_report_age),
     };
+    // The stale-report alert compares each node's report age with this, so it follows the flag.
+    metrics
+        .node_report_age_limit
+        .set(fit.max_report_age_secs.unwrap_or(0) as f64);
     let (binder, readiness): (Arc<dyn BindingWriter>, Readiness) = match &args.from_file {
         Some(path) => {
             let n = crate::cluster::file::load_into(&index, path)

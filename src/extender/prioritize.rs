@@ -1,12 +1,12 @@
 //! Prioritize: among the nodes that fit, which wastes least (placement's scoring, 0-10).
 
 use super::Extender;
-use rayon::prelude::*;
 
-use super::filter::{Candidates, PARALLEL_FROM};
+use super::filter::Candidates;
 use super::wire::{ExtenderArgs, HostPriority, HostPriorityList, MAX_EXTENDER_PRIORITY};
-use crate::cluster::index::NodeSlot;
 use crate::cluster::index::pod_request_of;
+use crate::placement::fit::node_usable;
+use crate::placement::memo::MemoKey;
 use crate::placement::{PodClass, place_score, scores_0_to_10};
 
 /// The score of every node for pods peakfit does not place: the same for all, so it changes
@@ -37,21 +37,31 @@ impl Extender {
         };
         let class = PodClass::from(req.shape());
         let mix = self.shapes.lock().mix();
+        let class_id = self.class_ids.lock().id(&class);
         let now = self.now();
         self.count("prioritize", "scored");
-        let slots = self.index.slots(candidates.names());
-        let raw_score = |slot: &Option<std::sync::Arc<NodeSlot>>| {
-            slot.as_ref().map_or(f64::NAN, |slot| {
-                let st = slot.read();
-                place_score(&st.ledger, &class, self.scoring, &mix, &self.fit, now)
-                    .unwrap_or(f64::NAN)
-            })
-        };
-        let raw: Vec<f64> = if slots.len() >= PARALLEL_FROM {
-            slots.par_iter().map(raw_score).collect()
-        } else {
-            slots.iter().map(raw_score).collect()
-        };
+        let names: Vec<&str> = candidates.names().collect();
+        let raw = self.index.map_slots(&names, |slot| {
+            let Some(slot) = slot else { return f64::NAN };
+            let st = slot.read();
+            // Report age moves with the clock, not with the ledger: checked every time, so
+            // the memo only ever holds scores of usable nodes.
+            if node_usable(&st.ledger, &self.fit, now).is_err() {
+                return f64::NAN;
+            }
+            let key = MemoKey {
+                ledger_version: st.version(),
+                mix_generation: mix.generation(),
+                class_id,
+            };
+            if let Some(score) = slot.scores.lock().get(&key) {
+                return score;
+            }
+            let score = place_score(&st.ledger, &class, self.scoring, &mix, &self.fit, now)
+                .unwrap_or(f64::NAN);
+            slot.scores.lock().put(key, score);
+            score
+        });
         // Placement ranks the nodes against each other: the best gets 10, a node the pod does
         // not fit 0.
         candidates

@@ -633,8 +633,13 @@ impl Spec {
 pub struct PodRequest {
     pub gpus: u32,
     pub demand: Demand,
-    /// For engines that budget a fraction of the GPU: the fraction they should be told to use.
+    /// For engines that budget a fraction of the GPU: the fraction they should be told to use,
+    /// when the model decides it. `None` with `fraction_engine` when `vram` fixes the bytes:
+    /// bind then derives the fraction from the GPUs it picks.
     pub engine_fraction: Option<f64>,
+    /// The engine budgets a fraction of the GPU (vLLM, TGI, SGLang, TensorRT-LLM) and must be
+    /// told which one, or it takes its default share of the card whatever peakfit reserved.
+    pub fraction_engine: bool,
 }
 
 impl PodRequest {
@@ -667,6 +672,7 @@ pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
             gpus: spec.gpus.or(spec.tensor_parallel).unwrap_or(1),
             demand: Demand::fixed(bytes),
             engine_fraction: None,
+            fraction_engine: matches!(spec.engine, Some(Engine::Fraction(_))),
         });
     }
     if !spec.describes_model() {
@@ -692,6 +698,7 @@ pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
         gpus: e.gpus,
         demand: e.demand,
         engine_fraction: e.engine_fraction,
+        fraction_engine: matches!(spec.engine, Some(Engine::Fraction(_))),
     })
 }
 

@@ -10,6 +10,7 @@
 //! node O(devices), and nothing rescans pods per request.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -44,9 +45,11 @@ impl Reservation {
 pub struct GpuLedger {
     pub uuid: String,
     /// Product name (`NVIDIA H100 80GB HBM3`, or an openb model such as `G2`); pods may be
-    /// restricted to some models.
+    /// restricted to some models. Shared: the GPUs of one node (and the index's ledgers of one
+    /// report) point at one string, so telling GPU kinds apart is a pointer compare, not a
+    /// trip to memory per GPU.
     #[serde(default)]
-    pub model: String,
+    pub model: Arc<str>,
     pub total_bytes: u64,
     pub driver_reserved_bytes: u64,
     /// Use the agent saw that belongs to no pod with a reservation here (other schedulers, host
@@ -68,7 +71,7 @@ impl GpuLedger {
         }
     }
 
-    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+    pub fn with_model(mut self, model: impl Into<Arc<str>>) -> Self {
         self.model = model.into();
         self
     }
@@ -165,6 +168,17 @@ impl GpuLedger {
     pub fn observed_bytes(&self) -> u64 {
         self.observed_sum.saturating_add(self.unattributed_bytes)
     }
+}
+
+/// `name` as one of `seen`, added if new: the GPUs of a node share their model strings (see
+/// `GpuLedger::model`).
+pub fn shared_model(seen: &mut Vec<Arc<str>>, name: &str) -> Arc<str> {
+    if let Some(m) = seen.iter().find(|m| ***m == *name) {
+        return m.clone();
+    }
+    let m: Arc<str> = name.into();
+    seen.push(m.clone());
+    m
 }
 
 /// Why a node cannot take any pod right now, independent of the pod.
@@ -318,11 +332,12 @@ impl NodeLedger {
     ) -> Result<Vec<PodKey>, ReportError> {
         let mut old: BTreeMap<String, GpuLedger> =
             self.gpus.drain(..).map(|g| (g.uuid.clone(), g)).collect();
+        let mut models: Vec<Arc<str>> = Vec::new();
         for dev in status.gpus.iter().filter(|d| d.is_schedulable()) {
             let mut gpu = old
                 .remove(&dev.uuid)
                 .unwrap_or_else(|| GpuLedger::new(dev.uuid.clone(), dev.memory_total_bytes));
-            gpu.model.clone_from(&dev.name);
+            gpu.model = shared_model(&mut models, &dev.name);
             let attributed: Vec<(&str, u64)> = dev
                 .processes
                 .iter()

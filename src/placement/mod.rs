@@ -5,6 +5,7 @@ pub mod demand;
 pub mod fit;
 pub mod frag;
 pub mod ledger;
+pub mod memo;
 pub mod score;
 
 pub use demand::{Demand, PodClass, PodShape};

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::demand::PodClass;
-use super::fit::{FitConfig, Placement, Rejection, admissible};
+use super::fit::{FitConfig, GpuShares, Placement, Rejection, admissible};
 use super::frag::{FragState, FragUnit, GpuChange, ShapeMix};
 use super::ledger::NodeLedger;
 
@@ -105,7 +105,7 @@ pub fn place_tuned(
     tuning: &Tuning,
 ) -> Result<Scored, Rejection> {
     choose(node, class, policy, mix, cfg, now_unix, tuning).map(|(chosen, score)| Scored {
-        placement: Placement::from_pairs(chosen),
+        placement: Placement::from_pairs(chosen.into_vec()),
         score,
     })
 }
@@ -132,7 +132,7 @@ fn choose(
     cfg: &FitConfig,
     now_unix: i64,
     tuning: &Tuning,
-) -> Result<(Vec<(usize, u64)>, f64), Rejection> {
+) -> Result<(GpuShares, f64), Rejection> {
     let candidates = admissible(node, class, cfg, now_unix)?;
     Ok(match policy {
         ScoringPolicy::Peakfit if !mix.is_empty() => {
@@ -165,9 +165,9 @@ fn packing_after(node: &NodeLedger, chosen: &[(usize, u64)]) -> f64 {
 fn by_free(
     node: &NodeLedger,
     class: &PodClass,
-    mut candidates: Vec<(usize, u64)>,
+    mut candidates: GpuShares,
     tight: bool,
-) -> (Vec<(usize, u64)>, f64) {
+) -> (GpuShares, f64) {
     let left = |&(i, need): &(usize, u64)| {
         FragUnit::Gpus.weight(&node.gpus[i]) * (node.gpus[i].free_bytes() - need) as f64
     };
@@ -197,16 +197,16 @@ fn by_free(
 fn peakfit(
     node: &NodeLedger,
     class: &PodClass,
-    mut candidates: Vec<(usize, u64)>,
+    mut candidates: GpuShares,
     mix: &ShapeMix,
     cfg: &FitConfig,
     tuning: &Tuning,
-) -> (Vec<(usize, u64)>, f64) {
+) -> (GpuShares, f64) {
     let mut state = FragState::new(node, mix, cfg, FragUnit::Gpus);
     let before = state.value();
     let free_gpus = state.free();
     state.apply(&[], class.cpu_milli);
-    let mut chosen: Vec<(usize, u64)> = Vec::with_capacity(class.shape.gpus as usize);
+    let mut chosen = GpuShares::new();
     for _ in 0..class.shape.gpus {
         let mut best: Option<(f64, f64, usize)> = None; // (F after, free left, position)
         // GPUs of one kind (size and model: one group of `FragState`) with the same free memory

@@ -548,10 +548,13 @@ impl<'a> Replay<'a> {
 /// number of bytes (see `openb_shape`).
 fn ledger_for(spec: &NodeSpec) -> NodeLedger {
     let total = (model_memory_mib(&spec.model) << 20) / 1000 * 1000;
+    let model: std::sync::Arc<str> = spec.model.as_str().into();
     NodeLedger::with_gpus(
         spec.name.clone(),
         (0..spec.gpus)
-            .map(|i| GpuLedger::new(format!("{}-gpu{i}", spec.name), total).with_model(&spec.model))
+            .map(|i| {
+                GpuLedger::new(format!("{}-gpu{i}", spec.name), total).with_model(model.clone())
+            })
             .collect(),
     )
     .with_cpu_milli(spec.cpu_milli)

@@ -2,7 +2,7 @@
 //! JSON patch. Pure: no I/O, so every branch is tested with AdmissionReview JSON alone.
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation};
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
 use k8s_openapi::api::core::v1::{Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
@@ -102,14 +102,32 @@ impl Mutator {
             Ok(r) => r,
             Err(e) => return Decision::Refuse(e.to_string()),
         };
-        if pod_request.is_none() && opt_in == OptIn::Annotation {
-            return Decision::PassThrough;
-        }
-        let fraction = pod_request
-            .as_ref()
-            .is_some_and(|r| r.engine_fraction.is_some());
         let mut ops = Vec::new();
         let mut warnings = Vec::new();
+        // Bind's output on a pod being created is forged or copied (a restored backup, a
+        // template that kept them): the extender's index would believe it and count memory
+        // on GPUs nobody reserved. Removed whether or not the pod opts in.
+        let carried: Vec<&str> = [ASSIGNED_GPUS, RESERVED_BYTES, GPU_MEMORY_FRACTION]
+            .into_iter()
+            .filter(|k| annotations.contains_key(*k))
+            .collect();
+        if !carried.is_empty() {
+            for key in &carried {
+                ops.push(remove(&["metadata", "annotations", key]));
+            }
+            warnings.push(format!(
+                "removed {}: only peakfit's bind writes them, when it places the pod",
+                carried.join(", ")
+            ));
+        }
+        if pod_request.is_none() && opt_in == OptIn::Annotation {
+            return if ops.is_empty() {
+                Decision::PassThrough
+            } else {
+                Decision::Mutate { ops, warnings }
+            };
+        }
+        let fraction = pod_request.as_ref().is_some_and(|r| r.fraction_engine);
         let spec = pod.spec.unwrap_or_default();
 
         match spec.scheduler_name.as_deref() {
@@ -223,6 +241,12 @@ fn add(path: &[&str], value: Value) -> PatchOperation {
     PatchOperation::Add(AddOperation {
         path: PointerBuf::from_tokens(path.iter().copied()),
         value,
+    })
+}
+
+fn remove(path: &[&str]) -> PatchOperation {
+    PatchOperation::Remove(RemoveOperation {
+        path: PointerBuf::from_tokens(path.iter().copied()),
     })
 }
 
@@ -357,6 +381,64 @@ mod tests {
                 "peakfit-scheduler".into()
             )]
         );
+    }
+
+    #[test]
+    fn bind_output_on_a_new_pod_is_removed_even_without_opt_in() {
+        let forged = json!({
+            "peakfit.io/assigned-gpus": "GPU-0",
+            "peakfit.io/reserved-bytes": "1",
+            "example.com/keep": "yes",
+        });
+        let d = decide(
+            pod(forged.clone(), json!([{"name": "c", "image": "i"}])),
+            OptIn::Annotation,
+        );
+        let Decision::Mutate { ops, warnings } = d else {
+            panic!("expected a patch, got {d:?}")
+        };
+        assert_eq!(
+            ops,
+            [
+                remove(&["metadata", "annotations", "peakfit.io/assigned-gpus"]),
+                remove(&["metadata", "annotations", "peakfit.io/reserved-bytes"]),
+            ]
+        );
+        assert!(
+            warnings[0].contains("peakfit.io/assigned-gpus"),
+            "{warnings:?}"
+        );
+        // The pointer escapes the key's slash as JSON Pointer requires.
+        let PatchOperation::Remove(r) = &ops[0] else {
+            unreachable!()
+        };
+        assert_eq!(
+            r.path.to_string(),
+            "/metadata/annotations/peakfit.io~1assigned-gpus"
+        );
+        // Applied to the pod, only peakfit's output goes.
+        let mut object = pod(forged, json!([]));
+        json_patch::patch(&mut object, &ops).unwrap();
+        assert_eq!(
+            object["metadata"]["annotations"],
+            json!({"example.com/keep": "yes"})
+        );
+    }
+
+    #[test]
+    fn a_fraction_engine_with_explicit_vram_is_told_its_fraction() {
+        let d = decide(
+            pod(
+                json!({"peakfit.io/vram": "30Gi", "peakfit.io/engine": "vllm"}),
+                json!([{"name": "c", "image": "i"}]),
+            ),
+            OptIn::Annotation,
+        );
+        let Decision::Mutate { ops, .. } = d else {
+            panic!("expected a patch, got {d:?}")
+        };
+        let text = serde_json::to_string(&ops).unwrap();
+        assert!(text.contains("PEAKFIT_GPU_MEMORY_FRACTION"), "{text}");
     }
 
     #[test]

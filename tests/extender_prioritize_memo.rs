@@ -1,0 +1,184 @@
+//! Prioritize remembers each node's score (`placement::memo`); these tests drive a scheduling
+//! loop (filter, prioritize, bind, pods finishing, fresh GPU reports) and check after every
+//! step that what prioritize answered is what scoring every node from scratch gives.
+
+mod extender_support;
+
+use std::sync::Arc;
+
+use extender_support::*;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::ObjectMeta;
+use peakfit::cluster::binding::MemoryBinder;
+use peakfit::cluster::index::Index;
+use peakfit::cluster::{NodeGpuReport, NodeGpuReportSpec};
+use peakfit::extender::Extender;
+use peakfit::extender::wire::{ExtenderArgs, ExtenderBindingArgs};
+use peakfit::inventory::{GpuDevice, NodeGpuReportStatus, NvmlStatus};
+use peakfit::metrics::extender::ExtenderMetrics;
+use peakfit::placement::{FitConfig, PodClass, place_score, scores_0_to_10};
+
+const NODES: usize = 12;
+const GPUS: usize = 4;
+const TOTAL: u64 = 80 * GIB;
+
+fn node_name(n: usize) -> String {
+    format!("node-{n:02}")
+}
+
+fn report(n: usize, extra_used: u64) -> NodeGpuReport {
+    let name = node_name(n);
+    let mut r = NodeGpuReport::new(
+        &name,
+        NodeGpuReportSpec {
+            node_name: name.clone(),
+        },
+    );
+    r.status = Some(NodeGpuReportStatus {
+        observed_at: "2026-11-21T00:00:00Z".into(),
+        nvml: NvmlStatus {
+            up: true,
+            ..Default::default()
+        },
+        gpus: (0..GPUS)
+            .map(|g| GpuDevice {
+                index: g as u32,
+                uuid: format!("GPU-{n:02}-{g}"),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                memory_total_bytes: TOTAL,
+                // A process of no pod, different on every GPU: nodes start unlike each other.
+                memory_used_bytes: ((n * GPUS + g) % 7) as u64 * 5 * GIB + extra_used,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    });
+    r
+}
+
+fn pod(name: &str, vram: &str, gpus: u32) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                     "annotations": {"peakfit.io/vram": vram, "peakfit.io/gpus": gpus.to_string()}},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }))
+    .unwrap()
+}
+
+fn args(pod: &Pod) -> ExtenderArgs {
+    ExtenderArgs {
+        pod: Some(pod.clone()),
+        node_names: Some((0..NODES).map(node_name).collect()),
+        ..Default::default()
+    }
+}
+
+/// What prioritize must answer: every node scored from scratch with the extender's mix.
+fn from_scratch(ext: &Extender, index: &Index, pod: &Pod) -> Vec<u8> {
+    let req = peakfit::cluster::index::pod_request_of(pod)
+        .unwrap()
+        .unwrap();
+    let class = PodClass::from(req.shape());
+    let mix = ext.mix();
+    let raw: Vec<f64> = (0..NODES)
+        .map(|n| {
+            let slot = index.node(&node_name(n)).unwrap();
+            let st = slot.read();
+            place_score(&st.ledger, &class, ext.scoring, &mix, &ext.fit, ext.now())
+                .unwrap_or(f64::NAN)
+        })
+        .collect();
+    scores_0_to_10(&raw)
+}
+
+#[tokio::test]
+async fn remembered_scores_always_equal_a_rescore() {
+    let index = Arc::new(Index::new());
+    for n in 0..NODES {
+        index.apply_node(&Node {
+            metadata: ObjectMeta {
+                name: Some(node_name(n)),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        index.apply_report(&report(n, 0));
+    }
+    let ext = Extender::new(
+        index.clone(),
+        Arc::new(ExtenderMetrics::new()),
+        Arc::new(MemoryBinder::default()),
+    )
+    .with_fit(FitConfig {
+        max_report_age_secs: None,
+        ..FitConfig::default()
+    });
+    // Runs of one shape, as replicas come; three shapes, one of them two GPUs wide.
+    let shapes = [("10Gi", 1), ("30Gi", 2), ("18Gi", 1)];
+    let mut bound: Vec<Pod> = Vec::new();
+    let mut changed_scores = 0;
+    let mut last: Option<Vec<u8>> = None;
+    for step in 0..60 {
+        let (vram, gpus) = shapes[(step / 4) % shapes.len()];
+        let p = pod(&format!("p{step:02}"), vram, gpus);
+        index.apply_pod(&p);
+        let kept = ext.filter(args(&p)).node_names.unwrap_or_default();
+        let answered: Vec<u8> = ext
+            .prioritize(args(&p))
+            .iter()
+            .map(|h| h.score as u8)
+            .collect();
+        assert_eq!(
+            answered,
+            from_scratch(&ext, &index, &p),
+            "step {step}: prioritize's answer differs from a rescore"
+        );
+        // Asked again at once, every node answers from its memo: still the same.
+        let again: Vec<u8> = ext
+            .prioritize(args(&p))
+            .iter()
+            .map(|h| h.score as u8)
+            .collect();
+        assert_eq!(again, answered, "step {step}: a repeated request differs");
+        if last.as_ref().is_some_and(|l| *l != answered) {
+            changed_scores += 1;
+        }
+        last = Some(answered.clone());
+
+        // Bind to the best node that fits: that node's ledger changes.
+        let best = (0..NODES)
+            .filter(|&n| kept.contains(&node_name(n)))
+            .max_by_key(|&n| (answered[n], std::cmp::Reverse(n)));
+        if let Some(n) = best {
+            let r = ext
+                .bind(ExtenderBindingArgs {
+                    pod_name: p.metadata.name.clone().unwrap(),
+                    pod_namespace: "ml".into(),
+                    pod_uid: p.metadata.uid.clone().unwrap(),
+                    node: node_name(n),
+                })
+                .await;
+            assert!(r.error.is_empty(), "step {step}: {}", r.error);
+            let mut p = p.clone();
+            p.spec.as_mut().unwrap().node_name = Some(node_name(n));
+            let slot = index.node(&node_name(n)).unwrap();
+            assert!(
+                slot.read()
+                    .ledger
+                    .gpus
+                    .iter()
+                    .any(|g| g.reservation(p.metadata.uid.as_deref().unwrap()).is_some()),
+                "step {step}: bind recorded nothing"
+            );
+            bound.push(p);
+        }
+        // Every fifth step the oldest pod finishes, and a node's agent reports more use.
+        if step % 5 == 4 && !bound.is_empty() {
+            index.delete_pod(&bound.remove(0));
+            index.apply_report(&report(step % NODES, 3 * GIB));
+        }
+    }
+    // The loop exercised changing answers, not one answer sixty times.
+    assert!(changed_scores >= 10, "only {changed_scores} steps changed");
+    assert!(!bound.is_empty());
+}
