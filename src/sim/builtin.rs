@@ -287,7 +287,13 @@ fn packing_pods(resolved: &[Resolved], count: usize, seed: u64) -> Vec<PodSpec> 
                 memory_mib: r.t.memory_mib,
                 num_gpu,
                 gpu_milli,
-                gpu_spec: models.join("|"),
+                // A pod that fits every model is unrestricted: listing them all would make it
+                // look model-bound to the placement (no model pressure) for no reason.
+                gpu_spec: if models.len() == CLUSTER.len() {
+                    String::new()
+                } else {
+                    models.join("|")
+                },
             })
         })
         .collect()
@@ -505,8 +511,21 @@ fn builtin_table(packing: &[RunResult], dynamic: &[DynamicRun], seeds: usize) ->
         out.push_str(&format!("  {:<11}{u:>7.2}\n", p.name()));
     }
     out.push_str(&format!(
-        "\nPods come and go for 24 h, memory follows profiles (mean of {seeds} seed(s)):\n  {:<11}{:>7}{:>8}{:>10}{:>9}{:>11}{:>10}{:>10}\n",
-        "accounting", "pods", "placed", "completed", "OOMs", "OOM-killed", "pending", "mem used"
+        "\nPods come and go for 24 h, memory follows profiles (mean of {seeds} seed(s)):\n\
+         placed = started at least once (later OOM-killed or not); clean = never OOM-killed or \
+         failed at start\n  {:<11}{:>6}{:>8}{:>7}{:>10}{:>7}{:>9}{:>8}{:>8}{:>9}{:>9}{:>10}\n",
+        "accounting",
+        "pods",
+        "placed",
+        "clean",
+        "completed",
+        "clean",
+        "OOMs",
+        "killed",
+        "failed",
+        "lost h",
+        "pending",
+        "mem used"
     ));
     for a in Accounting::ALL {
         let rs: Vec<&DynamicResult> = dynamic
@@ -516,13 +535,17 @@ fn builtin_table(packing: &[RunResult], dynamic: &[DynamicRun], seeds: usize) ->
             .collect();
         let m = |f: &dyn Fn(&DynamicResult) -> f64| mean(rs.iter().map(|r| f(r)));
         out.push_str(&format!(
-            "  {:<11}{:>7.0}{:>8.0}{:>10.0}{:>9.1}{:>11.1}{:>7.0} min{:>9.1}%\n",
+            "  {:<11}{:>6.0}{:>8.0}{:>7.0}{:>10.0}{:>7.0}{:>9.1}{:>8.1}{:>8.1}{:>9.0}{:>5.0} min{:>9.1}%\n",
             a.name(),
             m(&|r| r.pods as f64),
             m(&|r| r.pods_placed as f64),
+            m(&|r| r.pods_placed_never_killed as f64),
             m(&|r| r.pods_completed as f64),
+            m(&|r| r.pods_completed_without_kill as f64),
             m(&|r| r.oom_events as f64),
             m(&|r| r.pods_oom_killed as f64),
+            m(&|r| r.pods_failed_at_start as f64),
+            m(&|r| r.gpu_hours_lost),
             m(&|r| r.mean_pending_min),
             m(&|r| r.mean_memory_used_pct),
         ));
@@ -597,6 +620,17 @@ mod tests {
                 r.t.name,
                 r.demand
             );
+        }
+    }
+
+    #[test]
+    fn only_pods_that_miss_some_model_are_model_bound() {
+        let pods = packing_pods(&resolve().unwrap(), 400, 7);
+        // bert fits every GPU; LoRA (about 48 GiB) only the H100.
+        assert!(pods.iter().any(|p| p.gpu_spec.is_empty()));
+        assert!(pods.iter().any(|p| p.gpu_spec == "H100-80GB"));
+        for p in &pods {
+            assert!(p.gpu_spec.split('|').count() < CLUSTER.len(), "{p:?}");
         }
     }
 

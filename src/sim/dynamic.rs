@@ -8,7 +8,14 @@
 //! All three place with the extender's own `placement::place` (peakfit scoring over the shapes
 //! seen so far, fed to `ShapeStats` as the extender does) on a `NodeLedger`; only what the
 //! ledger holds, and the demand it is asked for, differ. A GPU whose pods' real use exceeds its
-//! memory at a sample is an OOM event: the youngest pod on it is killed and queued again.
+//! memory at a sample is an OOM event: the youngest pod on it is killed and queued again. A pod
+//! started on a GPU too small to hold it at all (`Demand::runs_on` false: a fraction-budget
+//! engine whose share of that GPU cannot hold its weights) fails at once and is queued again;
+//! only accountings that do not ask the model can put it there.
+//!
+//! "Placed" counts a pod once it has started, however its runs end: declared-only and live-free
+//! start pods that are then OOM-killed and started again, so the counters also say how many
+//! pods were never killed and how many ran to completion without a kill.
 
 use std::collections::VecDeque;
 
@@ -74,12 +81,28 @@ pub struct DynPod {
 pub struct DynamicResult {
     pub accounting: String,
     pub pods: usize,
-    /// Pods that started at least once.
+    /// Pods that started at least once, including pods later OOM-killed or failed at start.
     pub pods_placed: usize,
-    /// Pods that ran to their end without being OOM-killed on their last start.
+    /// Pods that started and were never OOM-killed and never failed at start.
+    #[serde(default)]
+    pub pods_placed_never_killed: usize,
+    /// Pods that ran to their end (on their last start; earlier starts may have been killed).
     pub pods_completed: usize,
+    /// Pods that ran to their end and were never OOM-killed or failed at start on the way.
+    #[serde(default)]
+    pub pods_completed_without_kill: usize,
     pub oom_events: usize,
     pub pods_oom_killed: usize,
+    /// Starts on a GPU too small for the pod to run at all (it fails at once and is queued
+    /// again).
+    #[serde(default)]
+    pub start_failures: usize,
+    /// Pods that failed at start at least once.
+    #[serde(default)]
+    pub pods_failed_at_start: usize,
+    /// GPU-hours of runs that ended in an OOM kill: work lost and redone.
+    #[serde(default)]
+    pub gpu_hours_lost: f64,
     /// Pods still waiting when the simulation ended.
     pub pods_pending_at_end: usize,
     /// Mean minutes from arrival to (last) start, over pods that started.
@@ -136,6 +159,8 @@ pub fn simulate(
     let mut running: Vec<Running> = Vec::new();
     let mut started = vec![false; pods.len()];
     let mut killed = vec![false; pods.len()];
+    let mut failed_at_start = vec![false; pods.len()];
+    let mut gpu_minutes_lost = 0u64;
     let mut out = DynamicResult {
         accounting: accounting.name().to_owned(),
         pods: pods.len(),
@@ -153,6 +178,9 @@ pub fn simulate(
             if done {
                 ledgers[r.node].release(&r.key);
                 out.pods_completed += 1;
+                if !killed[r.pod] && !failed_at_start[r.pod] {
+                    out.pods_completed_without_kill += 1;
+                }
             }
             !done
         });
@@ -173,6 +201,20 @@ pub fn simulate(
                     let key = format!("pod-{p}-{starts}");
                     starts += 1;
                     let gpu_total = ledgers[n].gpus[placement.gpu_indices[0]].total_bytes;
+                    if !started[p] {
+                        started[p] = true;
+                        out.pods_placed += 1;
+                    }
+                    if !pod.predicted.runs_on(gpu_total) {
+                        // It cannot run here at all: it fails at once and is queued again.
+                        out.start_failures += 1;
+                        if !failed_at_start[p] {
+                            failed_at_start[p] = true;
+                            out.pods_failed_at_start += 1;
+                        }
+                        still.push_back((p, arrived));
+                        continue;
+                    }
                     let predicted = pod.predicted.bytes_on(gpu_total);
                     let reserve_bytes = match accounting {
                         Accounting::Declared => pod.declared_bytes,
@@ -190,10 +232,6 @@ pub fn simulate(
                         peak_bytes,
                         key,
                     });
-                    if !started[p] {
-                        started[p] = true;
-                        out.pods_placed += 1;
-                    }
                     pending_total += (minute - arrived) as f64;
                     pending_count += 1;
                 }
@@ -248,6 +286,7 @@ pub fn simulate(
                 if let Some(i) = victim {
                     let r = running.swap_remove(i);
                     ledgers[r.node].release(&r.key);
+                    gpu_minutes_lost += (minute - r.start_min + 1) * r.gpus.len() as u64;
                     if !killed[r.pod] {
                         killed[r.pod] = true;
                         out.pods_oom_killed += 1;
@@ -258,6 +297,10 @@ pub fn simulate(
         }
     }
     out.pods_pending_at_end = pending.len();
+    out.pods_placed_never_killed = (0..pods.len())
+        .filter(|&p| started[p] && !killed[p] && !failed_at_start[p])
+        .count();
+    out.gpu_hours_lost = gpu_minutes_lost as f64 / 60.0;
     out.mean_pending_min = if pending_count > 0 {
         pending_total / pending_count as f64
     } else {
@@ -352,5 +395,51 @@ mod tests {
         assert_eq!(peak.pods_completed, 1);
         assert_eq!(peak.pods_placed, 2);
         assert!(peak.mean_pending_min > 0.0);
+        // Every run the others start ends in a kill, and the counters say so.
+        assert_eq!(declared.pods_placed, 3);
+        assert!(declared.pods_placed_never_killed < 3, "{declared:?}");
+        assert!(declared.gpu_hours_lost > 0.0, "{declared:?}");
+        assert_eq!(peak.pods_placed_never_killed, peak.pods_placed);
+        assert_eq!(peak.pods_completed_without_kill, peak.pods_completed);
+        assert_eq!(peak.gpu_hours_lost, 0.0);
+    }
+
+    #[test]
+    fn an_engine_on_a_gpu_too_small_for_it_fails_at_start() {
+        // An engine told to take 45 % of any GPU needs a 38 GiB GPU for its weights; asked for
+        // its declared 10 GiB, a declared-only scheduler puts it on the 24 GiB GPU, where it
+        // cannot start. peakfit waits for the big GPU.
+        let nodes = vec![
+            DynNode {
+                name: "small".into(),
+                gpu_bytes: vec![24 * GI],
+            },
+            DynNode {
+                name: "big".into(),
+                gpu_bytes: vec![80 * GI],
+            },
+        ];
+        let mut engine = growing_pod(0);
+        engine.predicted = Demand {
+            fixed_bytes: GI,
+            gpu_fraction: 0.45,
+            min_gpu_total_bytes: 38 * GI,
+        };
+        engine.declared_bytes = 10 * GI;
+        engine.profile = Profile {
+            minutes: vec![1.0; 60],
+        };
+        let mut hog = growing_pod(0);
+        hog.predicted = Demand::fixed(70 * GI);
+        hog.declared_bytes = 70 * GI;
+        hog.duration_min = 30;
+        let pods = vec![hog, engine];
+        let declared = simulate(&nodes, &pods, Accounting::Declared, 200, 1);
+        assert!(declared.start_failures > 0, "{declared:?}");
+        assert_eq!(declared.pods_failed_at_start, 1, "{declared:?}");
+        assert!(declared.pods_completed_without_kill <= 1, "{declared:?}");
+        let peak = simulate(&nodes, &pods, Accounting::Peakfit, 200, 1);
+        assert_eq!(peak.start_failures, 0, "{peak:?}");
+        assert_eq!(peak.pods_completed_without_kill, 2, "{peak:?}");
     }
 }
