@@ -91,6 +91,13 @@ impl Candidates {
     }
 }
 
+/// Why filter refused one node, decided and worded on a worker thread.
+struct Refusal {
+    reason: &'static str,
+    resolvable: bool,
+    words: String,
+}
+
 /// Whether evicting pods could ever make room: false when the node lacks the GPUs, its report
 /// is missing or stale, or its GPUs are too small even with every pod gone (memory of no pod
 /// with a reservation there, and the driver's share, cannot be evicted).
@@ -173,49 +180,56 @@ impl Extender {
                 let now = self.now();
                 let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
                 let names: Vec<&str> = candidates.names().collect();
-                // Outer `None`: the index does not know the node; inner: it fits.
-                let verdicts: Vec<Option<Option<(Rejection, bool)>>> =
-                    self.index.map_slots(&names, |slot| {
-                        let st = slot?.read();
-                        Some(
-                            check_class(&st.ledger, &class, &self.fit, now)
-                                .err()
-                                .map(|r| {
-                                    let resolvable =
-                                        resolvable_by_preemption(&st.ledger, &shape, &self.fit, &r);
-                                    (r, resolvable)
-                                }),
-                        )
-                    });
+                // Outer `None`: the index does not know the node; inner: it fits. The words
+                // are written here, in parallel: for thousands of refused nodes they cost more
+                // than the decisions.
+                let verdicts: Vec<Option<Option<Refusal>>> = self.index.map_slots(&names, |slot| {
+                    let st = slot?.read();
+                    Some(
+                        check_class(&st.ledger, &class, &self.fit, now)
+                            .err()
+                            .map(|r| Refusal {
+                                reason: r.reason(),
+                                resolvable: resolvable_by_preemption(
+                                    &st.ledger, &shape, &self.fit, &r,
+                                ),
+                                words: r.to_string(),
+                            }),
+                    )
+                });
+                let (mut resolvable, mut not_resolvable) = (Vec::new(), Vec::new());
                 let keep: Vec<bool> = names
                     .iter()
                     .zip(verdicts)
                     .map(|(name, verdict)| {
                         let Some(verdict) = verdict else {
                             *counts.entry("no_report").or_default() += 1;
-                            unresolvable.insert(
+                            not_resolvable.push((
                                 (*name).to_owned(),
                                 "peakfit knows nothing of this node yet: no GPU report from \
                                  the peakfit agent (is the agent running there?)"
                                     .to_owned(),
-                            );
+                            ));
                             return false;
                         };
                         match verdict {
                             None => true,
-                            Some((r, resolvable)) => {
-                                *counts.entry(r.reason()).or_default() += 1;
-                                let map = if resolvable {
-                                    &mut failed
+                            Some(refusal) => {
+                                *counts.entry(refusal.reason).or_default() += 1;
+                                let list = if refusal.resolvable {
+                                    &mut resolvable
                                 } else {
-                                    &mut unresolvable
+                                    &mut not_resolvable
                                 };
-                                map.insert((*name).to_owned(), r.to_string());
+                                list.push(((*name).to_owned(), refusal.words));
                                 false
                             }
                         }
                     })
                     .collect();
+                // Built in bulk (sorted, then filled), not one insertion at a time.
+                failed = resolvable.into_iter().collect();
+                unresolvable = not_resolvable.into_iter().collect();
                 for (reason, c) in &counts {
                     self.metrics
                         .rejections
