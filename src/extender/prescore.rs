@@ -12,14 +12,14 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::Extender;
-use crate::placement::fit::node_usable;
-use crate::placement::memo::{MemoKey, ScoreMemo};
-use crate::placement::{PodClass, place_score};
+use super::prioritize::Scored;
+use crate::placement::PodClass;
+use crate::placement::memo::ScoreMemo;
 
 impl Extender {
     /// Scores the mix's heaviest classes on every node whose memo lacks them; returns how many
-    /// scores it computed. Runs on the calling thread, one node at a time, never holding a node
-    /// longer than its scoring.
+    /// scores it computed. Runs on the calling thread, one node and class at a time, never
+    /// holding a node longer than one scoring.
     pub fn prescore(&self) -> usize {
         let mix = self.mix();
         if mix.is_empty() {
@@ -35,23 +35,12 @@ impl Extender {
         let now = self.now();
         let mut computed = 0;
         for slot in self.index.all_slots() {
-            let st = slot.read();
-            if node_usable(&st.ledger, &self.fit, now).is_err() {
-                continue;
-            }
             for &(class, class_id) in &classes {
-                let key = MemoKey {
-                    ledger_version: st.version(),
-                    mix_generation: mix.generation(),
-                    class_id,
-                };
-                if slot.scores.lock().get(&key).is_some() {
-                    continue;
+                match self.node_score(&slot, class, class_id, &mix, now) {
+                    None => break, // the node takes no pod now: nothing to keep warm
+                    Some(Scored::Computed(_)) => computed += 1,
+                    Some(Scored::Remembered(_)) => {}
                 }
-                let score = place_score(&st.ledger, class, self.scoring, &mix, &self.fit, now)
-                    .unwrap_or(f64::NAN);
-                slot.scores.lock().put(key, score);
-                computed += 1;
             }
         }
         self.count_scores("prescored", computed as u64);

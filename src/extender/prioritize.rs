@@ -6,10 +6,10 @@ use super::Extender;
 
 use super::filter::Candidates;
 use super::wire::{ExtenderArgs, HostPriority, HostPriorityList, MAX_EXTENDER_PRIORITY};
-use crate::cluster::index::pod_request_of;
+use crate::cluster::index::{NodeSlot, pod_request_of};
 use crate::placement::fit::node_usable;
 use crate::placement::memo::MemoKey;
-use crate::placement::{PodClass, place_score, scores_0_to_10};
+use crate::placement::{PodClass, ShapeMix, place_score, scores_0_to_10};
 
 /// The score of every node for pods peakfit does not place: the same for all, so it changes
 /// nothing in the scheduler's ranking.
@@ -46,26 +46,17 @@ impl Extender {
         let (remembered, computed) = (AtomicU64::new(0), AtomicU64::new(0));
         let raw = self.index.map_slots(&names, |slot| {
             let Some(slot) = slot else { return f64::NAN };
-            let st = slot.read();
-            // Report age moves with the clock, not with the ledger: checked every time, so
-            // the memo only ever holds scores of usable nodes.
-            if node_usable(&st.ledger, &self.fit, now).is_err() {
-                return f64::NAN;
+            match self.node_score(slot, &class, class_id, &mix, now) {
+                None => f64::NAN,
+                Some(Scored::Remembered(score)) => {
+                    remembered.fetch_add(1, Ordering::Relaxed);
+                    score
+                }
+                Some(Scored::Computed(score)) => {
+                    computed.fetch_add(1, Ordering::Relaxed);
+                    score
+                }
             }
-            let key = MemoKey {
-                ledger_version: st.version(),
-                mix_generation: mix.generation(),
-                class_id,
-            };
-            if let Some(score) = slot.scores.lock().get(&key) {
-                remembered.fetch_add(1, Ordering::Relaxed);
-                return score;
-            }
-            let score = place_score(&st.ledger, &class, self.scoring, &mix, &self.fit, now)
-                .unwrap_or(f64::NAN);
-            slot.scores.lock().put(key, score);
-            computed.fetch_add(1, Ordering::Relaxed);
-            score
         });
         self.count_scores("computed", computed.into_inner());
         self.count_scores("memo", remembered.into_inner());
@@ -80,5 +71,41 @@ impl Extender {
                 score: i64::from(score).clamp(0, MAX_EXTENDER_PRIORITY),
             })
             .collect()
+    }
+}
+
+/// Where a node's score came from.
+pub(crate) enum Scored {
+    Remembered(f64),
+    Computed(f64),
+}
+
+impl Extender {
+    /// The node's score for `class` (NaN when the pod does not fit): from the node's memo, else
+    /// computed and remembered. `None` when the node takes no pod now (no fresh report, NVML
+    /// down). Report age moves with the clock, not with the ledger, so it is checked every time
+    /// and the memo only ever holds scores of usable nodes.
+    pub(crate) fn node_score(
+        &self,
+        slot: &NodeSlot,
+        class: &PodClass,
+        class_id: u64,
+        mix: &ShapeMix,
+        now: i64,
+    ) -> Option<Scored> {
+        let st = slot.read();
+        node_usable(&st.ledger, &self.fit, now).ok()?;
+        let key = MemoKey {
+            ledger_version: st.version(),
+            mix_generation: mix.generation(),
+            class_id,
+        };
+        if let Some(score) = slot.scores.lock().get(&key) {
+            return Some(Scored::Remembered(score));
+        }
+        let score =
+            place_score(&st.ledger, class, self.scoring, mix, &self.fit, now).unwrap_or(f64::NAN);
+        slot.scores.lock().put(key, score);
+        Some(Scored::Computed(score))
     }
 }
