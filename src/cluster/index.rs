@@ -9,7 +9,7 @@
 //! node. Filter and prioritize only take node read locks; bind serialises on the node's
 //! `bind_lock` (async, held across the API calls) and writes the ledger only once the API said yes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -262,6 +262,10 @@ pub struct Index {
     nodes: RwLock<HashMap<String, Arc<NodeSlot>, foldhash::fast::RandomState>>,
     pods: RwLock<PodTable>,
     metrics: Option<Arc<ExtenderMetrics>>,
+    /// Nodes whose ledger was rebuilt since the last `take_changed`, for the prescorer to
+    /// rescore only those. `None` until someone asks (`track_changes`), so that without a
+    /// consumer it does not grow.
+    changed: Mutex<Option<HashSet<String>>>,
 }
 
 impl std::fmt::Debug for Index {
@@ -284,6 +288,26 @@ impl Index {
             metrics: Some(metrics),
             ..Self::default()
         }
+    }
+
+    /// From now on, remember which nodes change (see `take_changed`).
+    pub fn track_changes(&self) {
+        self.changed.lock().get_or_insert_with(HashSet::new);
+    }
+
+    /// The nodes whose ledger changed since the last call (and since `track_changes`), by name.
+    pub fn take_changed(&self) -> Vec<String> {
+        self.changed
+            .lock()
+            .as_mut()
+            .map(|c| c.drain().collect())
+            .unwrap_or_default()
+    }
+
+    /// The slots of these nodes that the index still has.
+    pub fn slots_named(&self, names: &[String]) -> Vec<Arc<NodeSlot>> {
+        let nodes = self.nodes.read();
+        names.iter().filter_map(|n| nodes.get(n).cloned()).collect()
     }
 
     /// The metrics this index keeps current, for the server to expose with its own.
@@ -546,6 +570,9 @@ impl Index {
         }
         st.ledger = ledger;
         st.version = fresh_id();
+        if let Some(changed) = self.changed.lock().as_mut() {
+            changed.insert(name);
+        }
         if let Some(m) = &self.metrics {
             publish(m, st, pods);
         }

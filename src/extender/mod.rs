@@ -120,6 +120,8 @@ pub struct Extender {
     /// Ids for the classes prioritize scores, the third part of a node's memo key; one table
     /// per extender, because the memo also depends on its policy and fit configuration.
     class_ids: Mutex<ClassIds>,
+    /// What the prescorer's last pass kept warm.
+    warmed: Mutex<prescore::Warmed>,
     pending: Mutex<HashMap<PodKey, Pending>>,
     clock: fn() -> i64,
 }
@@ -143,6 +145,7 @@ impl Extender {
             readiness: Readiness::default(),
             shapes: Mutex::new(ShapeStats::default()),
             class_ids: Mutex::new(ClassIds::default()),
+            warmed: Mutex::new(prescore::Warmed::default()),
             pending: Mutex::new(HashMap::new()),
             clock: now_unix,
         }
