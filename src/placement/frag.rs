@@ -21,10 +21,14 @@ use smallvec::SmallVec;
 use super::demand::PodClass;
 use super::fit::FitConfig;
 use super::ledger::{GpuLedger, NodeLedger};
+use super::patterns::{FillPatterns, PatternCache};
 
 /// A probability distribution over pod classes: what the cluster expects to be asked next.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ShapeMix {
+    /// Per GPU size, how the mix's sharing pods are best combined on a GPU (solved on first use).
+    #[serde(skip)]
+    patterns: PatternCache,
     shapes: Vec<(PodClass, f64)>,
     /// Per GPU model: how much of its capacity the expected model-restricted pods need, as a
     /// multiple of the average load (see `with_capacity`). Empty when no capacity is known.
@@ -62,6 +66,7 @@ impl ShapeMix {
             })
             .collect();
         Self {
+            patterns: PatternCache::default(),
             shapes,
             model_pressure: HashMap::new(),
             generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
@@ -161,6 +166,17 @@ impl ShapeMix {
 
     pub fn shapes(&self) -> &[(PodClass, f64)] {
         &self.shapes
+    }
+
+    /// The fill patterns of this mix's sharing pods on a GPU of this size and model.
+    pub fn fill_patterns(&self, gpu: &GpuLedger) -> Arc<FillPatterns> {
+        self.patterns.get_or_solve(gpu.total_bytes, &gpu.model, || {
+            FillPatterns::solve(&super::patterns::mix_items(
+                &self.shapes,
+                gpu.total_bytes,
+                &gpu.model,
+            ))
+        })
     }
 
     /// No class's share further than `tolerance` from the other's (a class one mix lacks counts

@@ -6,6 +6,7 @@ pub mod fit;
 pub mod frag;
 pub mod ledger;
 pub mod memo;
+pub mod patterns;
 pub mod score;
 
 pub use demand::{Demand, PodClass, PodShape};

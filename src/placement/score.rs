@@ -5,12 +5,16 @@
 //! nodes; kube-scheduler only takes integers 0..=10 from an extender, so `scores_0_to_10` maps a
 //! batch of nodes onto that range with the best node(s), and only those, at 10.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use super::demand::PodClass;
 use super::fit::{FitConfig, GpuShares, Placement, Rejection, admissible};
 use super::frag::{FragState, FragUnit, GpuChange, ShapeMix};
 use super::ledger::NodeLedger;
+use super::patterns::{Contents, FillPatterns, PatternFit, units};
 
 /// How prioritize ranks the nodes that fit, and how bind picks GPUs on the chosen one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -34,8 +38,10 @@ const GPU_TERM_WEIGHT: f64 = 1e-3;
 /// Defaults tuned on the openb trace (`default`, seeds 42-43, with the FGD artifact's
 /// smallest-name tie-break): FGD's delta alone 5.84 % of GPUs unallocated at arrived = 100 %
 /// (FGD's own coarse integer scores: 4.88 %), + packing 0.1: 4.89 %, + CPU balance 1.0: 4.14 %
-/// (4.15 % over seeds 42-51). On `gpuspec33` (seed 42), where T4-only pods want more than all
-/// T4s: FGD's scores 11.29 %, packing + CPU balance 16.23 %, + model pressure 3.0: 6.71 %.
+/// (4.15 % over seeds 42-51), + fill patterns 1.0: 3.84 % over seeds 42-51 (0.5: 4.01 %, 2.0:
+/// 3.84 %, and worse on `multigpu50`). On `gpuspec33` (seed 42), where T4-only pods want more
+/// than all T4s: FGD's scores 11.29 %, packing + CPU balance 16.23 %, + model pressure 3.0:
+/// 6.71 % (seeds 42-51 with fill patterns: 6.76 %).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Tuning {
     /// Weight of node packing (used share of the node's GPUs after the placement, 0..1) added to
@@ -57,6 +63,11 @@ pub struct Tuning {
     /// small bonus for using models other shapes cannot; on traces where restricted demand
     /// exceeds a model's capacity that is not enough. Inactive without capacity in the mix.
     pub model_pressure_weight: f64,
+    /// Weight, per step of `PatternFit` (off, opens, joins, completes), of following the mix's
+    /// fill patterns with a sharing pod (`placement::patterns`). Above FGD's fragmentation
+    /// deltas (under one GPU) so that the patterns decide which pods share a GPU, and FGD
+    /// decides among placements that follow them equally well.
+    pub pattern_weight: f64,
 }
 
 impl Default for Tuning {
@@ -66,6 +77,7 @@ impl Default for Tuning {
             cpu_balance_weight: 1.0,
             cpu_balance_relief: 0.3,
             model_pressure_weight: 3.0,
+            pattern_weight: 1.0,
         }
     }
 }
@@ -207,8 +219,18 @@ fn peakfit(
     let free_gpus = state.free();
     state.apply(&[], class.cpu_milli);
     let mut chosen = GpuShares::new();
+    // Sharing pods (one GPU, less than all of it) follow the mix's fill patterns first.
+    let sharing = class.shape.gpus == 1
+        && candidates
+            .iter()
+            .any(|&(i, need)| need < node.gpus[i].total_bytes);
+    let patterns = (sharing && tuning.pattern_weight != 0.0)
+        .then(|| PatternLookup::new(node, mix))
+        .flatten();
+    let mut chosen_fit = PatternFit::Off;
     for _ in 0..class.shape.gpus {
-        let mut best: Option<(f64, f64, usize)> = None; // (F after, free left, position)
+        // (pattern fit, F after, free left, position)
+        let mut best: Option<(PatternFit, f64, f64, usize)> = None;
         // GPUs of one kind (size and model: one group of `FragState`) with the same free memory
         // are interchangeable: try one (the first; a scan of the few earlier candidates is
         // cheaper than a list of tried kinds per node).
@@ -216,8 +238,19 @@ fn peakfit(
             let gpu = &node.gpus[i];
             let free = gpu.free_bytes();
             let kind = state.kind_of(i);
+            let fit = patterns
+                .as_ref()
+                .map_or(PatternFit::Off, |p| p.fit(node, i, need));
+            let fit_of = |j: usize, need_j: u64| {
+                patterns
+                    .as_ref()
+                    .map_or(PatternFit::Off, |p| p.fit(node, j, need_j))
+            };
             let tried = candidates[..pos].iter().any(|&(j, need_j)| {
-                need_j == need && state.kind_of(j) == kind && node.gpus[j].free_bytes() == free
+                need_j == need
+                    && state.kind_of(j) == kind
+                    && node.gpus[j].free_bytes() == free
+                    && fit_of(j, need_j) == fit
             });
             if tried {
                 continue;
@@ -226,13 +259,16 @@ fn peakfit(
             let left = FragUnit::Gpus.weight(gpu) * (free - need) as f64;
             let better = match best {
                 None => true,
-                Some((bf, bl, _)) => f < bf - 1e-12 || (f <= bf + 1e-12 && left < bl),
+                Some((bp, bf, bl, _)) => {
+                    fit > bp || (fit == bp && (f < bf - 1e-12 || (f <= bf + 1e-12 && left < bl)))
+                }
             };
             if better {
-                best = Some((f, left, pos));
+                best = Some((fit, f, left, pos));
             }
         }
-        let (_, _, pos) = best.expect("admissible returned at least `gpus` candidates");
+        let (fit, _, _, pos) = best.expect("admissible returned at least `gpus` candidates");
+        chosen_fit = fit;
         let (i, need) = candidates.remove(pos);
         let gpu = &node.gpus[i];
         state.apply(&[change(i, gpu.free_bytes(), need)], 0);
@@ -240,6 +276,19 @@ fn peakfit(
     }
     let after = state.value();
     let mut score = (before - after) + tuning.packing_weight * packing_after(node, &chosen);
+    if patterns.is_some() {
+        // An unrestricted pod on a model that restricted pods will need should not be drawn
+        // there by a good pattern: model pressure keeps it off, patterns only choose among
+        // the GPUs it may take freely.
+        let free_to_take = if class.gpu_models.is_empty() {
+            chosen.first().map_or(1.0, |&(i, _)| {
+                (1.0 - mix.model_pressure(&node.gpus[i].model)).clamp(0.0, 1.0)
+            })
+        } else {
+            1.0
+        };
+        score += tuning.pattern_weight * free_to_take * f64::from(chosen_fit as u8);
+    }
     if let (Some(cpu_free), Some(ratio)) = (node.cpu_free_milli(), mix.cpu_per_gpu())
         && tuning.cpu_balance_weight != 0.0
     {
@@ -270,6 +319,60 @@ fn peakfit(
         score -= tuning.model_pressure_weight * pressure;
     }
     (chosen, score)
+}
+
+/// A node's GPUs against the mix's fill patterns, fetched once per GPU kind of the node.
+struct PatternLookup {
+    /// Per GPU: its kind's row.
+    row_of: SmallVec<[u8; 8]>,
+    rows: SmallVec<[Arc<FillPatterns>; 2]>,
+}
+
+impl PatternLookup {
+    /// `None` when no GPU of the node has patterns to follow.
+    fn new(node: &NodeLedger, mix: &ShapeMix) -> Option<Self> {
+        let mut reps: SmallVec<[usize; 2]> = SmallVec::new();
+        let mut row_of: SmallVec<[u8; 8]> = SmallVec::new();
+        let mut rows: SmallVec<[Arc<FillPatterns>; 2]> = SmallVec::new();
+        for (i, g) in node.gpus.iter().enumerate() {
+            let row = reps.iter().position(|&r| {
+                let k = &node.gpus[r];
+                k.total_bytes == g.total_bytes
+                    && (Arc::ptr_eq(&k.model, &g.model) || k.model == g.model)
+            });
+            let row = row.unwrap_or_else(|| {
+                reps.push(i);
+                rows.push(mix.fill_patterns(g));
+                rows.len() - 1
+            });
+            row_of.push(u8::try_from(row).unwrap_or(u8::MAX));
+        }
+        rows.iter()
+            .any(|p| !p.is_empty())
+            .then_some(Self { row_of, rows })
+    }
+
+    /// How `need` bytes on GPU `i` stand against the patterns of its kind. The pods already
+    /// there count at what bind reserved for them (their class's share), not at observed use.
+    fn fit(&self, node: &NodeLedger, i: usize, need: u64) -> PatternFit {
+        let gpu = &node.gpus[i];
+        let Some(patterns) = self.rows.get(usize::from(self.row_of[i])) else {
+            return PatternFit::Off;
+        };
+        let total = gpu.total_bytes;
+        let item = units(need, total);
+        if need >= total || !patterns.knows(item) {
+            return PatternFit::Off;
+        }
+        let mut contents: Contents = gpu
+            .reservations()
+            .values()
+            .filter(|r| r.predicted_bytes > 0)
+            .map(|r| units(r.predicted_bytes, total))
+            .collect();
+        contents.sort_unstable();
+        patterns.fit(&contents, item)
+    }
 }
 
 fn change(gpu: usize, free: u64, need: u64) -> GpuChange {
@@ -364,6 +467,43 @@ mod tests {
         assert_eq!(bf.placement.gpu_indices, [1]);
         let pf = placed(&n, &share(300, 1), ScoringPolicy::Peakfit, &mix);
         assert_eq!(pf.placement.gpu_indices, [0]);
+    }
+
+    #[test]
+    fn peakfit_pairs_sharing_pods_by_the_mix_fill_patterns() {
+        // Whole-GPU pods are half the mix; 0.65 and 0.32 pods come equally often, 0.47 pods
+        // twice as often: the best cut pairs 0.32 with 0.65 and 0.47 with 0.47. A 0.32 pod
+        // facing a GPU with a 0.47 pod and an empty one: FGD's delta alone puts it beside the
+        // 0.47 (an empty GPU cut to 0.68 is lost to whole-GPU pods; the 0.21 left beside the
+        // 0.47 looks cheaper), although nothing in the mix will ever use those 0.21. The
+        // patterns open the empty GPU instead, for a 0.65 to complete later.
+        let mix = ShapeMix::new([
+            (share(1000, 1), 4.0),
+            (share(650, 1), 1.0),
+            (share(320, 1), 1.0),
+            (share(470, 1), 2.0),
+        ]);
+        let pod = share(320, 1);
+        let n = node(&[530, 1000]);
+        let cfg = FitConfig::simulation();
+        let fgd_only = Tuning {
+            pattern_weight: 0.0,
+            ..Tuning::default()
+        };
+        let without = place_tuned(&n, &pod, ScoringPolicy::Peakfit, &mix, &cfg, 0, &fgd_only);
+        assert_eq!(without.unwrap().placement.gpu_indices, [0]);
+        assert_eq!(
+            placed(&n, &pod, ScoringPolicy::Peakfit, &mix)
+                .placement
+                .gpu_indices,
+            [1]
+        );
+        // Beside a 0.65 pod it completes a pattern, the best place of all, on any node.
+        let with_650 = node(&[530, 350, 1000]);
+        let s = placed(&with_650, &pod, ScoringPolicy::Peakfit, &mix);
+        assert_eq!(s.placement.gpu_indices, [1]);
+        let opening = placed(&n, &pod, ScoringPolicy::Peakfit, &mix);
+        assert!(s.score > opening.score, "{} vs {}", s.score, opening.score);
     }
 
     #[test]
