@@ -513,13 +513,15 @@ fn builtin_table(packing: &[RunResult], dynamic: &[DynamicRun], seeds: usize) ->
     out.push_str(&format!(
         "\nPods come and go for 24 h, memory follows profiles (mean of {seeds} seed(s)):\n\
          placed = started at least once (later OOM-killed or not); clean = never OOM-killed or \
-         failed at start\n  {:<11}{:>6}{:>8}{:>7}{:>10}{:>7}{:>9}{:>8}{:>8}{:>9}{:>9}{:>10}\n",
+         failed at start; waiting = queued when the 24 h end (never started, or killed and queued \
+         again)\n  {:<11}{:>6}{:>8}{:>7}{:>10}{:>7}{:>8}{:>9}{:>8}{:>8}{:>9}{:>9}{:>10}\n",
         "accounting",
         "pods",
         "placed",
         "clean",
         "completed",
         "clean",
+        "waiting",
         "OOMs",
         "killed",
         "failed",
@@ -535,13 +537,14 @@ fn builtin_table(packing: &[RunResult], dynamic: &[DynamicRun], seeds: usize) ->
             .collect();
         let m = |f: &dyn Fn(&DynamicResult) -> f64| mean(rs.iter().map(|r| f(r)));
         out.push_str(&format!(
-            "  {:<11}{:>6.0}{:>8.0}{:>7.0}{:>10.0}{:>7.0}{:>9.1}{:>8.1}{:>8.1}{:>9.0}{:>5.0} min{:>9.1}%\n",
+            "  {:<11}{:>6.0}{:>8.0}{:>7.0}{:>10.0}{:>7.0}{:>8.1}{:>9.1}{:>8.1}{:>8.1}{:>9.0}{:>5.0} min{:>9.1}%\n",
             a.name(),
             m(&|r| r.pods as f64),
             m(&|r| r.pods_placed as f64),
             m(&|r| r.pods_placed_never_killed as f64),
             m(&|r| r.pods_completed as f64),
             m(&|r| r.pods_completed_without_kill as f64),
+            m(&|r| r.pods_pending_at_end as f64),
             m(&|r| r.oom_events as f64),
             m(&|r| r.pods_oom_killed as f64),
             m(&|r| r.pods_failed_at_start as f64),
