@@ -648,4 +648,26 @@ mod tests {
         assert!(declared.oom_events > 0, "{declared:?}");
         assert!(peak.pods_placed > pods.len() / 2, "{peak:?}");
     }
+
+    /// Issue 5's "places at least as many pods as declared-only", read as pods holding a
+    /// placement when the run ends (running or completed, not queued again after a kill): the
+    /// declared accounting starts more pods once, but many of them die and wait again.
+    #[test]
+    fn peakfit_ends_with_fewer_pods_waiting_and_more_completed_than_declared() {
+        let resolved = resolve().unwrap();
+        for seed in [1, 2] {
+            let pods = dynamic_pods(&resolved, &[], 12 * 60, 30.0, seed);
+            let nodes = dynamic_nodes();
+            let peak = dynamic::simulate(&nodes, &pods, Accounting::Peakfit, 12 * 60, seed);
+            let declared = dynamic::simulate(&nodes, &pods, Accounting::Declared, 12 * 60, seed);
+            assert!(
+                peak.pods_pending_at_end <= declared.pods_pending_at_end,
+                "seed {seed}: peakfit {peak:?}\ndeclared {declared:?}"
+            );
+            assert!(
+                peak.pods_completed_without_kill >= declared.pods_completed_without_kill,
+                "seed {seed}: peakfit {peak:?}\ndeclared {declared:?}"
+            );
+        }
+    }
 }
