@@ -199,6 +199,17 @@ impl PatternCache {
         }
         // Solved outside the lock: two first readers may both solve; the answer is the same.
         let solved = Arc::new(solve());
+        // Operators asking why two pods share a GPU (RUST_LOG=peakfit::placement=debug).
+        tracing::debug!(
+            gpu_total_bytes = total,
+            model = %model,
+            patterns = ?solved
+                .used()
+                .iter()
+                .map(|(p, x)| (p.as_slice(), (x * 1000.0).round() / 1000.0))
+                .collect::<Vec<_>>(),
+            "fill patterns (shares in thousandths of the GPU, GPUs per unit of mix weight)"
+        );
         let mut kinds = self.by_kind.write().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = find(&kinds) {
             return p;
