@@ -199,7 +199,7 @@ impl PatternCache {
         }
         // Solved outside the lock: two first readers may both solve; the answer is the same.
         let solved = Arc::new(solve());
-        // Operators asking why two pods share a GPU (RUST_LOG=peakfit::placement=debug).
+        // Operators asking why two pods share a GPU (`--log info,peakfit::placement=debug`).
         tracing::debug!(
             gpu_total_bytes = total,
             model = %model,
