@@ -38,8 +38,8 @@ const GPU_TERM_WEIGHT: f64 = 1e-3;
 /// Defaults tuned on the openb trace (`default`, seeds 42-43, with the FGD artifact's
 /// smallest-name tie-break): FGD's delta alone 5.84 % of GPUs unallocated at arrived = 100 %
 /// (FGD's own coarse integer scores: 4.88 %), + packing 0.1: 4.89 %, + CPU balance 1.0: 4.14 %
-/// (4.15 % over seeds 42-51), + fill patterns 1.0: 3.84 % over seeds 42-51 (0.5: 4.01 %, 2.0:
-/// 3.84 %, and worse on `multigpu50`). On `gpuspec33` (seed 42), where T4-only pods want more
+/// (4.15 % over seeds 42-51), + fill patterns 1.0: 3.84 % over seeds 42-51 (before the
+/// model-pressure damping, 0.5: 4.01 %, 2.0: 3.84 % but `multigpu50` 2.82 % against 2.74 %). On `gpuspec33` (seed 42), where T4-only pods want more
 /// than all T4s: FGD's scores 11.29 %, packing + CPU balance 16.23 %, + model pressure 3.0:
 /// 6.71 % (seeds 42-51 with fill patterns: 6.76 %).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -227,6 +227,11 @@ fn peakfit(
     let patterns = (sharing && tuning.pattern_weight != 0.0)
         .then(|| PatternLookup::new(node, mix))
         .flatten();
+    let fit_of = |i: usize, need: u64| {
+        patterns
+            .as_ref()
+            .map_or(PatternFit::Off, |p| p.fit(node, i, need))
+    };
     let mut chosen_fit = PatternFit::Off;
     for _ in 0..class.shape.gpus {
         // (pattern fit, F after, free left, position)
@@ -238,14 +243,7 @@ fn peakfit(
             let gpu = &node.gpus[i];
             let free = gpu.free_bytes();
             let kind = state.kind_of(i);
-            let fit = patterns
-                .as_ref()
-                .map_or(PatternFit::Off, |p| p.fit(node, i, need));
-            let fit_of = |j: usize, need_j: u64| {
-                patterns
-                    .as_ref()
-                    .map_or(PatternFit::Off, |p| p.fit(node, j, need_j))
-            };
+            let fit = fit_of(i, need);
             let tried = candidates[..pos].iter().any(|&(j, need_j)| {
                 need_j == need
                     && state.kind_of(j) == kind
