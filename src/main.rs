@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 /// (measured with `perf` on `cargo bench --bench extender`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use peakfit::{agent, extender, model, sim, telemetry, webhook};
+use peakfit::{agent, estimate, extender, sim, telemetry, webhook};
 
 /// Places GPU pods by their predicted peak VRAM.
 #[derive(Parser)]
@@ -30,7 +30,7 @@ enum Command {
     /// Mutating admission webhook: opt pods in and pin them to their assigned GPUs.
     Webhook(webhook::WebhookArgs),
     /// Predict a pod's peak VRAM per GPU from its annotations.
-    Estimate(model::cli::EstimateArgs),
+    Estimate(estimate::EstimateArgs),
     /// Replay a cluster and a workload through the placement code under several policies.
     Simulate(sim::SimulateArgs),
     /// Print the NodeGpuReport CustomResourceDefinition as YAML.
@@ -56,7 +56,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::Extender(args) => runtime()?.block_on(extender::run(args)),
         Command::Webhook(args) => runtime()?.block_on(webhook::run(args)),
-        Command::Estimate(args) => model::cli::run(args),
+        Command::Estimate(args) => estimate::run(args),
         Command::Simulate(args) => sim::run(args),
         Command::Crd => {
             print!("{}", peakfit::cluster::crd_yaml()?);

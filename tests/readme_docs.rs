@@ -33,7 +33,7 @@ fn readme_documents_every_annotation_the_parser_accepts() {
 #[test]
 fn readme_annotation_rows_match_the_parsers_documentation() {
     let readme = readme();
-    let source = include_str!("../src/model/annotations.rs");
+    let source = include_str!("../crates/peakfit-core/src/model/annotations.rs");
     let rows: Vec<&str> = source
         .lines()
         .filter_map(|l| l.strip_prefix("//! "))
@@ -43,7 +43,7 @@ fn readme_annotation_rows_match_the_parsers_documentation() {
     for row in rows {
         assert!(
             readme.contains(row),
-            "README.md differs from src/model/annotations.rs in\n{row}"
+            "README.md differs from crates/peakfit-core/src/model/annotations.rs in\n{row}"
         );
     }
 }

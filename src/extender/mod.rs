@@ -41,7 +41,12 @@ pub struct ExtenderArgs {
     #[arg(long, env = "PEAKFIT_FROM_FILE")]
     pub from_file: Option<PathBuf>,
     /// How prioritize ranks the nodes that fit.
-    #[arg(long, env = "PEAKFIT_SCORING", value_enum, default_value_t = ScoringPolicy::Peakfit)]
+    #[arg(
+        long,
+        env = "PEAKFIT_SCORING",
+        default_value_t = ScoringPolicy::Peakfit,
+        value_parser = scoring_parser()
+    )]
     pub scoring: ScoringPolicy,
     /// Kept free on every GPU on top of a pod's peak (Kubernetes quantity).
     #[arg(long, env = "PEAKFIT_SAFETY_MARGIN", default_value = "256Mi", value_parser = parse_bytes)]
@@ -57,6 +62,18 @@ pub struct ExtenderArgs {
 }
 
 /// A byte quantity in Kubernetes syntax (`256Mi`, `1G`, `1073741824`).
+/// `--scoring` takes the core's policy names; the core has no clap, so the possible values (which
+/// `--help` lists and clap checks) are built here from `ScoringPolicy::ALL`.
+fn scoring_parser() -> impl clap::builder::TypedValueParser<Value = ScoringPolicy> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(ScoringPolicy::ALL.map(ScoringPolicy::as_str)).map(
+        |s| {
+            s.parse()
+                .expect("the possible values are the policies' own names")
+        },
+    )
+}
+
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     crate::model::quantity::parse_bytes(s).map_err(|e| e.to_string())
 }

@@ -1,8 +1,8 @@
 //! The peak-memory model: from a pod's `peakfit.io/*` annotations to the VRAM it needs per GPU.
-//! Pure: no Kubernetes, no I/O.
+//! Pure: no Kubernetes, no I/O (the crate cannot depend on either). `peakfit estimate`, the CLI
+//! around it, lives in the `peakfit` crate (`src/estimate.rs`).
 
 pub mod annotations;
-pub mod cli;
 pub mod estimate;
 pub mod presets;
 pub mod quantity;

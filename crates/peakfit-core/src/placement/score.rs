@@ -17,7 +17,7 @@ use super::ledger::NodeLedger;
 use super::patterns::{Contents, FillPatterns, PatternFit, units};
 
 /// How prioritize ranks the nodes that fit, and how bind picks GPUs on the chosen one.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScoringPolicy {
     /// Fragmentation-aware: the placement that raises the node's expected fragmentation over
@@ -28,6 +28,40 @@ pub enum ScoringPolicy {
     Binpack,
     /// Fill the emptiest nodes and GPUs first.
     Spread,
+}
+
+impl ScoringPolicy {
+    /// Every policy, in the order `--help` lists them.
+    pub const ALL: [ScoringPolicy; 3] = [Self::Peakfit, Self::Binpack, Self::Spread];
+
+    /// The name a flag, an env var or a JSON report uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Peakfit => "peakfit",
+            Self::Binpack => "binpack",
+            Self::Spread => "spread",
+        }
+    }
+}
+
+impl std::fmt::Display for ScoringPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ScoringPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                let allowed: Vec<_> = Self::ALL.iter().map(|p| p.as_str()).collect();
+                format!("scoring policy {s:?} is not one of {}", allowed.join(", "))
+            })
+    }
 }
 
 /// Tie-breaker weight of Binpack and Spread's GPU term (their node term is in 0..1).

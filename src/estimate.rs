@@ -8,9 +8,9 @@ use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
-use super::annotations::{PREFIX, Spec, request};
-use super::estimate::{Counter, estimate};
-use super::quantity::{GIB, parse_bytes};
+use crate::model::annotations::{PREFIX, Spec, request};
+use crate::model::estimate::{Counter, estimate};
+use crate::model::quantity::{GIB, parse_bytes};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct EstimateArgs {
