@@ -8,7 +8,7 @@ use super::Extender;
 use super::wire::{ExtenderBindingArgs, ExtenderBindingResult};
 use crate::cluster::binding::BindTarget;
 use crate::cluster::index::{ASSIGNED_GPUS, Assignment, GPU_MEMORY_FRACTION, RESERVED_BYTES};
-use crate::placement::{PodClass, place};
+use crate::placement::place;
 
 impl Extender {
     pub async fn bind(&self, args: ExtenderBindingArgs) -> ExtenderBindingResult {
@@ -91,7 +91,7 @@ impl Extender {
             self.index.record_binding(&entry.key, &args.node, None);
             return Ok(());
         };
-        let class = PodClass::from(request.shape());
+        let class = self.class_of(&request, &entry.host);
         let mix = self.shapes.lock().mix();
         let _held = slot.bind_lock.lock().await;
         let (uuids, per_gpu, totals) = {

@@ -7,6 +7,7 @@ use super::Extender;
 use super::filter::Candidates;
 use super::wire::{ExtenderArgs, HostPriority, HostPriorityList, MAX_EXTENDER_PRIORITY};
 use crate::cluster::index::{NodeSlot, pod_request_of};
+use crate::cluster::resources::host_request_of;
 use crate::placement::fit::node_usable;
 use crate::placement::memo::MemoKey;
 use crate::placement::{PodClass, ShapeMix, place_score, scores_0_to_10};
@@ -37,7 +38,7 @@ impl Extender {
             self.count("prioritize", "pass_through");
             return neutral(candidates);
         };
-        let class = PodClass::from(req.shape());
+        let class = self.class_of(&req, &host_request_of(&pod));
         let mix = self.shapes.lock().mix();
         let class_id = self.class_ids.lock().id(&class);
         let now = self.now();

@@ -85,7 +85,8 @@ pub struct Tuning {
     /// Weight of the change in GPUs stranded for lack of CPU: free GPUs beyond what the node's
     /// free CPU can feed at the mix's CPU-per-GPU ratio. FGD sees CPU only when it drops below
     /// one typical pod's need; this keeps CPU-poor nodes for CPU-light pods and sends GPU-less,
-    /// CPU-heavy pods to CPU-rich nodes. Inactive where nodes do not track CPU (the extender).
+    /// CPU-heavy pods to CPU-rich nodes. Inactive where nodes do not track CPU (the extender
+    /// before it has seen the Node's allocatable).
     pub cpu_balance_weight: f64,
     /// Share of `cpu_balance_weight` credited when a placement strands fewer GPUs than before
     /// (a CPU-light pod on a CPU-poor node). Crediting it in full spreads CPU-light pods over
