@@ -10,6 +10,7 @@ pub mod openb;
 pub mod profiles;
 pub mod replay;
 pub mod svg;
+pub mod via_extender;
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;

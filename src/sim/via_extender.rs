@@ -1,0 +1,399 @@
+//! The peakfit policy as a cluster runs it: the real `Extender` over an index built from the
+//! trace's Node objects and GPU reports, asked by a model of kube-scheduler.
+//!
+//! Per arriving pod: the sim plays kube-scheduler's own filters (CPU, memory, GPU model by the
+//! pod's node affinity) and hands the survivors to the extender's `filter`, then `prioritize`,
+//! then picks the node as kube-scheduler does, then calls the extender's `bind` with the
+//! in-memory binder. The extender learns the shape mix from the pods it filters and the GPU
+//! models from its index; nothing of the trace reaches it but Nodes, reports and Pods.
+//!
+//! kube-scheduler's choice, as the chart deploys it (an empty profile keeps the default score
+//! plugins): each node's total is NodeResourcesFit's LeastAllocated score over CPU and memory
+//! (weight 1) + NodeResourcesBalancedAllocation (weight 1) + the extender's 0-10 score × its
+//! weight (the chart's 5) × 10 (MaxNodeScore / MaxExtenderPriority). The other default plugins
+//! give every node of this experiment the same score (no taints, preferred affinities, spread
+//! constraints or images). Among the nodes with the highest total, `selectHost` keeps one by
+//! reservoir sampling (each of k tied nodes with probability 1/k); here from a ChaCha8 RNG
+//! seeded by the run's seed, over the nodes in the order the sim's model of the parallel filter
+//! lists them. `percentageOfNodesToScore` is taken as 100 (the chart README's advice for large
+//! clusters), so every feasible node is scored.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, NodeStatus, Pod, PodSpec as KPodSpec, ResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use super::openb::{NodeSpec, PodSpec};
+use crate::cluster::binding::MemoryBinder;
+use crate::cluster::index::Index;
+use crate::cluster::resources::GPU_PRODUCT_LABEL;
+use crate::cluster::{NodeGpuReport, NodeGpuReportSpec};
+use crate::extender::Extender;
+use crate::extender::wire::{ExtenderArgs, ExtenderBindingArgs, MAX_EXTENDER_PRIORITY};
+use crate::inventory::{GpuDevice, NodeGpuReportStatus, NvmlStatus};
+use crate::metrics::extender::{ExtenderMetrics, ScoreSourceLabels};
+use crate::placement::{FitConfig, ScoringPolicy};
+
+/// The chart's `extender.weight`.
+pub const EXTENDER_WEIGHT: i64 = 5;
+/// kube-scheduler's MaxNodeScore.
+const MAX_NODE_SCORE: i64 = 100;
+/// The CPU and memory kube-scheduler's scoring assumes for a container that requests none
+/// (`NonZeroRequested`: 100m, 200 MB).
+const DEFAULT_CPU_MILLI: i64 = 100;
+const DEFAULT_MEMORY_MIB: i64 = 200 * 1000 * 1000 / (1 << 20);
+
+/// What the replay saw of the extender: how prioritize's node scores were answered, and
+/// per-call latency of filter and prioritize.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExtenderStats {
+    pub scores_from_memo: u64,
+    pub scores_computed: u64,
+    pub filter_p99_ms: f64,
+    pub prioritize_p99_ms: f64,
+    pub filter_p50_ms: f64,
+    pub prioritize_p50_ms: f64,
+}
+
+/// The extender and its cluster for one run.
+pub struct ExtenderPath {
+    ext: Extender,
+    metrics: Arc<ExtenderMetrics>,
+    names: Vec<String>,
+    rng: ChaCha8Rng,
+    /// kube-scheduler's default score plugins on (as the chart deploys it).
+    pub default_plugins: bool,
+    filter_ns: Vec<u64>,
+    prioritize_ns: Vec<u64>,
+    allocatable: Vec<(i64, i64)>,
+}
+
+const OBSERVED_AT: &str = "2026-01-01T00:00:00Z";
+
+fn fixed_clock() -> i64 {
+    1_767_225_600
+}
+
+impl ExtenderPath {
+    /// `gpu_bytes(model)`: each GPU's memory, as its agent would report it.
+    pub fn new(nodes: &[NodeSpec], gpu_bytes: impl Fn(&str) -> u64, seed: u64) -> Self {
+        let metrics = Arc::new(ExtenderMetrics::new());
+        let index = Arc::new(Index::new());
+        for spec in nodes {
+            index.apply_node(&node_object(spec));
+            index.apply_report(&report_object(spec, gpu_bytes(&spec.model)));
+        }
+        let ext = Extender::new(index, metrics.clone(), Arc::new(MemoryBinder::default()))
+            // No safety margin: openb shares that add up to exactly one GPU must fit, as in
+            // the paper. Reports never age in a replay.
+            .with_fit(FitConfig::simulation())
+            .with_scoring(ScoringPolicy::Peakfit)
+            .with_clock(fixed_clock);
+        Self {
+            ext,
+            metrics,
+            names: nodes.iter().map(|n| n.name.clone()).collect(),
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5e1e_c7_4057),
+            default_plugins: true,
+            filter_ns: Vec::new(),
+            prioritize_ns: Vec::new(),
+            allocatable: nodes
+                .iter()
+                .map(|n| (n.cpu_milli as i64, n.memory_mib as i64))
+                .collect(),
+        }
+    }
+
+    /// Schedules pod number `k` (`spec`) among `feasible`, the nodes kube-scheduler's own
+    /// filters passed, in its list order, with `left[n]` each node's free (CPU milli, memory
+    /// MiB). Returns the node and the GPU indices bind chose, or `None` when no node took it.
+    pub fn schedule(
+        &mut self,
+        k: usize,
+        spec: &PodSpec,
+        feasible: &[usize],
+        left: impl Fn(usize) -> (i64, i64),
+    ) -> Option<(usize, Vec<usize>)> {
+        if feasible.is_empty() {
+            return None;
+        }
+        let pod = pod_object(k, spec);
+        self.ext.index.apply_pod(&pod);
+        let names: Vec<String> = feasible.iter().map(|&n| self.names[n].clone()).collect();
+        let t = Instant::now();
+        let filtered = self.ext.filter(ExtenderArgs {
+            pod: Some(pod.clone()),
+            nodes: None,
+            node_names: Some(names),
+        });
+        self.filter_ns.push(t.elapsed().as_nanos() as u64);
+        let passed: Vec<String> = filtered.node_names.unwrap_or_default();
+        if passed.is_empty() {
+            self.ext.index.delete_pod(&pod);
+            return None;
+        }
+        let t = Instant::now();
+        let scores = self.ext.prioritize(ExtenderArgs {
+            pod: Some(pod.clone()),
+            nodes: None,
+            node_names: Some(passed.clone()),
+        });
+        self.prioritize_ns.push(t.elapsed().as_nanos() as u64);
+        let ext_score: BTreeMap<&str, i64> =
+            scores.iter().map(|h| (h.host.as_str(), h.score)).collect();
+        let (pod_cpu, pod_mem) = (
+            (spec.cpu_milli as i64).max(if spec.cpu_milli == 0 {
+                DEFAULT_CPU_MILLI
+            } else {
+                0
+            }),
+            (spec.memory_mib as i64).max(if spec.memory_mib == 0 {
+                DEFAULT_MEMORY_MIB
+            } else {
+                0
+            }),
+        );
+        // The filter keeps the request's order: `passed` is `feasible` minus refusals.
+        let mut best: Option<(i64, usize)> = None;
+        let mut ties = 0u32;
+        let mut it = passed.iter().peekable();
+        for &n in feasible {
+            if it.peek().map(|s| s.as_str()) != Some(self.names[n].as_str()) {
+                continue;
+            }
+            let name = it.next().expect("peeked");
+            let ext = ext_score.get(name.as_str()).copied().unwrap_or(0);
+            let mut total = ext.clamp(0, MAX_EXTENDER_PRIORITY)
+                * EXTENDER_WEIGHT
+                * (MAX_NODE_SCORE / MAX_EXTENDER_PRIORITY);
+            if self.default_plugins {
+                let (cpu_left, mem_left) = left(n);
+                let (cpu_alloc, mem_alloc) = self.allocatable[n];
+                total += resource_scores(
+                    (cpu_alloc - cpu_left + pod_cpu, cpu_alloc),
+                    (mem_alloc - mem_left + pod_mem, mem_alloc),
+                );
+            }
+            match best {
+                Some((b, _)) if total < b => {}
+                Some((b, _)) if total == b => {
+                    ties += 1;
+                    if self.rng.random_range(0..ties) == 0 {
+                        best = Some((total, n));
+                    }
+                }
+                _ => {
+                    best = Some((total, n));
+                    ties = 1;
+                }
+            }
+        }
+        let (_, n) = best?;
+        let bound = futures::executor::block_on(self.ext.bind(ExtenderBindingArgs {
+            pod_name: pod.metadata.name.clone().unwrap_or_default(),
+            pod_namespace: "openb".into(),
+            pod_uid: pod.metadata.uid.clone().unwrap_or_default(),
+            node: self.names[n].clone(),
+        }));
+        if !bound.error.is_empty() {
+            tracing::warn!(error = %bound.error, "bind refused in the replay");
+            self.ext.index.delete_pod(&pod);
+            return None;
+        }
+        let entry = self.ext.index.find_pod(
+            pod.metadata.uid.as_deref().unwrap_or_default(),
+            "openb",
+            "",
+        )?;
+        let gpus = entry
+            .assignment
+            .map(|a| {
+                a.gpu_uuids
+                    .iter()
+                    .filter_map(|u| u.rsplit_once("-gpu").and_then(|(_, i)| i.parse().ok()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some((n, gpus))
+    }
+
+    /// Node `n`'s ledger as the extender's index holds it.
+    pub fn ledger(&self, n: usize) -> crate::placement::NodeLedger {
+        self.ext
+            .index
+            .node(&self.names[n])
+            .map(|s| s.read().ledger.clone())
+            .unwrap_or_else(|| crate::placement::NodeLedger::new(&self.names[n]))
+    }
+
+    pub fn stats(&self) -> ExtenderStats {
+        let count = |source| {
+            self.metrics
+                .node_scores
+                .get_or_create(&ScoreSourceLabels { source })
+                .get()
+        };
+        ExtenderStats {
+            scores_from_memo: count("memo"),
+            scores_computed: count("computed"),
+            filter_p99_ms: percentile(&self.filter_ns, 0.99),
+            prioritize_p99_ms: percentile(&self.prioritize_ns, 0.99),
+            filter_p50_ms: percentile(&self.filter_ns, 0.5),
+            prioritize_p50_ms: percentile(&self.prioritize_ns, 0.5),
+        }
+    }
+}
+
+/// NodeResourcesFit (LeastAllocated) + NodeResourcesBalancedAllocation over (requested with
+/// the pod, allocatable) of CPU and memory, each 0..=100 with weight 1, integer as
+/// kube-scheduler computes them.
+fn resource_scores(cpu: (i64, i64), mem: (i64, i64)) -> i64 {
+    let least = |(req, alloc): (i64, i64)| {
+        if alloc <= 0 || req > alloc {
+            0
+        } else {
+            (alloc - req) * MAX_NODE_SCORE / alloc
+        }
+    };
+    let fit = (least(cpu) + least(mem)) / 2;
+    let frac = |(req, alloc): (i64, i64)| {
+        if alloc <= 0 {
+            0.0
+        } else {
+            (req as f64 / alloc as f64).min(1.0)
+        }
+    };
+    let std = (frac(cpu) - frac(mem)).abs() / 2.0;
+    let balanced = ((1.0 - std) * MAX_NODE_SCORE as f64) as i64;
+    fit + balanced
+}
+
+fn percentile(ns: &[u64], q: f64) -> f64 {
+    if ns.is_empty() {
+        return 0.0;
+    }
+    let mut v = ns.to_vec();
+    v.sort_unstable();
+    let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i] as f64 / 1e6
+}
+
+fn node_object(spec: &NodeSpec) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(spec.name.clone()),
+            labels: Some(BTreeMap::from([(
+                GPU_PRODUCT_LABEL.to_owned(),
+                spec.model.clone(),
+            )])),
+            ..Default::default()
+        },
+        status: Some(NodeStatus {
+            allocatable: Some(BTreeMap::from([
+                ("cpu".into(), Quantity(format!("{}m", spec.cpu_milli))),
+                ("memory".into(), Quantity(format!("{}Mi", spec.memory_mib))),
+            ])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn report_object(spec: &NodeSpec, total: u64) -> NodeGpuReport {
+    let mut r = NodeGpuReport::new(
+        &spec.name,
+        NodeGpuReportSpec {
+            node_name: spec.name.clone(),
+        },
+    );
+    r.status = Some(NodeGpuReportStatus {
+        observed_at: OBSERVED_AT.into(),
+        nvml: NvmlStatus {
+            up: true,
+            ..Default::default()
+        },
+        gpus: (0..spec.gpus)
+            .map(|i| GpuDevice {
+                index: i,
+                uuid: format!("{}-gpu{i}", spec.name),
+                name: spec.model.clone(),
+                memory_total_bytes: total,
+                memory_free_bytes: total,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    });
+    r
+}
+
+/// An openb pod as its owner would submit it: CPU and memory requests, the GPU models of its
+/// `gpu_spec` as a required node affinity on the GPU product label, and its GPUs as peakfit
+/// annotations (`gpus`, and `gpu-share` = `gpu_milli` / 1000). A GPU-less pod has no
+/// peakfit annotation: the extender passes it through.
+fn pod_object(k: usize, spec: &PodSpec) -> Pod {
+    let mut annotations = BTreeMap::new();
+    if spec.num_gpu > 0 {
+        annotations.insert("peakfit.io/gpus".to_owned(), spec.num_gpu.to_string());
+        annotations.insert(
+            "peakfit.io/gpu-share".to_owned(),
+            format!("{}", f64::from(spec.gpu_milli) / 1000.0),
+        );
+    }
+    let models: Vec<String> = spec
+        .gpu_spec
+        .split('|')
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let affinity = (spec.num_gpu > 0 && !models.is_empty()).then(|| Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: GPU_PRODUCT_LABEL.into(),
+                        operator: "In".into(),
+                        values: Some(models),
+                    }]),
+                    ..Default::default()
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(format!("pod-{k}")),
+            namespace: Some("openb".into()),
+            uid: Some(format!("uid-{k}")),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(KPodSpec {
+            containers: vec![Container {
+                name: "main".into(),
+                resources: Some(ResourceRequirements {
+                    requests: Some(BTreeMap::from([
+                        ("cpu".into(), Quantity(format!("{}m", spec.cpu_milli))),
+                        ("memory".into(), Quantity(format!("{}Mi", spec.memory_mib))),
+                    ])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            affinity,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
