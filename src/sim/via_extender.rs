@@ -102,8 +102,10 @@ impl ExtenderPath {
             ext,
             metrics,
             names: nodes.iter().map(|n| n.name.clone()).collect(),
-            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5e1e_c7_4057),
-            default_plugins: true,
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x005e_1ec7_4057),
+            // `PEAKFIT_SIM_DEFAULT_PLUGINS=off`: a profile that disables the resource score
+            // plugins, so the extender alone ranks.
+            default_plugins: std::env::var("PEAKFIT_SIM_DEFAULT_PLUGINS").as_deref() != Ok("off"),
             filter_ns: Vec::new(),
             prioritize_ns: Vec::new(),
             allocatable: nodes
