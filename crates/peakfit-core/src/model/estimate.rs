@@ -15,9 +15,9 @@
 use serde::Serialize;
 
 use super::annotations::{
-    Checkpointing, Dtype, Engine, FractionEngine, KvDtype, Optimizer, Spec, Workload,
+    Checkpointing, Dtype, Engine, FractionEngine, KvDtype, Offload, Optimizer, Spec, Workload,
 };
-use super::presets::Architecture;
+use super::presets::{Architecture, Diffusion, Kind};
 use super::quantity::{GIB, MIB};
 use crate::placement::Demand;
 
@@ -58,6 +58,29 @@ pub const ACT_FULL_WORKING_LAYERS: f64 = 1.0;
 pub const LOGITS_HF: f64 = 10.0;
 /// Chunked cross-entropy (torchtune) keeps 16-bit logits plus one fp32 chunk: 2-4 B (§5 "X").
 pub const LOGITS_CHUNKED: f64 = 4.0;
+/// Attention scores under torch autocast (fp16 AMP) without a fused kernel, per Korthikanti's
+/// `a·s²·b` unit: QKᵀ in fp16 (2 B), the softmax autocast runs in fp32 (4 B), the dropout
+/// mask (1 B) and the dropped-out probabilities in fp16 (2 B) = 9, against 5 for pure 16-bit
+/// (§1.5's `5as²b` term, re-derived for autocast's fp32 softmax; not fitted).
+pub const SCORES_AMP: f64 = 9.0;
+/// Denoiser activations at inference per latent token per sample in the batch, 16-bit, for a
+/// UNet (SD 1.5, SDXL): its ResNet and attention blocks at several resolutions hold far more
+/// than one transformer layer. Fitted on the SDXL rows whose peak is the UNet, not the VAE
+/// (`default + VAE slicing` 15.40 GiB and `default + Tiny Autoencoder` 15.48 GiB, 8 UNet
+/// samples of 128x128 latents: huggingface/blog `simple_sdxl_optimizations.md`): 8.9 GiB over
+/// 131072 sample-tokens.
+pub const UNET_ACT_PER_TOKEN: f64 = 72.0 * 1024.0;
+/// The VAE decoder's peak per output pixel of one image: its 128-512-channel convolutions at
+/// full resolution, in fp32 or fp16 alike (the GroupNorms upcast). Fitted on two sources:
+/// SDXL's fp32-upcast VAE, 4 images at 1024² = 15.2 GiB over the weights (the blog's
+/// `fp16` 21.72 GiB against `VAE slicing`), and SD3's fp16 VAE, one 1024² image, ~3.2 GiB
+/// over the weights (huggingface/blog `sd3.md` default 18.77 GB); 3.5 GiB per megapixel.
+pub const VAE_PER_PIXEL: f64 = 3.5 * GIB / 1_048_576.0;
+/// What stays on the GPU under layer streaming (`sequential` offload): the submodule running
+/// and the one being fetched, taken as 5 % of the largest component (a UNet or DiT block,
+/// the T5 encoder's largest layer). An assumption, not fitted.
+pub const SEQUENTIAL_RESIDENT: f64 = 0.05;
+
 /// ms-swift's 2023 trainer: ~3x the HF path. Inferred, not read in its source: the trainer
 /// passes labels (the model computes its loss) and computes its own loss and token accuracy
 /// from the same logits, so the logits graph is held about three times over. Back-solved from
@@ -142,6 +165,18 @@ struct Inputs {
     context: f64,
     tp: f64,
     dp: f64,
+    /// Pipeline stages: a GPU holds `1/pp` of the layers.
+    pp: f64,
+    /// Context-parallel degree: a GPU holds `1/cp` of each sequence.
+    cp: f64,
+    /// Sequence parallelism alongside tensor parallelism (Megatron-LM `--sequence-parallel`).
+    sp: bool,
+    /// FSDP hybrid shard: sharded over the pod's GPUs only.
+    hybrid: bool,
+    offload: Offload,
+    kind: Kind,
+    /// Beam width: each beam is one more sequence in the decoder's caches.
+    beams: f64,
     gpus: u32,
     zero: u8,
     optimizer: Optimizer,
@@ -152,6 +187,7 @@ struct Inputs {
     legacy_cache: bool,
     headroom: f64,
     engine: Option<Engine>,
+    optimizer_paged: bool,
 }
 
 /// A rough transformer shape from a parameter count alone: P ≈ 12·L·h² with L ≈ h/128 (the
@@ -198,11 +234,14 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
     let mut arch = match (preset_shape, base_params) {
         (Some(a), _) => a,
         (None, Some(p)) if !shape_given => {
-            assumed.push(format!(
-                "shape derived from the parameter count ({:.2}B): layers, hidden size and \
+            let diffusion = matches!(spec.kind(), Kind::Diffusion(_));
+            if !diffusion {
+                assumed.push(format!(
+                    "shape derived from the parameter count ({:.2}B): layers, hidden size and \
                  vocabulary are rough",
-                p as f64 / 1e9
-            ));
+                    p as f64 / 1e9
+                ));
+            }
             shape_from_params(p)
         }
         _ => shape_from_params(base_params.unwrap_or(1_000_000_000)),
@@ -260,6 +299,8 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         c
     });
     let tp = spec.tensor_parallel.unwrap_or(1);
+    let pp = spec.pipeline_parallel.unwrap_or(1);
+    let cp = spec.context_parallel.unwrap_or(1);
     Inputs {
         arch,
         params: params as f64,
@@ -270,6 +311,13 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         context: context as f64,
         tp: tp as f64,
         dp: spec.data_parallel.unwrap_or(1) as f64,
+        pp: pp as f64,
+        cp: cp as f64,
+        sp: spec.sequence_parallel.unwrap_or(false),
+        hybrid: spec.hybrid_shard,
+        offload: spec.offload.unwrap_or(Offload::None),
+        kind: spec.kind(),
+        beams: spec.beams.unwrap_or(1) as f64,
         gpus: spec.gpus.unwrap_or(tp),
         zero: spec.zero_stage.unwrap_or(0),
         optimizer: spec.optimizer.unwrap_or(Optimizer::Adam),
@@ -292,6 +340,7 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         lora_rank: spec.lora_rank.unwrap_or(Defaults::LORA_RANK) as f64,
         headroom: spec.headroom.unwrap_or(0.0),
         engine: spec.engine.clone(),
+        optimizer_paged: spec.optimizer_paged,
     }
 }
 
@@ -338,29 +387,63 @@ impl Inputs {
         if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 }
     }
 
-    /// Shards of the frozen or compute copy of the weights: tensor parallel, and data parallel
-    /// under ZeRO-3 / FSDP full-shard.
+    /// The ranks ZeRO / FSDP shard model state over. Context-parallel ranks join the FSDP
+    /// mesh (torchtitan shards over `dp_shard x cp`); FSDP `HYBRID_SHARD` shards within the
+    /// pod's GPUs only and replicates across pods (PyTorch FSDP `ShardingStrategy`).
+    fn shards(&self) -> f64 {
+        if self.hybrid {
+            (self.gpus as f64 / (self.tp * self.pp)).max(1.0)
+        } else {
+            self.dp.max(1.0) * self.cp
+        }
+    }
+
+    /// ZeRO-3 / FSDP full-shard in a training job over more than one rank: the weights (the
+    /// frozen base of LoRA/QLoRA included: FSDP and ZeRO-3 flat-shard every parameter) are
+    /// split, and gathered a block at a time.
+    fn zero3(&self) -> bool {
+        self.workload.is_training() && self.zero >= 3 && self.shards() > 1.0
+    }
+
+    /// Shards of the frozen or compute copy of the weights: tensor parallel, and the data
+    /// parallel ranks under ZeRO-3 / FSDP full-shard.
     fn weight_shards(&self) -> f64 {
-        let zero3 = self.workload.is_training() && self.zero >= 3;
-        self.tp * if zero3 { self.dp } else { 1.0 }
+        self.tp * if self.zero3() { self.shards() } else { 1.0 }
     }
 
     fn weights(&self) -> f64 {
+        // Weights in CPU memory (ZeRO-Infinity / FSDP param offload, layer streaming) are
+        // only on the GPU a block at a time: see `live_params`.
+        if self.offload.params() || self.offload == Offload::Sequential {
+            return 0.0;
+        }
         let sharded = self.weight_bytes() / self.weight_shards();
-        // Adapter training under FSDP/ZeRO-3 keeps the gathered frozen base alive next to its
-        // shard: litgpt's 2-GPU FSDP LoRA measured 20.7 GiB per GPU against 19.8 on one GPU
-        // (§3.4 #36), i.e. no saving from sharding frozen weights.
-        if self.workload.is_adapter() && self.zero >= 3 && self.dp > 1.0 {
+        // litgpt's FSDP LoRA keeps the gathered frozen base next to its shard: its 2-GPU run
+        // measured 20.7 GiB per GPU against 19.8 on one GPU (§3.4 #36; Lightning's FSDP
+        // strategy there does not reshard frozen parameters after forward). A framework
+        // behaviour, so kept to that framework.
+        if self.workload.is_adapter() && self.zero3() && self.engine_name() == "litgpt" {
             sharded + self.weight_bytes() / self.tp
         } else {
             sharded
         }
     }
 
+    /// Share of the layers on the busiest pipeline stage.
+    fn stage_share(&self) -> f64 {
+        1.0 / self.pp
+    }
+
     /// All the weights of one tensor-parallel rank, unsharded.
+    /// One pipeline stage's weights: `1/pp` of the blocks plus, on the first or last stage,
+    /// one embedding matrix (Megatron-LM places the embedding on the first stage and the head
+    /// on the last).
     fn weight_bytes(&self) -> f64 {
-        let emb = self.embedding_params();
-        let linear = (self.params - emb).max(0.0);
+        let mut emb = self.embedding_params();
+        if self.pp > 1.0 {
+            emb = emb.min(self.arch.vocab_size as f64 * self.arch.hidden_size as f64);
+        }
+        let linear = (self.params - self.embedding_params()).max(0.0) * self.stage_share();
         let mut bytes = linear * self.weight_bits() / 8.0 + emb * self.embedding_bytes();
         // The FP8 loader un-ties a tied LM head: Qwen3-4B FP8 measured one embedding copy over
         // (742 MiB, §4.1).
@@ -417,20 +500,40 @@ impl Inputs {
             Workload::Inference => (0.0, 0.0, 0.0),
             Workload::Lora | Workload::Qlora => {
                 // Adapters train in fp32 (peft upcasts them): fp32 grads and fp32 states.
-                let p = self.adapter_params() / self.tp;
+                let p = self.adapter_params() * self.stage_share() / self.tp;
                 let states = self.optimizer_bytes(4.0);
-                (p * 4.0, p * 4.0, p * states)
+                let shard = |stage: u8| {
+                    if self.zero >= stage {
+                        self.shards()
+                    } else {
+                        1.0
+                    }
+                };
+                if self.offload.optimizer() {
+                    return (p * 4.0 / shard(2), 0.0, 0.0);
+                }
+                (
+                    p * 4.0 / shard(2),
+                    p * 4.0 / shard(1),
+                    p * states / shard(1),
+                )
             }
             Workload::Training => {
-                let p = self.params / self.tp;
+                let p = self.params * self.stage_share() / self.tp;
                 let (grad, master, param_bytes) = match self.dtype {
                     Dtype::Fp32 => (4.0, 0.0, 4.0),
                     Dtype::Fp16Amp => (4.0, 4.0, 4.0),
                     _ => (2.0, 0.0, 2.0),
                 };
                 let states = self.optimizer_bytes(param_bytes);
-                let dp = self.dp.max(1.0);
+                let dp = self.shards();
                 let shard = |stage: u8| if self.zero >= stage { dp } else { 1.0 };
+                // ZeRO-Offload (Ren et al. 2021, §3): fp32 master weights, optimizer state and
+                // the fp32 gradients live on the CPU, which runs the step; the GPU keeps the
+                // 16-bit gradients of its partition until they are copied out.
+                if self.offload.optimizer() {
+                    return (p * 2.0 / shard(2), 0.0, 0.0);
+                }
                 (
                     p * grad / shard(2),
                     p * master / shard(1),
@@ -452,25 +555,42 @@ impl Inputs {
 
     /// ZeRO-3 gathers a layer at a time: DeepSpeed's `largest_layer_memory = 4·largest_layer`
     /// (§1.2), the largest layer being a transformer block or the embedding.
+    /// For adapters and for offloaded weights the gathered block is frozen: two of them (the
+    /// one running and FSDP's prefetch) at the weights' own width.
     fn zero3_live_params(&self) -> f64 {
-        if !(self.workload == Workload::Training && self.zero >= 3 && self.dp > 1.0) {
+        let offloaded = self.offload.params() || self.offload == Offload::Sequential;
+        if !(self.zero3() || offloaded) {
             return 0.0;
         }
         let layers = self.arch.layers.max(1) as f64;
         let block = (self.params - self.embedding_params()).max(0.0) / layers;
         let emb = self.arch.vocab_size as f64 * self.arch.hidden_size as f64;
-        4.0 * block.max(emb) / self.tp
+        if self.workload == Workload::Training && !offloaded {
+            4.0 * block.max(emb) / self.tp
+        } else {
+            2.0 * block.max(emb) * self.weight_bits().max(16.0) / 8.0 / self.tp
+        }
     }
 
     fn tokens(&self) -> f64 {
-        self.batch * self.context
+        self.batch * self.context / self.cp
     }
 
     /// Training activations (Korthikanti et al., §1.5, §5 "A"), per GPU.
     fn activations(&self) -> f64 {
         let a = &self.arch;
         let (h, l) = (a.hidden_size as f64, a.layers as f64);
-        let (s, b) = (self.context, self.batch);
+        // Context parallelism splits every sequence over `cp` GPUs (ring attention keeps the
+        // local queries against streamed keys/values: scores stay local too).
+        let (mut s, b) = (self.context / self.cp, self.batch);
+        if let Kind::EncoderDecoder {
+            encoder_positions, ..
+        } = self.kind
+            && encoder_positions > 0
+            && !self.workload.is_training()
+        {
+            s = encoder_positions as f64;
+        }
         if !self.workload.is_training() {
             // Inference saves nothing for backward. Without flash attention one layer's scores
             // (16-bit) and fp32 softmax exist at once during prefill.
@@ -480,19 +600,42 @@ impl Inputs {
             let heads = (a.attention_heads as f64 / self.tp).max(1.0);
             return heads * s * s * b * 6.0;
         }
-        // Tensor parallel shards all but 10 of the 34 (§1.5 TP row).
-        let sharded = |c: f64| 10.0f64.min(c) + (c - 10.0f64.min(c)) / self.tp;
-        let scores = 5.0 * (a.attention_heads as f64) * s / h / self.tp;
+        // Tensor parallel shards all but 10 of the 34 (§1.5 TP row); sequence parallelism
+        // splits those 10 (layer norms, dropout) along the sequence too: `34/t` (§1.5 SP row).
+        let sharded = |c: f64| {
+            if self.sp {
+                c / self.tp
+            } else {
+                10.0f64.min(c) + (c - 10.0f64.min(c)) / self.tp
+            }
+        };
+        let per_score = if self.dtype == Dtype::Fp16Amp {
+            SCORES_AMP
+        } else {
+            5.0
+        };
+        let scores = per_score * (a.attention_heads as f64) * s / h / self.tp;
         let per_layer = |c: f64, with_scores: bool| {
             s * b * h * (sharded(c) + if with_scores { scores } else { 0.0 })
         };
+        // Pipeline parallel: the busiest (first) stage holds `l/pp` layers for each of the `pp`
+        // micro-batches 1F1B keeps in flight (Narayanan et al. 2021, §2.2; Korthikanti §4.2.3):
+        // `l` layers' worth, whatever pp. The layer count below is therefore unchanged.
+        let saved = |c: f64| match self.offload {
+            // Activation offloading copies what is saved to the CPU as it is produced; two
+            // layers' worth stay (the one being copied and the next), torchtune's design.
+            Offload::Activations => 2.0 * per_layer(c, false),
+            _ => l * per_layer(c, false),
+        };
         let bytes = match self.checkpointing {
+            Checkpointing::None if self.offload == Offload::Activations => {
+                saved(ACT_NONE) + ACT_FULL_WORKING_LAYERS * per_layer(ACT_NONE, !self.flash)
+            }
             Checkpointing::None => l * per_layer(ACT_NONE, !self.flash),
             // Selective recomputation drops the attention scores by definition.
-            Checkpointing::Selective => l * per_layer(ACT_SELECTIVE, false),
+            Checkpointing::Selective => saved(ACT_SELECTIVE),
             Checkpointing::Full => {
-                l * per_layer(ACT_FULL, false)
-                    + ACT_FULL_WORKING_LAYERS * per_layer(ACT_NONE, !self.flash)
+                saved(ACT_FULL) + ACT_FULL_WORKING_LAYERS * per_layer(ACT_NONE, !self.flash)
             }
         };
         // fp32 training keeps fp32 activations: ~1.9x the 16-bit bytes (§5 "A").
@@ -508,7 +651,7 @@ impl Inputs {
     fn logits(&self) -> f64 {
         let v = self.arch.vocab_size as f64 / self.tp;
         if !self.workload.is_training() {
-            return self.batch * v * 4.0;
+            return self.batch * self.beams * v * 4.0;
         }
         let per = match self.engine_name() {
             "torchtune" => LOGITS_CHUNKED,
@@ -522,17 +665,41 @@ impl Inputs {
 
     /// `2·L·kv_heads_per_gpu·head_dim·bytes·tokens`; kv heads are replicated, not split, when
     /// fewer than the tensor-parallel degree (vLLM `get_num_kv_heads`, §1.6).
+    ///
+    /// Encoders keep no cache. Encoder-decoders keep, per sequence (each beam is one: HF
+    /// `_expand_inputs_for_generation` and openai/whisper repeat the encoder output per beam),
+    /// the decoder's self-attention cache over its output and a cross-attention cache over
+    /// every encoder position, in each of the decoder's `layers/2` layers.
     fn kv_cache(&self, tokens: f64) -> f64 {
         let a = &self.arch;
         let kv_per_gpu = (a.kv_heads as f64 / self.tp).floor().max(1.0);
-        // The legacy HF cache (tuples grown by `torch.cat`) measured ~2x the theoretical KV
-        // (Qwen-7B v1 README, gpu_poor: §2.8); the flash-attention/static-cache path does not.
-        let legacy = if self.legacy_cache { 2.0 } else { 1.0 };
-        legacy * 2.0 * a.layers as f64 * kv_per_gpu * a.head_dim as f64 * self.kv_bytes * tokens
+        let per_token_layer = 2.0 * kv_per_gpu * a.head_dim as f64 * self.kv_bytes;
+        match self.kind {
+            Kind::Encoder | Kind::Diffusion(_) => 0.0,
+            Kind::EncoderDecoder {
+                encoder_positions,
+                decoder_positions,
+            } => {
+                let seqs = self.batch * self.beams;
+                let pick = |n: u32| if n > 0 { n as f64 } else { self.context };
+                let decoder_layers = (a.layers as f64 / 2.0).max(1.0);
+                decoder_layers
+                    * per_token_layer
+                    * seqs
+                    * (pick(encoder_positions) + pick(decoder_positions))
+            }
+            Kind::Decoder => {
+                // The legacy HF cache (tuples grown by `torch.cat`) measured ~2x the
+                // theoretical KV (Qwen-7B v1 README, gpu_poor: §2.8); the flash-attention /
+                // static-cache path does not.
+                let legacy = if self.legacy_cache { 2.0 } else { 1.0 };
+                legacy * a.layers as f64 * per_token_layer * tokens * self.beams
+            }
+        }
     }
 
     fn multi_gpu(&self) -> bool {
-        self.gpus > 1 || self.tp > 1.0 || self.dp > 1.0
+        self.gpus > 1 || self.tp > 1.0 || self.dp > 1.0 || self.pp > 1.0 || self.cp > 1.0
     }
 
     /// One prefill of 2048 tokens through a layer plus its logits: the least a serving
@@ -581,6 +748,23 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
     let mut components = Vec::new();
     let mut tensor = |name, bytes| add(&mut components, name, bytes, Counter::Allocated);
     let has_shape = spec.model.is_none_or(|p| p.shape.is_some()) || spec.layers.is_some();
+    if let Kind::Diffusion(d) = inp.kind {
+        for (name, bytes) in diffusion_peak(spec, &inp, &d, &mut assumed) {
+            tensor(name, bytes);
+        }
+    } else {
+        transformer_components(&inp, has_shape, &mut tensor);
+    }
+    tensor("workspace", WORKSPACE);
+    finish(inp, components, gpu_total, assumed)
+}
+
+/// The tensors of a transformer (decoder, encoder, encoder-decoder) at its peak.
+fn transformer_components(
+    inp: &Inputs,
+    has_shape: bool,
+    tensor: &mut impl FnMut(&'static str, f64),
+) {
     tensor("weights", inp.weights());
     tensor("quantisation", inp.quantisation_overhead());
     tensor("fp32-upcast", inp.kbit_upcast());
@@ -593,7 +777,7 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
         "master-weights"
     };
     tensor(master_name, master);
-    if !spec.optimizer_paged {
+    if !inp.optimizer_paged {
         tensor("optimizer", optimizer);
     }
     tensor("zero3-live-params", inp.zero3_live_params());
@@ -604,7 +788,84 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
             tensor("kv-cache", inp.kv_cache(inp.tokens()));
         }
     }
-    tensor("workspace", WORKSPACE);
+}
+
+/// A latent-diffusion pipeline's peak: the largest of its three phases (text encoding,
+/// denoising, VAE decode), each with the weights resident during it and its activations.
+///
+/// - denoiser batch = prompts x images x (2 with classifier-free guidance: diffusers
+///   concatenates the unconditional and conditional latents);
+/// - latent tokens = (image / pixels-per-token)²; a DiT holds one block's working set,
+///   `34·tokens·batch·hidden` (Korthikanti's per-layer bytes, nothing saved at inference); a
+///   UNet [`UNET_ACT_PER_TOKEN`];
+/// - VAE decode = [`VAE_PER_PIXEL`] x pixels x images decoded at once: slicing decodes one
+///   image at a time, tiling one tile of the VAE's native size (diffusers
+///   `tile_sample_min_size`);
+/// - offload `model` keeps only the running component, `sequential` (and `params`)
+///   [`SEQUENTIAL_RESIDENT`] of it.
+fn diffusion_peak(
+    spec: &Spec,
+    inp: &Inputs,
+    d: &Diffusion,
+    assumed: &mut Vec<String>,
+) -> Vec<(&'static str, f64)> {
+    let bytes = inp.weight_bits() / 8.0;
+    let act_bytes = if inp.dtype == Dtype::Fp32 { 2.0 } else { 1.0 };
+    let image = spec.image_size.unwrap_or_else(|| {
+        assumed.push(format!("image-size {}", d.default_image));
+        d.default_image
+    }) as f64;
+    let images = spec.images.unwrap_or(1) as f64 * inp.batch;
+    let guidance = spec.guidance.unwrap_or(d.guidance);
+    let samples = images * if guidance { 2.0 } else { 1.0 };
+    let tokens = (image / d.pixels_per_token as f64).powi(2);
+    let denoiser_act = if d.dit_hidden > 0 {
+        ACT_NONE * tokens * samples * d.dit_hidden as f64 * act_bytes
+    } else {
+        UNET_ACT_PER_TOKEN * tokens * samples * act_bytes
+    };
+    let vae = spec
+        .vae_decode
+        .unwrap_or(super::annotations::VaeDecode::Full);
+    let pixels = if vae.tiling() {
+        image.min(d.default_image as f64).powi(2)
+    } else {
+        image * image
+    };
+    let decoded = if vae.slicing() { 1.0 } else { images };
+    let vae_act = VAE_PER_PIXEL * pixels * decoded;
+    let vae_bytes = if d.vae_upcast { 4.0 } else { bytes };
+    let text = d.text_encoder_params as f64 * bytes;
+    let denoiser = d.denoiser_params as f64 * bytes;
+    let vae_w = d.vae_params as f64 * vae_bytes;
+    let all = text + denoiser + vae_w;
+    let resident = |component: f64| match inp.offload {
+        Offload::Model => component,
+        Offload::Sequential | Offload::Params | Offload::OptimizerParams => {
+            SEQUENTIAL_RESIDENT * component
+        }
+        _ => all,
+    };
+    let largest_text = d.largest_text_encoder_params as f64 * bytes;
+    let phases = [
+        (resident(largest_text), "text-encoders", 0.0),
+        (resident(denoiser), "denoiser-activations", denoiser_act),
+        (resident(vae_w), "vae-decode", vae_act),
+    ];
+    let (w, name, act) = phases
+        .into_iter()
+        .max_by(|a, b| (a.0 + a.2).total_cmp(&(b.0 + b.2)))
+        .unwrap_or((all, "vae-decode", 0.0));
+    vec![("weights", w), (name, act)]
+}
+
+/// Slack, process-level memory and headroom on top of the tensors.
+fn finish(
+    inp: Inputs,
+    mut components: Vec<Component>,
+    gpu_total: u64,
+    assumed: Vec<String>,
+) -> Estimate {
     let allocated: u64 = components.iter().map(|c| c.bytes).sum();
     let slack = if inp.workload.is_training() {
         SLACK_TRAINING
@@ -621,11 +882,11 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
     // Paged optimizers (bitsandbytes) keep their state in CUDA unified memory from
     // `cudaMallocManaged`, outside PyTorch's allocator: NVML sees it while it is resident,
     // `max_memory_reserved` never does.
-    if spec.optimizer_paged {
+    if inp.optimizer_paged {
         add(
             &mut components,
             "optimizer-paged",
-            optimizer,
+            inp.trainable_state().2,
             Counter::Process,
         );
     }
@@ -1126,6 +1387,13 @@ mod tests {
             ];
             // Only combinations the parser accepts: qlora needs quantised weights, full
             // training unquantised ones, a utilization needs a fraction engine.
+            // Diffusion pipelines are modelled for inference only (the parser says so).
+            let diffusion = matches!(
+                super::super::presets::PRESETS[preset].kind,
+                super::super::presets::Kind::Diffusion(_)
+            );
+            let workload = if diffusion { 0 } else { workload };
+            pairs[16].1 = workloads[workload].to_string();
             let d = match (workloads[workload], dtype) {
                 ("qlora", d) if d < 4 => 8,
                 ("training", d) if d >= 4 => 2,
