@@ -495,6 +495,9 @@ pub struct Spec {
     pub zero_stage: Option<u8>,
     /// FSDP `HYBRID_SHARD`: sharded within the pod's GPUs, replicated across pods.
     pub hybrid_shard: bool,
+    /// The stage was named the FSDP way (`full-shard` ...), not as a DeepSpeed stage number:
+    /// the two gather offloaded parameters differently.
+    pub fsdp: bool,
     pub offload: Option<Offload>,
     pub image_size: Option<u32>,
     pub images: Option<u32>,
@@ -684,7 +687,12 @@ impl Spec {
             "context-parallel" => self.context_parallel = Some(int(key, v, 1, 256)?),
             "data-parallel" => self.data_parallel = Some(int(key, v, 1, 1 << 20)?),
             "zero-stage" => {
-                let (stage, hybrid) = match v.to_ascii_lowercase().replace('_', "-").as_str() {
+                let name = v.to_ascii_lowercase().replace('_', "-");
+                self.fsdp = matches!(
+                    name.as_str(),
+                    "no-shard" | "shard-grad-op" | "full-shard" | "hybrid-shard"
+                );
+                let (stage, hybrid) = match name.as_str() {
                     "no-shard" => (0, false),
                     "shard-grad-op" => (2, false),
                     "full-shard" => (3, false),

@@ -173,6 +173,8 @@ struct Inputs {
     sp: bool,
     /// FSDP hybrid shard: sharded over the pod's GPUs only.
     hybrid: bool,
+    /// Sharding named the FSDP way (else a DeepSpeed ZeRO stage).
+    fsdp: bool,
     offload: Offload,
     kind: Kind,
     /// Beam width: each beam is one more sequence in the decoder's caches.
@@ -315,6 +317,7 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         cp: cp as f64,
         sp: spec.sequence_parallel.unwrap_or(false),
         hybrid: spec.hybrid_shard,
+        fsdp: spec.fsdp,
         offload: spec.offload.unwrap_or(Offload::None),
         kind: spec.kind(),
         beams: spec.beams.unwrap_or(1) as f64,
@@ -344,6 +347,12 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
     }
 }
 
+/// DeepSpeed's `stage3_max_live_parameters` default: gathered parameters kept resident.
+const DS_MAX_LIVE_PARAMETERS: f64 = 1e9;
+
+/// Engines built on CTranslate2.
+const CTRANSLATE2: &[&str] = &["faster-whisper", "ctranslate2", "whisperx"];
+
 /// Engines whose QLoRA path runs peft's `prepare_model_for_kbit_training`, which casts every
 /// non-quantised parameter (embeddings, head, norms) of a bitsandbytes model to fp32.
 const PEFT_ENGINES: &[&str] = &["hf", "hf-trainer", "peft", "ms-swift", "trl", "axolotl"];
@@ -368,6 +377,10 @@ impl Inputs {
     fn weight_bits(&self) -> f64 {
         match self.dtype {
             Dtype::Fp32 => 32.0,
+            // Autocast / FSDP mixed precision over an fp32-loaded base: LoRA's frozen weights
+            // stay fp32 in storage and are cast to 16 bits as each layer runs (PEFT's
+            // examples/sft/train.py loads `torch_dtype=float32` without quantisation).
+            Dtype::Fp16Amp if self.workload.is_adapter() => 32.0,
             Dtype::Fp16 | Dtype::Bf16 | Dtype::Fp16Amp => 16.0,
             // e4m3 with per-tensor or 128x128 block scales: scales negligible.
             Dtype::Fp8 => 8.0,
@@ -384,7 +397,7 @@ impl Inputs {
 
     /// Quantised loaders keep embeddings and head in 16 bits (§2.6); fp32 models keep them fp32.
     fn embedding_bytes(&self) -> f64 {
-        if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 }
+        self.weight_bits().clamp(16.0, 32.0) / 8.0
     }
 
     /// The ranks ZeRO / FSDP shard model state over. Context-parallel ranks join the FSDP
@@ -402,7 +415,20 @@ impl Inputs {
     /// frozen base of LoRA/QLoRA included: FSDP and ZeRO-3 flat-shard every parameter) are
     /// split, and gathered a block at a time.
     fn zero3(&self) -> bool {
-        self.workload.is_training() && self.zero >= 3 && self.shards() > 1.0
+        self.workload.is_training() && self.zero_stage() >= 3 && self.shards() > 1.0
+    }
+
+    /// The ZeRO stage that holds between steps. Under pipeline parallelism weights and
+    /// gradients are not resharded between micro-batches: DeepSpeed's pipeline engine accepts
+    /// ZeRO-1 only, and torchtitan applies FSDP with `reshard_after_forward=False` and
+    /// accumulates unsharded gradients across micro-batches when PP is on. Only the optimizer
+    /// state (and master weights) stay sharded.
+    fn zero_stage(&self) -> u8 {
+        if self.pp > 1.0 {
+            self.zero.min(1)
+        } else {
+            self.zero
+        }
     }
 
     /// Shards of the frozen or compute copy of the weights: tensor parallel, and the data
@@ -503,7 +529,7 @@ impl Inputs {
                 let p = self.adapter_params() * self.stage_share() / self.tp;
                 let states = self.optimizer_bytes(4.0);
                 let shard = |stage: u8| {
-                    if self.zero >= stage {
+                    if self.zero_stage() >= stage {
                         self.shards()
                     } else {
                         1.0
@@ -527,7 +553,7 @@ impl Inputs {
                 };
                 let states = self.optimizer_bytes(param_bytes);
                 let dp = self.shards();
-                let shard = |stage: u8| if self.zero >= stage { dp } else { 1.0 };
+                let shard = |stage: u8| if self.zero_stage() >= stage { dp } else { 1.0 };
                 // ZeRO-Offload (Ren et al. 2021, §3): fp32 master weights, optimizer state and
                 // the fp32 gradients live on the CPU, which runs the step; the GPU keeps the
                 // 16-bit gradients of its partition until they are copied out.
@@ -567,8 +593,22 @@ impl Inputs {
         let emb = self.arch.vocab_size as f64 * self.arch.hidden_size as f64;
         if self.workload == Workload::Training && !offloaded {
             4.0 * block.max(emb) / self.tp
+        } else if offloaded && !self.fsdp {
+            // DeepSpeed keeps up to `stage3_max_live_parameters` (default 1e9) gathered
+            // parameters resident before releasing any (DeepSpeed ZeRO-3 config reference),
+            // and never less than the two largest modules it fetches.
+            let live = DS_MAX_LIVE_PARAMETERS
+                .min(self.params / self.tp)
+                .max(2.0 * block.max(emb) / self.tp);
+            live * self.weight_bits().max(16.0) / 8.0
         } else {
-            2.0 * block.max(emb) * self.weight_bits().max(16.0) / 8.0 / self.tp
+            // Gathered at the compute width: 16-bit under mixed precision.
+            let bits = if self.dtype == Dtype::Fp16Amp {
+                16.0
+            } else {
+                self.weight_bits().max(16.0)
+            };
+            2.0 * block.max(emb) * bits / 8.0 / self.tp
         }
     }
 
@@ -681,12 +721,20 @@ impl Inputs {
                 decoder_positions,
             } => {
                 let seqs = self.batch * self.beams;
+                // CTranslate2 (faster-whisper) keeps one cross-attention cache per input, not
+                // per beam: its batch-8 runs grew by one input's cache (0.22 GiB) per input,
+                // in fp16 and int8 alike (faster-whisper v1.1.0 README). Inferred from those
+                // two rows, not read in its source.
+                let cross_seqs = if CTRANSLATE2.contains(&self.engine_name()) {
+                    self.batch
+                } else {
+                    seqs
+                };
                 let pick = |n: u32| if n > 0 { n as f64 } else { self.context };
                 let decoder_layers = (a.layers as f64 / 2.0).max(1.0);
                 decoder_layers
                     * per_token_layer
-                    * seqs
-                    * (pick(encoder_positions) + pick(decoder_positions))
+                    * (cross_seqs * pick(encoder_positions) + seqs * pick(decoder_positions))
             }
             Kind::Decoder => {
                 // The legacy HF cache (tuples grown by `torch.cat`) measured ~2x the
@@ -847,10 +895,25 @@ fn diffusion_peak(
         _ => all,
     };
     let largest_text = d.largest_text_encoder_params as f64 * bytes;
+    // Model offload: the component that ran last is still on the GPU when the next one starts
+    // (SDXL's offloaded peak 20.21 GiB = UNet + VAE + decode, SD3's 12.06 = T5-XXL + DiT,
+    // huggingface/blog simple_sdxl_optimizations.md and sd3.md); the hook order behind it is
+    // not verified in accelerate's source.
+    let before = |previous: f64| {
+        if inp.offload == Offload::Model {
+            previous
+        } else {
+            0.0
+        }
+    };
     let phases = [
         (resident(largest_text), "text-encoders", 0.0),
-        (resident(denoiser), "denoiser-activations", denoiser_act),
-        (resident(vae_w), "vae-decode", vae_act),
+        (
+            resident(denoiser) + before(largest_text),
+            "denoiser-activations",
+            denoiser_act,
+        ),
+        (resident(vae_w) + before(denoiser), "vae-decode", vae_act),
     ];
     let (w, name, act) = phases
         .into_iter()
