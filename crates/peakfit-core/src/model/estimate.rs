@@ -11,6 +11,26 @@
 //!
 //! Every constant cites the section of `research/memory-model.md` it comes from. Defaults for
 //! unstated settings are listed on [`Defaults`].
+//!
+//! ## Parallelism, sharding and offload, per term (per GPU)
+//!
+//! With `t` tensor-parallel, `p` pipeline stages, `c` context-parallel and `d` data-parallel
+//! ranks, `N = d·c` ranks shard model state (FSDP shards over `dp_shard x cp` as torchtitan
+//! builds its mesh; FSDP `hybrid-shard` shards over the pod's GPUs / `t·p` only):
+//!
+//! | term | formula | source |
+//! |---|---|---|
+//! | weights | `W/(t·p)`, `/N` more under ZeRO-3 / FSDP full-shard, frozen LoRA/QLoRA bases included; 0 with `offload: params`, `optimizer+params`, `sequential` | ZeRO paper §5 (Rajbhandari et al. 2019); FSDP `ShardingStrategy`; Megatron-LM places `1/p` of the layers per stage plus one embedding matrix |
+//! | gathered parameters | ZeRO-3/FSDP training: `4·largest layer` (DeepSpeed `largest_layer_memory`); frozen or offloaded: two blocks (running + prefetch) at compute width; DeepSpeed param offload: `max(2 blocks, min(1e9, W))` | DeepSpeed `estimate_zero3_model_states_mem_needs`, `stage3_max_live_parameters` default 1e9 |
+//! | gradients | `/N` from ZeRO-2 (`shard-grad-op`); 16-bit only with `offload: optimizer` | ZeRO paper; ZeRO-Offload (Ren et al. 2021) §3 |
+//! | master weights, optimizer | `/N` from ZeRO-1; 0 with `offload: optimizer` | ZeRO paper; ZeRO-Offload |
+//! | pipeline | ZeRO-2/3 degrade to ZeRO-1 (weights and gradients unsharded across micro-batches); activations: the first stage holds `L/p` layers for `p` micro-batches in flight under 1F1B = `L` layers' worth | DeepSpeed pipeline engine (ZeRO-1 only); torchtitan `reshard_after_forward=False` under PP; Narayanan et al. 2021 §2.2, Korthikanti et al. 2022 §4.2.3 |
+//! | activations | `s/c` tokens per sequence; TP shards 24 of the 34 `sbh` bytes, sequence parallel all 34 (`34·sbh/t`) | Korthikanti et al. 2022, Table 2 |
+//! | activation offload | two layers' saved activations stay, the rest is on the CPU | torchtune activation offloading |
+//! | logits, KV cache | `/t` by vocabulary / kv heads, tokens `/c` | vLLM `get_num_kv_heads`; ring attention |
+//! | encoder-decoder cache | decoder layers (`L/2`) x per-sequence (self over the output + cross over every encoder position), sequences = batch x beams (CTranslate2: cross cache per input) | HF `_expand_inputs_for_generation`; openai/whisper `n_audio_ctx` 1500, `n_text_ctx` 448 |
+//! | encoder | no KV cache | — |
+//! | diffusion | largest of text encoding, denoising (`UNET_ACT_PER_TOKEN` or a DiT block `34·tokens·samples·hidden`) and VAE decode (`VAE_PER_PIXEL`) over the weights resident in that phase | fitted constants, see each |
 
 use serde::Serialize;
 
@@ -263,6 +283,14 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
     over!(vocab_size);
     over!(intermediate_size);
     over!(tied_embeddings);
+    // A hidden size without a head count: 128-wide heads, as `shape_from_params` assumes
+    // (Llama, Qwen, Mistral all use 128).
+    if spec.hidden_size.is_some() && spec.attention_heads.is_none() && preset_shape.is_none() {
+        arch.attention_heads = (arch.hidden_size / 128).max(1);
+        if spec.kv_heads.is_none() {
+            arch.kv_heads = arch.attention_heads;
+        }
+    }
     if spec.attention_heads.is_some() && spec.kv_heads.is_none() && preset_shape.is_none() {
         arch.kv_heads = arch.attention_heads;
     }
