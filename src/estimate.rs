@@ -27,6 +27,11 @@ pub struct EstimateArgs {
     /// A Pod manifest (YAML or JSON) whose annotations to read; `-a` values override them.
     #[arg(long, value_name = "FILE", env = "PEAKFIT_POD")]
     pub pod: Option<PathBuf>,
+    /// The model's Hugging Face `config.json`: its layers, widths, heads, vocabulary, FFN,
+    /// tied embeddings, dtype / quantisation, experts and vision tower become the shape
+    /// annotations (and a derived `params`); the pod's and `-a` values override them.
+    #[arg(long, value_name = "FILE", env = "PEAKFIT_MODEL_CONFIG")]
+    pub model_config: Option<PathBuf>,
     /// Memory of the GPU the pod would run on. Engines that budget a fraction of the GPU (vLLM,
     /// SGLang, TGI, TensorRT-LLM) need it; default 80Gi (A100/H100 80 GB).
     #[arg(
@@ -55,12 +60,42 @@ fn pod_annotations(path: &PathBuf) -> anyhow::Result<BTreeMap<String, String>> {
     Ok(pod.metadata.annotations.unwrap_or_default())
 }
 
-/// All annotations, prefixed: the pod's first, then `-a` values over them.
+/// The largest `config.json` read: real ones are a few KiB; a multi-megabyte file is a
+/// wrong path (a weights shard), not a config.
+const MAX_MODEL_CONFIG: u64 = 1 << 20;
+
+/// The annotations a `config.json` implies, prefixed, and its notes for the reader.
+fn model_config(path: &PathBuf) -> anyhow::Result<(BTreeMap<String, String>, Vec<String>)> {
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("reading the model config {}", path.display()))?
+        .len();
+    if size > MAX_MODEL_CONFIG {
+        bail!(
+            "--model-config {}: {size} bytes, more than a config.json ({MAX_MODEL_CONFIG} at most)",
+            path.display()
+        );
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the model config {}", path.display()))?;
+    let parsed = crate::model::hf_config::annotations(&text)
+        .with_context(|| format!("--model-config {}", path.display()))?;
+    let annotations = parsed
+        .annotations
+        .into_iter()
+        .map(|(k, v)| (format!("{PREFIX}{k}"), v))
+        .collect();
+    Ok((annotations, parsed.notes))
+}
+
+/// All annotations, prefixed: the config's first, then the pod's, then `-a` values over them.
 fn collect(args: &EstimateArgs) -> anyhow::Result<BTreeMap<String, String>> {
-    let mut annotations = match &args.pod {
-        Some(path) => pod_annotations(path)?,
+    let mut annotations = match &args.model_config {
+        Some(path) => model_config(path)?.0,
         None => BTreeMap::new(),
     };
+    if let Some(path) = &args.pod {
+        annotations.extend(pod_annotations(path)?);
+    }
     for pair in &args.annotations {
         let Some((key, value)) = pair.split_once('=') else {
             bail!("-a {pair:?}: expected KEY=VALUE, e.g. -a model=llama-3.1-8b");
@@ -149,6 +184,11 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         }
         for a in &e.assumed {
             println!("assumed: {a}");
+        }
+        if let Some(path) = &args.model_config {
+            for note in model_config(path)?.1 {
+                println!("from {}: {note}", path.display());
+            }
         }
     }
     if let Some(vram) = spec.vram {

@@ -203,3 +203,30 @@ fn diffusion_pipelines_follow_images_offload_and_vae_slicing() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("peakfit.io/images"));
 }
+
+/// `--model-config` reads a Hugging Face config.json; `-a` values override what it says.
+#[test]
+fn model_config_sizes_the_model_and_annotations_override_it() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/model-configs");
+    let mixtral = dir.join("mixtral-8x7b-v0.1.json");
+    let mixtral = mixtral.to_str().unwrap();
+    let v = json(&peakfit(&["--model-config", mixtral, "--json"]));
+    let weights = v["components"]["weights"].as_f64().unwrap();
+    // All 46.7B parameters resident, bf16 from the config.
+    assert!((weights / 2.0 / 46.7e9 - 1.0).abs() < 0.01, "{weights}");
+    let int4 = json(&peakfit(&[
+        "--model-config",
+        mixtral,
+        "-a",
+        "dtype=int4-awq",
+        "--json",
+    ]));
+    assert!(int4["components"]["weights"].as_f64().unwrap() < weights / 3.0);
+    let table = peakfit(&["--model-config", mixtral]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("8 experts resident"));
+    let missing = peakfit(&["--model-config", "/nonexistent/config.json"]);
+    assert!(!missing.status.success());
+    let not_json = peakfit(&["--model-config", file!()]);
+    assert!(!not_json.status.success());
+    assert!(String::from_utf8_lossy(&not_json.stderr).contains("not a JSON object"));
+}

@@ -4,6 +4,7 @@
 
 pub mod annotations;
 pub mod estimate;
+pub mod hf_config;
 pub mod presets;
 pub mod quantity;
 
