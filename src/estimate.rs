@@ -107,6 +107,22 @@ fn collect(args: &EstimateArgs) -> anyhow::Result<BTreeMap<String, String>> {
     Ok(annotations)
 }
 
+/// The workload kind and the error band measured for it (see `peakfit_core::model::confidence`).
+fn confidence(spec: &Spec) -> serde_json::Value {
+    let kind = crate::model::confidence::workload_kind(spec);
+    match crate::model::confidence::band_for(spec) {
+        Some(b) => json!({
+            "kind": kind,
+            "class": crate::model::confidence::class(b),
+            "rows": b.rows,
+            "median": b.median,
+            "p90": b.p90,
+            "signed_median": b.signed_median,
+        }),
+        None => json!({ "kind": kind, "class": "unmeasured" }),
+    }
+}
+
 pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
     let gpu_total = parse_bytes(&args.gpu_memory)
         .map_err(|e| anyhow::anyhow!("--gpu-memory {:?}: {e}", args.gpu_memory))?;
@@ -153,6 +169,7 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
             "runs_on_gpu": runs,
             "explicit_vram": spec.vram,
             "assumed": model.as_ref().map(|e| e.assumed.clone()).unwrap_or_default(),
+            "confidence": model.as_ref().map(|_| confidence(&spec)),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -184,6 +201,23 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         }
         for a in &e.assumed {
             println!("assumed: {a}");
+        }
+        let c = confidence(&spec);
+        match c["rows"].as_u64() {
+            Some(rows) => println!(
+                "confidence: {} ({} workloads: median |error| {}%, p90 {}%, signed median {}% \
+                 over {rows} public measurements)",
+                c["class"].as_str().unwrap_or_default(),
+                c["kind"].as_str().unwrap_or_default(),
+                c["median"],
+                c["p90"],
+                c["signed_median"]
+            ),
+            None => println!(
+                "confidence: unmeasured ({} workloads: no public measurement; consider \
+                 {PREFIX}vram)",
+                c["kind"].as_str().unwrap_or_default()
+            ),
         }
         if let Some(path) = &args.model_config {
             for note in model_config(path)?.1 {

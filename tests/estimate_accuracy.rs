@@ -36,6 +36,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use peakfit::model::confidence::{MEASURED, workload_kind};
 use peakfit::model::quantity::GIB;
 use peakfit::model::{Spec, estimate};
 
@@ -71,45 +72,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1]
-}
-
-/// The workload kind a row belongs to, from its inputs alone. The first match wins, so a
-/// sharded LoRA run counts as sharded and a Whisper run as encoder-decoder.
-fn category(field: &BTreeMap<&str, &str>) -> &'static str {
-    let get = |k: &str| field.get(k).map_or("", |v| v.trim());
-    let model = get("model").to_ascii_lowercase();
-    let engine = get("engine").to_ascii_lowercase();
-    let more_than_one = |k: &str| get(k).parse::<u32>().is_ok_and(|n| n > 1);
-    let offload = !matches!(get("offload"), "" | "none");
-    let any = |names: &[&str]| names.iter().any(|n| model.contains(n));
-    if any(&["sd-", "sdxl", "stable-diffusion", "flux", "sd3", "pixart"]) || engine == "diffusers" {
-        "diffusion"
-    } else if offload {
-        "offload"
-    } else if any(&["whisper", "t5", "t0", "mt0", "bart", "mbart", "nllb"]) {
-        "encoder-decoder"
-    } else if any(&["bert", "roberta", "electra", "deberta"]) {
-        "encoder"
-    } else if matches!(
-        engine.as_str(),
-        "vllm" | "tgi" | "sglang" | "tensorrt-llm" | "text-generation-inference"
-    ) {
-        "fraction-engine"
-    } else if get("workload") != "inference"
-        && (more_than_one("data_parallel")
-            || more_than_one("tensor_parallel")
-            || more_than_one("pipeline_parallel")
-            || more_than_one("context_parallel"))
-    {
-        "sharded-training"
-    } else {
-        match get("workload") {
-            "training" => "training",
-            "lora" => "lora",
-            "qlora" => "qlora",
-            _ => "inference",
-        }
-    }
 }
 
 fn score(path: &Path) -> (Vec<Row>, Vec<String>) {
@@ -155,7 +117,7 @@ fn score(path: &Path) -> (Vec<Row>, Vec<String>) {
         let measured: f64 = field["measured_gib"].parse().expect("measured_gib");
         rows.push(Row {
             id,
-            category: category(&field),
+            category: workload_kind(&spec),
             hidden_input,
             counter,
             measured,
@@ -314,4 +276,27 @@ fn estimate_matches_public_measurements() {
     println!("\n== both files");
     print_table(&both);
     assert_bars(&both, P90_BAR);
+    // The bands `peakfit estimate` prints are the ones measured here.
+    let mut by: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
+    for r in &both {
+        by.entry(r.category).or_default().push(r);
+    }
+    assert_eq!(
+        by.len(),
+        MEASURED.len(),
+        "confidence::MEASURED lists every category"
+    );
+    for band in MEASURED {
+        let (n, med, p90, signed) = summary(&by[band.kind]);
+        let close = |a: f64, b: f64| (a - b).abs() < 0.051;
+        assert!(
+            n == band.rows
+                && close(med, band.median)
+                && close(p90, band.p90)
+                && close(signed, band.signed_median),
+            "confidence::MEASURED {}: {band:?}, measured rows {n} median {med:.1} p90 {p90:.1} \
+             signed {signed:.1}",
+            band.kind
+        );
+    }
 }

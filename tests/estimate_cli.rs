@@ -230,3 +230,30 @@ fn model_config_sizes_the_model_and_annotations_override_it() {
     assert!(!not_json.status.success());
     assert!(String::from_utf8_lossy(&not_json.stderr).contains("not a JSON object"));
 }
+
+/// Each estimate says how far to trust it: its workload kind and the measured error band.
+#[test]
+fn estimates_carry_the_measured_confidence_of_their_kind() {
+    let v = json(&peakfit(&["-a", "model=llama-3.1-8b", "--json"]));
+    assert_eq!(v["confidence"]["kind"], "inference");
+    assert_eq!(v["confidence"]["class"], "good");
+    let v = json(&peakfit(&[
+        "-a",
+        "model=llama-2-70b",
+        "-a",
+        "workload=lora",
+        "-a",
+        "zero-stage=3",
+        "-a",
+        "offload=optimizer+params",
+        "--json",
+    ]));
+    assert_eq!(v["confidence"]["kind"], "offload");
+    assert_ne!(v["confidence"]["class"], "good");
+    let table = peakfit(&["-a", "model=sdxl"]);
+    let out = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        out.contains("confidence:") && out.contains("diffusion workloads"),
+        "{out}"
+    );
+}
