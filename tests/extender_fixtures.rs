@@ -152,9 +152,8 @@ fn check_scores(request: &[u8], reply: &[u8]) -> BTreeMap<String, i64> {
         .collect()
 }
 
-/// Preempt's answer: nodes and victims are subsets of the offer; evicting a node's victims lets
-/// the pod fit; sparing any one of them does not.
-fn check_preempt(index: &Index, request: &[u8], reply: &[u8]) -> BTreeMap<String, Vec<String>> {
+/// The victims kube-scheduler offered, per node, by UID.
+fn offered_victims(request: &[u8]) -> BTreeMap<String, Vec<String>> {
     let args: ExtenderPreemptionArgs = serde_json::from_slice(request).unwrap();
     let offered: BTreeMap<String, Vec<String>> =
         match (&args.node_name_to_meta_victims, &args.node_name_to_victims) {
@@ -182,6 +181,15 @@ fn check_preempt(index: &Index, request: &[u8], reply: &[u8]) -> BTreeMap<String
                 .collect(),
             _ => panic!("preempt request without victims"),
         };
+    offered
+}
+
+/// Preempt's answer: nodes and victims are subsets of the offer, never empty; where the pod's
+/// GPU memory fits already the offer comes back whole; otherwise evicting a node's victims lets
+/// the pod fit and sparing any one of them does not.
+fn check_preempt(index: &Index, request: &[u8], reply: &[u8]) -> BTreeMap<String, Vec<String>> {
+    let offered = offered_victims(request);
+    let args: ExtenderPreemptionArgs = serde_json::from_slice(request).unwrap();
     let v = json(reply);
     let answer: BTreeMap<String, Vec<String>> = v["NodeNameToMetaVictims"]
         .as_object()
@@ -224,11 +232,27 @@ fn check_preempt(index: &Index, request: &[u8], reply: &[u8]) -> BTreeMap<String
             }
             fit(&l, &shape, &FitConfig::default(), capture_clock()).is_ok()
         };
+        // kube-scheduler refuses a node with no victims ("expected at least one victim").
+        assert!(!victims.is_empty(), "{node}: an empty victim list");
+        if fits_without(&[]) {
+            // The GPUs have room: the scheduler's own plugins need its victims, all of them.
+            assert_eq!(victims, offer, "{node}: the offer must go back unchanged");
+            continue;
+        }
         assert!(
             fits_without(&victims.iter().collect::<Vec<_>>()),
             "{node}: evicting {victims:?} is not enough"
         );
-        for spared in victims {
+        // Victims holding no GPU memory here were offered for the scheduler's own reasons (CPU):
+        // they stay. Of those holding GPU memory, sparing any one must not fit.
+        let holds = |u: &str| {
+            let key = key_of(u);
+            ledger.gpus.iter().any(|g| g.reservation(&key).is_some())
+        };
+        for u in offer.iter().filter(|u| !holds(u)) {
+            assert!(victims.contains(u), "{node}: {u} holds no GPU memory, keep it");
+        }
+        for spared in victims.iter().filter(|u| holds(u)) {
             let rest: Vec<&String> = victims.iter().filter(|u| *u != spared).collect();
             assert!(!fits_without(&rest), "{node}: {spared} need not be evicted");
         }
@@ -341,7 +365,10 @@ async fn node_cache_mode_replay() {
                 // llama and the embedder go); an L4 can never hold 30 GiB.
                 let answer = check_preempt(&index, &x.request, &reply);
                 let want = BTreeMap::from([
-                    ("gpu-a".to_owned(), vec![]),
+                    (
+                        "gpu-a".to_owned(),
+                        offered_victims(&x.request)["gpu-a"].clone(),
+                    ),
                     (
                         "gpu-b".to_owned(),
                         vec![node_cache_uids()["filler-gpu-b-1"].to_owned()],
@@ -425,10 +452,19 @@ async fn full_nodes_mode_replay() {
             "preempt" => {
                 let answer = check_preempt(&index, &x.request, &reply);
                 let want = BTreeMap::from([
-                    ("gpu-a".to_owned(), vec![]),
+                    (
+                        "gpu-a".to_owned(),
+                        offered_victims(&x.request)["gpu-a"].clone(),
+                    ),
+                    // The embedder and the llama were bound by the default binder, so they hold
+                    // no GPU memory in the ledger: offered for CPU (the pod asks 2 cores), kept.
                     (
                         "gpu-b".to_owned(),
-                        vec!["95f6c7b2-2e1b-430d-b600-842f0d5f50e9".to_owned()],
+                        vec![
+                            "22adf216-ea6b-470a-922d-8176ea66fcee".to_owned(),
+                            "3a6fbe4c-627e-4819-a2fb-ef389eb6f91a".to_owned(),
+                            "95f6c7b2-2e1b-430d-b600-842f0d5f50e9".to_owned(),
+                        ],
                     ),
                 ]);
                 assert_eq!(answer, want);
