@@ -446,6 +446,21 @@ impl Index {
                 entry.assignment = old.assignment.clone();
                 entry.node = entry.node.clone().or(old.node.clone());
                 entry.bound_here = true;
+            } else if old.node.is_some()
+                && old.node == entry.node
+                && old.assignment.is_some()
+                && entry.assignment != old.assignment
+            {
+                // The GPUs a bound pod runs on were fixed when its containers started; an
+                // annotation edited afterwards (webhook and policy refuse it, but an API server
+                // without them does not) would move its memory in the ledger onto GPUs it does
+                // not use and free the ones it does.
+                tracing::warn!(
+                    namespace = %entry.namespace, pod = %entry.name,
+                    "assignment annotations of a bound pod changed; keeping the first"
+                );
+                entry.assignment = old.assignment.clone();
+                entry.bound_here = old.bound_here;
             }
             if (&old.namespace, &old.name) != (&entry.namespace, &entry.name) {
                 pods.by_name
@@ -894,6 +909,48 @@ pub(crate) mod tests {
         let bad = index.find_pod("bad", "", "").unwrap();
         assert_eq!(bad.request.unwrap_err().key, "vram");
         assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 70 * GIB);
+    }
+
+    #[test]
+    fn a_bound_pod_keeps_its_first_assignment() {
+        let index = Index::new();
+        index.apply_node(&mk_node("n"));
+        index.apply_report(&mk_report(
+            "n",
+            &[("GPU-a", 24 * GIB, 0, &[]), ("GPU-b", 24 * GIB, 0, &[])],
+        ));
+        let bound = |gpu: &str, bytes: &str| {
+            mk_pod(
+                "p1",
+                Some("n"),
+                &[
+                    ("peakfit.io/vram", "20Gi"),
+                    (ASSIGNED_GPUS, gpu),
+                    (RESERVED_BYTES, bytes),
+                ],
+            )
+        };
+        index.apply_pod(&bound("GPU-a", &(20 * GIB).to_string()));
+        // `kubectl annotate --overwrite` onto the other GPU with a token reservation.
+        index.apply_pod(&bound("GPU-b", "1"));
+        let l = ledger(&index, "n");
+        assert_eq!(l.gpus[0].committed_bytes(), 20 * GIB);
+        assert_eq!(l.gpus[1].committed_bytes(), 0);
+        // Not yet bound, bind may still rewrite it.
+        let pending = |gpu: &str, node| {
+            mk_pod(
+                "p2",
+                node,
+                &[
+                    ("peakfit.io/vram", "1Gi"),
+                    (ASSIGNED_GPUS, gpu),
+                    (RESERVED_BYTES, "5"),
+                ],
+            )
+        };
+        index.apply_pod(&pending("GPU-a", None));
+        index.apply_pod(&pending("GPU-b", Some("n")));
+        assert_eq!(ledger(&index, "n").gpus[1].committed_bytes(), 5);
     }
 
     #[test]
