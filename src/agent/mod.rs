@@ -141,7 +141,7 @@ fn hostname() -> String {
 
 enum Sink {
     Print { json: bool },
-    Cluster(Box<Publisher>, Option<NodeCapacity>),
+    Cluster(Box<Publisher>, Box<Option<NodeCapacity>>),
 }
 
 impl Sink {
@@ -161,7 +161,7 @@ impl Sink {
             }
             Sink::Cluster(publisher, capacity) => {
                 publisher.publish(status).await?;
-                if let Some(capacity) = capacity
+                if let Some(capacity) = capacity.as_mut()
                     && let Err(e) = capacity.advertise(status).await
                 {
                     // The report is out; the extender places by it. Only preemption for GPU
@@ -202,7 +202,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         let capacity = Some(args.gpu_memory_resource.trim())
             .filter(|r| !r.is_empty())
             .map(|r| NodeCapacity::new(client.clone(), &node, r));
-        Sink::Cluster(Box::new(Publisher::new(client, &node)), capacity)
+        Sink::Cluster(Box::new(Publisher::new(client, &node)), Box::new(capacity))
     };
     let mut poller = Poller::new(NvmlSource::new(&args.nvml_lib), &args.proc_root);
 
