@@ -37,6 +37,22 @@ async fn a_high_priority_pod_evicts_the_fewest_gpu_memory_holders_and_binds() {
     let ext = c.start_extender("extender", &[]);
     c.start_scheduler("peakfit-scheduler", ext.port);
     c.start_webhook().await;
+    // The API server calls the webhook a moment after its configuration is created: wait until a
+    // dry-run pod comes back with the GPU memory request.
+    eventually(Duration::from_secs(20), "the webhook in effect", || async {
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let p = c
+            .pods(NS)
+            .create(&dry, &gpu_pod("probe", &[("peakfit.io/vram", "1Gi")]))
+            .await
+            .ok()?;
+        let r = p.spec?.containers[0].resources.clone()?.requests?;
+        r.contains_key(RESOURCE).then_some(())
+    })
+    .await;
 
     // The agent advertised the GPU's 40 GiB on the Node.
     let nodes: Api<Node> = Api::all(c.client.clone());
