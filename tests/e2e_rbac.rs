@@ -10,7 +10,7 @@
 mod e2e_support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use e2e_support::*;
@@ -40,10 +40,10 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
     reports.delete("l4-a", &Default::default()).await.unwrap();
 
     let agent_kc = kubeconfig_for(&c, AGENT_SA, Some("l4-a")).await;
-    let _agent = spawn(
-        &c,
+    let nvml_config = c.path("l4-a.nvml.yaml");
+    let _agent = c.spawn(
         "agent-l4-a-rbac",
-        &[
+        &strings(&[
             "agent",
             "--node-name",
             "l4-a",
@@ -54,13 +54,13 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
             "--heartbeat",
             "2s",
             "--nvml-lib",
-            &fake_nvml_path(),
+            &fake_nvml().display().to_string(),
             "--proc-root",
             &c.path("proc").display().to_string(),
             "--kubeconfig",
             &agent_kc.display().to_string(),
-        ],
-        &[("FAKE_NVML_CONFIG", c.path("l4-a.nvml.yaml"))],
+        ]),
+        &[("FAKE_NVML_CONFIG", &nvml_config)],
     );
     // Its report and its Node's GPU memory, written with the chart's permissions only.
     eventually(
@@ -136,16 +136,15 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
     // Extender and kube-scheduler as the chart's scheduler service account.
     let sched_kc = kubeconfig_for(&c, SCHEDULER_SA, None).await;
     let port = free_port();
-    let _extender = spawn(
-        &c,
+    let _extender = c.spawn(
         "extender-rbac",
-        &[
+        &strings(&[
             "extender",
             "--listen",
             &format!("127.0.0.1:{port}"),
             "--kubeconfig",
             &sched_kc.display().to_string(),
-        ],
+        ]),
         &[],
     );
     eventually(Duration::from_secs(30), "extender ready", || async {
@@ -156,7 +155,7 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
     config["clientConnection"]["kubeconfig"] = sched_kc.display().to_string().into();
     let path = c.path("scheduler-rbac.json");
     std::fs::write(&path, serde_json::to_string(&config).unwrap()).unwrap();
-    let out = Command::new(repo_root().join("../shared/tools/k8s/control-plane"))
+    let out = Command::new(control_plane_script())
         .arg("scheduler")
         .arg(c.dir.path())
         .arg(&path)
@@ -176,17 +175,6 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
     assert_eq!(gpus.len(), 1);
     assert!(reserved >= 4 * GIB);
     c.assert_no_overcommit().await;
-}
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn fake_nvml_path() -> String {
-    repo_root()
-        .join("target/debug/libfake_nvml.so")
-        .display()
-        .to_string()
 }
 
 /// The chart's ServiceAccounts, RBAC and admission policies, applied by kubectl as rendered.
@@ -258,27 +246,6 @@ async fn client_for(kubeconfig: &Path) -> kube::Client {
     kube::Client::try_from(config).unwrap()
 }
 
-/// A peakfit process with its log in the cluster's directory, killed when dropped.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(c: &Cluster, name: &str, args: &[&str], envs: &[(&str, PathBuf)]) -> Child {
-    let log = std::fs::File::create(c.path(&format!("{name}.log"))).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_peakfit"));
-    cmd.args(args)
-        .env_remove("KUBECONFIG")
-        .env("PEAKFIT_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log);
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    Child(cmd.spawn().unwrap())
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
 }

@@ -35,7 +35,7 @@ fn peakfit_bin() -> &'static str {
 }
 
 /// `../shared/tools/k8s/control-plane`, or a panic that says where it is expected.
-fn control_plane_script() -> PathBuf {
+pub fn control_plane_script() -> PathBuf {
     let p = repo_root().join("../shared/tools/k8s/control-plane");
     assert!(
         p.exists(),
@@ -47,7 +47,7 @@ fn control_plane_script() -> PathBuf {
 }
 
 /// The fake NVML library beside the test's `peakfit` binary (or `FAKE_NVML_LIB`).
-fn fake_nvml() -> PathBuf {
+pub fn fake_nvml() -> PathBuf {
     let lib = std::env::var_os("FAKE_NVML_LIB")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(peakfit_bin()).with_file_name("libfake_nvml.so"));
@@ -363,7 +363,7 @@ impl Cluster {
         let _ = sa.create(&PostParams::default(), &obj).await;
     }
 
-    fn spawn(&self, name: &str, args: &[String], envs: &[(&str, &Path)]) -> Proc {
+    pub fn spawn(&self, name: &str, args: &[String], envs: &[(&str, &Path)]) -> Proc {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
