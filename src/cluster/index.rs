@@ -441,10 +441,12 @@ impl Index {
         let mut pods = self.pods.write();
         let old = pods.by_key.remove(&entry.key);
         if let Some(old) = &old {
-            // Keep what our own bind recorded until the watch shows the pod's annotations.
-            if old.bound_here && entry.assignment.is_none() {
-                entry.assignment = old.assignment.clone();
-                entry.node = entry.node.clone().or(old.node.clone());
+            // Keep what our own bind recorded until the watch shows both the pod's annotations
+            // and its node: the annotations arrive first, and dropping the node then would free
+            // its GPUs while the Binding is still on its way.
+            if old.bound_here && (entry.assignment.is_none() || entry.node.is_none()) {
+                entry.assignment = entry.assignment.take().or(old.assignment.clone());
+                entry.node = entry.node.take().or(old.node.clone());
                 entry.bound_here = true;
             }
             if (&old.namespace, &old.name) != (&entry.namespace, &entry.name) {
