@@ -16,6 +16,12 @@ const NS: &str = "ml";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_are_placed_by_peak_vram_behind_the_real_scheduler() {
     let c = Cluster::up().await;
+    // Regression (issue 10, item 8): schemars' uint formats made kubectl warn on 12 fields.
+    assert!(
+        !c.crd_warnings.contains("unrecognized format"),
+        "{}",
+        c.crd_warnings
+    );
     c.namespace(NS).await;
     c.add_gpu_node("h100-tp", (0..4).map(|i| Gpu::h100("h100-tp", i)).collect())
         .await;
@@ -33,6 +39,8 @@ async fn pods_are_placed_by_peak_vram_behind_the_real_scheduler() {
 
     annotated_pods_bind_where_the_ledger_says(&c).await;
     refusals_reach_the_events(&c).await;
+    a_full_cluster_makes_the_next_pod_wait_until_one_is_deleted(&c).await;
+    pods_created_back_to_back_bind_without_cache_misses(&c, &ext).await;
     c.assert_no_overcommit().await;
 }
 
@@ -157,7 +165,6 @@ async fn refusals_reach_the_events(c: &Cluster) {
     c.delete_pod(NS, "huge").await;
 }
 
-#[allow(dead_code)]
 async fn a_full_cluster_makes_the_next_pod_wait_until_one_is_deleted(c: &Cluster) {
     // 36 GiB pods fit H100s (2 per GPU) and A100-40s (none beside another pod): create them
     // until one waits.
@@ -208,7 +215,6 @@ async fn a_full_cluster_makes_the_next_pod_wait_until_one_is_deleted(c: &Cluster
 
 /// Regression (issue 10, item 4): bind used to fail for a pod the extender's watch had not
 /// delivered yet; now it reads the pod from the API server.
-#[allow(dead_code)]
 async fn pods_created_back_to_back_bind_without_cache_misses(c: &Cluster, ext: &Extender) {
     let before = c.metric(
         ext,

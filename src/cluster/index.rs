@@ -441,10 +441,12 @@ impl Index {
         let mut pods = self.pods.write();
         let old = pods.by_key.remove(&entry.key);
         if let Some(old) = &old {
-            // Keep what our own bind recorded until the watch shows the pod's annotations.
-            if old.bound_here && entry.assignment.is_none() {
-                entry.assignment = old.assignment.clone();
-                entry.node = entry.node.clone().or(old.node.clone());
+            // Keep what our own bind recorded until the watch shows both the pod's annotations
+            // and its node: the annotations arrive first, and dropping the node then would free
+            // its GPUs while the Binding is still on its way.
+            if old.bound_here && (entry.assignment.is_none() || entry.node.is_none()) {
+                entry.assignment = entry.assignment.take().or(old.assignment.clone());
+                entry.node = entry.node.take().or(old.node.clone());
                 entry.bound_here = true;
             } else if old.node.is_some()
                 && old.node == entry.node
@@ -524,8 +526,9 @@ impl Index {
         pods.by_key.get(key).map(|p| PodEntry::clone(p))
     }
 
-    /// Bind's commit: the pod now holds `assignment` on `node`. Call with the node's bind lock
-    /// held and only after the API server accepted the binding.
+    /// Bind's commit: the pod now holds `assignment` on `node`. Bind calls it with the node's
+    /// bind lock held as soon as it has chosen the GPUs, before its API calls, so that filter
+    /// counts binds in flight; `revert_binding` undoes it when the API server refuses.
     pub fn record_binding(&self, key: &str, node: &str, assignment: Option<Assignment>) {
         let mut entry = match self.pods.read().by_key.get(key) {
             Some(e) => PodEntry::clone(e),
@@ -537,6 +540,17 @@ impl Index {
             entry.bound_here = true;
         }
         self.upsert(entry);
+    }
+
+    /// Undoes a `record_binding` made while the bind was in flight, when the API server refused
+    /// it: the pod is indexed as `before` again and its node's memory is released.
+    pub fn revert_binding(&self, before: PodEntry) {
+        if let Some(e) = self.pods.write().by_key.get_mut(&before.key) {
+            // Not "bound here" any more, so `upsert` takes `before` as it is.
+            e.bound_here = false;
+            e.assignment = None;
+        }
+        self.upsert(before);
     }
 
     /// Rebuilds one node's ledger from its report and its pods: O(pods on the node × GPUs).

@@ -197,6 +197,8 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub client: Client,
     pub kubeconfig: PathBuf,
+    /// What `kubectl apply` of `peakfit crd` printed on stderr (its warnings).
+    pub crd_warnings: String,
     script: PathBuf,
     procs: Mutex<Vec<Proc>>,
     nodes: Mutex<BTreeMap<String, GpuNode>>,
@@ -300,16 +302,17 @@ impl Cluster {
             .await
             .unwrap();
         let client = Client::try_from(config).unwrap();
-        let cluster = Self {
+        let mut cluster = Self {
             dir,
             client,
             kubeconfig,
+            crd_warnings: String::new(),
             script,
             procs: Mutex::new(Vec::new()),
             nodes: Mutex::new(BTreeMap::new()),
         };
         cluster.namespace(RELEASE_NAMESPACE).await;
-        cluster.apply_crd().await;
+        cluster.crd_warnings = cluster.apply_crd().await;
         cluster
     }
 
