@@ -448,13 +448,14 @@ impl Index {
                 entry.assignment = entry.assignment.take().or(old.assignment.clone());
                 entry.node = entry.node.take().or(old.node.clone());
                 entry.bound_here = true;
-            } else if old.node.is_some()
+            } else if !entry.bound_here
+                && old.node.is_some()
                 && old.node == entry.node
                 && old.assignment.is_some()
                 && entry.assignment != old.assignment
             {
-                // The GPUs a bound pod runs on were fixed when its containers started; an
-                // annotation edited afterwards (webhook and policy refuse it, but an API server
+                // From the watch (our own bind's record passes): the GPUs a bound pod runs on
+                // were fixed when its containers started; an annotation edited afterwards (webhook and policy refuse it, but an API server
                 // without them does not) would move its memory in the ledger onto GPUs it does
                 // not use and free the ones it does.
                 tracing::warn!(
