@@ -80,6 +80,8 @@ pub mod extender {
         pub rejections: Family<ReasonLabels, Counter>,
         pub node_scores: Family<ScoreSourceLabels, Counter>,
         pub errors: Family<VerbLabels, Counter>,
+        pub bind_conflicts: Counter,
+        pub node_nudges: Counter,
         pub gpu_total: Family<GpuLabels, Gauge>,
         pub gpu_committed: Family<GpuLabels, Gauge>,
         pub gpu_observed: Family<GpuLabels, Gauge>,
@@ -115,6 +117,8 @@ pub mod extender {
                 rejections: Family::default(),
                 node_scores: Family::default(),
                 errors: Family::default(),
+                bind_conflicts: Counter::default(),
+                node_nudges: Counter::default(),
                 gpu_total: Family::default(),
                 gpu_committed: Family::default(),
                 gpu_observed: Family::default(),
@@ -153,6 +157,18 @@ pub mod extender {
                 "extender_errors",
                 "Extender calls answered with an error",
                 m.errors.clone(),
+            );
+            r.register(
+                "extender_bind_conflicts",
+                "Binds refused because the node's ledger changed since filter (another pod took the \
+                 memory first); the scheduler retries them. Normal under contention, not an error",
+                m.bind_conflicts.clone(),
+            );
+            r.register(
+                "extender_node_nudges",
+                "Node annotation bumps made so that kube-scheduler retries pods waiting for GPU \
+                 memory or a fresh report once a node has them",
+                m.node_nudges.clone(),
             );
             r.register(
                 "ledger_gpu_total_bytes",

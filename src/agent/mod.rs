@@ -27,7 +27,7 @@ use crate::inventory::NodeGpuReportStatus;
 
 use self::metrics::AgentMetrics;
 use self::nvml::{GpuSource, NvmlSource};
-use self::publish::Publisher;
+use self::publish::{NodeCapacity, Publisher};
 use self::report::{PodUsageHistory, PublishGate};
 
 #[derive(Clone, Debug, clap::Args)]
@@ -63,6 +63,15 @@ pub struct AgentArgs {
     /// Kubeconfig file (in-cluster configuration otherwise).
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// Extended resource to advertise the node's total GPU memory as, in MiB, on the Node's
+    /// status, for kube-scheduler's own fit and preemption; the webhook's `--gpu-memory-resource`
+    /// must name the same one. Empty: not advertised.
+    #[arg(
+        long,
+        env = "PEAKFIT_GPU_MEMORY_RESOURCE",
+        default_value = publish::DEFAULT_GPU_MEMORY_RESOURCE
+    )]
+    pub gpu_memory_resource: String,
 }
 
 /// Durations as `5s`, `500ms`, `1m30s` or ISO 8601 (`PT5S`).
@@ -132,7 +141,7 @@ fn hostname() -> String {
 
 enum Sink {
     Print { json: bool },
-    Cluster(Box<Publisher>),
+    Cluster(Box<Publisher>, Box<Option<NodeCapacity>>),
 }
 
 impl Sink {
@@ -150,7 +159,17 @@ impl Sink {
                 out.flush()?;
                 Ok(())
             }
-            Sink::Cluster(publisher) => Ok(publisher.publish(status).await?),
+            Sink::Cluster(publisher, capacity) => {
+                publisher.publish(status).await?;
+                if let Some(capacity) = capacity.as_mut()
+                    && let Err(e) = capacity.advertise(status).await
+                {
+                    // The report is out; the extender places by it. Only preemption for GPU
+                    // memory waits for the next try.
+                    tracing::warn!("{:#}", anyhow::Error::from(e));
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -180,7 +199,10 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         Sink::Print { json: args.json }
     } else {
         let client = kube_client(args.kubeconfig.as_ref()).await?;
-        Sink::Cluster(Box::new(Publisher::new(client, &node)))
+        let capacity = Some(args.gpu_memory_resource.trim())
+            .filter(|r| !r.is_empty())
+            .map(|r| NodeCapacity::new(client.clone(), &node, r));
+        Sink::Cluster(Box::new(Publisher::new(client, &node)), Box::new(capacity))
     };
     let mut poller = Poller::new(NvmlSource::new(&args.nvml_lib), &args.proc_root);
 

@@ -441,11 +441,29 @@ impl Index {
         let mut pods = self.pods.write();
         let old = pods.by_key.remove(&entry.key);
         if let Some(old) = &old {
-            // Keep what our own bind recorded until the watch shows the pod's annotations.
-            if old.bound_here && entry.assignment.is_none() {
-                entry.assignment = old.assignment.clone();
-                entry.node = entry.node.clone().or(old.node.clone());
+            // Keep what our own bind recorded until the watch shows both the pod's annotations
+            // and its node: the annotations arrive first, and dropping the node then would free
+            // its GPUs while the Binding is still on its way.
+            if old.bound_here && (entry.assignment.is_none() || entry.node.is_none()) {
+                entry.assignment = entry.assignment.take().or(old.assignment.clone());
+                entry.node = entry.node.take().or(old.node.clone());
                 entry.bound_here = true;
+            } else if !entry.bound_here
+                && old.node.is_some()
+                && old.node == entry.node
+                && old.assignment.is_some()
+                && entry.assignment != old.assignment
+            {
+                // From the watch (our own bind's record passes): the GPUs a bound pod runs on
+                // were fixed when its containers started; an annotation edited afterwards (webhook and policy refuse it, but an API server
+                // without them does not) would move its memory in the ledger onto GPUs it does
+                // not use and free the ones it does.
+                tracing::warn!(
+                    namespace = %entry.namespace, pod = %entry.name,
+                    "assignment annotations of a bound pod changed; keeping the first"
+                );
+                entry.assignment = old.assignment.clone();
+                entry.bound_here = old.bound_here;
             }
             if (&old.namespace, &old.name) != (&entry.namespace, &entry.name) {
                 pods.by_name
@@ -509,8 +527,9 @@ impl Index {
         pods.by_key.get(key).map(|p| PodEntry::clone(p))
     }
 
-    /// Bind's commit: the pod now holds `assignment` on `node`. Call with the node's bind lock
-    /// held and only after the API server accepted the binding.
+    /// Bind's commit: the pod now holds `assignment` on `node`. Bind calls it with the node's
+    /// bind lock held as soon as it has chosen the GPUs, before its API calls, so that filter
+    /// counts binds in flight; `revert_binding` undoes it when the API server refuses.
     pub fn record_binding(&self, key: &str, node: &str, assignment: Option<Assignment>) {
         let mut entry = match self.pods.read().by_key.get(key) {
             Some(e) => PodEntry::clone(e),
@@ -522,6 +541,17 @@ impl Index {
             entry.bound_here = true;
         }
         self.upsert(entry);
+    }
+
+    /// Undoes a `record_binding` made while the bind was in flight, when the API server refused
+    /// it: the pod is indexed as `before` again and its node's memory is released.
+    pub fn revert_binding(&self, before: PodEntry) {
+        if let Some(e) = self.pods.write().by_key.get_mut(&before.key) {
+            // Not "bound here" any more, so `upsert` takes `before` as it is.
+            e.bound_here = false;
+            e.assignment = None;
+        }
+        self.upsert(before);
     }
 
     /// Rebuilds one node's ledger from its report and its pods: O(pods on the node × GPUs).
@@ -894,6 +924,48 @@ pub(crate) mod tests {
         let bad = index.find_pod("bad", "", "").unwrap();
         assert_eq!(bad.request.unwrap_err().key, "vram");
         assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 70 * GIB);
+    }
+
+    #[test]
+    fn a_bound_pod_keeps_its_first_assignment() {
+        let index = Index::new();
+        index.apply_node(&mk_node("n"));
+        index.apply_report(&mk_report(
+            "n",
+            &[("GPU-a", 24 * GIB, 0, &[]), ("GPU-b", 24 * GIB, 0, &[])],
+        ));
+        let bound = |gpu: &str, bytes: &str| {
+            mk_pod(
+                "p1",
+                Some("n"),
+                &[
+                    ("peakfit.io/vram", "20Gi"),
+                    (ASSIGNED_GPUS, gpu),
+                    (RESERVED_BYTES, bytes),
+                ],
+            )
+        };
+        index.apply_pod(&bound("GPU-a", &(20 * GIB).to_string()));
+        // `kubectl annotate --overwrite` onto the other GPU with a token reservation.
+        index.apply_pod(&bound("GPU-b", "1"));
+        let l = ledger(&index, "n");
+        assert_eq!(l.gpus[0].committed_bytes(), 20 * GIB);
+        assert_eq!(l.gpus[1].committed_bytes(), 0);
+        // Not yet bound, bind may still rewrite it.
+        let pending = |gpu: &str, node| {
+            mk_pod(
+                "p2",
+                node,
+                &[
+                    ("peakfit.io/vram", "1Gi"),
+                    (ASSIGNED_GPUS, gpu),
+                    (RESERVED_BYTES, "5"),
+                ],
+            )
+        };
+        index.apply_pod(&pending("GPU-a", None));
+        index.apply_pod(&pending("GPU-b", Some("n")));
+        assert_eq!(ledger(&index, "n").gpus[1].committed_bytes(), 5);
     }
 
     #[test]

@@ -11,6 +11,5 @@ pub use report::{NodeGpuReport, NodeGpuReportSpec};
 
 /// The CRD as YAML, what `peakfit crd` prints and the Helm chart ships (checked in sync by CI).
 pub fn crd_yaml() -> anyhow::Result<String> {
-    use kube::CustomResourceExt;
-    Ok(serde_saphyr::to_string(&NodeGpuReport::crd())?)
+    Ok(serde_saphyr::to_string(&report::crd())?)
 }

@@ -3,6 +3,7 @@
 
 pub mod bind;
 pub mod filter;
+pub mod nudge;
 pub mod preempt;
 pub mod prescore;
 pub mod prioritize;
@@ -59,6 +60,21 @@ pub struct ExtenderArgs {
     /// (0: never).
     #[arg(long, env = "PEAKFIT_PRESCORE_INTERVAL_MS", default_value_t = 100)]
     pub prescore_interval_ms: u64,
+    /// While pods wait, how often to look for nodes that gained GPU memory or a fresh report and
+    /// annotate them (`peakfit.io/capacity-changed-at`) so kube-scheduler retries the waiting
+    /// pods at once instead of after its 5-minute flush (`0s`: never). Cluster mode only; needs
+    /// `patch` on nodes.
+    #[arg(long, env = "PEAKFIT_NUDGE_INTERVAL", default_value = "1s", value_parser = parse_interval)]
+    pub nudge_interval: std::time::Duration,
+}
+
+/// A duration such as `1s` or `500ms`; zero allowed.
+fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    let d: jiff::SignedDuration = s
+        .trim()
+        .parse()
+        .map_err(|e| format!("{s:?}: not a duration such as 1s or 500ms ({e})"))?;
+    std::time::Duration::try_from(d).map_err(|_| format!("{s:?}: must not be negative"))
 }
 
 /// A byte quantity in Kubernetes syntax (`256Mi`, `1G`, `1073741824`).
@@ -140,6 +156,8 @@ pub struct Extender {
     /// What the prescorer's last pass kept warm.
     warmed: Mutex<prescore::Warmed>,
     pending: Mutex<HashMap<PodKey, Pending>>,
+    /// One bind at a time per pod.
+    bind_locks: bind::PodLocks,
     clock: fn() -> i64,
 }
 
@@ -164,6 +182,7 @@ impl Extender {
             class_ids: Mutex::new(ClassIds::default()),
             warmed: Mutex::new(prescore::Warmed::default()),
             pending: Mutex::new(HashMap::new()),
+            bind_locks: bind::PodLocks::default(),
             clock: now_unix,
         }
     }
@@ -259,6 +278,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     metrics
         .node_report_age_limit
         .set(fit.max_report_age_secs.unwrap_or(0) as f64);
+    let mut nudge_client = None;
     let (binder, readiness): (Arc<dyn BindingWriter>, Readiness) = match &args.from_file {
         Some(path) => {
             let n = crate::cluster::file::load_into(&index, path)
@@ -270,6 +290,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
             let client = crate::cluster::watch::client(args.kubeconfig.as_deref()).await?;
             let readiness = Readiness::waiting_for(crate::cluster::watch::WATCHES);
             crate::cluster::watch::spawn(client.clone(), index.clone(), readiness.clone());
+            nudge_client = Some(client.clone());
             (Arc::new(KubeBinder::new(client)), readiness)
         }
     };
@@ -282,6 +303,11 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     if args.prescore_interval_ms > 0 {
         ext.spawn_prescorer(std::time::Duration::from_millis(args.prescore_interval_ms))
             .context("starting the prescore thread")?;
+    }
+    if let Some(client) = nudge_client
+        && !args.nudge_interval.is_zero()
+    {
+        nudge::spawn(ext.clone(), client, args.nudge_interval);
     }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

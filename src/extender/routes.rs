@@ -192,8 +192,9 @@ async fn bind(State(ext): State<Shared>, body: Bytes) -> Response {
     if let Some(error) = t.not_ready() {
         return go_json(&wire::ExtenderBindingResult { error });
     }
-    let result = ext.bind(args).await;
-    if !result.error.is_empty() {
+    // A conflict (the ledger moved since filter) is refused but is no error.
+    let (result, outcome) = ext.bind_with_outcome(args).await;
+    if outcome.is_err_and(|r| r.is_error()) {
         t.error();
     }
     go_json(&result)

@@ -43,6 +43,15 @@ pub struct WebhookArgs {
     /// Runtime class set on opted-in pods that name none (e.g. `nvidia`); empty leaves pods alone.
     #[arg(long, env = "PEAKFIT_RUNTIME_CLASS_NAME", default_value = "")]
     pub runtime_class_name: String,
+    /// Extended resource in which an opted-in pod's least GPU memory (MiB) is requested, so
+    /// kube-scheduler's own fit and preemption see it; the agents' `--gpu-memory-resource` must
+    /// name the same one (they advertise each node's total). Empty: not requested.
+    #[arg(
+        long,
+        env = "PEAKFIT_GPU_MEMORY_RESOURCE",
+        default_value = crate::agent::publish::DEFAULT_GPU_MEMORY_RESOURCE
+    )]
+    pub gpu_memory_resource: String,
 }
 
 /// The HTTP routes, without TLS, so tests can drive them with `tower::ServiceExt::oneshot`.
@@ -77,6 +86,8 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     let mutator = Mutator {
         scheduler_name: args.scheduler_name,
         runtime_class_name: Some(args.runtime_class_name).filter(|c| !c.is_empty()),
+        gpu_memory_resource: Some(args.gpu_memory_resource.trim().to_owned())
+            .filter(|r| !r.is_empty()),
     };
     let app = router(mutator);
     let listener = TcpListener::bind(args.listen)

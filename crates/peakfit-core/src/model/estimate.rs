@@ -1044,13 +1044,15 @@ fn fraction_engine(
     } else {
         (0.0, 0.0, 0.0)
     };
-    // One sequence at the context length must fit in what the budget leaves for the KV pool.
-    let one_sequence = if described {
-        inp.kv_cache(inp.context)
+    // The declared batch at the declared context must fit in what the budget leaves for the KV
+    // pool: an engine whose share holds the weights but only a sliver of cache admits the pod
+    // and then serves a fraction of the batch it was described with.
+    let declared_kv = if described {
+        inp.kv_cache(inp.tokens())
     } else {
         0.0
     };
-    let inside = weights + activations + nccl + one_sequence;
+    let inside = weights + activations + nccl + declared_kv;
     // Outside the budget: the context always; CUDA graphs for vLLM/SGLang (captured after
     // sizing). TGI's fraction caps the whole process; TensorRT-LLM's applies to what is free
     // after the weights, so the rest of the non-KV memory is outside it.
@@ -1063,7 +1065,7 @@ fn fraction_engine(
             let non_kv = CUDA_CONTEXT + weights + activations + nccl;
             (
                 (1.0 - util) * non_kv,
-                non_kv + one_sequence / util.max(f64::EPSILON),
+                non_kv + declared_kv / util.max(f64::EPSILON),
             )
         }
         _ => (CUDA_CONTEXT + graphs, inside / util),
@@ -1342,6 +1344,43 @@ mod tests {
         assert!(part(&tune, "logits") < part(&t, "logits") / 2.0);
         let i = est(&[("model", "llama-3.1-8b"), ("context-tokens", "8192")]);
         assert!(part(&i, "logits") < 1.0 * MIB);
+    }
+
+    #[test]
+    fn a_fraction_engine_needs_a_gpu_whose_share_holds_the_declared_batch_and_context() {
+        // Issue 10 finding 7: vLLM 8B at 0.45 with 16 x 8192 tokens declared. 45 % of an
+        // A100-40GB (18 GiB) holds the 15 GiB of weights but not the 16 GiB of KV cache the
+        // annotations describe; weights + activations + that cache need 0.45 of ~72 GiB.
+        let s = spec(&[
+            ("model", "llama-3.1-8b"),
+            ("engine", "vllm"),
+            ("gpu-memory-utilization", "0.45"),
+            ("context-tokens", "8192"),
+            ("batch", "16"),
+        ]);
+        let e = estimate(&s, 80 << 30);
+        let kv = 128.0 * 1024.0 * 8192.0 * 16.0;
+        let weights = part(&e, "weights");
+        let activations = part(&e, "activations");
+        let min = e.demand.min_gpu_total_bytes as f64;
+        assert!(
+            (min - (weights + activations + kv) / 0.45).abs() < 2.0,
+            "{min} vs {}",
+            (weights + activations + kv) / 0.45
+        );
+        assert!(!e.demand.runs_on(40 << 30), "{}", min / GIB);
+        assert!(e.demand.runs_on(80 << 30), "{}", min / GIB);
+        // One sequence of the same context is far less: the batch counts.
+        let one = estimate(
+            &spec(&[
+                ("model", "llama-3.1-8b"),
+                ("engine", "vllm"),
+                ("gpu-memory-utilization", "0.45"),
+                ("context-tokens", "8192"),
+            ]),
+            80 << 30,
+        );
+        assert!(one.demand.runs_on(40 << 30));
     }
 
     #[test]

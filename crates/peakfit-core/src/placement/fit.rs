@@ -69,7 +69,7 @@ pub enum Rejection {
         models: Vec<String>,
     },
     #[error(
-        "needs a GPU of at least {} (the engine's share of a smaller one cannot hold the model); largest GPU here has {}",
+        "needs a GPU of at least {}: the engine's share of a smaller one cannot hold its weights, activations and the KV cache of the declared batch x context-tokens; largest GPU here has {}",
         gib(*min_gpu_total_bytes), gib(*largest_gpu_total_bytes)
     )]
     GpuTooSmall {
@@ -525,7 +525,9 @@ mod tests {
         assert_eq!(r.reason(), "not_enough_memory");
         assert_eq!(
             r.to_string(),
-            "needs a GPU of at least 40.0 GiB (the engine's share of a smaller one cannot hold the model); largest GPU here has 24.0 GiB"
+            "needs a GPU of at least 40.0 GiB: the engine's share of a smaller one cannot hold \
+             its weights, activations and the KV cache of the declared batch x context-tokens; \
+             largest GPU here has 24.0 GiB"
         );
     }
 
