@@ -53,12 +53,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 #[test]
+#[ignore = "needs ../shared/data"]
 fn estimate_matches_public_measurements() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/memory-validation.csv");
-    if !path.exists() {
-        eprintln!("skipping: ../shared/data/memory-validation.csv not found");
-        return;
-    }
+    assert!(path.exists(), "{} not found", path.display());
     let mut reader = csv::Reader::from_path(&path).expect("readable CSV");
     let headers = reader.headers().expect("header row").clone();
     let mut rows = Vec::new();

@@ -19,14 +19,9 @@ use tower::ServiceExt;
 
 pub const GIB: u64 = 1 << 30;
 
-pub fn capture_dir() -> Option<PathBuf> {
-    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/kube-scheduler-v1.36");
-    if d.is_dir() {
-        Some(d)
-    } else {
-        eprintln!("skipping: ../shared/fixtures/kube-scheduler-v1.36 not found");
-        None
-    }
+/// The kube-scheduler v1.36 capture, shipped in `tests/fixtures` (its README says where it came from).
+pub fn capture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kube-scheduler-v1.36")
 }
 
 pub fn data(name: &str) -> PathBuf {
