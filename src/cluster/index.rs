@@ -26,12 +26,7 @@ use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey};
 /// cost more than they save).
 pub const PARALLEL_FROM: usize = 256;
 
-/// Written by bind: the GPUs (UUIDs, comma separated).
-pub const ASSIGNED_GPUS: &str = "peakfit.io/assigned-gpus";
-/// Written by bind: bytes reserved on each assigned GPU.
-pub const RESERVED_BYTES: &str = "peakfit.io/reserved-bytes";
-/// Written by bind for fraction-budget engines: the share of the GPU to tell the engine.
-pub const GPU_MEMORY_FRACTION: &str = "peakfit.io/gpu-memory-fraction";
+pub use crate::model::annotations::{ASSIGNED_GPUS, GPU_MEMORY_FRACTION, RESERVED_BYTES};
 
 /// Where a pod's GPU memory is committed.
 #[derive(Clone, Debug, PartialEq, Eq)]

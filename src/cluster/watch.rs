@@ -1,7 +1,6 @@
 //! Cluster mode: watches on Nodes, Pods and NodeGpuReports feed the index one event at a time.
 
 use std::collections::HashSet;
-use std::path::Path;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -15,18 +14,6 @@ use crate::extender::Readiness;
 
 /// How many watches must list before the extender is ready.
 pub const WATCHES: usize = 3;
-
-/// A client from `kubeconfig`, or the in-cluster configuration (then `KUBECONFIG`/defaults).
-pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
-        }
-        None => kube::Config::infer().await?,
-    };
-    Ok(Client::try_from(config)?)
-}
 
 /// How one kind of object enters and leaves the index.
 trait Indexed: Resource + Clone + std::fmt::Debug + Send + 'static {
