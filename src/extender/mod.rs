@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -22,6 +21,7 @@ use parking_lot::Mutex;
 use crate::cli::{ClientArgs, parse_duration};
 use crate::cluster::binding::{BindingWriter, KubeBinder, MemoryBinder};
 use crate::cluster::index::Index;
+pub use crate::cluster::watch::Readiness;
 use crate::metrics::extender::{ExtenderMetrics, ReasonLabels};
 use crate::placement::memo::ClassIds;
 use crate::placement::{FitConfig, PodKey, ScoringPolicy, ShapeStats};
@@ -79,30 +79,17 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     crate::model::quantity::parse_bytes(s).map_err(|e| e.to_string())
 }
 
-/// Ready once every watch has listed its objects (kubert's `Initialized` gate): until then the
-/// index could call a busy node free.
-#[derive(Clone, Debug, Default)]
-pub struct Readiness {
-    waiting: Arc<AtomicUsize>,
-}
-
-impl Readiness {
-    /// A gate that opens after `n` calls to [`Readiness::synced`].
-    pub fn waiting_for(n: usize) -> Self {
-        Self {
-            waiting: Arc::new(AtomicUsize::new(n)),
-        }
-    }
-
-    pub fn synced(&self) {
-        let _ = self
-            .waiting
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-    }
-
-    pub fn is_ready(&self) -> bool {
-        self.waiting.load(Ordering::Acquire) == 0
-    }
+/// Names the pod (`namespace/name`) on the verb's span, once the request is decoded.
+pub(crate) fn record_pod(pod: &k8s_openapi::api::core::v1::Pod) {
+    let m = &pod.metadata;
+    tracing::Span::current().record(
+        "pod",
+        format!(
+            "{}/{}",
+            m.namespace.as_deref().unwrap_or_default(),
+            m.name.as_deref().unwrap_or_default()
+        ),
+    );
 }
 
 #[derive(Clone, Debug)]
@@ -237,8 +224,8 @@ impl Extender {
 }
 
 pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
-    let metrics = Arc::new(ExtenderMetrics::new());
-    let index = Arc::new(Index::with_metrics(metrics.clone()));
+    let index = Arc::new(Index::new());
+    let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), now_unix));
     let fit = FitConfig {
         safety_margin_bytes: args.safety_margin,
         // A file is a snapshot: the age of its reports says nothing about live agents.
@@ -320,16 +307,5 @@ mod tests {
         assert_eq!(parse_bytes("2G"), Ok(2_000_000_000));
         assert!(parse_bytes("12 bananas").is_err());
         assert!(parse_bytes("-1Gi").is_err());
-    }
-
-    #[test]
-    fn readiness_opens_after_every_watch() {
-        let r = Readiness::waiting_for(2);
-        assert!(!r.is_ready());
-        r.synced();
-        assert!(!r.is_ready());
-        r.synced();
-        r.synced();
-        assert!(r.is_ready());
     }
 }

@@ -75,7 +75,7 @@ pub fn pods_of(path: &Path) -> Vec<Pod> {
 /// The capture's cluster: its nodes (through file mode's loader), the made-up GPU reports, and
 /// every fixture pod with the UID `uids` gives it (else `uid-<name>`).
 pub fn fixture_index(dir: &Path, uids: &HashMap<&str, &str>) -> Arc<Index> {
-    let index = Arc::new(Index::with_metrics(Arc::new(ExtenderMetrics::new())));
+    let index = Arc::new(Index::new());
     peakfit::cluster::file::load_into(&index, &dir.join("nodes.yaml")).unwrap();
     peakfit::cluster::file::load_into(&index, &data("fixture-gpu-reports.yaml")).unwrap();
     for file in ["pods.yaml", "fill.yaml", "hipod.yaml"] {
@@ -107,9 +107,7 @@ pub fn harness_with(
     writer: Arc<dyn BindingWriter>,
     binder: Arc<MemoryBinder>,
 ) -> Harness {
-    let metrics = index
-        .metrics()
-        .unwrap_or_else(|| Arc::new(ExtenderMetrics::new()));
+    let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), capture_clock));
     let ext = Arc::new(Extender::new(index, metrics, writer).with_clock(capture_clock));
     Harness {
         router: routes::router(ext.clone()),
