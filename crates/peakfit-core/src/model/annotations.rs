@@ -47,7 +47,7 @@ use crate::placement::{Demand, PodShape};
 
 pub const PREFIX: &str = "peakfit.io/";
 
-/// Input annotations (the vocabulary of DESIGN.md), in the order the reference lists them.
+/// Input annotations; the README's annotation reference documents each (`tests/readme_docs.rs`).
 pub const INPUT_KEYS: &[&str] = &[
     "vram",
     "gpus",
