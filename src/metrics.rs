@@ -1,4 +1,5 @@
-//! Serving prometheus-client registries over HTTP, shared by the agent and the extender.
+//! Serving prometheus-client registries over HTTP, shared by the agent and the extender, and the
+//! extender's metrics. It reads the index (at scrape) but may not change it.
 
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};

@@ -1,4 +1,5 @@
-//! Logging set-up shared by every subcommand.
+//! Logging set-up shared by every subcommand: the `--log` filter (checked when parsed) and format.
+//! It may not decide what is logged; each module's `tracing` calls and spans do.
 
 use std::io::IsTerminal;
 

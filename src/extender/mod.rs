@@ -1,5 +1,6 @@
 //! The scheduler extender: kube-scheduler's filter, prioritize, bind and preempt over HTTP,
-//! answered from the index's per-node ledgers.
+//! answered from the index's per-node ledgers. It may not watch the cluster (`cluster` feeds the
+//! index) nor write a Pod except through `cluster::binding`; bind records its own decision only.
 
 pub mod bind;
 pub mod filter;
