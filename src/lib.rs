@@ -9,6 +9,7 @@
 pub use peakfit_core::{inventory, model, placement};
 
 pub mod agent;
+pub mod cli;
 pub mod cluster;
 pub mod estimate;
 pub mod extender;

@@ -2,40 +2,15 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
 
 /// mimalloc instead of glibc's malloc: a filter or prioritize request decodes and frees thousands
 /// of node names, and glibc then spends a third of the request consolidating its free lists
 /// (measured with `perf` on `cargo bench --bench extender`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use peakfit::cli::{Cli, Command};
 use peakfit::{agent, estimate, extender, sim, telemetry, webhook};
-
-/// Places GPU pods by their predicted peak VRAM.
-#[derive(Parser)]
-#[command(name = "peakfit", version, about, propagate_version = true)]
-struct Cli {
-    #[command(flatten)]
-    log: telemetry::LogArgs,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Read every GPU through NVML and publish this node's NodeGpuReport.
-    Agent(agent::AgentArgs),
-    /// Serve kube-scheduler's extender verbs (filter, prioritize, bind, preempt).
-    Extender(extender::ExtenderArgs),
-    /// Mutating admission webhook: opt pods in and pin them to their assigned GPUs.
-    Webhook(webhook::WebhookArgs),
-    /// Predict a pod's peak VRAM per GPU from its annotations.
-    Estimate(estimate::EstimateArgs),
-    /// Replay a cluster and a workload through the placement code under several policies.
-    Simulate(sim::SimulateArgs),
-    /// Print the NodeGpuReport CustomResourceDefinition as YAML.
-    Crd,
-}
 
 /// Errors print as one readable line (`error: …: cause`), never as a Debug dump or backtrace: the
 /// people reading them are ML engineers running `peakfit estimate` and operators reading pod logs.

@@ -186,7 +186,7 @@ async fn readyz_waits_for_every_watch() {
 /// 5,000 full Nodes (the capture's, renamed) come to ~20 MB: well past axum's 2 MB default.
 #[tokio::test]
 async fn a_full_node_request_for_5000_nodes_is_accepted() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let mut req = json(&std::fs::read(dir.join("full-nodes/001-filter-request.json")).unwrap());
     let template = req["Nodes"]["items"][0].clone();
     let items: Vec<serde_json::Value> = (0..5000)

@@ -65,7 +65,7 @@ async fn expect_patch(handle: &mut Handle) -> Value {
 
 #[tokio::test]
 async fn bind_patches_the_pod_then_posts_the_binding() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     let (client, mut handle) = mock_client();
     let h = harness_with(
@@ -136,7 +136,7 @@ fn fill_gpu_b(index: &Index) {
 
 #[tokio::test]
 async fn when_the_fit_no_longer_holds_bind_errs_and_writes_nothing() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     fill_gpu_b(&index);
     let (client, mut handle) = mock_client();
@@ -164,7 +164,7 @@ async fn when_the_fit_no_longer_holds_bind_errs_and_writes_nothing() {
 
 #[tokio::test]
 async fn a_409_from_the_api_server_is_an_error_and_reserves_nothing() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     let (client, mut handle) = mock_client();
     let h = harness_with(
@@ -231,7 +231,7 @@ impl BindingWriter for SlowBinder {
 /// re-check against the first and choose another GPU.
 #[tokio::test]
 async fn concurrent_binds_to_one_node_never_double_book_a_gpu() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     // gpu-b now reports a single, empty 40 GiB GPU.
     let mut report: Value = serde_json::json!({

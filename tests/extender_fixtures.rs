@@ -265,7 +265,7 @@ fn check_preempt(index: &Index, request: &[u8], reply: &[u8]) -> BTreeMap<String
 
 #[tokio::test]
 async fn node_cache_mode_replay() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     let h = harness(index.clone());
     let mut llama = None;
@@ -442,7 +442,7 @@ async fn node_cache_mode_replay() {
 
 #[tokio::test]
 async fn full_nodes_mode_replay() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &HashMap::new());
     let h = harness(index.clone());
     for x in exchanges(&dir.join("full-nodes")) {
@@ -505,7 +505,7 @@ async fn full_nodes_mode_replay() {
 /// fuller node (31 % of its GPU memory committed after the pod, against 16 % on gpu-a).
 #[tokio::test]
 async fn scoring_policies_rank_as_named() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let request = std::fs::read(dir.join("node-cache/004-prioritize-request.json")).unwrap();
     let mut ranks = Vec::new();
     for policy in [ScoringPolicy::Binpack, ScoringPolicy::Spread] {
@@ -527,7 +527,7 @@ async fn scoring_policies_rank_as_named() {
 
 #[tokio::test]
 async fn filter_refuses_stale_and_missing_reports_as_unresolvable() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     index.delete_report("gpu-b");
     let metrics = std::sync::Arc::new(peakfit::metrics::extender::ExtenderMetrics::new());
@@ -581,7 +581,7 @@ async fn filter_refuses_stale_and_missing_reports_as_unresolvable() {
 
 #[tokio::test]
 async fn an_invalid_annotation_is_unresolvable_everywhere_and_named() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let h = harness(fixture_index(&dir, &node_cache_uids()));
     let mut request = json(&std::fs::read(dir.join("node-cache/003-filter-request.json")).unwrap());
     request["Pod"]["metadata"]["annotations"]["peakfit.io/vram"] = "plenty".into();

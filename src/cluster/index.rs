@@ -16,7 +16,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::cluster::NodeGpuReport;
-use crate::metrics::extender::{ExtenderMetrics, GpuLabels, NodeLabels, PodGpuLabels};
 use crate::model::{self, AnnotationError, PodRequest};
 use crate::placement::ledger::shared_model;
 use crate::placement::memo::{ScoreMemo, fresh_id};
@@ -26,12 +25,7 @@ use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey};
 /// cost more than they save).
 pub const PARALLEL_FROM: usize = 256;
 
-/// Written by bind: the GPUs (UUIDs, comma separated).
-pub const ASSIGNED_GPUS: &str = "peakfit.io/assigned-gpus";
-/// Written by bind: bytes reserved on each assigned GPU.
-pub const RESERVED_BYTES: &str = "peakfit.io/reserved-bytes";
-/// Written by bind for fraction-budget engines: the share of the GPU to tell the engine.
-pub const GPU_MEMORY_FRACTION: &str = "peakfit.io/gpu-memory-fraction";
+pub use crate::model::annotations::{ASSIGNED_GPUS, GPU_MEMORY_FRACTION, RESERVED_BYTES};
 
 /// Where a pod's GPU memory is committed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -203,8 +197,6 @@ pub struct NodeState {
     /// A new `memo::fresh_id()` whenever `ledger` is rebuilt: the key under which scores of this
     /// ledger are remembered.
     version: u64,
-    emitted_gpus: Vec<GpuLabels>,
-    emitted_pods: Vec<PodGpuLabels>,
 }
 
 /// One node: its state, and the lock bind holds across the API calls.
@@ -227,8 +219,6 @@ impl NodeSlot {
                 pods: BTreeSet::new(),
                 ledger: NodeLedger::new(name),
                 version: fresh_id(),
-                emitted_gpus: Vec::new(),
-                emitted_pods: Vec::new(),
             }),
             scores: Mutex::new(ScoreMemo::default()),
         }
@@ -261,7 +251,6 @@ pub struct Index {
     /// against chosen keys buys nothing for node names the API server hands out.
     nodes: RwLock<HashMap<String, Arc<NodeSlot>, foldhash::fast::RandomState>>,
     pods: RwLock<PodTable>,
-    metrics: Option<Arc<ExtenderMetrics>>,
     /// Nodes whose ledger was rebuilt since the last `take_changed`, for the prescorer to
     /// rescore only those. `None` until someone asks (`track_changes`), so that without a
     /// consumer it does not grow.
@@ -280,14 +269,6 @@ impl std::fmt::Debug for Index {
 impl Index {
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// An index that keeps the ledger gauges of `metrics` current as nodes change.
-    pub fn with_metrics(metrics: Arc<ExtenderMetrics>) -> Self {
-        Self {
-            metrics: Some(metrics),
-            ..Self::default()
-        }
     }
 
     /// From now on, remember which nodes change (see `take_changed`).
@@ -310,9 +291,23 @@ impl Index {
         names.iter().filter_map(|n| nodes.get(n).cloned()).collect()
     }
 
-    /// The metrics this index keeps current, for the server to expose with its own.
-    pub fn metrics(&self) -> Option<Arc<ExtenderMetrics>> {
-        self.metrics.clone()
+    /// Reads every node's state, one node at a time, with a lookup from a reserved pod's key to
+    /// its (namespace, name): what the metrics collector (`metrics::extender::IndexCollector`)
+    /// reads at scrape time, so no series outlives the node, GPU or pod it describes.
+    pub fn visit_nodes(
+        &self,
+        mut f: impl FnMut(&NodeState, &dyn Fn(&str) -> Option<(String, String)>),
+    ) {
+        for slot in self.all_slots() {
+            // The order every writer takes them in (`rebuild`): the pods, then the node.
+            let pods = self.pods.read();
+            let st = slot.state.read();
+            f(&st, &|key| {
+                pods.by_key
+                    .get(key)
+                    .map(|p| (p.namespace.clone(), p.name.clone()))
+            });
+        }
     }
 
     pub fn node(&self, name: &str) -> Option<Arc<NodeSlot>> {
@@ -388,7 +383,6 @@ impl Index {
         };
         if empty {
             self.nodes.write().remove(name);
-            self.forget_series(&slot);
         }
     }
 
@@ -603,52 +597,6 @@ impl Index {
         if let Some(changed) = self.changed.lock().as_mut() {
             changed.insert(name);
         }
-        if let Some(m) = &self.metrics {
-            publish(m, st, pods);
-        }
-    }
-
-    fn forget_series(&self, slot: &NodeSlot) {
-        if let Some(m) = &self.metrics {
-            let mut st = slot.state.write();
-            for l in st.emitted_gpus.drain(..) {
-                m.gpu_total.remove(&l);
-                m.gpu_committed.remove(&l);
-                m.gpu_observed.remove(&l);
-                m.gpu_free.remove(&l);
-            }
-            for l in st.emitted_pods.drain(..) {
-                m.pod_predicted.remove(&l);
-                m.pod_observed.remove(&l);
-            }
-            let node = NodeLabels {
-                node: st.ledger.name.clone(),
-            };
-            m.node_fragmentation.remove(&node);
-            m.node_report_age.remove(&node);
-        }
-    }
-
-    /// Sets the report-age gauges (they grow with time, so they are written at scrape).
-    pub fn refresh_age_gauges(&self, now_unix: i64) {
-        let Some(m) = &self.metrics else { return };
-        let slots: Vec<Arc<NodeSlot>> = self.nodes.read().values().cloned().collect();
-        for slot in slots {
-            let st = slot.state.read();
-            let labels = NodeLabels {
-                node: st.ledger.name.clone(),
-            };
-            match st.ledger.observed_at_unix {
-                Some(at) => {
-                    m.node_report_age
-                        .get_or_create(&labels)
-                        .set((now_unix - at) as f64);
-                }
-                None => {
-                    m.node_report_age.remove(&labels);
-                }
-            }
-        }
     }
 }
 
@@ -667,62 +615,6 @@ pub fn free_outside_largest_gpu_ratio(ledger: &NodeLedger) -> f64 {
     } else {
         1.0 - max as f64 / sum as f64
     }
-}
-
-fn publish(m: &ExtenderMetrics, st: &mut NodeState, pods: &HashMap<PodKey, Box<PodEntry>>) {
-    let node = st.ledger.name.clone();
-    let mut gpus = Vec::with_capacity(st.ledger.gpus.len());
-    let mut pod_series = Vec::new();
-    for g in &st.ledger.gpus {
-        let l = GpuLabels {
-            node: node.clone(),
-            uuid: g.uuid.clone(),
-        };
-        m.gpu_total.get_or_create(&l).set(g.total_bytes as i64);
-        m.gpu_committed
-            .get_or_create(&l)
-            .set(g.committed_bytes() as i64);
-        m.gpu_observed
-            .get_or_create(&l)
-            .set(g.observed_bytes() as i64);
-        m.gpu_free.get_or_create(&l).set(g.free_bytes() as i64);
-        gpus.push(l);
-        for (key, r) in g.reservations() {
-            let Some(p) = pods.get(key) else { continue };
-            let l = PodGpuLabels {
-                namespace: p.namespace.clone(),
-                pod: p.name.clone(),
-                node: node.clone(),
-                uuid: g.uuid.clone(),
-            };
-            m.pod_predicted
-                .get_or_create(&l)
-                .set(r.predicted_bytes as i64);
-            m.pod_observed
-                .get_or_create(&l)
-                .set(r.observed_bytes as i64);
-            pod_series.push(l);
-        }
-    }
-    for l in st.emitted_gpus.drain(..) {
-        if !gpus.contains(&l) {
-            m.gpu_total.remove(&l);
-            m.gpu_committed.remove(&l);
-            m.gpu_observed.remove(&l);
-            m.gpu_free.remove(&l);
-        }
-    }
-    for l in st.emitted_pods.drain(..) {
-        if !pod_series.contains(&l) {
-            m.pod_predicted.remove(&l);
-            m.pod_observed.remove(&l);
-        }
-    }
-    st.emitted_gpus = gpus;
-    st.emitted_pods = pod_series;
-    m.node_fragmentation
-        .get_or_create(&NodeLabels { node })
-        .set(free_outside_largest_gpu_ratio(&st.ledger));
 }
 
 #[cfg(test)]
@@ -1030,8 +922,8 @@ pub(crate) mod tests {
 
     #[test]
     fn metrics_follow_the_ledger() {
-        let m = Arc::new(ExtenderMetrics::new());
-        let index = Index::with_metrics(m.clone());
+        let index = Arc::new(Index::new());
+        let m = crate::metrics::extender::ExtenderMetrics::with_index(index.clone(), || 0);
         index.apply_report(&mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]));
         let p = mk_pod(
             "u1",

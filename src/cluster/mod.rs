@@ -1,5 +1,6 @@
 //! Kubernetes glue: the CRD type, the index the extender answers from, the watches (or the file)
-//! that feed it, and the binding writer.
+//! that feed it with their readiness gate, and the binding writer. It may not use the extender:
+//! the extender reads the index, never the other way round.
 
 pub mod binding;
 pub mod file;

@@ -1,5 +1,6 @@
 //! The scheduler extender: kube-scheduler's filter, prioritize, bind and preempt over HTTP,
-//! answered from the index's per-node ledgers.
+//! answered from the index's per-node ledgers. It may not watch the cluster (`cluster` feeds the
+//! index) nor write a Pod except through `cluster::binding`; bind records its own decision only.
 
 pub mod bind;
 pub mod filter;
@@ -14,13 +15,15 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use parking_lot::Mutex;
 
+use crate::cli::{ClientArgs, parse_duration};
 use crate::cluster::binding::{BindingWriter, KubeBinder, MemoryBinder};
 use crate::cluster::index::Index;
+pub use crate::cluster::watch::Readiness;
 use crate::metrics::extender::{ExtenderMetrics, ReasonLabels};
 use crate::placement::memo::ClassIds;
 use crate::placement::{FitConfig, PodKey, ScoringPolicy, ShapeStats};
@@ -34,9 +37,8 @@ pub struct ExtenderArgs {
     /// the kubelet's probes while the verbs stay on loopback (off unless set).
     #[arg(long, env = "PEAKFIT_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
-    /// Kubeconfig to use; in-cluster configuration otherwise.
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub client: ClientArgs,
     /// Serve from a file of Node, Pod and NodeGpuReport objects (a `List` or multi-document
     /// YAML) instead of a cluster; bind then records in memory and logs.
     #[arg(long, env = "PEAKFIT_FROM_FILE")]
@@ -53,28 +55,19 @@ pub struct ExtenderArgs {
     #[arg(long, env = "PEAKFIT_SAFETY_MARGIN", default_value = "256Mi", value_parser = parse_bytes)]
     pub safety_margin: u64,
     /// A node whose GPU report is older than this is not schedulable (e.g. `120s`, `2m`).
-    #[arg(long, env = "PEAKFIT_MAX_REPORT_AGE", default_value = "120s", value_parser = parse_seconds)]
-    pub max_report_age: i64,
-    /// How often, in milliseconds, a background thread scores the workload's usual pod classes
-    /// on nodes that changed, so prioritize answers the first pod of a new run from memory
-    /// (0: never).
-    #[arg(long, env = "PEAKFIT_PRESCORE_INTERVAL_MS", default_value_t = 100)]
-    pub prescore_interval_ms: u64,
+    #[arg(long, env = "PEAKFIT_MAX_REPORT_AGE", default_value = "120s", value_parser = parse_duration)]
+    pub max_report_age: Duration,
+    /// How often a background thread scores the workload's usual pod classes on nodes that
+    /// changed, so prioritize answers the first pod of a new run from memory (e.g. `100ms`;
+    /// `0`: never).
+    #[arg(long, env = "PEAKFIT_PRESCORE_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
+    pub prescore_interval: Duration,
     /// While pods wait, how often to look for nodes that gained GPU memory or a fresh report and
     /// annotate them (`peakfit.io/capacity-changed-at`) so kube-scheduler retries the waiting
-    /// pods at once instead of after its 5-minute flush (`0s`: never). Cluster mode only; needs
+    /// pods at once instead of after its 5-minute flush (`0`: never). Cluster mode only; needs
     /// `patch` on nodes.
-    #[arg(long, env = "PEAKFIT_NUDGE_INTERVAL", default_value = "1s", value_parser = parse_interval)]
-    pub nudge_interval: std::time::Duration,
-}
-
-/// A duration such as `1s` or `500ms`; zero allowed.
-fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
-    let d: jiff::SignedDuration = s
-        .trim()
-        .parse()
-        .map_err(|e| format!("{s:?}: not a duration such as 1s or 500ms ({e})"))?;
-    std::time::Duration::try_from(d).map_err(|_| format!("{s:?}: must not be negative"))
+    #[arg(long, env = "PEAKFIT_NUDGE_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub nudge_interval: Duration,
 }
 
 /// A byte quantity in Kubernetes syntax (`256Mi`, `1G`, `1073741824`).
@@ -94,42 +87,17 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     crate::model::quantity::parse_bytes(s).map_err(|e| e.to_string())
 }
 
-/// A duration such as `120s`, `2m` or `1h` in whole seconds.
-pub fn parse_seconds(s: &str) -> Result<i64, String> {
-    let d: jiff::SignedDuration = s
-        .trim()
-        .parse()
-        .map_err(|e| format!("{s:?}: not a duration such as 120s or 2m ({e})"))?;
-    if d.is_negative() {
-        return Err(format!("{s:?}: must not be negative"));
-    }
-    Ok(d.as_secs())
-}
-
-/// Ready once every watch has listed its objects (kubert's `Initialized` gate): until then the
-/// index could call a busy node free.
-#[derive(Clone, Debug, Default)]
-pub struct Readiness {
-    waiting: Arc<AtomicUsize>,
-}
-
-impl Readiness {
-    /// A gate that opens after `n` calls to [`Readiness::synced`].
-    pub fn waiting_for(n: usize) -> Self {
-        Self {
-            waiting: Arc::new(AtomicUsize::new(n)),
-        }
-    }
-
-    pub fn synced(&self) {
-        let _ = self
-            .waiting
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-    }
-
-    pub fn is_ready(&self) -> bool {
-        self.waiting.load(Ordering::Acquire) == 0
-    }
+/// Names the pod (`namespace/name`) on the verb's span, once the request is decoded.
+pub(crate) fn record_pod(pod: &k8s_openapi::api::core::v1::Pod) {
+    let m = &pod.metadata;
+    tracing::Span::current().record(
+        "pod",
+        format!(
+            "{}/{}",
+            m.namespace.as_deref().unwrap_or_default(),
+            m.name.as_deref().unwrap_or_default()
+        ),
+    );
 }
 
 #[derive(Clone, Debug)]
@@ -267,12 +235,15 @@ impl Extender {
 }
 
 pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
-    let metrics = Arc::new(ExtenderMetrics::new());
-    let index = Arc::new(Index::with_metrics(metrics.clone()));
+    let index = Arc::new(Index::new());
+    let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), now_unix));
     let fit = FitConfig {
         safety_margin_bytes: args.safety_margin,
         // A file is a snapshot: the age of its reports says nothing about live agents.
-        max_report_age_secs: args.from_file.is_none().then_some(args.max_report_age),
+        max_report_age_secs: args
+            .from_file
+            .is_none()
+            .then(|| i64::try_from(args.max_report_age.as_secs()).unwrap_or(i64::MAX)),
     };
     // The stale-report alert compares each node's report age with this, so it follows the flag.
     metrics
@@ -287,7 +258,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
             (Arc::new(MemoryBinder::default()), Readiness::default())
         }
         None => {
-            let client = crate::cluster::watch::client(args.kubeconfig.as_deref()).await?;
+            let client = args.client.client().await?;
             let readiness = Readiness::waiting_for(crate::cluster::watch::WATCHES);
             crate::cluster::watch::spawn(client.clone(), index.clone(), readiness.clone());
             nudge_client = Some(client.clone());
@@ -300,8 +271,8 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
             .with_scoring(args.scoring)
             .with_readiness(readiness),
     );
-    if args.prescore_interval_ms > 0 {
-        ext.spawn_prescorer(std::time::Duration::from_millis(args.prescore_interval_ms))
+    if !args.prescore_interval.is_zero() {
+        ext.spawn_prescorer(args.prescore_interval)
             .context("starting the prescore thread")?;
     }
     if let Some(client) = nudge_client
@@ -354,19 +325,5 @@ mod tests {
         assert_eq!(parse_bytes("2G"), Ok(2_000_000_000));
         assert!(parse_bytes("12 bananas").is_err());
         assert!(parse_bytes("-1Gi").is_err());
-        assert_eq!(parse_seconds("120s"), Ok(120));
-        assert_eq!(parse_seconds("2m"), Ok(120));
-        assert!(parse_seconds("soon").is_err());
-    }
-
-    #[test]
-    fn readiness_opens_after_every_watch() {
-        let r = Readiness::waiting_for(2);
-        assert!(!r.is_ready());
-        r.synced();
-        assert!(!r.is_ready());
-        r.synced();
-        r.synced();
-        assert!(r.is_ready());
     }
 }

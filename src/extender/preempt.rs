@@ -17,6 +17,7 @@ struct Victim {
 }
 
 impl Extender {
+    #[tracing::instrument(skip_all, fields(verb = "preempt", pod))]
     pub fn preempt(&self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult {
         let Some(pod) = args.pod else {
             self.count("preempt", "error");
@@ -24,6 +25,7 @@ impl Extender {
                 node_name_to_meta_victims: Some(BTreeMap::new()),
             };
         };
+        super::record_pod(&pod);
         let offered: BTreeMap<String, (Vec<Victim>, i64)> =
             match (args.node_name_to_meta_victims, args.node_name_to_victims) {
                 (Some(meta), _) => meta

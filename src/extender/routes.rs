@@ -220,7 +220,6 @@ async fn readyz(State(ext): State<Shared>) -> Response {
 }
 
 async fn metrics(State(ext): State<Shared>) -> Response {
-    ext.index.refresh_age_gauges(ext.now());
     ext.refresh_pending_gauges();
     crate::metrics::render(&ext.metrics.registry)
 }

@@ -1,6 +1,7 @@
 //! `peakfit simulate`: replays a cluster and a workload through the placement code under several
 //! policies. With the Alibaba `openb` trace it reproduces the FGD paper's experiment; with no
-//! arguments it runs a built-in mixed cluster and LLM workload (see `builtin`).
+//! arguments it runs a built-in mixed cluster and LLM workload (see `builtin`). It may not touch
+//! Kubernetes or the extender: it drives the core's placement directly, as the extender does.
 
 pub mod builtin;
 pub mod dynamic;

@@ -1,5 +1,6 @@
 //! `peakfit webhook`: the mutating admission webhook that hands opted-in pods to peakfit's
-//! scheduler and pins their containers to the GPUs bind assigns (see `mutate`).
+//! scheduler and pins their containers to the GPUs bind assigns (see `mutate`). It may not call
+//! the API server or the extender: it decides from the AdmissionReview alone.
 
 pub mod mutate;
 pub mod tls;

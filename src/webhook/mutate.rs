@@ -9,11 +9,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use serde_json::Value;
 
 use crate::model;
-
-/// Written on the pod by the extender's bind; read back by the container through the downward API.
-pub const ASSIGNED_GPUS: &str = "peakfit.io/assigned-gpus";
-pub const RESERVED_BYTES: &str = "peakfit.io/reserved-bytes";
-pub const GPU_MEMORY_FRACTION: &str = "peakfit.io/gpu-memory-fraction";
+use crate::model::annotations::{ASSIGNED_GPUS, GPU_MEMORY_FRACTION, RESERVED_BYTES};
 
 /// The scheduler name the API server fills in when a pod names none: peakfit may take such pods.
 const DEFAULT_SCHEDULER: &str = "default-scheduler";

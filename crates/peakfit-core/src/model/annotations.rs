@@ -57,7 +57,7 @@ use crate::placement::{Demand, PodShape};
 
 pub const PREFIX: &str = "peakfit.io/";
 
-/// Input annotations (the vocabulary of DESIGN.md), in the order the reference lists them.
+/// Input annotations; the README's annotation reference documents each (`tests/readme_docs.rs`).
 pub const INPUT_KEYS: &[&str] = &[
     "vram",
     "gpus",
@@ -102,8 +102,15 @@ pub const INPUT_KEYS: &[&str] = &[
 /// more) a request stays far below 2^64, so the scheduler's sums over it cannot overflow.
 const MAX_VRAM: u64 = 1 << 60;
 
+/// Written on the pod by the extender's bind: the GPUs (UUIDs, comma separated). The one definition
+/// of the output keys; the extender, the index and the webhook use these constants.
+pub const ASSIGNED_GPUS: &str = "peakfit.io/assigned-gpus";
+/// Written by bind: bytes reserved on each assigned GPU.
+pub const RESERVED_BYTES: &str = "peakfit.io/reserved-bytes";
+/// Written by bind for fraction-budget engines: the share of the GPU to tell the engine.
+pub const GPU_MEMORY_FRACTION: &str = "peakfit.io/gpu-memory-fraction";
 /// Written by bind; reading them back must neither opt a pod in nor be refused.
-pub const OUTPUT_KEYS: &[&str] = &["assigned-gpus", "reserved-bytes", "gpu-memory-fraction"];
+pub const OUTPUT_KEYS: &[&str] = &[ASSIGNED_GPUS, RESERVED_BYTES, GPU_MEMORY_FRACTION];
 
 /// A refused annotation: which one, what it said, and what would have been accepted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -739,7 +746,9 @@ impl Spec {
             "flash-attention" => self.flash_attention = Some(boolean(key, v)?),
             "lora-rank" => self.lora_rank = Some(int(key, v, 1, 65536)?),
             "headroom" => self.headroom = Some(fraction(key, v, false, 10.0)?),
-            k if OUTPUT_KEYS.contains(&k) => {}
+            k if OUTPUT_KEYS
+                .iter()
+                .any(|o| o.strip_prefix(PREFIX) == Some(k)) => {}
             _ => {
                 return Err(AnnotationError::new(
                     key,
@@ -747,7 +756,11 @@ impl Spec {
                     format!(
                         "not a peakfit annotation; known keys are {} (and, written by bind, {})",
                         INPUT_KEYS.join(" "),
-                        OUTPUT_KEYS.join(" ")
+                        OUTPUT_KEYS
+                            .iter()
+                            .map(|o| &o[PREFIX.len()..])
+                            .collect::<Vec<_>>()
+                            .join(" ")
                     ),
                 ));
             }

@@ -9,7 +9,8 @@
 //! `fraction x GPU total` plus what they allocate outside that budget, so their demand depends on
 //! the GPU they land on ([`Demand::gpu_fraction`]).
 //!
-//! Every constant cites the section of `research/memory-model.md` it comes from. Defaults for
+//! Every constant cites the section of the project's memory-model research it comes from
+//! (`research/memory-model.md`, kept outside this repository beside the data sets). Defaults for
 //! unstated settings are listed on [`Defaults`].
 //!
 //! ## Parallelism, sharding and offload, per term (per GPU)

@@ -19,7 +19,8 @@ use crate::inventory::NodeGpuReportStatus;
 use super::demand::PodClass;
 use super::fit::Placement;
 
-/// The pod's UID: stable across renames and unique across namespaces.
+/// How the index names a pod: its UID when it has one (stable across renames, unique across
+/// namespaces), `namespace/name` for objects without one (hand-written files; see `cluster::index::pod_key`).
 pub type PodKey = String;
 
 /// One pod's claim on one GPU.
