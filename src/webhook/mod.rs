@@ -13,8 +13,6 @@ use anyhow::Context as _;
 use axum::Router;
 use axum::extract::State;
 use axum::routing::{get, post};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionReview;
 use tokio::net::TcpListener;
@@ -43,6 +41,8 @@ pub struct WebhookArgs {
     /// Runtime class set on opted-in pods that name none (e.g. `nvidia`); empty leaves pods alone.
     #[arg(long, env = "PEAKFIT_RUNTIME_CLASS_NAME", default_value = "")]
     pub runtime_class_name: String,
+    #[command(flatten)]
+    pub serve: crate::serve::ServeArgs,
 }
 
 /// The HTTP routes, without TLS, so tests can drive them with `tower::ServiceExt::oneshot`.
@@ -93,55 +93,65 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         }
     });
 
-    serve(listener, acceptor, app, crate::shutdown::signal()).await;
+    serve_with(
+        listener,
+        acceptor,
+        app,
+        &args.serve,
+        crate::shutdown::signal(),
+    )
+    .await;
     tracing::info!("webhook stopping");
     Ok(())
 }
 
-/// How long a connection may take to send a request's headers, idle keep-alive included: the API
-/// server sends each review at once and reconnects when a kept-alive connection was closed.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a TLS handshake may take: a client that connects and stays silent costs a slot
+/// for at most this long.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Accepts TLS connections and serves `app` on each until `shutdown` completes. A failed handshake
-/// or a broken connection only ends that connection.
+/// [`serve_with`] under the default limits.
 pub async fn serve(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     app: Router,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    continue;
-                }
-            },
-        };
+    serve_with(
+        listener,
+        acceptor,
+        app,
+        &crate::serve::ServeArgs::default(),
+        shutdown,
+    )
+    .await
+}
+
+/// Accepts TLS connections and serves `app` on each until `shutdown` completes, under the
+/// header, idle, connection and shutdown limits of `crate::serve` (the body timeout and size
+/// are `router`'s). A failed handshake or a broken connection only ends that connection.
+pub async fn serve_with(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    app: Router,
+    args: &crate::serve::ServeArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let handshake = move |stream: tokio::net::TcpStream| {
         let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
-                .await
-            {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
-            };
-            // Without a timer hyper silently drops its header-read timeout, and a client that
-            // completes the handshake and then sends nothing would hold its connection (and file
-            // descriptor) forever; enough of those take the webhook down for every opted-in pod.
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(tls), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+        async move {
+            let peer = stream.peer_addr().ok();
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => Some(tls),
+                Ok(Err(e)) => {
+                    tracing::debug!(?peer, error = %e, "TLS handshake failed");
+                    None
+                }
+                Err(_) => {
+                    tracing::debug!(?peer, "TLS handshake timed out");
+                    None
+                }
             }
-        });
-    }
+        }
+    };
+    crate::serve::serve(listener, handshake, app, args, shutdown).await
 }
