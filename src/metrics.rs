@@ -85,6 +85,9 @@ pub mod extender {
         pub gpu_observed: Family<GpuLabels, Gauge>,
         pub gpu_free: Family<GpuLabels, Gauge>,
         pub node_fragmentation: Family<NodeLabels, FloatGauge>,
+        /// Index inputs refused or repaired (bad `reserved-bytes`, an assigned GPU missing from
+        /// the node's report, a duplicate GPU UUID in a report), each also logged as a warning.
+        pub index_warnings: Family<ReasonLabels, Counter>,
         pub node_report_age: Family<NodeLabels, FloatGauge>,
         pub node_report_age_limit: FloatGauge,
         pub pod_predicted: Family<PodGpuLabels, Gauge>,
@@ -120,6 +123,7 @@ pub mod extender {
                 gpu_observed: Family::default(),
                 gpu_free: Family::default(),
                 node_fragmentation: Family::default(),
+                index_warnings: Family::default(),
                 node_report_age: Family::default(),
                 node_report_age_limit: FloatGauge::default(),
                 pod_predicted: Family::default(),
@@ -178,6 +182,11 @@ pub mod extender {
                 "node_fragmentation_ratio",
                 "Share of the node's free GPU memory outside its largest free GPU (0..1)",
                 m.node_fragmentation.clone(),
+            );
+            r.register(
+                "index_warnings",
+                "Cluster objects the index refused or repaired, by reason (see the log)",
+                m.index_warnings.clone(),
             );
             r.register(
                 "node_report_age_seconds",
