@@ -165,3 +165,39 @@ fn connections_beyond_the_cap_wait_for_a_slot() {
     let reply = read_all(&mut third, Duration::from_secs(20));
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
 }
+
+#[test]
+fn an_empty_file_is_served_with_a_warning() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.yaml");
+    std::fs::write(&empty, "").unwrap();
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_peakfit"))
+        .args(["extender", "--prescore-interval-ms", "0", "--listen"])
+        .arg(addr.to_string())
+        .arg("--from-file")
+        .arg(&empty)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut warned = false;
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        if line.contains("WARN") && line.contains("holds no Node, Pod or NodeGpuReport") {
+            warned = true;
+            break;
+        }
+        if line.contains("peakfit extender serving") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(warned, "no warning about the empty file");
+}

@@ -52,6 +52,8 @@ pub struct ExtenderArgs {
     #[arg(long, env = "PEAKFIT_SAFETY_MARGIN", default_value = "256Mi", value_parser = parse_bytes)]
     pub safety_margin: u64,
     /// A node whose GPU report is older than this is not schedulable (e.g. `120s`, `2m`).
+    /// Ignored with --from-file: a file is a snapshot, and the age of its reports says nothing
+    /// about live agents.
     #[arg(long, env = "PEAKFIT_MAX_REPORT_AGE", default_value = "120s", value_parser = parse_seconds)]
     pub max_report_age: i64,
     /// How often, in milliseconds, a background thread scores the workload's usual pod classes
