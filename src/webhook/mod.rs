@@ -12,6 +12,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use axum::Router;
 use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionReview;
@@ -45,27 +47,99 @@ pub struct WebhookArgs {
     pub serve: crate::serve::ServeArgs,
 }
 
+/// The largest admission request read. The API server sends the pod as stored (etcd refuses
+/// objects over 1.5 MiB); 4 MiB leaves room for the review around it.
+pub const MAX_REVIEW_BYTES: usize = 4 << 20;
+
 /// The HTTP routes, without TLS, so tests can drive them with `tower::ServiceExt::oneshot`.
+/// Every error reply is JSON `{"error": ...}`: 400 for a body that is not JSON, 415 for another
+/// content type, 422 for JSON that is not an AdmissionReview, 413, 408, 404 and 405.
 pub fn router(mutator: Mutator) -> Router {
+    router_with(mutator, crate::serve::ServeArgs::default().body_timeout)
+}
+
+/// [`router`] with the body timeout of `--body-timeout`.
+pub fn router_with(mutator: Mutator, body_timeout: Duration) -> Router {
+    let state = Arc::new(Shared {
+        mutator,
+        body_timeout,
+    });
     Router::new()
         .route("/mutate", post(mutate_annotated))
         .route("/mutate/namespace", post(mutate_namespace))
         .route("/healthz", get(|| async { "ok" }))
-        .with_state(Arc::new(mutator))
+        .fallback(|uri: axum::http::Uri| async move {
+            problem(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no such endpoint {}: POST /mutate, /mutate/namespace; GET /healthz",
+                    uri.path()
+                ),
+            )
+        })
+        .method_not_allowed_fallback(|m: axum::http::Method, uri: axum::http::Uri| async move {
+            problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{m} {} is not served", uri.path()),
+            )
+        })
+        .with_state(state)
 }
 
-async fn mutate_annotated(
-    State(m): State<Arc<Mutator>>,
-    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
-) -> axum::Json<serde_json::Value> {
-    axum::Json(m.review(review, OptIn::Annotation))
+struct Shared {
+    mutator: Mutator,
+    body_timeout: Duration,
 }
 
-async fn mutate_namespace(
-    State(m): State<Arc<Mutator>>,
-    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
-) -> axum::Json<serde_json::Value> {
-    axum::Json(m.review(review, OptIn::Namespace))
+fn problem(status: StatusCode, error: impl std::fmt::Display) -> Response {
+    let body = serde_json::json!({ "error": error.to_string() });
+    (status, axum::Json(body)).into_response()
+}
+
+/// Reads and decodes an AdmissionReview within the size and time limits.
+async fn review_of(
+    s: &Shared,
+    req: axum::extract::Request,
+) -> Result<AdmissionReview<DynamicObject>, Response> {
+    let json = req
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            let v = v.to_ascii_lowercase();
+            v.starts_with("application/json") || v.contains("+json")
+        });
+    if !json {
+        return Err(problem(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "expected Content-Type: application/json (an AdmissionReview)",
+        ));
+    }
+    let body = crate::serve::read_body(req.into_body(), MAX_REVIEW_BYTES, s.body_timeout)
+        .await
+        .map_err(|e| problem(e.status(), e))?;
+    serde_json::from_slice(&body).map_err(|e| {
+        let status = if e.is_data() {
+            StatusCode::UNPROCESSABLE_ENTITY
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        problem(status, format!("the body is not an AdmissionReview: {e}"))
+    })
+}
+
+async fn mutate_annotated(State(s): State<Arc<Shared>>, req: axum::extract::Request) -> Response {
+    match review_of(&s, req).await {
+        Ok(review) => axum::Json(s.mutator.review(review, OptIn::Annotation)).into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn mutate_namespace(State(s): State<Arc<Shared>>, req: axum::extract::Request) -> Response {
+    match review_of(&s, req).await {
+        Ok(review) => axum::Json(s.mutator.review(review, OptIn::Namespace)).into_response(),
+        Err(r) => r,
+    }
 }
 
 pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
@@ -78,7 +152,7 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         scheduler_name: args.scheduler_name,
         runtime_class_name: Some(args.runtime_class_name).filter(|c| !c.is_empty()),
     };
-    let app = router(mutator);
+    let app = router_with(mutator, args.serve.body_timeout);
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
