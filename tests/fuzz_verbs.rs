@@ -196,7 +196,7 @@ proptest! {
         STATE.with(|(ext, rt, start)| {
             exercise(ext, rt, &bytes);
             let n = RUN.fetch_add(1, Ordering::Relaxed) + 1;
-            if n.is_multiple_of(1_000_000) || u64::from(cases()) == n {
+            if n.is_multiple_of(100_000) || u64::from(cases()) == n {
                 let secs = start.elapsed().as_secs_f64();
                 eprintln!("fuzz_verbs: {n} cases in {secs:.1} s ({:.0}/s)", n as f64 / secs);
             }
