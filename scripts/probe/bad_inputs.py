@@ -4,21 +4,16 @@ whether its body is JSON, and whether the process survived.
 
     python3 scripts/probe/bad_inputs.py target/debug/peakfit [--port 18998]
 """
-import argparse, http.client, json, socket, subprocess, sys, time
+import argparse, http.client, json
+
+import probe_common
 from collections import Counter
 
 ap = argparse.ArgumentParser()
 ap.add_argument("binary")
 ap.add_argument("--port", type=int, default=18998)
 a = ap.parse_args()
-proc = subprocess.Popen([a.binary, "extender", "--listen", f"127.0.0.1:{a.port}", "--from-file",
-                         "deploy/examples/cluster.yaml", "--prescore-interval-ms", "0"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-while True:
-    try:
-        socket.create_connection(("127.0.0.1", a.port)).close(); break
-    except OSError:
-        time.sleep(0.1)
+proc = probe_common.extender(a.binary, a.port)
 
 pod = {"metadata": {"name": "p", "namespace": "ml", "uid": "u", "annotations": {"peakfit.io/vram": "1Gi"}}}
 bodies = [b"", b"{", b"null", b"[]", b"[{}]", b'"x"', b"1e999", b"{}", b'{"Pod":null}', b'{"Pod":5}',

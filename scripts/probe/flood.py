@@ -8,7 +8,9 @@ pods one after another (and one GETting /healthz), then prints median/p99/max of
 
     python3 scripts/probe/flood.py target/debug/peakfit [--port 18990] [--seconds 20]
 """
-import argparse, http.client, json, os, subprocess, sys, tempfile, threading, time
+import argparse, http.client, json, os, tempfile, threading, time
+
+import probe_common
 
 ap = argparse.ArgumentParser()
 ap.add_argument("binary")
@@ -39,17 +41,9 @@ tmp = tempfile.mkdtemp()
 path = os.path.join(tmp, "cluster.json")
 json.dump({"apiVersion": "v1", "kind": "List", "items": items}, open(path, "w"))
 
-proc = subprocess.Popen([a.binary, "extender", "--listen", f"127.0.0.1:{a.port}", "--from-file", path,
-                         "--prescore-interval-ms", "0"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+proc = probe_common.extender(a.binary, a.port, cluster=path)
 def conn():
     return http.client.HTTPConnection("127.0.0.1", a.port, timeout=120)
-while True:
-    try:
-        c = conn(); c.request("GET", "/healthz"); c.getresponse().read(); break
-    except OSError:
-        if proc.poll() is not None: sys.exit("extender exited")
-        time.sleep(0.2)
 
 names = [f"node-{i}" for i in range(a.nodes)]
 filt = json.dumps({"Pod": {"metadata": {"name": "f", "namespace": "ml", "uid": "flood",

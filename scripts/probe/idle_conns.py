@@ -3,18 +3,13 @@
 
     python3 scripts/probe/idle_conns.py target/debug/peakfit [--n 3000]
 """
-import argparse, os, socket, subprocess, time
+import argparse, os, socket, time
+
+import probe_common
 ap = argparse.ArgumentParser()
 ap.add_argument("binary"); ap.add_argument("--port", type=int, default=18994); ap.add_argument("--n", type=int, default=3000)
 a = ap.parse_args()
-proc = subprocess.Popen([a.binary, "extender", "--listen", f"127.0.0.1:{a.port}", "--from-file",
-                         "deploy/examples/cluster.yaml", "--prescore-interval-ms", "0"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-while True:
-    try:
-        socket.create_connection(("127.0.0.1", a.port)).close(); break
-    except OSError:
-        time.sleep(0.1)
+proc = probe_common.extender(a.binary, a.port)
 socks = []
 for _ in range(a.n):
     s = socket.socket(); s.setblocking(False)

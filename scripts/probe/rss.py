@@ -9,7 +9,9 @@ RSS) and VmRSS (kept) from /proc.
     python3 scripts/probe/rss.py target/debug/peakfit --mib 250
     python3 scripts/probe/rss.py target/debug/peakfit --mib 30
 """
-import argparse, socket, subprocess, sys, threading, time
+import argparse, socket, threading, time
+
+import probe_common
 
 ap = argparse.ArgumentParser()
 ap.add_argument("binary")
@@ -18,19 +20,8 @@ ap.add_argument("--mib", type=int, default=250)
 ap.add_argument("--clients", type=int, default=8)
 a = ap.parse_args()
 
-proc = subprocess.Popen([a.binary, "extender", "--listen", f"127.0.0.1:{a.port}", "--from-file",
-                         "deploy/examples/cluster.yaml", "--prescore-interval-ms", "0"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-while True:
-    try:
-        socket.create_connection(("127.0.0.1", a.port)).close(); break
-    except OSError:
-        if proc.poll() is not None: sys.exit("extender exited")
-        time.sleep(0.1)
-
-def status(field):
-    for line in open(f"/proc/{proc.pid}/status"):
-        if line.startswith(field): return int(line.split()[1]) // 1024
+proc = probe_common.extender(a.binary, a.port)
+status = lambda field: probe_common.status_mib(proc, field)
 base = status("VmRSS:")
 n = a.mib << 20
 body = b'{"Pod":null,"NodeNames":["' + b"a" * (n - 30) + b'"]}'

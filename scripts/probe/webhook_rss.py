@@ -3,20 +3,16 @@
 
     python3 scripts/probe/webhook_rss.py target/debug/peakfit [--containers 5000]
 """
-import argparse, http.client, json, socket, ssl, subprocess, time
+import argparse, http.client, json, ssl
+
+import probe_common
 ap = argparse.ArgumentParser()
 ap.add_argument("binary"); ap.add_argument("--port", type=int, default=18443); ap.add_argument("--containers", type=int, default=5000)
 a = ap.parse_args()
-proc = subprocess.Popen([a.binary, "webhook", "--listen", f"127.0.0.1:{a.port}",
-                         "--tls-cert", "tests/fixtures/webhook-tls/a.crt", "--tls-key", "tests/fixtures/webhook-tls/a.key"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-while True:
-    try:
-        socket.create_connection(("127.0.0.1", a.port)).close(); break
-    except OSError:
-        time.sleep(0.1)
-def status(f):
-    return next(int(l.split()[1]) // 1024 for l in open(f"/proc/{proc.pid}/status") if l.startswith(f))
+proc = probe_common.start([a.binary, "webhook", "--listen", f"127.0.0.1:{a.port}",
+                           "--tls-cert", "tests/fixtures/webhook-tls/a.crt",
+                           "--tls-key", "tests/fixtures/webhook-tls/a.key"], a.port)
+status = lambda field: probe_common.status_mib(proc, field)
 review = {"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {
     "uid": "u", "operation": "CREATE", "namespace": "ml", "name": "big",
     "kind": {"group": "", "version": "v1", "kind": "Pod"}, "resource": {"group": "", "version": "v1", "resource": "pods"},
