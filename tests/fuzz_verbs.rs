@@ -7,10 +7,11 @@
 //! CI runs a smoke of a few hundred cases (seconds). The long run raises the count:
 //!
 //! ```text
-//! PEAKFIT_FUZZ_CASES=10000000 nice -n 19 cargo test -p peakfit --test fuzz_verbs -- --nocapture
+//! PEAKFIT_FUZZ_CASES=10000000 nice -n 19 cargo test --release -p peakfit --test fuzz_verbs -- --nocapture
 //! ```
 //!
-//! and prints the cases run and their rate at the end.
+//! and prints the cases run and their rate every 100,000 (release keeps overflow checks off, so
+//! run the debug profile, slower, when hunting arithmetic overflow).
 
 use std::collections::BTreeMap;
 use std::path::Path;

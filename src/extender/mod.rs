@@ -67,7 +67,8 @@ pub struct ExtenderArgs {
     pub max_body_bytes: u64,
     /// Request bytes being read or answered at once, all requests together: a request waits
     /// (up to --body-timeout, then 503) for room, so memory stays bounded however many large
-    /// requests arrive together. At least --max-body-bytes.
+    /// requests arrive together. At least --max-body-bytes. A request without Content-Length
+    /// counts as --max-body-bytes (kube-scheduler always sends one).
     #[arg(long, env = "PEAKFIT_MAX_BODY_BYTES_IN_FLIGHT", default_value = "64Mi", value_parser = parse_bytes)]
     pub max_body_bytes_in_flight: u64,
     #[command(flatten)]
