@@ -46,9 +46,23 @@ pub struct EstimateArgs {
     pub json: bool,
 }
 
+/// The largest `--pod` file read: the API server's own limit on a request (etcd's 1.5 MiB). A
+/// Pod manifest is kilobytes; without a cap `--pod /dev/zero` grew until memory ran out.
+pub const MAX_POD_FILE_BYTES: u64 = 1536 << 10;
+
 fn pod_annotations(path: &PathBuf) -> anyhow::Result<BTreeMap<String, String>> {
-    let text = std::fs::read_to_string(path)
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_POD_FILE_BYTES + 1).read_to_string(&mut text))
         .with_context(|| format!("reading the pod manifest {}", path.display()))?;
+    if text.len() as u64 > MAX_POD_FILE_BYTES {
+        anyhow::bail!(
+            "the pod manifest {} is larger than {} KiB (the most the API server accepts); a Pod manifest is kilobytes",
+            path.display(),
+            MAX_POD_FILE_BYTES >> 10
+        );
+    }
     let pod: Pod = if text.trim_start().starts_with('{') {
         serde_json::from_str(&text)
             .with_context(|| format!("{} is not a JSON Pod", path.display()))?

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod estimate;
 pub mod extender;
 pub mod metrics;
+pub mod serve;
 pub mod shutdown;
 pub mod sim;
 pub mod telemetry;

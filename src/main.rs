@@ -20,17 +20,35 @@ fn main() -> ExitCode {
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
 }
 
+/// The error and its causes joined by `: `, each cause once: an error that already names its
+/// source in its message (thiserror's `{source}`) would otherwise print it twice
+/// ("… (os error 2): No such file or directory (os error 2)").
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Agent(args) => runtime()?.block_on(agent::run(args)),
-        Command::Extender(args) => runtime()?.block_on(extender::run(args)),
-        Command::Webhook(args) => runtime()?.block_on(webhook::run(args)),
+        Command::Agent(args) => serve(agent::run(args)),
+        Command::Extender(args) => serve(extender::run(args)),
+        Command::Webhook(args) => serve(webhook::run(args)),
         Command::Estimate(args) => estimate::run(args),
         Command::Simulate(args) => sim::run(args),
         Command::Crd => {
@@ -40,8 +58,15 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
     }
 }
 
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
+/// Runs a server to completion, then exits without waiting for what it abandoned: after the
+/// shutdown deadline a connection still reading a half-sent body, or a verb still computing on
+/// the blocking pool, must not keep the process alive (dropping a runtime waits for its blocking
+/// tasks).
+fn serve(server: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()
+        .build()?;
+    let result = rt.block_on(server);
+    rt.shutdown_timeout(std::time::Duration::from_millis(500));
+    result
 }

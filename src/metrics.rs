@@ -187,6 +187,11 @@ pub mod extender {
         /// report ages are measured against.
         pub fn with_index(index: Arc<Index>, clock: fn() -> i64) -> Self {
             let mut m = Self::new();
+            m.registry.register(
+                "index_warnings",
+                "Cluster objects the index refused or repaired, by reason (see the log)",
+                index.warnings().clone(),
+            );
             m.registry
                 .register_collector(Box::new(IndexCollector { index, clock }));
             m

@@ -15,7 +15,11 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
 use crate::cluster::NodeGpuReport;
+use crate::metrics::extender::ReasonLabels;
 use crate::model::{self, AnnotationError, PodRequest};
 use crate::placement::ledger::shared_model;
 use crate::placement::memo::{ScoreMemo, fresh_id};
@@ -71,6 +75,20 @@ pub fn pod_request_of(pod: &Pod) -> Result<Option<PodRequest>, AnnotationError> 
     model::pod_request(pod.metadata.annotations.as_ref().unwrap_or(&EMPTY))
 }
 
+/// The largest `reserved-bytes` the index believes: the bound `peakfit.io/vram` has (1 EiB).
+/// Only bind writes the annotation, but anyone who can edit a pod can change it, and an
+/// unbounded value summed with others overflowed the ledger.
+pub const MAX_RESERVED_BYTES: u64 = 1 << 60;
+
+/// `reserved-bytes` as written by bind (plain decimal bytes), if within `MAX_RESERVED_BYTES`;
+/// otherwise `None`, so the pod's own request decides what it holds.
+fn reserved_bytes(v: &str) -> Option<u64> {
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|&b| b <= MAX_RESERVED_BYTES)
+}
+
 impl PodEntry {
     pub fn uid(&self) -> Option<&str> {
         self.has_uid.then_some(self.key.as_str())
@@ -89,7 +107,7 @@ impl PodEntry {
                     .collect(),
                 reserved_bytes: ann
                     .and_then(|a| a.get(RESERVED_BYTES))
-                    .and_then(|v| v.trim().parse().ok()),
+                    .and_then(|v| reserved_bytes(v)),
             })
             .filter(|a| !a.gpu_uuids.is_empty());
         let spec = pod.spec.as_ref();
@@ -155,16 +173,20 @@ impl ReportView {
                 .unwrap_or_else(|| "no reason given".into())
         });
         let mut models = Vec::new();
+        let mut uuids = std::collections::HashSet::new();
         let gpus = status
             .gpus
             .iter()
             .filter(|g| g.is_schedulable())
+            // Two entries for one GPU would let the node offer its memory twice: the first
+            // stands, the rest are dropped (and warned about by `apply_report`).
+            .filter(|g| uuids.insert(g.uuid.as_str()))
             .map(|g| {
                 let mut by_pod: Vec<(String, u64)> = Vec::new();
                 for p in &g.processes {
                     if let (Some(uid), Some(bytes)) = (&p.pod_uid, p.used_bytes) {
                         match by_pod.iter_mut().find(|(u, _)| u == uid) {
-                            Some((_, b)) => *b += bytes,
+                            Some((_, b)) => *b = b.saturating_add(bytes),
                             None => by_pod.push((uid.clone(), bytes)),
                         }
                     }
@@ -197,6 +219,9 @@ pub struct NodeState {
     /// A new `memo::fresh_id()` whenever `ledger` is rebuilt: the key under which scores of this
     /// ledger are remembered.
     version: u64,
+    /// Pods whose assigned GPUs the report lacks, already warned about (warn once per pod, not
+    /// on every rebuild).
+    unreported_assignments: BTreeSet<PodKey>,
 }
 
 /// One node: its state, and the lock bind holds across the API calls.
@@ -219,6 +244,7 @@ impl NodeSlot {
                 pods: BTreeSet::new(),
                 ledger: NodeLedger::new(name),
                 version: fresh_id(),
+                unreported_assignments: BTreeSet::new(),
             }),
             scores: Mutex::new(ScoreMemo::default()),
         }
@@ -255,6 +281,9 @@ pub struct Index {
     /// rescore only those. `None` until someone asks (`track_changes`), so that without a
     /// consumer it does not grow.
     changed: Mutex<Option<HashSet<String>>>,
+    /// Cluster objects refused or repaired, by reason; exported as
+    /// `peakfit_index_warnings_total` (`metrics::extender::ExtenderMetrics::with_index`).
+    warnings: Family<ReasonLabels, Counter>,
 }
 
 impl std::fmt::Debug for Index {
@@ -395,6 +424,17 @@ impl Index {
             return;
         }
         let view = ReportView::from_report(report);
+        let listed = report
+            .status
+            .as_ref()
+            .map_or(0, |s| s.gpus.iter().filter(|g| g.is_schedulable()).count());
+        if listed > view.gpus.len() {
+            tracing::warn!(
+                node = %name, duplicates = listed - view.gpus.len(),
+                "the GPU report lists a GPU UUID more than once; only its first entry is used"
+            );
+            self.warn_metric("duplicate_gpu_uuid");
+        }
         let slot = self.slot(name);
         let pods = self.pods.read();
         let mut st = slot.state.write();
@@ -420,7 +460,22 @@ impl Index {
         if let Some(Err(e)) = Some(pod_request_of(pod)).filter(|r| r.is_err()) {
             tracing::debug!(pod = ?pod.metadata.name, error = %e, "pod has an invalid peakfit annotation");
         }
-        self.upsert(PodEntry::from_pod(pod));
+        let entry = PodEntry::from_pod(pod);
+        let raw = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RESERVED_BYTES));
+        if let (Some(raw), Some(a)) = (raw, &entry.assignment)
+            && a.reserved_bytes.is_none()
+        {
+            tracing::warn!(
+                pod = %entry.name, namespace = %entry.namespace, value = %raw,
+                "{RESERVED_BYTES} is not a whole number of bytes up to 2^60; the pod's own request is reserved instead"
+            );
+            self.warn_metric("reserved_bytes_invalid");
+        }
+        self.upsert(entry);
     }
 
     fn upsert(&self, mut entry: PodEntry) {
@@ -548,6 +603,15 @@ impl Index {
         self.upsert(before);
     }
 
+    fn warn_metric(&self, reason: &'static str) {
+        self.warnings.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// The warning counters, for the metrics registry to export.
+    pub fn warnings(&self) -> &Family<ReasonLabels, Counter> {
+        &self.warnings
+    }
+
     /// Rebuilds one node's ledger from its report and its pods: O(pods on the node × GPUs).
     fn rebuild(&self, st: &mut NodeState, pods: &HashMap<PodKey, Box<PodEntry>>) {
         let name = st.ledger.name.clone();
@@ -565,21 +629,47 @@ impl Index {
                 .iter()
                 .map(|g| GpuLedger::new(g.uuid.clone(), g.total).with_model(g.model.clone()))
                 .collect();
+            let mut unreported = BTreeSet::new();
             for key in &st.pods {
                 let Some(pod) = pods.get(key) else { continue };
                 let Some(a) = &pod.assignment else { continue };
+                let mut missing = 0;
                 for uuid in &a.gpu_uuids {
-                    let Some(gpu) = ledger.gpus.iter_mut().find(|g| &g.uuid == uuid) else {
-                        tracing::debug!(node = %name, pod = %pod.name, %uuid, "assigned GPU not in the node's report");
-                        continue;
-                    };
-                    let predicted = a.reserved_bytes.unwrap_or_else(|| match &pod.request {
-                        Ok(Some(r)) => r.demand.bytes_on(gpu.total_bytes),
-                        _ => 0,
-                    });
-                    gpu.reserve(key, predicted);
+                    match ledger.gpus.iter().position(|g| &g.uuid == uuid) {
+                        Some(i) => reserve_for(&mut ledger.gpus[i], key, pod, a),
+                        None => missing += 1,
+                    }
+                }
+                // The pod runs here on GPUs the report does not list (a GPU fell out of the
+                // report, or the annotation was edited): its memory is still in use, so charge it
+                // to the node's largest GPUs it does not hold already, rather than call the node
+                // emptier than it is. Refusing the whole node instead would let one bad pod
+                // block every other pod there.
+                for _ in 0..missing {
+                    let spare = ledger
+                        .gpus
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, g)| g.reservation(key).is_none())
+                        .max_by_key(|(_, g)| (g.total_bytes, g.free_bytes()))
+                        .map(|(i, _)| i);
+                    if let Some(i) = spare {
+                        reserve_for(&mut ledger.gpus[i], key, pod, a);
+                    }
+                }
+                if missing > 0 {
+                    unreported.insert(key.clone());
+                    if !st.unreported_assignments.contains(key) {
+                        tracing::warn!(
+                            node = %name, pod = %pod.name, namespace = %pod.namespace, missing,
+                            assigned = %a.gpu_uuids.join(","),
+                            "the pod's assigned GPUs are not in the node's report; charged to the node's largest GPUs"
+                        );
+                        self.warn_metric("assigned_gpu_not_reported");
+                    }
                 }
             }
+            st.unreported_assignments = unreported;
             // Placement's rule: use by pods with a reservation on the device is theirs,
             // everything else the device uses is unattributed.
             for (gpu, seen) in ledger.gpus.iter_mut().zip(&report.gpus) {
@@ -615,6 +705,16 @@ pub fn free_outside_largest_gpu_ratio(ledger: &NodeLedger) -> f64 {
     } else {
         1.0 - max as f64 / sum as f64
     }
+}
+
+/// A reservation of `pod` on `gpu`: its recorded `reserved-bytes`, or what its request needs on
+/// a GPU of that size.
+fn reserve_for(gpu: &mut GpuLedger, key: &str, pod: &PodEntry, a: &Assignment) {
+    let predicted = a.reserved_bytes.unwrap_or_else(|| match &pod.request {
+        Ok(Some(r)) => r.demand.bytes_on(gpu.total_bytes),
+        _ => 0,
+    });
+    gpu.reserve(key, predicted);
 }
 
 #[cfg(test)]
@@ -703,6 +803,122 @@ pub(crate) mod tests {
 
     fn ledger(index: &Index, node: &str) -> NodeLedger {
         index.node(node).unwrap().read().ledger.clone()
+    }
+
+    fn warnings(index: &Index, reason: &'static str) -> u64 {
+        index
+            .warnings()
+            .get_or_create(&ReasonLabels { reason })
+            .get()
+    }
+
+    /// The probe: two pods with `reserved-bytes: 18446744073709551615` overflowed the ledger.
+    #[test]
+    fn reserved_bytes_beyond_the_vram_bound_fall_back_to_the_request() {
+        let index = Index::new();
+        index.apply_report(&mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]));
+        for uid in ["u1", "u2"] {
+            index.apply_pod(&mk_pod(
+                uid,
+                Some("n1"),
+                &[
+                    ("peakfit.io/vram", "10Gi"),
+                    (ASSIGNED_GPUS, "GPU-a"),
+                    (RESERVED_BYTES, &u64::MAX.to_string()),
+                ],
+            ));
+        }
+        let l = ledger(&index, "n1");
+        assert_eq!(l.gpus[0].committed_bytes(), 20 * GIB);
+        assert_eq!(warnings(&index, "reserved_bytes_invalid"), 2);
+        // At the bound it is believed (and the sums saturate rather than overflow).
+        index.apply_pod(&mk_pod(
+            "u3",
+            Some("n1"),
+            &[
+                (ASSIGNED_GPUS, "GPU-a"),
+                (RESERVED_BYTES, &MAX_RESERVED_BYTES.to_string()),
+            ],
+        ));
+        assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 0);
+    }
+
+    #[test]
+    fn assigned_gpus_missing_from_the_report_are_charged_to_the_largest_gpus() {
+        let index = Index::new();
+        index.apply_report(&mk_report(
+            "n1",
+            &[
+                ("GPU-small", 24 * GIB, 0, &[]),
+                ("GPU-big", 80 * GIB, 0, &[]),
+                ("GPU-held", 80 * GIB, 0, &[]),
+            ],
+        ));
+        let pod = mk_pod(
+            "u1",
+            Some("n1"),
+            &[
+                (ASSIGNED_GPUS, "GPU-held,GPU-gone"),
+                (RESERVED_BYTES, &(30 * GIB).to_string()),
+            ],
+        );
+        index.apply_pod(&pod);
+        let l = ledger(&index, "n1");
+        // GPU-held has its own share; GPU-gone's share lands on the largest other GPU.
+        let free: Vec<u64> = l.gpus.iter().map(|g| g.free_bytes() / GIB).collect();
+        assert_eq!(free, [24, 50, 50]);
+        assert_eq!(warnings(&index, "assigned_gpu_not_reported"), 1);
+        // Rebuilt by a new report: still charged, warned once.
+        index.apply_report(&mk_report(
+            "n1",
+            &[
+                ("GPU-small", 24 * GIB, 0, &[]),
+                ("GPU-big", 80 * GIB, 0, &[]),
+                ("GPU-held", 80 * GIB, 0, &[]),
+            ],
+        ));
+        assert_eq!(ledger(&index, "n1").gpus[1].free_bytes(), 50 * GIB);
+        assert_eq!(warnings(&index, "assigned_gpu_not_reported"), 1);
+        index.delete_pod(&pod);
+        assert!(
+            ledger(&index, "n1")
+                .gpus
+                .iter()
+                .all(|g| g.committed_bytes() == 0)
+        );
+    }
+
+    #[test]
+    fn a_report_listing_a_gpu_twice_offers_it_once() {
+        let index = Index::new();
+        index.apply_report(&mk_report(
+            "n1",
+            &[
+                ("GPU-a", 80 * GIB, 0, &[]),
+                ("GPU-a", 80 * GIB, 0, &[]),
+                ("GPU-b", 80 * GIB, 0, &[]),
+            ],
+        ));
+        let uuids: Vec<String> = ledger(&index, "n1")
+            .gpus
+            .into_iter()
+            .map(|g| g.uuid)
+            .collect();
+        assert_eq!(uuids, ["GPU-a", "GPU-b"]);
+        assert_eq!(warnings(&index, "duplicate_gpu_uuid"), 1);
+    }
+
+    #[test]
+    fn byte_gauges_above_i64_max_clamp_instead_of_going_negative() {
+        let index = Arc::new(Index::new());
+        let m = crate::metrics::extender::ExtenderMetrics::with_index(index.clone(), || 0);
+        index.apply_report(&mk_report("n1", &[("GPU-a", u64::MAX, 0, &[])]));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
+        for family in ["ledger_gpu_total_bytes", "ledger_gpu_free_bytes"] {
+            let series = format!(r#"peakfit_{family}{{node="n1",uuid="GPU-a"}} {}"#, i64::MAX);
+            assert!(text.contains(&series), "{series} not in {text}");
+        }
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub struct ExtenderArgs {
     #[arg(long, env = "PEAKFIT_SAFETY_MARGIN", default_value = "256Mi", value_parser = parse_bytes)]
     pub safety_margin: u64,
     /// A node whose GPU report is older than this is not schedulable (e.g. `120s`, `2m`).
+    /// Ignored with --from-file: a file is a snapshot, and the age of its reports says nothing
+    /// about live agents.
     #[arg(long, env = "PEAKFIT_MAX_REPORT_AGE", default_value = "120s", value_parser = parse_duration)]
     pub max_report_age: Duration,
     /// How often a background thread scores the workload's usual pod classes on nodes that
@@ -68,6 +70,66 @@ pub struct ExtenderArgs {
     /// `patch` on nodes.
     #[arg(long, env = "PEAKFIT_NUDGE_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub nudge_interval: Duration,
+    /// The largest request body read (Kubernetes quantity). The largest real request, a
+    /// full-node filter for 5,000 Nodes, is about 6 MiB; a larger body gets a 413.
+    #[arg(long, env = "PEAKFIT_MAX_BODY_BYTES", default_value = "32Mi", value_parser = parse_bytes)]
+    pub max_body_bytes: u64,
+    /// Request bytes being read or answered at once, all requests together: a request waits
+    /// (up to --body-timeout, then 503) for room, so memory stays bounded however many large
+    /// requests arrive together. At least --max-body-bytes. A request without Content-Length
+    /// counts as --max-body-bytes (kube-scheduler always sends one).
+    #[arg(long, env = "PEAKFIT_MAX_BODY_BYTES_IN_FLIGHT", default_value = "64Mi", value_parser = parse_bytes)]
+    pub max_body_bytes_in_flight: u64,
+    #[command(flatten)]
+    pub serve: crate::serve::ServeArgs,
+}
+
+/// How much request body the extender reads: per request, and all requests together.
+#[derive(Debug)]
+pub struct BodyLimits {
+    pub max_bytes: usize,
+    pub in_flight_bytes: usize,
+    pub timeout: std::time::Duration,
+    /// The in-flight budget in KiB (a semaphore's permits are counted in `u32`).
+    budget: Arc<tokio::sync::Semaphore>,
+    budget_kib: u32,
+}
+
+impl BodyLimits {
+    /// `in_flight_bytes` is raised to `max_bytes` if smaller: a request the limit admits must be
+    /// able to run.
+    pub fn new(max_bytes: u64, in_flight_bytes: u64, timeout: std::time::Duration) -> Self {
+        let max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+        let in_flight_bytes = usize::try_from(in_flight_bytes)
+            .unwrap_or(usize::MAX)
+            .max(max_bytes);
+        let budget_kib = u32::try_from(in_flight_bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS as u32);
+        Self {
+            max_bytes,
+            in_flight_bytes,
+            timeout,
+            budget: Arc::new(tokio::sync::Semaphore::new(budget_kib as usize)),
+            budget_kib,
+        }
+    }
+
+    /// Waits until `bytes` more fit in the budget; the share returns when the permit drops.
+    pub async fn reserve(&self, bytes: usize) -> tokio::sync::OwnedSemaphorePermit {
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        self.budget
+            .clone()
+            .acquire_many_owned(kib.clamp(1, self.budget_kib))
+            .await
+            .expect("the budget semaphore is never closed")
+    }
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        Self::new(32 << 20, 64 << 20, std::time::Duration::from_secs(30))
+    }
 }
 
 /// A byte quantity in Kubernetes syntax (`256Mi`, `1G`, `1073741824`).
@@ -127,6 +189,8 @@ pub struct Extender {
     /// One bind at a time per pod.
     bind_locks: bind::PodLocks,
     clock: fn() -> i64,
+    /// Request body limits (see `routes::receive`).
+    pub body: BodyLimits,
 }
 
 fn now_unix() -> i64 {
@@ -152,7 +216,13 @@ impl Extender {
             pending: Mutex::new(HashMap::new()),
             bind_locks: bind::PodLocks::default(),
             clock: now_unix,
+            body: BodyLimits::default(),
         }
+    }
+
+    pub fn with_body_limits(mut self, body: BodyLimits) -> Self {
+        self.body = body;
+        self
     }
 
     /// Also starts a new class table, so no score remembered under the old configuration is
@@ -269,7 +339,12 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         Extender::new(index, metrics, binder)
             .with_fit(fit)
             .with_scoring(args.scoring)
-            .with_readiness(readiness),
+            .with_readiness(readiness)
+            .with_body_limits(BodyLimits::new(
+                args.max_body_bytes,
+                args.max_body_bytes_in_flight,
+                args.serve.body_timeout,
+            )),
     );
     if !args.prescore_interval.is_zero() {
         ext.spawn_prescorer(args.prescore_interval)
@@ -297,18 +372,28 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("listening on {addr} (metrics)"))?;
             tracing::info!(listen = %addr, "serving /metrics, /healthz, /readyz");
-            let server = axum::serve(l, routes::ops_router(ext.clone()))
-                .with_graceful_shutdown(stopped(stop.clone()));
-            Some(tokio::spawn(async move { server.await }))
+            let (app, serve_args, stop) = (
+                routes::ops_router(ext.clone()),
+                args.serve.clone(),
+                stop.clone(),
+            );
+            Some(tokio::spawn(async move {
+                crate::serve::serve(l, crate::serve::plain, app, &serve_args, stopped(stop)).await
+            }))
         }
         None => None,
     };
     tracing::info!(listen = %args.listen, scoring = ?args.scoring, "peakfit extender serving");
-    axum::serve(listener, routes::router(ext))
-        .with_graceful_shutdown(stopped(stop))
-        .await?;
+    crate::serve::serve(
+        listener,
+        crate::serve::plain,
+        routes::router(ext),
+        &args.serve,
+        stopped(stop),
+    )
+    .await;
     if let Some(ops) = ops {
-        ops.await??;
+        ops.await?;
     }
     tracing::info!("peakfit extender stopped");
     Ok(())
