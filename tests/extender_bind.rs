@@ -285,3 +285,110 @@ async fn concurrent_binds_to_one_node_never_double_book_a_gpu() {
     let l = index.node("gpu-b").unwrap().read().ledger.clone();
     assert_eq!(l.gpus[0].reservations().len(), 1);
 }
+
+/// Issue 11: the Binding failed after the pod was annotated: bind takes the annotations back
+/// (a JSON patch that tests each value before removing it), and reserves nothing.
+#[tokio::test]
+async fn a_failed_binding_takes_back_the_annotations_it_wrote() {
+    let Some(dir) = capture_dir() else { return };
+    let index = fixture_index(&dir, &node_cache_uids());
+    let (client, mut handle) = mock_client();
+    let h = harness_with(
+        index.clone(),
+        Arc::new(KubeBinder::new(client)),
+        Arc::new(MemoryBinder::default()),
+    );
+    let api = tokio::spawn(async move {
+        let written = expect_patch(&mut handle).await;
+        let (_, send) = handle.next_request().await.expect("the binding POST");
+        respond(
+            send,
+            500,
+            br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"etcdserver: request timed out","code":500}"#.to_vec(),
+        );
+        // bind reads the pod back: still unbound, with the annotations it wrote.
+        let (req, send) = handle.next_request().await.expect("the pod GET");
+        assert_eq!(req.method(), Method::GET);
+        assert_eq!(req.uri().path(), "/api/v1/namespaces/default/pods/embedder");
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "embedder", "namespace": "default", "uid": EMBEDDER_UID,
+                         "annotations": written["metadata"]["annotations"].clone()},
+        });
+        respond(send, 200, serde_json::to_vec(&pod).unwrap());
+        let (req, send) = handle.next_request().await.expect("the take-back PATCH");
+        let (parts, ops) = body_json(req).await;
+        assert_eq!(parts.method, Method::PATCH);
+        assert_eq!(parts.headers["content-type"], "application/json-patch+json");
+        respond(send, 200, serde_json::to_vec(&pod).unwrap());
+        (written, ops)
+    });
+    let (_, reply) = call(&h.router, "POST", "/bind", bind_request(&dir)).await;
+    let (written, ops) = tokio::time::timeout(Duration::from_secs(5), api)
+        .await
+        .unwrap()
+        .unwrap();
+    let err = json(&reply)["Error"].as_str().unwrap().to_owned();
+    assert!(err.contains("request timed out"), "{err}");
+    let gpus = written["metadata"]["annotations"]["peakfit.io/assigned-gpus"].clone();
+    assert_eq!(
+        ops,
+        serde_json::json!([
+            {"op": "test", "path": "/metadata/annotations/peakfit.io~1assigned-gpus", "value": gpus},
+            {"op": "remove", "path": "/metadata/annotations/peakfit.io~1assigned-gpus"},
+            {"op": "test", "path": "/metadata/annotations/peakfit.io~1reserved-bytes",
+             "value": (6 * GIB).to_string()},
+            {"op": "remove", "path": "/metadata/annotations/peakfit.io~1reserved-bytes"},
+        ])
+    );
+    let l = index.node("gpu-b").unwrap().read().ledger.clone();
+    assert!(
+        l.gpus
+            .iter()
+            .all(|g| !g.reservations().contains_key(EMBEDDER_UID))
+    );
+}
+
+/// Issue 11: kube-scheduler retries binds. A repeat to the same node is a success that writes
+/// nothing; to another node an error that writes nothing and keeps the first reservation.
+#[tokio::test]
+async fn a_repeated_bind_is_idempotent_and_another_node_is_refused() {
+    let Some(dir) = capture_dir() else { return };
+    let index = fixture_index(&dir, &node_cache_uids());
+    let binder = Arc::new(MemoryBinder::default());
+    let h = harness_with(index.clone(), binder.clone(), binder.clone());
+    let request = bind_request(&dir);
+    for _ in 0..3 {
+        let (code, reply) = call(&h.router, "POST", "/bind", request.clone()).await;
+        assert_eq!(code, 200);
+        assert_eq!(json(&reply), serde_json::json!({"Error": ""}));
+    }
+    assert_eq!(binder.bindings.lock().len(), 1, "written once");
+    let mut elsewhere: Value = serde_json::from_slice(&request).unwrap();
+    elsewhere["Node"] = "gpu-a".into();
+    let (_, reply) = call(
+        &h.router,
+        "POST",
+        "/bind",
+        serde_json::to_vec(&elsewhere).unwrap(),
+    )
+    .await;
+    let err = json(&reply)["Error"].as_str().unwrap().to_owned();
+    assert!(err.contains("already bound to node gpu-b"), "{err}");
+    assert_eq!(binder.bindings.lock().len(), 1, "nothing written");
+    let l = index.node("gpu-b").unwrap().read().ledger.clone();
+    assert!(
+        l.gpus
+            .iter()
+            .any(|g| g.reservations().contains_key(EMBEDDER_UID))
+    );
+    let (_, metrics) = call(&h.router, "GET", "/metrics", vec![]).await;
+    let text = String::from_utf8(metrics).unwrap();
+    for line in [
+        r#"peakfit_extender_decisions_total{verb="bind",outcome="bound"} 1"#,
+        r#"peakfit_extender_decisions_total{verb="bind",outcome="already_bound"} 2"#,
+        r#"peakfit_extender_decisions_total{verb="bind",outcome="bound_elsewhere"} 1"#,
+    ] {
+        assert!(text.contains(line), "{line}\n{text}");
+    }
+}
