@@ -114,6 +114,14 @@ async fn bind_patches_the_pod_then_posts_the_binding() {
     );
 }
 
+/// Whether any GPU of gpu-b holds a reservation of the embedder pod.
+fn reserved_on_gpu_b(index: &Index) -> bool {
+    let l = index.node("gpu-b").unwrap().read().ledger.clone();
+    l.gpus
+        .iter()
+        .any(|g| g.reservations().contains_key(EMBEDDER_UID))
+}
+
 /// Fills every GPU of gpu-b with memory of no known pod, as a newer agent report would.
 fn fill_gpu_b(index: &Index) {
     let mut report: Value = serde_json::json!({
@@ -154,12 +162,7 @@ async fn when_the_fit_no_longer_holds_bind_errs_and_writes_nothing() {
         !matches!(seen, Ok(Some(_))),
         "nothing may be written when the fit fails"
     );
-    let l = index.node("gpu-b").unwrap().read().ledger.clone();
-    assert!(
-        l.gpus
-            .iter()
-            .all(|g| !g.reservations().contains_key(EMBEDDER_UID))
-    );
+    assert!(!reserved_on_gpu_b(&index));
 }
 
 #[tokio::test]
@@ -192,12 +195,7 @@ async fn a_409_from_the_api_server_is_an_error_and_reserves_nothing() {
         .unwrap();
     let err = json(&reply)["Error"].as_str().unwrap().to_owned();
     assert!(err.contains("already assigned"), "{err}");
-    let l = index.node("gpu-b").unwrap().read().ledger.clone();
-    assert!(
-        l.gpus
-            .iter()
-            .all(|g| !g.reservations().contains_key(EMBEDDER_UID))
-    );
+    assert!(!reserved_on_gpu_b(&index));
     let (_, metrics) = call(&h.router, "GET", "/metrics", vec![]).await;
     let text = String::from_utf8(metrics).unwrap();
     assert!(
@@ -341,12 +339,7 @@ async fn a_failed_binding_takes_back_the_annotations_it_wrote() {
             {"op": "remove", "path": "/metadata/annotations/peakfit.io~1reserved-bytes"},
         ])
     );
-    let l = index.node("gpu-b").unwrap().read().ledger.clone();
-    assert!(
-        l.gpus
-            .iter()
-            .all(|g| !g.reservations().contains_key(EMBEDDER_UID))
-    );
+    assert!(!reserved_on_gpu_b(&index));
 }
 
 /// Issue 11: kube-scheduler retries binds. A repeat to the same node is a success that writes
@@ -376,12 +369,7 @@ async fn a_repeated_bind_is_idempotent_and_another_node_is_refused() {
     let err = json(&reply)["Error"].as_str().unwrap().to_owned();
     assert!(err.contains("already bound to node gpu-b"), "{err}");
     assert_eq!(binder.bindings.lock().len(), 1, "nothing written");
-    let l = index.node("gpu-b").unwrap().read().ledger.clone();
-    assert!(
-        l.gpus
-            .iter()
-            .any(|g| g.reservations().contains_key(EMBEDDER_UID))
-    );
+    assert!(reserved_on_gpu_b(&index));
     let (_, metrics) = call(&h.router, "GET", "/metrics", vec![]).await;
     let text = String::from_utf8(metrics).unwrap();
     for line in [

@@ -522,6 +522,15 @@ impl Cluster {
         .await;
     }
 
+    /// Once every node's agent has reported: an extender (with `extra` flags) and the chart's
+    /// kube-scheduler in front of it, named `peakfit-scheduler`.
+    pub async fn start_peakfit(&self, extra: &[&str]) -> Extender {
+        self.wait_reports().await;
+        let ext = self.start_extender("extender", extra);
+        self.start_scheduler("peakfit-scheduler", ext.port);
+        ext
+    }
+
     /// Starts `peakfit extender` in cluster mode on a fresh loopback port and waits for `/readyz`.
     pub fn start_extender(&self, name: &str, extra: &[&str]) -> Extender {
         let port = free_port();
