@@ -22,9 +22,7 @@ async fn a_stopped_agent_makes_its_node_stale_and_a_resumed_one_brings_it_back()
     c.namespace(NS).await;
     c.add_gpu_node("h100-a", vec![Gpu::h100("h100-a", 0)]).await;
     c.add_gpu_node("l4-a", vec![Gpu::l4("l4-a", 0)]).await;
-    c.wait_reports().await;
-    let ext = c.start_extender("extender", &["--max-report-age", "4s"]);
-    c.start_scheduler("peakfit-scheduler", ext.port);
+    let ext = c.start_peakfit(&["--max-report-age", "4s"]).await;
 
     // Server-side apply by peakfit-agent, status included.
     let reports: Api<NodeGpuReport> = Api::all(c.client.clone());

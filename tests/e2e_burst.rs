@@ -27,9 +27,7 @@ async fn a_burst_of_200_pods_over_20_nodes_binds_all_that_fit_and_overcommits_no
         c.add_gpu_node(&name, (0..4).map(|i| Gpu::a100_40(&name, i)).collect())
             .await;
     }
-    c.wait_reports().await;
-    let ext = c.start_extender("extender", &[]);
-    c.start_scheduler("peakfit-scheduler", ext.port);
+    let ext = c.start_peakfit(&[]).await;
 
     // 10, 20 and 30 GiB, round robin: 4,000 GiB asked of 3,200 GiB.
     let sizes = [10u64, 20, 30];

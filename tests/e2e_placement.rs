@@ -33,9 +33,7 @@ async fn pods_are_placed_by_peak_vram_behind_the_real_scheduler() {
         (0..2).map(|i| Gpu::a100_40("a100-a", i)).collect(),
     )
     .await;
-    c.wait_reports().await;
-    let ext = c.start_extender("extender", &[]);
-    c.start_scheduler("peakfit-scheduler", ext.port);
+    let ext = c.start_peakfit(&[]).await;
 
     annotated_pods_bind_where_the_ledger_says(&c).await;
     refusals_reach_the_events(&c).await;

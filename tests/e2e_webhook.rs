@@ -22,9 +22,7 @@ async fn the_webhook_admits_an_opted_in_pod_and_strips_forged_annotations() {
     let c = Cluster::up().await;
     c.namespace(NS).await;
     c.add_gpu_node("h100-a", vec![Gpu::h100("h100-a", 0)]).await;
-    c.wait_reports().await;
-    let ext = c.start_extender("extender", &[]);
-    c.start_scheduler("peakfit-scheduler", ext.port);
+    let _ext = c.start_peakfit(&[]).await;
     c.start_webhook().await;
 
     // No schedulerName; forged output annotations copied from somewhere.

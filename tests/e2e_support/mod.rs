@@ -279,7 +279,6 @@ impl Cluster {
     /// the NodeGpuReport CRD from `peakfit crd`, and nothing else.
     pub async fn up() -> Self {
         let script = control_plane_script();
-        let _ = fake_nvml();
         let dir = tempfile::Builder::new()
             .prefix("peakfit-e2e-")
             .tempdir()
@@ -398,15 +397,36 @@ impl Cluster {
     /// Creates a Ready Node with 64 CPUs (status through the status subresource, as a kubelet
     /// would), writes its fake NVML configuration and starts its agent.
     pub async fn add_gpu_node(&self, name: &str, gpus: Vec<Gpu>) {
+        self.create_ready_node(name, None).await;
+        let nvml_config = self.path(&format!("{name}.nvml.yaml"));
+        let mut node = GpuNode {
+            name: name.to_owned(),
+            gpus,
+            nvml_config,
+            agent: None,
+        };
+        write_nvml_config(&node, &[]);
+        std::fs::create_dir_all(self.path("proc")).unwrap();
+        node.agent = Some(self.spawn_agent(name, &node.nvml_config));
+        self.nodes.lock().unwrap().insert(name.to_owned(), node);
+    }
+
+    /// A Ready Node with 64 CPUs and no taint; with `device_plugin_gpus`, also `nvidia.com/gpu`
+    /// allocatable as NVIDIA's device plugin would advertise it (what the default scheduler sees).
+    pub async fn create_ready_node(&self, name: &str, device_plugin_gpus: Option<usize>) {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let obj: Node = serde_json::from_value(json!({
             "metadata": { "name": name, "labels": { "kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true" } },
         }))
         .unwrap();
         nodes.create(&PostParams::default(), &obj).await.unwrap();
+        let mut resources = json!({ "cpu": "64", "memory": "512Gi", "pods": "110" });
+        if let Some(n) = device_plugin_gpus {
+            resources["nvidia.com/gpu"] = json!(n.to_string());
+        }
         let status = json!({ "status": {
-            "capacity": { "cpu": "64", "memory": "512Gi", "pods": "110" },
-            "allocatable": { "cpu": "64", "memory": "512Gi", "pods": "110" },
+            "capacity": resources,
+            "allocatable": resources,
             "conditions": [{ "type": "Ready", "status": "True", "reason": "KubeletReady",
                              "message": "e2e", "lastHeartbeatTime": jiff::Timestamp::now().to_string(),
                              "lastTransitionTime": jiff::Timestamp::now().to_string() }],
@@ -424,17 +444,58 @@ impl Cluster {
             )
             .await
             .unwrap();
-        let nvml_config = self.path(&format!("{name}.nvml.yaml"));
-        let mut node = GpuNode {
-            name: name.to_owned(),
-            gpus,
-            nvml_config,
-            agent: None,
+    }
+
+    /// A node without an agent: its Node (with `nvidia.com/gpu` allocatable) and a
+    /// `NodeGpuReport` written here, the same object and server-side apply the agent makes, with
+    /// the GPUs idle and `observedAt` now. For the benches, where thousands of agent processes
+    /// cannot run; the extender needs a `--max-report-age` longer than the run.
+    pub async fn add_reported_node(&self, name: &str, gpus: Vec<Gpu>) {
+        use peakfit::inventory::{GpuDevice, NodeGpuReportStatus, NodeMemorySummary, NvmlStatus};
+        self.create_ready_node(name, Some(gpus.len())).await;
+        let total: u64 = gpus.iter().map(|g| g.total).sum();
+        let status = NodeGpuReportStatus {
+            observed_at: jiff::Timestamp::now().to_string(),
+            nvml: NvmlStatus {
+                up: true,
+                driver_version: Some("550.54.15".into()),
+                reason: None,
+            },
+            gpus: gpus
+                .iter()
+                .enumerate()
+                .map(|(i, g)| GpuDevice {
+                    index: i as u32,
+                    uuid: g.uuid.clone(),
+                    name: g.name.into(),
+                    pci_bus_id: Some(format!("00000000:{:02x}:00.0", 0x10 + i)),
+                    memory_total_bytes: g.total,
+                    memory_free_bytes: g.total,
+                    ..Default::default()
+                })
+                .collect(),
+            summary: NodeMemorySummary {
+                total_bytes: total,
+                free_bytes: total,
+                largest_free_block_bytes: gpus.iter().map(|g| g.total).max().unwrap_or(0),
+                stranded_bytes: 0,
+            },
+            agent_version: Some(env!("CARGO_PKG_VERSION").into()),
         };
-        write_nvml_config(&node, &[]);
-        std::fs::create_dir_all(self.path("proc")).unwrap();
-        node.agent = Some(self.spawn_agent(name, &node.nvml_config));
-        self.nodes.lock().unwrap().insert(name.to_owned(), node);
+        let mut publisher = peakfit::agent::publish::Publisher::new(self.client.clone(), name);
+        publisher
+            .publish(&status)
+            .await
+            .unwrap_or_else(|e| panic!("writing the NodeGpuReport of {name}: {e}"));
+        self.nodes.lock().unwrap().insert(
+            name.to_owned(),
+            GpuNode {
+                name: name.to_owned(),
+                gpus,
+                nvml_config: PathBuf::new(),
+                agent: None,
+            },
+        );
     }
 
     fn spawn_agent(&self, name: &str, config: &Path) -> Proc {
@@ -522,6 +583,15 @@ impl Cluster {
         .await;
     }
 
+    /// Once every node's agent has reported: an extender (with `extra` flags) and the chart's
+    /// kube-scheduler in front of it, named `peakfit-scheduler`.
+    pub async fn start_peakfit(&self, extra: &[&str]) -> Extender {
+        self.wait_reports().await;
+        let ext = self.start_extender("extender", extra);
+        self.start_scheduler("peakfit-scheduler", ext.port);
+        ext
+    }
+
     /// Starts `peakfit extender` in cluster mode on a fresh loopback port and waits for `/readyz`.
     pub fn start_extender(&self, name: &str, extra: &[&str]) -> Extender {
         let port = free_port();
@@ -583,8 +653,12 @@ impl Cluster {
     /// extender on `extender_port` (leader election as the chart configures it).
     pub fn start_scheduler(&self, name: &str, extender_port: u16) {
         let config = self.scheduler_config(extender_port);
+        self.run_scheduler(name, &config);
+    }
+
+    fn run_scheduler(&self, name: &str, config: &Value) {
         let path = self.path(&format!("{name}-config.json"));
-        std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+        std::fs::write(&path, serde_json::to_string_pretty(config).unwrap()).unwrap();
         let out = Command::new(&self.script)
             .arg("scheduler")
             .arg(self.dir.path())
@@ -598,6 +672,19 @@ impl Cluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// Starts a kube-scheduler with every default (the `default-scheduler` profile, no
+    /// extender), single instance: the baseline the benches compare peakfit's profile with.
+    pub fn start_plain_scheduler(&self, name: &str) {
+        let config = json!({
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": { "kubeconfig": "KUBECONFIG_PATH" },
+            "leaderElection": { "leaderElect": false },
+            "profiles": [{ "schedulerName": "default-scheduler" }],
+        });
+        self.run_scheduler(name, &config);
     }
 
     /// Stops one kube-scheduler started by [`Cluster::start_scheduler`] (SIGKILL, by its PID file).
