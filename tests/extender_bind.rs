@@ -297,7 +297,7 @@ async fn concurrent_binds_to_one_node_never_double_book_a_gpu() {
 /// (a JSON patch that tests each value before removing it), and reserves nothing.
 #[tokio::test]
 async fn a_failed_binding_takes_back_the_annotations_it_wrote() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     let (client, mut handle) = mock_client();
     let h = harness_with(
@@ -355,7 +355,7 @@ async fn a_failed_binding_takes_back_the_annotations_it_wrote() {
 /// nothing; to another node an error that writes nothing and keeps the first reservation.
 #[tokio::test]
 async fn a_repeated_bind_is_idempotent_and_another_node_is_refused() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     let binder = Arc::new(MemoryBinder::default());
     let h = harness_with(index.clone(), binder.clone(), binder.clone());
