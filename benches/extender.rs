@@ -403,16 +403,16 @@ fn main() {
         metrics,
         Arc::new(MemoryBinder::default()),
     ));
-    // As `peakfit extender` runs it (`--prescore-interval-ms`, same env, default 100; 0: off).
-    let prescore_ms: u64 = std::env::var("PEAKFIT_PRESCORE_INTERVAL_MS")
+    // As `peakfit extender` runs it (`--prescore-interval`, same env and parser, default 100ms;
+    // 0: off).
+    let prescore = std::env::var("PEAKFIT_PRESCORE_INTERVAL")
         .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    if prescore_ms > 0 {
-        ext.spawn_prescorer(Duration::from_millis(prescore_ms))
-            .unwrap();
+        .map(|v| peakfit::cli::parse_duration(&v).expect("PEAKFIT_PRESCORE_INTERVAL"))
+        .unwrap_or(Duration::from_millis(100));
+    if !prescore.is_zero() {
+        ext.spawn_prescorer(prescore).unwrap();
     }
-    println!("prescorer: every {prescore_ms} ms (0: off)");
+    println!("prescorer: every {prescore:?} (0: off)");
     // Sanity: the decision is a real one.
     let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
     let r = ext.filter(args);

@@ -27,7 +27,7 @@ fn start(extra: &[&str]) -> Server {
         .unwrap();
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/cluster.yaml");
     let child = Command::new(env!("CARGO_BIN_EXE_peakfit"))
-        .args(["extender", "--prescore-interval-ms", "0", "--listen"])
+        .args(["extender", "--prescore-interval", "0", "--listen"])
         .arg(addr.to_string())
         .arg("--from-file")
         .arg(example)
@@ -177,7 +177,7 @@ fn an_empty_file_is_served_with_a_warning() {
         .local_addr()
         .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_peakfit"))
-        .args(["extender", "--prescore-interval-ms", "0", "--listen"])
+        .args(["extender", "--prescore-interval", "0", "--listen"])
         .arg(addr.to_string())
         .arg("--from-file")
         .arg(&empty)

@@ -17,7 +17,7 @@ def start(argv, port):
 
 def extender(binary, port, cluster="deploy/examples/cluster.yaml"):
     return start([binary, "extender", "--listen", f"127.0.0.1:{port}", "--from-file", cluster,
-                  "--prescore-interval-ms", "0"], port)
+                  "--prescore-interval", "0"], port)
 
 
 def status_mib(proc, field):
