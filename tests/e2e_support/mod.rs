@@ -279,22 +279,34 @@ impl Cluster {
     /// the NodeGpuReport CRD from `peakfit crd`, and nothing else.
     pub async fn up() -> Self {
         let script = control_plane_script();
-        let dir = tempfile::Builder::new()
-            .prefix("peakfit-e2e-")
-            .tempdir()
-            .unwrap();
-        let out = Command::new(&script)
-            .arg("up")
-            .arg(dir.path())
-            .output()
-            .expect("running control-plane up");
-        assert!(
-            out.status.success(),
-            "control-plane up {} failed: {}{}",
-            dir.path().display(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        // `control-plane up` picks free ports and then binds them; with several test binaries
+        // starting control planes at once, another process can take a port in between. Such a
+        // start fails within seconds, so it is tried again in a fresh folder (three tries in all),
+        // and every try's output is kept for the panic message.
+        let mut failures = Vec::new();
+        let dir = loop {
+            let dir = tempfile::Builder::new()
+                .prefix("peakfit-e2e-")
+                .tempdir()
+                .unwrap();
+            let out = Command::new(&script)
+                .arg("up")
+                .arg(dir.path())
+                .output()
+                .expect("running control-plane up");
+            if out.status.success() {
+                break dir;
+            }
+            let _ = Command::new(&script).arg("down").arg(dir.path()).output();
+            failures.push(format!(
+                "control-plane up {} failed: {}{}",
+                dir.path().display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+            assert!(failures.len() < 3, "{}", failures.join("\n---\n"));
+            eprintln!("{} (trying again)", failures.last().unwrap());
+        };
         let kubeconfig = dir.path().join("kubeconfig");
         let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
         let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
