@@ -568,12 +568,14 @@ impl Cluster {
         self.nodes.lock().unwrap()[node].gpus.clone()
     }
 
-    /// Waits until every node has a NodeGpuReport.
+    /// Waits until every node has a NodeGpuReport. Generous: the burst starts 20 agent processes
+    /// while the other e2e binaries start their control planes on the same two cores, and one
+    /// full-suite run here saw them all report only after more than 60 s.
     pub async fn wait_reports(&self) {
         let names: Vec<String> = self.nodes.lock().unwrap().keys().cloned().collect();
         let api: Api<peakfit::cluster::NodeGpuReport> = Api::all(self.client.clone());
         eventually(
-            Duration::from_secs(60),
+            Duration::from_secs(180),
             "every agent published its report",
             || {
                 let api = api.clone();
