@@ -386,11 +386,13 @@ fn main() {
     drop(bare);
     let before = rss_bytes();
     let t = Instant::now();
-    let metrics = Arc::new(ExtenderMetrics::new());
-    let index = Arc::new(Index::with_metrics(metrics.clone()));
+    let index = Arc::new(Index::new());
+    let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), || {
+        jiff::Timestamp::now().as_second()
+    }));
     build(&index);
     println!(
-        "index with ledger gauges: built in {:.1} s, RSS +{:.1} MiB (RSS now {:.1} MiB; freed pages of the first build may be reused)",
+        "index again (ledger gauges are read at scrape, nothing kept): built in {:.1} s, RSS +{:.1} MiB (RSS now {:.1} MiB; freed pages of the first build may be reused)",
         t.elapsed().as_secs_f64(),
         rss_bytes().saturating_sub(before) as f64 / (1 << 20) as f64,
         rss_bytes() as f64 / (1 << 20) as f64
@@ -401,16 +403,16 @@ fn main() {
         metrics,
         Arc::new(MemoryBinder::default()),
     ));
-    // As `peakfit extender` runs it (`--prescore-interval-ms`, same env, default 100; 0: off).
-    let prescore_ms: u64 = std::env::var("PEAKFIT_PRESCORE_INTERVAL_MS")
+    // As `peakfit extender` runs it (`--prescore-interval`, same env and parser, default 100ms;
+    // 0: off).
+    let prescore = std::env::var("PEAKFIT_PRESCORE_INTERVAL")
         .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    if prescore_ms > 0 {
-        ext.spawn_prescorer(Duration::from_millis(prescore_ms))
-            .unwrap();
+        .map(|v| peakfit::cli::parse_duration(&v).expect("PEAKFIT_PRESCORE_INTERVAL"))
+        .unwrap_or(Duration::from_millis(100));
+    if !prescore.is_zero() {
+        ext.spawn_prescorer(prescore).unwrap();
     }
-    println!("prescorer: every {prescore_ms} ms (0: off)");
+    println!("prescorer: every {prescore:?} (0: off)");
     // Sanity: the decision is a real one.
     let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
     let r = ext.filter(args);

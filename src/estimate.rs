@@ -27,6 +27,11 @@ pub struct EstimateArgs {
     /// A Pod manifest (YAML or JSON) whose annotations to read; `-a` values override them.
     #[arg(long, value_name = "FILE", env = "PEAKFIT_POD")]
     pub pod: Option<PathBuf>,
+    /// The model's Hugging Face `config.json`: its layers, widths, heads, vocabulary, FFN,
+    /// tied embeddings, dtype / quantisation, experts and vision tower become the shape
+    /// annotations (and a derived `params`); the pod's and `-a` values override them.
+    #[arg(long, value_name = "FILE", env = "PEAKFIT_MODEL_CONFIG")]
+    pub model_config: Option<PathBuf>,
     /// Memory of the GPU the pod would run on. Engines that budget a fraction of the GPU (vLLM,
     /// SGLang, TGI, TensorRT-LLM) need it; default 80Gi (A100/H100 80 GB).
     #[arg(
@@ -41,9 +46,23 @@ pub struct EstimateArgs {
     pub json: bool,
 }
 
+/// The largest `--pod` file read: the API server's own limit on a request (etcd's 1.5 MiB). A
+/// Pod manifest is kilobytes; without a cap `--pod /dev/zero` grew until memory ran out.
+pub const MAX_POD_FILE_BYTES: u64 = 1536 << 10;
+
 fn pod_annotations(path: &PathBuf) -> anyhow::Result<BTreeMap<String, String>> {
-    let text = std::fs::read_to_string(path)
+    use std::io::Read as _;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_POD_FILE_BYTES + 1).read_to_string(&mut text))
         .with_context(|| format!("reading the pod manifest {}", path.display()))?;
+    if text.len() as u64 > MAX_POD_FILE_BYTES {
+        anyhow::bail!(
+            "the pod manifest {} is larger than {} KiB (the most the API server accepts); a Pod manifest is kilobytes",
+            path.display(),
+            MAX_POD_FILE_BYTES >> 10
+        );
+    }
     let pod: Pod = if text.trim_start().starts_with('{') {
         serde_json::from_str(&text)
             .with_context(|| format!("{} is not a JSON Pod", path.display()))?
@@ -55,12 +74,42 @@ fn pod_annotations(path: &PathBuf) -> anyhow::Result<BTreeMap<String, String>> {
     Ok(pod.metadata.annotations.unwrap_or_default())
 }
 
-/// All annotations, prefixed: the pod's first, then `-a` values over them.
+/// The largest `config.json` read: real ones are a few KiB; a multi-megabyte file is a
+/// wrong path (a weights shard), not a config.
+const MAX_MODEL_CONFIG: u64 = 1 << 20;
+
+/// The annotations a `config.json` implies, prefixed, and its notes for the reader.
+fn model_config(path: &PathBuf) -> anyhow::Result<(BTreeMap<String, String>, Vec<String>)> {
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("reading the model config {}", path.display()))?
+        .len();
+    if size > MAX_MODEL_CONFIG {
+        bail!(
+            "--model-config {}: {size} bytes, more than a config.json ({MAX_MODEL_CONFIG} at most)",
+            path.display()
+        );
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the model config {}", path.display()))?;
+    let parsed = crate::model::hf_config::annotations(&text)
+        .with_context(|| format!("--model-config {}", path.display()))?;
+    let annotations = parsed
+        .annotations
+        .into_iter()
+        .map(|(k, v)| (format!("{PREFIX}{k}"), v))
+        .collect();
+    Ok((annotations, parsed.notes))
+}
+
+/// All annotations, prefixed: the config's first, then the pod's, then `-a` values over them.
 fn collect(args: &EstimateArgs) -> anyhow::Result<BTreeMap<String, String>> {
-    let mut annotations = match &args.pod {
-        Some(path) => pod_annotations(path)?,
+    let mut annotations = match &args.model_config {
+        Some(path) => model_config(path)?.0,
         None => BTreeMap::new(),
     };
+    if let Some(path) = &args.pod {
+        annotations.extend(pod_annotations(path)?);
+    }
     for pair in &args.annotations {
         let Some((key, value)) = pair.split_once('=') else {
             bail!("-a {pair:?}: expected KEY=VALUE, e.g. -a model=llama-3.1-8b");
@@ -70,6 +119,22 @@ fn collect(args: &EstimateArgs) -> anyhow::Result<BTreeMap<String, String>> {
         annotations.insert(format!("{PREFIX}{key}"), value.to_string());
     }
     Ok(annotations)
+}
+
+/// The workload kind and the error band measured for it (see `peakfit_core::model::confidence`).
+fn confidence(spec: &Spec) -> serde_json::Value {
+    let kind = crate::model::confidence::workload_kind(spec);
+    match crate::model::confidence::band_for(spec) {
+        Some(b) => json!({
+            "kind": kind,
+            "class": crate::model::confidence::class(b),
+            "rows": b.rows,
+            "median": b.median,
+            "p90": b.p90,
+            "signed_median": b.signed_median,
+        }),
+        None => json!({ "kind": kind, "class": "unmeasured" }),
+    }
 }
 
 pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
@@ -118,6 +183,7 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
             "runs_on_gpu": runs,
             "explicit_vram": spec.vram,
             "assumed": model.as_ref().map(|e| e.assumed.clone()).unwrap_or_default(),
+            "confidence": model.as_ref().map(|_| confidence(&spec)),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -149,6 +215,28 @@ pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
         }
         for a in &e.assumed {
             println!("assumed: {a}");
+        }
+        let c = confidence(&spec);
+        match c["rows"].as_u64() {
+            Some(rows) => println!(
+                "confidence: {} ({} workloads: median |error| {}%, p90 {}%, signed median {}% \
+                 over {rows} public measurements)",
+                c["class"].as_str().unwrap_or_default(),
+                c["kind"].as_str().unwrap_or_default(),
+                c["median"],
+                c["p90"],
+                c["signed_median"]
+            ),
+            None => println!(
+                "confidence: unmeasured ({} workloads: no public measurement; consider \
+                 {PREFIX}vram)",
+                c["kind"].as_str().unwrap_or_default()
+            ),
+        }
+        if let Some(path) = &args.model_config {
+            for note in model_config(path)?.1 {
+                println!("from {}: {note}", path.display());
+            }
         }
     }
     if let Some(vram) = spec.vram {

@@ -9,10 +9,12 @@
 pub use peakfit_core::{inventory, model, placement};
 
 pub mod agent;
+pub mod cli;
 pub mod cluster;
 pub mod estimate;
 pub mod extender;
 pub mod metrics;
+pub mod serve;
 pub mod shutdown;
 pub mod sim;
 pub mod telemetry;

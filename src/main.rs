@@ -2,40 +2,15 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
 
 /// mimalloc instead of glibc's malloc: a filter or prioritize request decodes and frees thousands
 /// of node names, and glibc then spends a third of the request consolidating its free lists
 /// (measured with `perf` on `cargo bench --bench extender`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use peakfit::cli::{Cli, Command};
 use peakfit::{agent, estimate, extender, sim, telemetry, webhook};
-
-/// Places GPU pods by their predicted peak VRAM.
-#[derive(Parser)]
-#[command(name = "peakfit", version, about, propagate_version = true)]
-struct Cli {
-    #[command(flatten)]
-    log: telemetry::LogArgs,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Read every GPU through NVML and publish this node's NodeGpuReport.
-    Agent(agent::AgentArgs),
-    /// Serve kube-scheduler's extender verbs (filter, prioritize, bind, preempt).
-    Extender(extender::ExtenderArgs),
-    /// Mutating admission webhook: opt pods in and pin them to their assigned GPUs.
-    Webhook(webhook::WebhookArgs),
-    /// Predict a pod's peak VRAM per GPU from its annotations.
-    Estimate(estimate::EstimateArgs),
-    /// Replay a cluster and a workload through the placement code under several policies.
-    Simulate(sim::SimulateArgs),
-    /// Print the NodeGpuReport CustomResourceDefinition as YAML.
-    Crd,
-}
 
 /// Errors print as one readable line (`error: …: cause`), never as a Debug dump or backtrace: the
 /// people reading them are ML engineers running `peakfit estimate` and operators reading pod logs.
@@ -45,17 +20,35 @@ fn main() -> ExitCode {
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
 }
 
+/// The error and its causes joined by `: `, each cause once: an error that already names its
+/// source in its message (thiserror's `{source}`) would otherwise print it twice
+/// ("… (os error 2): No such file or directory (os error 2)").
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Agent(args) => runtime()?.block_on(agent::run(args)),
-        Command::Extender(args) => runtime()?.block_on(extender::run(args)),
-        Command::Webhook(args) => runtime()?.block_on(webhook::run(args)),
+        Command::Agent(args) => serve(agent::run(args)),
+        Command::Extender(args) => serve(extender::run(args)),
+        Command::Webhook(args) => serve(webhook::run(args)),
         Command::Estimate(args) => estimate::run(args),
         Command::Simulate(args) => sim::run(args),
         Command::Crd => {
@@ -65,8 +58,15 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
     }
 }
 
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
+/// Runs a server to completion, then exits without waiting for what it abandoned: after the
+/// shutdown deadline a connection still reading a half-sent body, or a verb still computing on
+/// the blocking pool, must not keep the process alive (dropping a runtime waits for its blocking
+/// tasks).
+fn serve(server: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()
+        .build()?;
+    let result = rt.block_on(server);
+    rt.shutdown_timeout(std::time::Duration::from_millis(500));
+    result
 }

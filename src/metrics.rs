@@ -1,4 +1,5 @@
-//! Serving prometheus-client registries over HTTP, shared by the agent and the extender.
+//! Serving prometheus-client registries over HTTP, shared by the agent and the extender, and the
+//! extender's metrics. It reads the index (at scrape) but may not change it.
 
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
@@ -16,10 +17,16 @@ pub fn render(registry: &Registry) -> Response {
     }
 }
 
-/// The extender's metrics. Ledger gauges are written when a node's ledger is rebuilt (an
-/// incremental event), ages are written at scrape time: nothing here rescans the cluster.
+/// The extender's metrics. Per-request counters and histograms are written as requests are
+/// answered; the ledger gauges (per GPU, node and reserved pod) are read from the index at scrape
+/// time by [`extender::IndexCollector`], as linkerd's index metrics are, so a series exists
+/// exactly as long as what it describes and nothing is forgotten by hand.
 pub mod extender {
+    use std::sync::Arc;
     use std::sync::atomic::AtomicU64;
+
+    use prometheus_client::collector::Collector;
+    use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 
     use prometheus_client::encoding::EncodeLabelSet;
     use prometheus_client::metrics::counter::Counter;
@@ -27,6 +34,8 @@ pub mod extender {
     use prometheus_client::metrics::gauge::Gauge;
     use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
     use prometheus_client::registry::Registry;
+
+    use crate::cluster::index::{Index, free_outside_largest_gpu_ratio};
 
     #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
     pub struct VerbLabels {
@@ -80,15 +89,9 @@ pub mod extender {
         pub rejections: Family<ReasonLabels, Counter>,
         pub node_scores: Family<ScoreSourceLabels, Counter>,
         pub errors: Family<VerbLabels, Counter>,
-        pub gpu_total: Family<GpuLabels, Gauge>,
-        pub gpu_committed: Family<GpuLabels, Gauge>,
-        pub gpu_observed: Family<GpuLabels, Gauge>,
-        pub gpu_free: Family<GpuLabels, Gauge>,
-        pub node_fragmentation: Family<NodeLabels, FloatGauge>,
-        pub node_report_age: Family<NodeLabels, FloatGauge>,
+        pub bind_conflicts: Counter,
+        pub node_nudges: Counter,
         pub node_report_age_limit: FloatGauge,
-        pub pod_predicted: Family<PodGpuLabels, Gauge>,
-        pub pod_observed: Family<PodGpuLabels, Gauge>,
         pub pending_pods: Family<ReasonLabels, Gauge>,
         pub pending_pod_oldest: Family<ReasonLabels, FloatGauge>,
     }
@@ -115,15 +118,9 @@ pub mod extender {
                 rejections: Family::default(),
                 node_scores: Family::default(),
                 errors: Family::default(),
-                gpu_total: Family::default(),
-                gpu_committed: Family::default(),
-                gpu_observed: Family::default(),
-                gpu_free: Family::default(),
-                node_fragmentation: Family::default(),
-                node_report_age: Family::default(),
+                bind_conflicts: Counter::default(),
+                node_nudges: Counter::default(),
                 node_report_age_limit: FloatGauge::default(),
-                pod_predicted: Family::default(),
-                pod_observed: Family::default(),
                 pending_pods: Family::default(),
                 pending_pod_oldest: Family::default(),
             };
@@ -155,50 +152,22 @@ pub mod extender {
                 m.errors.clone(),
             );
             r.register(
-                "ledger_gpu_total_bytes",
-                "GPU memory of the device",
-                m.gpu_total.clone(),
+                "extender_bind_conflicts",
+                "Binds refused because the node's ledger changed since filter (another pod took the \
+                 memory first); the scheduler retries them. Normal under contention, not an error",
+                m.bind_conflicts.clone(),
             );
             r.register(
-                "ledger_gpu_committed_bytes",
-                "Committed: max(predicted, observed) per pod + unattributed + driver reserved",
-                m.gpu_committed.clone(),
-            );
-            r.register(
-                "ledger_gpu_observed_bytes",
-                "Memory the agent saw in use on the device",
-                m.gpu_observed.clone(),
-            );
-            r.register(
-                "ledger_gpu_free_bytes",
-                "Total minus committed",
-                m.gpu_free.clone(),
-            );
-            r.register(
-                "node_fragmentation_ratio",
-                "Share of the node's free GPU memory outside its largest free GPU (0..1)",
-                m.node_fragmentation.clone(),
-            );
-            r.register(
-                "node_report_age_seconds",
-                "Age of the node's NodeGpuReport",
-                m.node_report_age.clone(),
+                "extender_node_nudges",
+                "Node annotation bumps made so that kube-scheduler retries pods waiting for GPU \
+                 memory or a fresh report once a node has them",
+                m.node_nudges.clone(),
             );
             r.register(
                 "node_report_age_limit_seconds",
                 "The extender's staleness limit (--max-report-age): a node whose report is older \
                  gets no GPU pod; 0 in file mode, which does not check age",
                 m.node_report_age_limit.clone(),
-            );
-            r.register(
-                "pod_predicted_bytes",
-                "What bind reserved for the pod on the GPU",
-                m.pod_predicted.clone(),
-            );
-            r.register(
-                "pod_observed_bytes",
-                "What the pod's processes use on the GPU",
-                m.pod_observed.clone(),
             );
             r.register(
                 "pending_pods",
@@ -211,6 +180,189 @@ pub mod extender {
                 m.pending_pod_oldest.clone(),
             );
             Self { registry, ..m }
+        }
+
+        /// The metrics of an extender answering from `index`: [`ExtenderMetrics::new`] plus
+        /// the ledger gauges, read from the index at each scrape with `clock` giving the time
+        /// report ages are measured against.
+        pub fn with_index(index: Arc<Index>, clock: fn() -> i64) -> Self {
+            let mut m = Self::new();
+            m.registry.register(
+                "index_warnings",
+                "Cluster objects the index refused or repaired, by reason (see the log)",
+                index.warnings().clone(),
+            );
+            m.registry
+                .register_collector(Box::new(IndexCollector { index, clock }));
+            m
+        }
+    }
+
+    /// The ledger gauges, read from the index at scrape time.
+    pub struct IndexCollector {
+        index: Arc<Index>,
+        clock: fn() -> i64,
+    }
+
+    impl std::fmt::Debug for IndexCollector {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("IndexCollector").finish_non_exhaustive()
+        }
+    }
+
+    /// What one scrape read from the index, in the shape prometheus-client encodes.
+    #[derive(Default)]
+    struct Snapshot {
+        gpu_total: Family<GpuLabels, Gauge>,
+        gpu_committed: Family<GpuLabels, Gauge>,
+        gpu_observed: Family<GpuLabels, Gauge>,
+        gpu_free: Family<GpuLabels, Gauge>,
+        node_fragmentation: Family<NodeLabels, FloatGauge>,
+        node_report_age: Family<NodeLabels, FloatGauge>,
+        pod_predicted: Family<PodGpuLabels, Gauge>,
+        pod_observed: Family<PodGpuLabels, Gauge>,
+        gpus: usize,
+        nodes: usize,
+        aged: usize,
+        pods: usize,
+    }
+
+    /// Bytes as a gauge value (an i64; no GPU comes near 2^63 bytes).
+    fn bytes(b: u64) -> i64 {
+        i64::try_from(b).unwrap_or(i64::MAX)
+    }
+
+    impl IndexCollector {
+        fn snapshot(&self) -> Snapshot {
+            let now = (self.clock)();
+            let mut s = Snapshot::default();
+            self.index.visit_nodes(|st, pod_name| {
+                let node = st.ledger.name.clone();
+                for g in &st.ledger.gpus {
+                    let l = GpuLabels {
+                        node: node.clone(),
+                        uuid: g.uuid.clone(),
+                    };
+                    s.gpu_total.get_or_create(&l).set(bytes(g.total_bytes));
+                    s.gpu_committed
+                        .get_or_create(&l)
+                        .set(bytes(g.committed_bytes()));
+                    s.gpu_observed
+                        .get_or_create(&l)
+                        .set(bytes(g.observed_bytes()));
+                    s.gpu_free.get_or_create(&l).set(bytes(g.free_bytes()));
+                    s.gpus += 1;
+                    for (key, r) in g.reservations() {
+                        let Some((namespace, pod)) = pod_name(key) else {
+                            continue;
+                        };
+                        let l = PodGpuLabels {
+                            namespace,
+                            pod,
+                            node: node.clone(),
+                            uuid: g.uuid.clone(),
+                        };
+                        s.pod_predicted
+                            .get_or_create(&l)
+                            .set(bytes(r.predicted_bytes));
+                        s.pod_observed
+                            .get_or_create(&l)
+                            .set(bytes(r.observed_bytes));
+                        s.pods += 1;
+                    }
+                }
+                let labels = NodeLabels { node };
+                if let Some(at) = st.ledger.observed_at_unix {
+                    s.node_report_age
+                        .get_or_create(&labels)
+                        .set((now - at) as f64);
+                    s.aged += 1;
+                }
+                if !st.ledger.gpus.is_empty() || st.ledger.observed_at_unix.is_some() {
+                    s.node_fragmentation
+                        .get_or_create(&labels)
+                        .set(free_outside_largest_gpu_ratio(&st.ledger));
+                    s.nodes += 1;
+                }
+            });
+            s
+        }
+    }
+
+    /// Writes one family, or nothing when it has no series (as the registry's own families).
+    fn family(
+        encoder: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        series: usize,
+        metric: &dyn EncodeMetric,
+    ) -> Result<(), std::fmt::Error> {
+        if series == 0 {
+            return Ok(());
+        }
+        metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+    }
+
+    impl Collector for IndexCollector {
+        fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+            let s = self.snapshot();
+            let e = &mut encoder;
+            family(
+                e,
+                "ledger_gpu_total_bytes",
+                "GPU memory of the device",
+                s.gpus,
+                &s.gpu_total,
+            )?;
+            family(
+                e,
+                "ledger_gpu_committed_bytes",
+                "Committed: max(predicted, observed) per pod + unattributed + driver reserved",
+                s.gpus,
+                &s.gpu_committed,
+            )?;
+            family(
+                e,
+                "ledger_gpu_observed_bytes",
+                "Memory the agent saw in use on the device",
+                s.gpus,
+                &s.gpu_observed,
+            )?;
+            family(
+                e,
+                "ledger_gpu_free_bytes",
+                "Total minus committed",
+                s.gpus,
+                &s.gpu_free,
+            )?;
+            family(
+                e,
+                "node_fragmentation_ratio",
+                "Share of the node's free GPU memory outside its largest free GPU (0..1)",
+                s.nodes,
+                &s.node_fragmentation,
+            )?;
+            family(
+                e,
+                "node_report_age_seconds",
+                "Age of the node's NodeGpuReport",
+                s.aged,
+                &s.node_report_age,
+            )?;
+            family(
+                e,
+                "pod_predicted_bytes",
+                "What bind reserved for the pod on the GPU",
+                s.pods,
+                &s.pod_predicted,
+            )?;
+            family(
+                e,
+                "pod_observed_bytes",
+                "What the pod's processes use on the GPU",
+                s.pods,
+                &s.pod_observed,
+            )
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The one way every long-running subcommand learns it should stop.
 
-/// Resolves on SIGTERM (the kubelet stopping the pod) or Ctrl-C, so every server drains and exits
-/// 0 instead of being killed mid-write (a half-applied report, a bind between patch and Binding).
+/// Resolves on SIGTERM (the kubelet stopping the pod) or Ctrl-C, so each command stops and exits 0
+/// instead of being killed mid-write: the extender's and the agent's servers drain the requests
+/// in flight (no bind left between patch and Binding, no half-applied report); the webhook stops
+/// accepting and returns, dropping the connections it holds.
 pub async fn signal() {
     #[cfg(unix)]
     {

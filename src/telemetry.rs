@@ -1,4 +1,5 @@
-//! Logging set-up shared by every subcommand.
+//! Logging set-up shared by every subcommand: the `--log` filter (checked when parsed) and format.
+//! It may not decide what is logged; each module's `tracing` calls and spans do.
 
 use std::io::IsTerminal;
 
@@ -19,13 +20,21 @@ pub struct LogArgs {
     /// Log format.
     #[arg(long, env = "PEAKFIT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
     pub log_format: LogFormat,
-    /// Log filter in `RUST_LOG` syntax (e.g. `info,peakfit=debug`).
-    #[arg(long, env = "PEAKFIT_LOG", default_value = "info", global = true)]
+    /// Log filter in `RUST_LOG` syntax (e.g. `info,peakfit=debug`); an invalid one is an error.
+    #[arg(long, env = "PEAKFIT_LOG", default_value = "info", global = true, value_parser = parse_filter)]
     pub log: String,
+}
+
+/// Checks a filter at parse time, so a typo is an error naming it rather than a silent `info`.
+fn parse_filter(s: &str) -> Result<String, String> {
+    EnvFilter::try_new(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| format!("{s:?} is not a log filter such as info or info,peakfit=debug: {e}"))
 }
 
 /// Logs go to stderr so that `--print`/`--json` output on stdout stays machine-readable.
 pub fn init(args: &LogArgs) {
+    // Checked by `parse_filter`; a `LogArgs` built by hand with a bad filter logs at `info`.
     let filter = EnvFilter::try_new(&args.log).unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only on a terminal: escape codes in `kubectl logs` or a log pipeline are noise.
     let builder = tracing_subscriber::fmt()

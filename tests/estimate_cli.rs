@@ -152,3 +152,108 @@ fn bad_annotations_exit_non_zero_naming_the_annotation() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no peakfit.io input annotation"));
 }
+
+/// Issue 11: a model name with a space and parentheses that is no preset is a label. Without
+/// the fields that size it the refusal names the first one missing; with them it estimates.
+#[test]
+fn any_model_name_is_a_label_when_the_shape_is_given() {
+    let out = peakfit(&["-a", "model=llama-3.1-8b-Chat (v1)"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("peakfit.io/layers") && err.contains("llama-3.1-8b-Chat (v1)"),
+        "{err}"
+    );
+    let v = json(&peakfit(&[
+        "-a",
+        "model=llama-3.1-8b-Chat (v1)",
+        "-a",
+        "layers=32",
+        "-a",
+        "hidden-size=4096",
+        "-a",
+        "kv-heads=8",
+        "-a",
+        "intermediate-size=14336",
+        "-a",
+        "vocab-size=128256",
+        "--json",
+    ]));
+    let weights = v["components"]["weights"].as_f64().unwrap();
+    // The Llama-3.1-8B shape: 8.03B bf16 parameters.
+    assert!((weights / 2.0 / 8.03e9 - 1.0).abs() < 0.01, "{weights}");
+}
+
+/// A diffusion pipeline is sized by its phases, and offload and VAE slicing move the peak.
+#[test]
+fn diffusion_pipelines_follow_images_offload_and_vae_slicing() {
+    let per_gpu = |extra: &[&str]| {
+        let mut args = vec!["-a", "model=sdxl", "-a", "images=4", "--json"];
+        args.extend_from_slice(extra);
+        json(&peakfit(&args))["allocated_bytes"].as_u64().unwrap()
+    };
+    let full = per_gpu(&[]);
+    let sliced = per_gpu(&["-a", "vae-decode=slicing"]);
+    let sequential = per_gpu(&["-a", "vae-decode=slicing", "-a", "offload=sequential"]);
+    assert!(
+        full > sliced && sliced > sequential,
+        "{full} {sliced} {sequential}"
+    );
+    let out = peakfit(&["-a", "model=llama-3.1-8b", "-a", "images=4"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("peakfit.io/images"));
+}
+
+/// `--model-config` reads a Hugging Face config.json; `-a` values override what it says.
+#[test]
+fn model_config_sizes_the_model_and_annotations_override_it() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/model-configs");
+    let mixtral = dir.join("mixtral-8x7b-v0.1.json");
+    let mixtral = mixtral.to_str().unwrap();
+    let v = json(&peakfit(&["--model-config", mixtral, "--json"]));
+    let weights = v["components"]["weights"].as_f64().unwrap();
+    // All 46.7B parameters resident, bf16 from the config.
+    assert!((weights / 2.0 / 46.7e9 - 1.0).abs() < 0.01, "{weights}");
+    let int4 = json(&peakfit(&[
+        "--model-config",
+        mixtral,
+        "-a",
+        "dtype=int4-awq",
+        "--json",
+    ]));
+    assert!(int4["components"]["weights"].as_f64().unwrap() < weights / 3.0);
+    let table = peakfit(&["--model-config", mixtral]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("8 experts resident"));
+    let missing = peakfit(&["--model-config", "/nonexistent/config.json"]);
+    assert!(!missing.status.success());
+    let not_json = peakfit(&["--model-config", file!()]);
+    assert!(!not_json.status.success());
+    assert!(String::from_utf8_lossy(&not_json.stderr).contains("not a JSON object"));
+}
+
+/// Each estimate says how far to trust it: its workload kind and the measured error band.
+#[test]
+fn estimates_carry_the_measured_confidence_of_their_kind() {
+    let v = json(&peakfit(&["-a", "model=llama-3.1-8b", "--json"]));
+    assert_eq!(v["confidence"]["kind"], "inference");
+    assert_eq!(v["confidence"]["class"], "good");
+    let v = json(&peakfit(&[
+        "-a",
+        "model=llama-2-70b",
+        "-a",
+        "workload=lora",
+        "-a",
+        "zero-stage=3",
+        "-a",
+        "offload=optimizer+params",
+        "--json",
+    ]));
+    assert_eq!(v["confidence"]["kind"], "offload");
+    assert_ne!(v["confidence"]["class"], "good");
+    let table = peakfit(&["-a", "model=sdxl"]);
+    let out = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        out.contains("confidence:") && out.contains("diffusion workloads"),
+        "{out}"
+    );
+}

@@ -106,10 +106,24 @@ async fn well_formed_but_useless_requests_get_protocol_answers() {
             .unwrap()
             .contains("not in peakfit's cache")
     );
-    // Preempt without a pod offers no node.
-    let (s, r) = call(&h.router, "POST", "/preempt", br#"{"Pod":null}"#.to_vec()).await;
-    assert_eq!(s, 200);
-    assert_eq!(json(&r), serde_json::json!({"NodeNameToMetaVictims": {}}));
+    // Prioritize and preempt without a pod are refused as filter refuses it (their replies have
+    // no error field, so with a 400 naming the field); they answered a silent 200 before.
+    for verb in ["/prioritize", "/preempt"] {
+        let (s, r) = call(
+            &h.router,
+            "POST",
+            verb,
+            br#"{"Pod":null,"NodeNames":["n"]}"#.to_vec(),
+        )
+        .await;
+        assert_eq!(s, 400, "{verb}");
+        let v = json(&r);
+        assert!(
+            v["error"].as_str().unwrap().contains("no Pod"),
+            "{verb}: {v}"
+        );
+        assert_eq!(v["verb"], verb.trim_start_matches('/'));
+    }
     // A node without a name in full-node mode is a 400 naming the field.
     let (s, r) = call(
         &h.router,
@@ -135,8 +149,19 @@ async fn unknown_paths_and_methods() {
         assert_eq!(s, 404, "{path}");
         assert!(json(&r)["error"].as_str().unwrap().contains(path));
     }
-    let (s, _) = call(&h.router, "GET", "/filter", vec![]).await;
-    assert_eq!(s, 405);
+    // A wrong method is a JSON 405 too (axum's default was an empty body).
+    for (method, path) in [
+        ("GET", "/filter"),
+        ("PUT", "/peakfit/bind"),
+        ("POST", "/healthz"),
+    ] {
+        let (s, r) = call(&h.router, method, path, vec![]).await;
+        assert_eq!(s, 405, "{method} {path}");
+        assert!(
+            json(&r)["error"].as_str().unwrap().contains(path),
+            "{method} {path}"
+        );
+    }
     for path in ["/healthz", "/readyz", "/metrics"] {
         let (s, _) = call(&h.router, "GET", path, vec![]).await;
         assert_eq!(s, 200, "{path}");
@@ -183,10 +208,47 @@ async fn readyz_waits_for_every_watch() {
     assert_eq!(json(&r)["Error"], "");
 }
 
+/// A body over --max-body-bytes is a JSON 413 (axum's was plain text), whether its length is
+/// declared or it simply keeps coming.
+#[tokio::test]
+async fn a_body_over_the_limit_gets_a_json_413() {
+    let metrics = Arc::new(peakfit::metrics::extender::ExtenderMetrics::new());
+    let ext = peakfit::extender::Extender::new(
+        Arc::new(Index::new()),
+        metrics,
+        Arc::new(peakfit::cluster::binding::MemoryBinder::default()),
+    )
+    .with_body_limits(peakfit::extender::BodyLimits::new(
+        1024,
+        4096,
+        std::time::Duration::from_secs(5),
+    ));
+    let router = peakfit::extender::routes::router(Arc::new(ext));
+    let (s, r) = call(&router, "POST", "/filter", vec![b' '; 2048]).await;
+    assert_eq!(s, 413);
+    let v = json(&r);
+    assert!(
+        v["error"].as_str().unwrap().contains("--max-body-bytes"),
+        "{v}"
+    );
+    assert_eq!(v["verb"], "filter");
+    // Without Content-Length (a stream): cut off at the limit.
+    let stream = futures::stream::iter(
+        (0..4).map(|_| Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![b' '; 600]))),
+    );
+    let req = axum::http::Request::builder()
+        .method("POST")
+        .uri("/bind")
+        .body(axum::body::Body::from_stream(stream))
+        .unwrap();
+    let resp = tower::ServiceExt::oneshot(router, req).await.unwrap();
+    assert_eq!(resp.status(), 413);
+}
+
 /// 5,000 full Nodes (the capture's, renamed) come to ~20 MB: well past axum's 2 MB default.
 #[tokio::test]
 async fn a_full_node_request_for_5000_nodes_is_accepted() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let mut req = json(&std::fs::read(dir.join("full-nodes/001-filter-request.json")).unwrap());
     let template = req["Nodes"]["items"][0].clone();
     let items: Vec<serde_json::Value> = (0..5000)

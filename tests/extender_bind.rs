@@ -65,7 +65,7 @@ async fn expect_patch(handle: &mut Handle) -> Value {
 
 #[tokio::test]
 async fn bind_patches_the_pod_then_posts_the_binding() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     let (client, mut handle) = mock_client();
     let h = harness_with(
@@ -114,6 +114,14 @@ async fn bind_patches_the_pod_then_posts_the_binding() {
     );
 }
 
+/// Whether any GPU of gpu-b holds a reservation of the embedder pod.
+fn reserved_on_gpu_b(index: &Index) -> bool {
+    let l = index.node("gpu-b").unwrap().read().ledger.clone();
+    l.gpus
+        .iter()
+        .any(|g| g.reservations().contains_key(EMBEDDER_UID))
+}
+
 /// Fills every GPU of gpu-b with memory of no known pod, as a newer agent report would.
 fn fill_gpu_b(index: &Index) {
     let mut report: Value = serde_json::json!({
@@ -136,7 +144,7 @@ fn fill_gpu_b(index: &Index) {
 
 #[tokio::test]
 async fn when_the_fit_no_longer_holds_bind_errs_and_writes_nothing() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     fill_gpu_b(&index);
     let (client, mut handle) = mock_client();
@@ -154,17 +162,12 @@ async fn when_the_fit_no_longer_holds_bind_errs_and_writes_nothing() {
         !matches!(seen, Ok(Some(_))),
         "nothing may be written when the fit fails"
     );
-    let l = index.node("gpu-b").unwrap().read().ledger.clone();
-    assert!(
-        l.gpus
-            .iter()
-            .all(|g| !g.reservations().contains_key(EMBEDDER_UID))
-    );
+    assert!(!reserved_on_gpu_b(&index));
 }
 
 #[tokio::test]
 async fn a_409_from_the_api_server_is_an_error_and_reserves_nothing() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     let (client, mut handle) = mock_client();
     let h = harness_with(
@@ -192,12 +195,7 @@ async fn a_409_from_the_api_server_is_an_error_and_reserves_nothing() {
         .unwrap();
     let err = json(&reply)["Error"].as_str().unwrap().to_owned();
     assert!(err.contains("already assigned"), "{err}");
-    let l = index.node("gpu-b").unwrap().read().ledger.clone();
-    assert!(
-        l.gpus
-            .iter()
-            .all(|g| !g.reservations().contains_key(EMBEDDER_UID))
-    );
+    assert!(!reserved_on_gpu_b(&index));
     let (_, metrics) = call(&h.router, "GET", "/metrics", vec![]).await;
     let text = String::from_utf8(metrics).unwrap();
     assert!(
@@ -231,7 +229,7 @@ impl BindingWriter for SlowBinder {
 /// re-check against the first and choose another GPU.
 #[tokio::test]
 async fn concurrent_binds_to_one_node_never_double_book_a_gpu() {
-    let Some(dir) = capture_dir() else { return };
+    let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     // gpu-b now reports a single, empty 40 GiB GPU.
     let mut report: Value = serde_json::json!({
@@ -243,6 +241,11 @@ async fn concurrent_binds_to_one_node_never_double_book_a_gpu() {
             "processes": []}]}
     });
     index.apply_report(&serde_json::from_value(report.take()).unwrap());
+    // The fillers' GPUs 1-3 are gone from the report; the index would charge their 10 GiB to
+    // the remaining GPU (a pod's memory does not vanish with its GPU's entry), so they go too.
+    for n in 1..=3 {
+        index.delete_pod_key(&format!("uid-filler-gpu-b-{n}"));
+    }
     for name in ["a", "b"] {
         let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
@@ -283,5 +286,106 @@ async fn concurrent_binds_to_one_node_never_double_book_a_gpu() {
     );
     assert_eq!(writer.0.bindings.lock().len(), 1);
     let l = index.node("gpu-b").unwrap().read().ledger.clone();
-    assert_eq!(l.gpus[0].reservations().len(), 1);
+    let ours = ["uid-a", "uid-b"]
+        .iter()
+        .filter(|k| l.gpus[0].reservation(k).is_some())
+        .count();
+    assert_eq!(ours, 1, "{:?}", l.gpus[0].reservations());
+}
+
+/// Issue 11: the Binding failed after the pod was annotated: bind takes the annotations back
+/// (a JSON patch that tests each value before removing it), and reserves nothing.
+#[tokio::test]
+async fn a_failed_binding_takes_back_the_annotations_it_wrote() {
+    let dir = capture_dir();
+    let index = fixture_index(&dir, &node_cache_uids());
+    let (client, mut handle) = mock_client();
+    let h = harness_with(
+        index.clone(),
+        Arc::new(KubeBinder::new(client)),
+        Arc::new(MemoryBinder::default()),
+    );
+    let api = tokio::spawn(async move {
+        let written = expect_patch(&mut handle).await;
+        let (_, send) = handle.next_request().await.expect("the binding POST");
+        respond(
+            send,
+            500,
+            br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"etcdserver: request timed out","code":500}"#.to_vec(),
+        );
+        // bind reads the pod back: still unbound, with the annotations it wrote.
+        let (req, send) = handle.next_request().await.expect("the pod GET");
+        assert_eq!(req.method(), Method::GET);
+        assert_eq!(req.uri().path(), "/api/v1/namespaces/default/pods/embedder");
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "embedder", "namespace": "default", "uid": EMBEDDER_UID,
+                         "annotations": written["metadata"]["annotations"].clone()},
+        });
+        respond(send, 200, serde_json::to_vec(&pod).unwrap());
+        let (req, send) = handle.next_request().await.expect("the take-back PATCH");
+        let (parts, ops) = body_json(req).await;
+        assert_eq!(parts.method, Method::PATCH);
+        assert_eq!(parts.headers["content-type"], "application/json-patch+json");
+        respond(send, 200, serde_json::to_vec(&pod).unwrap());
+        (written, ops)
+    });
+    let (_, reply) = call(&h.router, "POST", "/bind", bind_request(&dir)).await;
+    let (written, ops) = tokio::time::timeout(Duration::from_secs(5), api)
+        .await
+        .unwrap()
+        .unwrap();
+    let err = json(&reply)["Error"].as_str().unwrap().to_owned();
+    assert!(err.contains("request timed out"), "{err}");
+    let gpus = written["metadata"]["annotations"]["peakfit.io/assigned-gpus"].clone();
+    assert_eq!(
+        ops,
+        serde_json::json!([
+            {"op": "test", "path": "/metadata/annotations/peakfit.io~1assigned-gpus", "value": gpus},
+            {"op": "remove", "path": "/metadata/annotations/peakfit.io~1assigned-gpus"},
+            {"op": "test", "path": "/metadata/annotations/peakfit.io~1reserved-bytes",
+             "value": (6 * GIB).to_string()},
+            {"op": "remove", "path": "/metadata/annotations/peakfit.io~1reserved-bytes"},
+        ])
+    );
+    assert!(!reserved_on_gpu_b(&index));
+}
+
+/// Issue 11: kube-scheduler retries binds. A repeat to the same node is a success that writes
+/// nothing; to another node an error that writes nothing and keeps the first reservation.
+#[tokio::test]
+async fn a_repeated_bind_is_idempotent_and_another_node_is_refused() {
+    let dir = capture_dir();
+    let index = fixture_index(&dir, &node_cache_uids());
+    let binder = Arc::new(MemoryBinder::default());
+    let h = harness_with(index.clone(), binder.clone(), binder.clone());
+    let request = bind_request(&dir);
+    for _ in 0..3 {
+        let (code, reply) = call(&h.router, "POST", "/bind", request.clone()).await;
+        assert_eq!(code, 200);
+        assert_eq!(json(&reply), serde_json::json!({"Error": ""}));
+    }
+    assert_eq!(binder.bindings.lock().len(), 1, "written once");
+    let mut elsewhere: Value = serde_json::from_slice(&request).unwrap();
+    elsewhere["Node"] = "gpu-a".into();
+    let (_, reply) = call(
+        &h.router,
+        "POST",
+        "/bind",
+        serde_json::to_vec(&elsewhere).unwrap(),
+    )
+    .await;
+    let err = json(&reply)["Error"].as_str().unwrap().to_owned();
+    assert!(err.contains("already bound to node gpu-b"), "{err}");
+    assert_eq!(binder.bindings.lock().len(), 1, "nothing written");
+    assert!(reserved_on_gpu_b(&index));
+    let (_, metrics) = call(&h.router, "GET", "/metrics", vec![]).await;
+    let text = String::from_utf8(metrics).unwrap();
+    for line in [
+        r#"peakfit_extender_decisions_total{verb="bind",outcome="bound"} 1"#,
+        r#"peakfit_extender_decisions_total{verb="bind",outcome="already_bound"} 2"#,
+        r#"peakfit_extender_decisions_total{verb="bind",outcome="bound_elsewhere"} 1"#,
+    ] {
+        assert!(text.contains(line), "{line}\n{text}");
+    }
 }

@@ -153,3 +153,68 @@ async fn a_fraction_engine_with_explicit_vram_is_told_its_share() {
     assert_eq!(ann[GPU_MEMORY_FRACTION], format!("{want:.4}"));
     assert!(want <= 0.2 + 1e-9 && want > 0.19, "{want}");
 }
+
+/// A cluster of `nodes` nodes with 8 GPUs each, as a multi-document YAML or as one `List`.
+fn big_cluster_yaml(nodes: usize, as_list: bool) -> String {
+    let mut docs = Vec::with_capacity(2 * nodes);
+    for i in 0..nodes {
+        docs.push(format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: node-{i}}}\n"
+        ));
+        let gpus: String = (0..8)
+            .map(|g| {
+                format!(
+                    "  - {{index: {g}, uuid: GPU-{i}-{g}, name: NVIDIA H100 80GB HBM3, memoryTotalBytes: 85520809984, memoryUsedBytes: 0, memoryFreeBytes: 85520809984, memoryReservedBytes: 536870912, processes: []}}\n"
+                )
+            })
+            .collect();
+        docs.push(format!(
+            "apiVersion: peakfit.io/v1alpha1\nkind: NodeGpuReport\nmetadata: {{name: node-{i}}}\nspec: {{nodeName: node-{i}}}\nstatus:\n  observedAt: \"2026-11-21T17:48:00Z\"\n  nvml: {{up: true}}\n  gpus:\n{gpus}"
+        ));
+    }
+    if as_list {
+        let indent = |d: &str| {
+            let mut out = String::new();
+            for (j, line) in d.lines().enumerate() {
+                out.push_str(if j == 0 { "- " } else { "  " });
+                out.push_str(line);
+                out.push('\n');
+            }
+            out
+        };
+        format!(
+            "apiVersion: v1\nkind: List\nitems:\n{}",
+            docs.iter().map(|d| indent(d)).collect::<String>()
+        )
+    } else {
+        docs.join("---\n")
+    }
+}
+
+/// serde-saphyr's default budget stopped multi-document YAML at 1,024 documents and a `List` at
+/// ~1,185 nodes × 8 GPUs; file mode raises it for the operator's own file.
+#[test]
+fn a_5000_node_cluster_of_8_gpus_each_loads_as_documents_and_as_a_list() {
+    for as_list in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.yaml");
+        std::fs::write(&path, big_cluster_yaml(5000, as_list)).unwrap();
+        let index = Index::new();
+        let n = peakfit::cluster::file::load_into(&index, &path)
+            .unwrap_or_else(|e| panic!("as_list {as_list}: {e}"));
+        assert_eq!(n, 10_000, "as_list {as_list}");
+        let last = index.node("node-4999").unwrap();
+        assert_eq!(last.read().ledger.gpus.len(), 8);
+    }
+}
+
+#[test]
+fn an_empty_file_loads_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.yaml");
+    std::fs::write(&path, "").unwrap();
+    assert_eq!(
+        peakfit::cluster::file::load_into(&Index::new(), &path).unwrap(),
+        0
+    );
+}

@@ -12,14 +12,9 @@ use serde::de::DeserializeOwned;
 
 const ERAS: [&str; 2] = ["k8s-1.21-to-1.33", "k8s-1.34plus"];
 
-fn dir() -> Option<PathBuf> {
-    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/extender-v1-types");
-    if d.is_dir() {
-        Some(d)
-    } else {
-        eprintln!("skipping: ../shared/fixtures/extender-v1-types not found");
-        None
-    }
+/// Go's bytes, shipped in `tests/fixtures` (`SOURCES.md` there says where each came from).
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/extender-v1-types")
 }
 
 fn read(d: &Path, name: &str) -> String {
@@ -40,7 +35,7 @@ fn byte_exact<T: DeserializeOwned + Serialize>(d: &Path, name: &str) -> T {
 
 #[test]
 fn results_and_small_types_round_trip_byte_for_byte() {
-    let Some(d) = dir() else { return };
+    let d = dir();
     for era in ERAS {
         let b: ExtenderBindingArgs =
             byte_exact(&d, &format!("compat-ExtenderBindingArgs.{era}.json"));
@@ -76,7 +71,7 @@ fn results_and_small_types_round_trip_byte_for_byte() {
 
 #[test]
 fn a_filter_result_recorded_by_the_simulator_round_trips() {
-    let Some(d) = dir() else { return };
+    let d = dir();
     let f: ExtenderFilterResult = byte_exact(&d, "simulator-capture-ExtenderFilterResult.json");
     assert_eq!(f.nodes.as_ref().unwrap().items[0].name, "node-tzjll");
     assert!(f.node_names.is_none());
@@ -91,7 +86,7 @@ fn a_filter_result_recorded_by_the_simulator_round_trips() {
 /// else byte for byte.
 #[test]
 fn requests_decode_and_everything_but_the_pod_round_trips_exactly() {
-    let Some(d) = dir() else { return };
+    let d = dir();
     for era in ERAS {
         let name = format!("compat-ExtenderArgs.{era}.json");
         let go = read(&d, &name);
@@ -122,7 +117,7 @@ fn requests_decode_and_everything_but_the_pod_round_trips_exactly() {
 
 #[test]
 fn hami_bodies_without_a_pod_decode() {
-    let Some(d) = dir() else { return };
+    let d = dir();
     let v: serde_json::Value =
         serde_json::from_str(&read(&d, "hami-route-test-bodies.json")).unwrap();
     for key in ["pod_field_omitted", "pod_field_explicitly_null"] {

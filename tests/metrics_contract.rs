@@ -88,8 +88,10 @@ fn chart_file(rel: &str) -> String {
 /// family once it has a series, so the names come from use, as Prometheus would see them.
 async fn all_exposed() -> BTreeSet<String> {
     // Wired as `peakfit extender` wires them: the index keeps the ledger gauges current.
-    let metrics = Arc::new(ExtenderMetrics::new());
-    let index = Arc::new(Index::with_metrics(metrics.clone()));
+    let index = Arc::new(Index::new());
+    let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), || {
+        jiff::Timestamp::now().as_second()
+    }));
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/cluster.yaml");
     peakfit::cluster::file::load_into(&index, &path).expect("example cluster loads");
     let ext = Arc::new(

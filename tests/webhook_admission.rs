@@ -13,6 +13,7 @@ fn app() -> axum::Router {
     router(Mutator {
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: None,
+        gpu_memory_resource: None,
     })
 }
 
@@ -195,4 +196,161 @@ async fn garbage_is_rejected_at_http_level_and_healthz_answers() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
+}
+
+/// An UPDATE of a pod `kubectl annotate --overwrite` would send: `old` and `new` annotations,
+/// `node` the pod's `spec.nodeName` (both objects; binding does not change with annotate).
+fn update(old: Value, new: Value, node: Option<&str>) -> Value {
+    let mut r = review(new, json!([{"name": "c", "image": "i"}]), json!([]));
+    let req = &mut r["request"];
+    req["operation"] = "UPDATE".into();
+    req["options"] = json!({"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"});
+    req["object"]["metadata"]["name"] = "llama-0".into();
+    req["object"]["spec"]["schedulerName"] = "peakfit-scheduler".into();
+    if let Some(n) = node {
+        req["object"]["spec"]["nodeName"] = n.into();
+    }
+    let mut old_object = req["object"].clone();
+    old_object["metadata"]["annotations"] = old;
+    req["oldObject"] = old_object;
+    r
+}
+
+#[tokio::test]
+async fn bind_output_on_a_bound_pod_cannot_be_changed_or_removed() {
+    let bound = json!({
+        "peakfit.io/vram": "20Gi",
+        "peakfit.io/assigned-gpus": "GPU-aaaa",
+        "peakfit.io/reserved-bytes": "21474836480",
+    });
+    let mut moved = bound.clone();
+    moved["peakfit.io/assigned-gpus"] = "GPU-bbbb".into();
+    moved["peakfit.io/reserved-bytes"] = "1".into();
+    let (status, out) = post("/mutate", &update(bound.clone(), moved, Some("l4-0"))).await;
+    assert_eq!(status, StatusCode::OK);
+    let response = &out["response"];
+    assert_eq!(response["allowed"], false, "{out}");
+    assert_eq!(response["status"]["code"], 400);
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(r#"peakfit.io/assigned-gpus from "GPU-aaaa" to "GPU-bbbb""#)
+            && message.contains(r#"peakfit.io/reserved-bytes from "21474836480" to "1""#),
+        "{message}"
+    );
+    // Removing them is a change too; so is adding a fraction.
+    let mut removed = bound.clone();
+    removed
+        .as_object_mut()
+        .unwrap()
+        .remove("peakfit.io/assigned-gpus");
+    let (_, out) = post(
+        "/mutate/namespace",
+        &update(bound.clone(), removed, Some("l4-0")),
+    )
+    .await;
+    assert_eq!(out["response"]["allowed"], false, "{out}");
+    assert!(
+        out["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("peakfit.io/assigned-gpus from \"GPU-aaaa\" to unset")
+    );
+}
+
+#[tokio::test]
+async fn other_updates_of_a_bound_pod_and_bind_on_a_pending_one_are_allowed() {
+    let bound = json!({
+        "peakfit.io/vram": "20Gi",
+        "peakfit.io/assigned-gpus": "GPU-aaaa",
+        "peakfit.io/reserved-bytes": "21474836480",
+    });
+    let mut relabelled = bound.clone();
+    relabelled["example.com/owner"] = "team-a".into();
+    let (_, out) = post("/mutate", &update(bound.clone(), relabelled, Some("l4-0"))).await;
+    assert_eq!(out["response"]["allowed"], true, "{out}");
+    assert!(
+        out["response"]["patch"].is_null(),
+        "an UPDATE is never patched: {out}"
+    );
+    // Bind writes them on the pod before it creates the Binding.
+    let pending = json!({"peakfit.io/vram": "20Gi"});
+    let (_, out) = post("/mutate", &update(pending, bound, None)).await;
+    assert_eq!(out["response"]["allowed"], true, "{out}");
+}
+
+/// The pod as the API server would store it after the webhook's patch.
+async fn admitted_with_resource(annotations: Value, containers: Value) -> (Value, Value) {
+    let app = router(Mutator {
+        scheduler_name: "peakfit-scheduler".into(),
+        runtime_class_name: None,
+        gpu_memory_resource: Some("peakfit.io/gpu-memory-mib".into()),
+    });
+    let body = review(annotations, containers, json!([]));
+    let request = Request::post("/mutate")
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let out: Value = serde_json::from_slice(&bytes).unwrap();
+    let patch: json_patch::Patch =
+        serde_json::from_value(Value::from(decoded_patch(&out))).unwrap();
+    let mut pod = body["request"]["object"].clone();
+    json_patch::patch(&mut pod, &patch).unwrap();
+    (pod, out)
+}
+
+#[tokio::test]
+async fn the_least_gpu_memory_is_requested_as_an_extended_resource_on_the_first_container() {
+    let two = json!([{"name": "a", "image": "i", "resources": {"requests": {"cpu": "1"}}},
+                     {"name": "b", "image": "i"}]);
+    let (pod, _) = admitted_with_resource(
+        json!({"peakfit.io/vram": "20Gi", "peakfit.io/gpus": "2"}),
+        two,
+    )
+    .await;
+    let res = &pod["spec"]["containers"][0]["resources"];
+    assert_eq!(
+        res["requests"]["peakfit.io/gpu-memory-mib"], "40960",
+        "{res}"
+    );
+    assert_eq!(res["limits"]["peakfit.io/gpu-memory-mib"], "40960", "{res}");
+    assert_eq!(res["requests"]["cpu"], "1");
+    assert!(pod["spec"]["containers"][1].get("resources").is_none());
+    // A vLLM pod: its share of the smallest GPU it can run on (weights + activations + the
+    // declared KV cache, over 0.45), plus what lies outside the budget.
+    let (pod, _) = admitted_with_resource(
+        json!({"peakfit.io/model": "llama-3.1-8b", "peakfit.io/engine": "vllm",
+               "peakfit.io/gpu-memory-utilization": "0.45", "peakfit.io/context-tokens": "8192",
+               "peakfit.io/batch": "16"}),
+        json!([{"name": "c", "image": "i"}]),
+    )
+    .await;
+    let mib: u64 =
+        pod["spec"]["containers"][0]["resources"]["requests"]["peakfit.io/gpu-memory-mib"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+    assert!((33_000..34_500).contains(&mib), "{mib} MiB");
+    // A count the pod set itself is replaced, with a warning.
+    let (pod, out) = admitted_with_resource(
+        json!({"peakfit.io/vram": "1Gi"}),
+        json!([{"name": "c", "image": "i", "resources": {
+            "requests": {"peakfit.io/gpu-memory-mib": "1"}, "limits": {"peakfit.io/gpu-memory-mib": "1"}}}]),
+    )
+    .await;
+    let res = &pod["spec"]["containers"][0]["resources"];
+    assert_eq!(
+        res["requests"]["peakfit.io/gpu-memory-mib"], "1024",
+        "{res}"
+    );
+    assert_eq!(res["limits"]["peakfit.io/gpu-memory-mib"], "1024", "{res}");
+    assert!(
+        out["response"]["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("1024"),
+        "{out}"
+    );
 }

@@ -47,6 +47,7 @@ async fn admit(mut pod: Value) -> (Value, Vec<Value>) {
     let app = router(Mutator {
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: None,
+        gpu_memory_resource: None,
     });
     let request = Request::post("/mutate")
         .header("content-type", "application/json")

@@ -22,12 +22,13 @@ use axum::Router;
 use axum::routing::get;
 use tokio::sync::watch;
 
+use crate::cli::{ClientArgs, parse_nonzero_duration};
 use crate::cluster::{NodeGpuReport, NodeGpuReportSpec};
 use crate::inventory::NodeGpuReportStatus;
 
 use self::metrics::AgentMetrics;
 use self::nvml::{GpuSource, NvmlSource};
-use self::publish::Publisher;
+use self::publish::{NodeCapacity, Publisher};
 use self::report::{PodUsageHistory, PublishGate};
 
 #[derive(Clone, Debug, clap::Args)]
@@ -40,10 +41,10 @@ pub struct AgentArgs {
     #[arg(long, env = "PEAKFIT_AGENT_LISTEN", default_value = "0.0.0.0:9400")]
     pub listen: SocketAddr,
     /// How often to read the GPUs (e.g. `5s`, `500ms`).
-    #[arg(long, env = "PEAKFIT_POLL_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "PEAKFIT_POLL_INTERVAL", default_value = "5s", value_parser = parse_nonzero_duration)]
     pub poll_interval: Duration,
     /// Longest time between two writes of the report, even when nothing changed.
-    #[arg(long, env = "PEAKFIT_HEARTBEAT", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "PEAKFIT_HEARTBEAT", default_value = "30s", value_parser = parse_nonzero_duration)]
     pub heartbeat: Duration,
     /// The host's `/proc` (mounted into the pod), to find each GPU process's pod.
     #[arg(long, env = "PEAKFIT_PROC_ROOT", default_value = "/proc")]
@@ -60,21 +61,17 @@ pub struct AgentArgs {
     /// With `--print`: JSON instead of YAML.
     #[arg(long, env = "PEAKFIT_JSON")]
     pub json: bool,
-    /// Kubeconfig file (in-cluster configuration otherwise).
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-}
-
-/// Durations as `5s`, `500ms`, `1m30s` or ISO 8601 (`PT5S`).
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d: jiff::SignedDuration = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a duration like 5s or 500ms: {e}"))?;
-    let d = Duration::try_from(d).map_err(|_| format!("{s:?}: a duration must not be negative"))?;
-    if d.is_zero() {
-        return Err(format!("{s:?}: a duration must be more than zero"));
-    }
-    Ok(d)
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Extended resource to advertise the node's total GPU memory as, in MiB, on the Node's
+    /// status, for kube-scheduler's own fit and preemption; the webhook's `--gpu-memory-resource`
+    /// must name the same one. Empty: not advertised.
+    #[arg(
+        long,
+        env = "PEAKFIT_GPU_MEMORY_RESOURCE",
+        default_value = publish::DEFAULT_GPU_MEMORY_RESOURCE
+    )]
+    pub gpu_memory_resource: String,
 }
 
 /// One poll: read the GPUs, attribute processes to pods, build the status.
@@ -132,7 +129,7 @@ fn hostname() -> String {
 
 enum Sink {
     Print { json: bool },
-    Cluster(Box<Publisher>),
+    Cluster(Box<Publisher>, Box<Option<NodeCapacity>>),
 }
 
 impl Sink {
@@ -150,21 +147,19 @@ impl Sink {
                 out.flush()?;
                 Ok(())
             }
-            Sink::Cluster(publisher) => Ok(publisher.publish(status).await?),
+            Sink::Cluster(publisher, capacity) => {
+                publisher.publish(status).await?;
+                if let Some(capacity) = capacity.as_mut()
+                    && let Err(e) = capacity.advertise(status).await
+                {
+                    // The report is out; the extender places by it. Only preemption for GPU
+                    // memory waits for the next try.
+                    tracing::warn!("{:#}", anyhow::Error::from(e));
+                }
+                Ok(())
+            }
         }
     }
-}
-
-async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
-        }
-        None => kube::Config::infer().await?,
-    };
-    Ok(kube::Client::try_from(config)?)
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
@@ -179,8 +174,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let mut sink = if args.print {
         Sink::Print { json: args.json }
     } else {
-        let client = kube_client(args.kubeconfig.as_ref()).await?;
-        Sink::Cluster(Box::new(Publisher::new(client, &node)))
+        let client = args.client.client().await?;
+        let capacity = Some(args.gpu_memory_resource.trim())
+            .filter(|r| !r.is_empty())
+            .map(|r| NodeCapacity::new(client.clone(), &node, r));
+        Sink::Cluster(Box::new(Publisher::new(client, &node)), Box::new(capacity))
     };
     let mut poller = Poller::new(NvmlSource::new(&args.nvml_lib), &args.proc_root);
 
@@ -274,16 +272,6 @@ async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_parse_in_the_friendly_format() {
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        let err = parse_duration("fast").unwrap_err();
-        assert!(err.contains("\"fast\"") && err.contains("5s"), "{err}");
-        assert!(parse_duration("0s").unwrap_err().contains("more than zero"));
-    }
 
     #[test]
     fn the_printed_object_is_a_whole_node_gpu_report() {

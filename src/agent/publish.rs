@@ -5,6 +5,9 @@
 //! never pin old numbers. The object is applied once (it may not exist yet: a status patch on a
 //! missing object is a 404), then only the status subresource is written.
 
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -29,6 +32,85 @@ pub enum PublishError {
         #[source]
         source: kube::Error,
     },
+    #[error("advertising {resource} on the status of Node {name}")]
+    Capacity {
+        name: String,
+        resource: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The extended resource the chart advertises node-level GPU memory as, in MiB.
+pub const DEFAULT_GPU_MEMORY_RESOURCE: &str = "peakfit.io/gpu-memory-mib";
+
+/// Advertised again this often even when unchanged: a kubelet that re-registers its Node
+/// (a node object deleted and recreated) starts without it. Not every report: one Node write per
+/// node per heartbeat would wake every Node watcher in the cluster.
+const READVERTISE: Duration = Duration::from_secs(600);
+
+/// The node's GPU memory as an extended resource on the Node's status (capacity and
+/// allocatable; the kubelet keeps extended resources it does not manage), so that kube-scheduler's
+/// NodeResourcesFit and its preemption dry run see node-level GPU memory against what the webhook
+/// adds to each pod's requests. The extender still decides per GPU.
+pub struct NodeCapacity {
+    api: Api<Node>,
+    node: String,
+    resource: String,
+    advertised: Option<(u64, Instant)>,
+}
+
+impl NodeCapacity {
+    pub fn new(client: Client, node: impl Into<String>, resource: impl Into<String>) -> Self {
+        Self {
+            api: Api::all(client),
+            node: node.into(),
+            resource: resource.into(),
+            advertised: None,
+        }
+    }
+
+    /// Whole MiB of the node's schedulable GPU memory (MIG parents excluded), rounded down so the
+    /// scheduler never sees more than the extender will place.
+    pub fn mib(status: &NodeGpuReportStatus) -> u64 {
+        status.summary.total_bytes >> 20
+    }
+
+    /// Patches the Node when the amount changed (or `READVERTISE` passed). A node whose NVML is
+    /// down keeps what it advertised: the extender refuses it anyway, and a driver hiccup should
+    /// not make the scheduler see the node's pods as over its capacity.
+    pub async fn advertise(&mut self, status: &NodeGpuReportStatus) -> Result<(), PublishError> {
+        let mib = Self::mib(status);
+        if !status.nvml.up || mib == 0 {
+            return Ok(());
+        }
+        if let Some((was, at)) = self.advertised
+            && was == mib
+            && at.elapsed() < READVERTISE
+        {
+            return Ok(());
+        }
+        let value = mib.to_string();
+        let patch = json!({"status": {
+            "capacity": { &self.resource: value },
+            "allocatable": { &self.resource: value },
+        }});
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        self.api
+            .patch_status(&self.node, &params, &Patch::Merge(&patch))
+            .await
+            .map_err(|source| PublishError::Capacity {
+                name: self.node.clone(),
+                resource: self.resource.clone(),
+                source,
+            })?;
+        tracing::info!(node = %self.node, resource = %self.resource, mib, "advertised GPU memory on the Node");
+        self.advertised = Some((mib, Instant::now()));
+        Ok(())
+    }
 }
 
 pub struct Publisher {

@@ -1,4 +1,6 @@
-//! Writing a bind decision: annotate the pod with its GPUs, then create its Binding.
+//! Writing a bind decision: annotate the pod with its GPUs, then create its Binding; if the
+//! Binding fails, take back the annotations (while they are still ours) so that no stale
+//! `assigned-gpus` misleads the index.
 
 use std::collections::BTreeMap;
 
@@ -6,6 +8,9 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use parking_lot::Mutex;
+
+/// The field manager of every write the extender makes (pod annotations, Bindings, Node nudges).
+pub const FIELD_MANAGER: &str = "peakfit-extender";
 
 /// The pod to bind and where.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +37,12 @@ pub enum BindError {
         node: String,
         source: kube::Error,
     },
+    #[error("reading pod {namespace}/{name} from the API server failed: {source}")]
+    Read {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
 }
 
 /// Where bind's writes go: the API server, or memory (file mode, tests).
@@ -42,6 +53,16 @@ pub trait BindingWriter: Send + Sync {
         target: &'a BindTarget,
         annotations: &'a BTreeMap<String, String>,
     ) -> BoxFuture<'a, Result<(), BindError>>;
+
+    /// The pod as the API server has it now, for a bind that arrives before the watch delivered
+    /// the pod. `Ok(None)`: no such pod (or nothing to ask, as in file mode).
+    fn get_pod<'a>(
+        &'a self,
+        _namespace: &'a str,
+        _name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Pod>, BindError>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// Writes through the API server.
@@ -90,7 +111,10 @@ impl BindingWriter for KubeBinder {
                 }
                 pods.patch(
                     &target.name,
-                    &PatchParams::default(),
+                    &PatchParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..Default::default()
+                    },
                     &Patch::Merge(serde_json::json!({ "metadata": meta })),
                 )
                 .await
@@ -100,21 +124,96 @@ impl BindingWriter for KubeBinder {
                     source,
                 })?;
             }
-            pods.create_subresource::<_, kube::core::Status>(
-                "binding",
-                &target.name,
-                &PostParams::default(),
-                &binding_for(target),
-            )
-            .await
-            .map_err(|source| BindError::Bind {
-                namespace: target.namespace.clone(),
-                name: target.name.clone(),
-                node: target.node.clone(),
-                source,
-            })?;
-            Ok(())
+            let created = pods
+                .create_subresource::<_, kube::core::Status>(
+                    "binding",
+                    &target.name,
+                    &PostParams {
+                        field_manager: Some(FIELD_MANAGER.into()),
+                        ..Default::default()
+                    },
+                    &binding_for(target),
+                )
+                .await;
+            let Err(source) = created else { return Ok(()) };
+            if annotations.is_empty() {
+                return Err(bind_error(target, source));
+            }
+            match pods.get_opt(&target.name).await {
+                // Bound where we asked after all (a retried request that went through).
+                Ok(Some(pod)) if is_bound_to(&pod, target) => return Ok(()),
+                Ok(Some(_)) => take_back(&pods, target, annotations).await,
+                Ok(None) => {}
+                Err(e) => tracing::warn!(
+                    pod = %format!("{}/{}", target.namespace, target.name), error = %e,
+                    "the binding failed and the pod could not be read to take back its GPU annotations"
+                ),
+            }
+            Err(bind_error(target, source))
         })
+    }
+
+    fn get_pod<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Pod>, BindError>> {
+        Box::pin(async move {
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+            pods.get_opt(name).await.map_err(|source| BindError::Read {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                source,
+            })
+        })
+    }
+}
+
+fn bind_error(target: &BindTarget, source: kube::Error) -> BindError {
+    BindError::Bind {
+        namespace: target.namespace.clone(),
+        name: target.name.clone(),
+        node: target.node.clone(),
+        source,
+    }
+}
+
+fn is_bound_to(pod: &Pod, target: &BindTarget) -> bool {
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    let uid_ok = target.uid.is_none() || pod.metadata.uid == target.uid;
+    uid_ok && node == Some(target.node.as_str())
+}
+
+/// Removes the annotations bind wrote, each only while it still has the value written (a JSON
+/// patch `test` before each `remove`): a newer writer's values are left alone.
+async fn take_back(pods: &Api<Pod>, target: &BindTarget, annotations: &BTreeMap<String, String>) {
+    let ops: Vec<serde_json::Value> = annotations
+        .iter()
+        .flat_map(|(k, v)| {
+            let path = format!(
+                "/metadata/annotations/{}",
+                k.replace('~', "~0").replace('/', "~1")
+            );
+            [
+                serde_json::json!({ "op": "test", "path": path, "value": v }),
+                serde_json::json!({ "op": "remove", "path": path }),
+            ]
+        })
+        .collect();
+    let patch: json_patch::Patch =
+        serde_json::from_value(serde_json::Value::Array(ops)).expect("test and remove operations");
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    if let Err(e) = pods
+        .patch(&target.name, &params, &Patch::Json::<()>(patch))
+        .await
+    {
+        tracing::warn!(
+            pod = %format!("{}/{}", target.namespace, target.name), error = %e,
+            "the binding failed and the pod's GPU annotations could not be taken back"
+        );
     }
 }
 

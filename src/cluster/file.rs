@@ -82,6 +82,12 @@ pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
         }
         n += 1;
     }
+    if n == 0 {
+        tracing::warn!(
+            path = %p,
+            "the file holds no Node, Pod or NodeGpuReport: every node will be refused for lack of a GPU report"
+        );
+    }
     Ok(n)
 }
 
@@ -91,7 +97,24 @@ fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
             .map(|v| vec![v])
             .map_err(|e| e.to_string());
     }
-    serde_saphyr::from_multiple::<Value>(text).map_err(|e| e.to_string())
+    serde_saphyr::from_multiple_with_options::<Value>(text, trusted_file_options())
+        .map_err(|e| e.to_string())
+}
+
+/// serde-saphyr's default budget is for untrusted YAML and stops at 1,024 documents, 250,000
+/// nodes and a million events: a `List` of ~1,185 nodes × 8 GPUs. The file is the operator's
+/// own (as trusted as the kubeconfig), so the size budgets go; the nesting depth and the
+/// alias-expansion guards stay, since no real cluster dump needs those.
+fn trusted_file_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_documents = usize::MAX;
+    budget.max_nodes = usize::MAX;
+    budget.max_events = usize::MAX;
+    budget.max_total_scalar_bytes = usize::MAX;
+    budget.max_reader_input_bytes = None;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
 }
 
 /// Unwraps `List`s (and `*List`s) into their items; drops empty documents.

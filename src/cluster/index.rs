@@ -15,9 +15,12 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
 use crate::cluster::NodeGpuReport;
 use crate::cluster::resources::{HostRequest, allocatable_of, host_request_of};
-use crate::metrics::extender::{ExtenderMetrics, GpuLabels, NodeLabels, PodGpuLabels};
+use crate::metrics::extender::ReasonLabels;
 use crate::model::{self, AnnotationError, PodRequest};
 use crate::placement::ledger::shared_model;
 use crate::placement::memo::{ScoreMemo, fresh_id};
@@ -27,12 +30,7 @@ use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey};
 /// cost more than they save).
 pub const PARALLEL_FROM: usize = 256;
 
-/// Written by bind: the GPUs (UUIDs, comma separated).
-pub const ASSIGNED_GPUS: &str = "peakfit.io/assigned-gpus";
-/// Written by bind: bytes reserved on each assigned GPU.
-pub const RESERVED_BYTES: &str = "peakfit.io/reserved-bytes";
-/// Written by bind for fraction-budget engines: the share of the GPU to tell the engine.
-pub const GPU_MEMORY_FRACTION: &str = "peakfit.io/gpu-memory-fraction";
+pub use crate::model::annotations::{ASSIGNED_GPUS, GPU_MEMORY_FRACTION, RESERVED_BYTES};
 
 /// Where a pod's GPU memory is committed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,6 +78,20 @@ pub fn pod_request_of(pod: &Pod) -> Result<Option<PodRequest>, AnnotationError> 
     model::pod_request(pod.metadata.annotations.as_ref().unwrap_or(&EMPTY))
 }
 
+/// The largest `reserved-bytes` the index believes: the bound `peakfit.io/vram` has (1 EiB).
+/// Only bind writes the annotation, but anyone who can edit a pod can change it, and an
+/// unbounded value summed with others overflowed the ledger.
+pub const MAX_RESERVED_BYTES: u64 = 1 << 60;
+
+/// `reserved-bytes` as written by bind (plain decimal bytes), if within `MAX_RESERVED_BYTES`;
+/// otherwise `None`, so the pod's own request decides what it holds.
+fn reserved_bytes(v: &str) -> Option<u64> {
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|&b| b <= MAX_RESERVED_BYTES)
+}
+
 impl PodEntry {
     pub fn uid(&self) -> Option<&str> {
         self.has_uid.then_some(self.key.as_str())
@@ -98,7 +110,7 @@ impl PodEntry {
                     .collect(),
                 reserved_bytes: ann
                     .and_then(|a| a.get(RESERVED_BYTES))
-                    .and_then(|v| v.trim().parse().ok()),
+                    .and_then(|v| reserved_bytes(v)),
             })
             .filter(|a| !a.gpu_uuids.is_empty());
         let spec = pod.spec.as_ref();
@@ -165,16 +177,20 @@ impl ReportView {
                 .unwrap_or_else(|| "no reason given".into())
         });
         let mut models = Vec::new();
+        let mut uuids = std::collections::HashSet::new();
         let gpus = status
             .gpus
             .iter()
             .filter(|g| g.is_schedulable())
+            // Two entries for one GPU would let the node offer its memory twice: the first
+            // stands, the rest are dropped (and warned about by `apply_report`).
+            .filter(|g| uuids.insert(g.uuid.as_str()))
             .map(|g| {
                 let mut by_pod: Vec<(String, u64)> = Vec::new();
                 for p in &g.processes {
                     if let (Some(uid), Some(bytes)) = (&p.pod_uid, p.used_bytes) {
                         match by_pod.iter_mut().find(|(u, _)| u == uid) {
-                            Some((_, b)) => *b += bytes,
+                            Some((_, b)) => *b = b.saturating_add(bytes),
                             None => by_pod.push((uid.clone(), bytes)),
                         }
                     }
@@ -209,8 +225,9 @@ pub struct NodeState {
     /// A new `memo::fresh_id()` whenever `ledger` is rebuilt: the key under which scores of this
     /// ledger are remembered.
     version: u64,
-    emitted_gpus: Vec<GpuLabels>,
-    emitted_pods: Vec<PodGpuLabels>,
+    /// Pods whose assigned GPUs the report lacks, already warned about (warn once per pod, not
+    /// on every rebuild).
+    unreported_assignments: BTreeSet<PodKey>,
 }
 
 /// One node: its state, and the lock bind holds across the API calls.
@@ -234,8 +251,7 @@ impl NodeSlot {
                 pods: BTreeSet::new(),
                 ledger: NodeLedger::new(name),
                 version: fresh_id(),
-                emitted_gpus: Vec::new(),
-                emitted_pods: Vec::new(),
+                unreported_assignments: BTreeSet::new(),
             }),
             scores: Mutex::new(ScoreMemo::default()),
         }
@@ -268,7 +284,6 @@ pub struct Index {
     /// against chosen keys buys nothing for node names the API server hands out.
     nodes: RwLock<HashMap<String, Arc<NodeSlot>, foldhash::fast::RandomState>>,
     pods: RwLock<PodTable>,
-    metrics: Option<Arc<ExtenderMetrics>>,
     /// Nodes whose ledger was rebuilt since the last `take_changed`, for the prescorer to
     /// rescore only those. `None` until someone asks (`track_changes`), so that without a
     /// consumer it does not grow.
@@ -276,6 +291,9 @@ pub struct Index {
     /// GPUs per model over every node's ledger, and a counter bumped whenever it changes, so
     /// the shape mix's model pressure follows the cluster's capacity.
     gpu_capacity: Mutex<(u64, BTreeMap<String, u64>)>,
+    /// Cluster objects refused or repaired, by reason; exported as
+    /// `peakfit_index_warnings_total` (`metrics::extender::ExtenderMetrics::with_index`).
+    warnings: Family<ReasonLabels, Counter>,
 }
 
 impl std::fmt::Debug for Index {
@@ -290,14 +308,6 @@ impl std::fmt::Debug for Index {
 impl Index {
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// An index that keeps the ledger gauges of `metrics` current as nodes change.
-    pub fn with_metrics(metrics: Arc<ExtenderMetrics>) -> Self {
-        Self {
-            metrics: Some(metrics),
-            ..Self::default()
-        }
     }
 
     /// From now on, remember which nodes change (see `take_changed`).
@@ -320,9 +330,23 @@ impl Index {
         names.iter().filter_map(|n| nodes.get(n).cloned()).collect()
     }
 
-    /// The metrics this index keeps current, for the server to expose with its own.
-    pub fn metrics(&self) -> Option<Arc<ExtenderMetrics>> {
-        self.metrics.clone()
+    /// Reads every node's state, one node at a time, with a lookup from a reserved pod's key to
+    /// its (namespace, name): what the metrics collector (`metrics::extender::IndexCollector`)
+    /// reads at scrape time, so no series outlives the node, GPU or pod it describes.
+    pub fn visit_nodes(
+        &self,
+        mut f: impl FnMut(&NodeState, &dyn Fn(&str) -> Option<(String, String)>),
+    ) {
+        for slot in self.all_slots() {
+            // The order every writer takes them in (`rebuild`): the pods, then the node.
+            let pods = self.pods.read();
+            let st = slot.state.read();
+            f(&st, &|key| {
+                pods.by_key
+                    .get(key)
+                    .map(|p| (p.namespace.clone(), p.name.clone()))
+            });
+        }
     }
 
     pub fn node(&self, name: &str) -> Option<Arc<NodeSlot>> {
@@ -416,7 +440,6 @@ impl Index {
         };
         if empty {
             self.nodes.write().remove(name);
-            self.forget_series(&slot);
         }
     }
 
@@ -429,6 +452,17 @@ impl Index {
             return;
         }
         let view = ReportView::from_report(report);
+        let listed = report
+            .status
+            .as_ref()
+            .map_or(0, |s| s.gpus.iter().filter(|g| g.is_schedulable()).count());
+        if listed > view.gpus.len() {
+            tracing::warn!(
+                node = %name, duplicates = listed - view.gpus.len(),
+                "the GPU report lists a GPU UUID more than once; only its first entry is used"
+            );
+            self.warn_metric("duplicate_gpu_uuid");
+        }
         let slot = self.slot(name);
         let pods = self.pods.read();
         let mut st = slot.state.write();
@@ -454,7 +488,22 @@ impl Index {
         if let Some(Err(e)) = Some(pod_request_of(pod)).filter(|r| r.is_err()) {
             tracing::debug!(pod = ?pod.metadata.name, error = %e, "pod has an invalid peakfit annotation");
         }
-        self.upsert(PodEntry::from_pod(pod));
+        let entry = PodEntry::from_pod(pod);
+        let raw = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RESERVED_BYTES));
+        if let (Some(raw), Some(a)) = (raw, &entry.assignment)
+            && a.reserved_bytes.is_none()
+        {
+            tracing::warn!(
+                pod = %entry.name, namespace = %entry.namespace, value = %raw,
+                "{RESERVED_BYTES} is not a whole number of bytes up to 2^60; the pod's own request is reserved instead"
+            );
+            self.warn_metric("reserved_bytes_invalid");
+        }
+        self.upsert(entry);
     }
 
     fn upsert(&self, mut entry: PodEntry) {
@@ -469,11 +518,29 @@ impl Index {
         let mut pods = self.pods.write();
         let old = pods.by_key.remove(&entry.key);
         if let Some(old) = &old {
-            // Keep what our own bind recorded until the watch shows the pod's annotations.
-            if old.bound_here && entry.assignment.is_none() {
-                entry.assignment = old.assignment.clone();
-                entry.node = entry.node.clone().or(old.node.clone());
+            // Keep what our own bind recorded until the watch shows both the pod's annotations
+            // and its node: the annotations arrive first, and dropping the node then would free
+            // its GPUs while the Binding is still on its way.
+            if old.bound_here && (entry.assignment.is_none() || entry.node.is_none()) {
+                entry.assignment = entry.assignment.take().or(old.assignment.clone());
+                entry.node = entry.node.take().or(old.node.clone());
                 entry.bound_here = true;
+            } else if !entry.bound_here
+                && old.node.is_some()
+                && old.node == entry.node
+                && old.assignment.is_some()
+                && entry.assignment != old.assignment
+            {
+                // From the watch (our own bind's record passes): the GPUs a bound pod runs on
+                // were fixed when its containers started; an annotation edited afterwards (webhook and policy refuse it, but an API server
+                // without them does not) would move its memory in the ledger onto GPUs it does
+                // not use and free the ones it does.
+                tracing::warn!(
+                    namespace = %entry.namespace, pod = %entry.name,
+                    "assignment annotations of a bound pod changed; keeping the first"
+                );
+                entry.assignment = old.assignment.clone();
+                entry.bound_here = old.bound_here;
             }
             if (&old.namespace, &old.name) != (&entry.namespace, &entry.name) {
                 pods.by_name
@@ -537,8 +604,9 @@ impl Index {
         pods.by_key.get(key).map(|p| PodEntry::clone(p))
     }
 
-    /// Bind's commit: the pod now holds `assignment` on `node`. Call with the node's bind lock
-    /// held and only after the API server accepted the binding.
+    /// Bind's commit: the pod now holds `assignment` on `node`. Bind calls it with the node's
+    /// bind lock held as soon as it has chosen the GPUs, before its API calls, so that filter
+    /// counts binds in flight; `revert_binding` undoes it when the API server refuses.
     pub fn record_binding(&self, key: &str, node: &str, assignment: Option<Assignment>) {
         let mut entry = match self.pods.read().by_key.get(key) {
             Some(e) => PodEntry::clone(e),
@@ -550,6 +618,26 @@ impl Index {
             entry.bound_here = true;
         }
         self.upsert(entry);
+    }
+
+    /// Undoes a `record_binding` made while the bind was in flight, when the API server refused
+    /// it: the pod is indexed as `before` again and its node's memory is released.
+    pub fn revert_binding(&self, before: PodEntry) {
+        if let Some(e) = self.pods.write().by_key.get_mut(&before.key) {
+            // Not "bound here" any more, so `upsert` takes `before` as it is.
+            e.bound_here = false;
+            e.assignment = None;
+        }
+        self.upsert(before);
+    }
+
+    fn warn_metric(&self, reason: &'static str) {
+        self.warnings.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// The warning counters, for the metrics registry to export.
+    pub fn warnings(&self) -> &Family<ReasonLabels, Counter> {
+        &self.warnings
     }
 
     /// Rebuilds one node's ledger from its report and its pods: O(pods on the node × GPUs).
@@ -576,21 +664,47 @@ impl Index {
                 .iter()
                 .map(|g| GpuLedger::new(g.uuid.clone(), g.total).with_model(g.model.clone()))
                 .collect();
+            let mut unreported = BTreeSet::new();
             for key in &st.pods {
                 let Some(pod) = pods.get(key) else { continue };
                 let Some(a) = &pod.assignment else { continue };
+                let mut missing = 0;
                 for uuid in &a.gpu_uuids {
-                    let Some(gpu) = ledger.gpus.iter_mut().find(|g| &g.uuid == uuid) else {
-                        tracing::debug!(node = %name, pod = %pod.name, %uuid, "assigned GPU not in the node's report");
-                        continue;
-                    };
-                    let predicted = a.reserved_bytes.unwrap_or_else(|| match &pod.request {
-                        Ok(Some(r)) => r.demand.bytes_on(gpu.total_bytes),
-                        _ => 0,
-                    });
-                    gpu.reserve(key, predicted);
+                    match ledger.gpus.iter().position(|g| &g.uuid == uuid) {
+                        Some(i) => reserve_for(&mut ledger.gpus[i], key, pod, a),
+                        None => missing += 1,
+                    }
+                }
+                // The pod runs here on GPUs the report does not list (a GPU fell out of the
+                // report, or the annotation was edited): its memory is still in use, so charge it
+                // to the node's largest GPUs it does not hold already, rather than call the node
+                // emptier than it is. Refusing the whole node instead would let one bad pod
+                // block every other pod there.
+                for _ in 0..missing {
+                    let spare = ledger
+                        .gpus
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, g)| g.reservation(key).is_none())
+                        .max_by_key(|(_, g)| (g.total_bytes, g.free_bytes()))
+                        .map(|(i, _)| i);
+                    if let Some(i) = spare {
+                        reserve_for(&mut ledger.gpus[i], key, pod, a);
+                    }
+                }
+                if missing > 0 {
+                    unreported.insert(key.clone());
+                    if !st.unreported_assignments.contains(key) {
+                        tracing::warn!(
+                            node = %name, pod = %pod.name, namespace = %pod.namespace, missing,
+                            assigned = %a.gpu_uuids.join(","),
+                            "the pod's assigned GPUs are not in the node's report; charged to the node's largest GPUs"
+                        );
+                        self.warn_metric("assigned_gpu_not_reported");
+                    }
                 }
             }
+            st.unreported_assignments = unreported;
             // Placement's rule: use by pods with a reservation on the device is theirs,
             // everything else the device uses is unattributed.
             for (gpu, seen) in ledger.gpus.iter_mut().zip(&report.gpus) {
@@ -626,52 +740,6 @@ impl Index {
         if let Some(changed) = self.changed.lock().as_mut() {
             changed.insert(name);
         }
-        if let Some(m) = &self.metrics {
-            publish(m, st, pods);
-        }
-    }
-
-    fn forget_series(&self, slot: &NodeSlot) {
-        if let Some(m) = &self.metrics {
-            let mut st = slot.state.write();
-            for l in st.emitted_gpus.drain(..) {
-                m.gpu_total.remove(&l);
-                m.gpu_committed.remove(&l);
-                m.gpu_observed.remove(&l);
-                m.gpu_free.remove(&l);
-            }
-            for l in st.emitted_pods.drain(..) {
-                m.pod_predicted.remove(&l);
-                m.pod_observed.remove(&l);
-            }
-            let node = NodeLabels {
-                node: st.ledger.name.clone(),
-            };
-            m.node_fragmentation.remove(&node);
-            m.node_report_age.remove(&node);
-        }
-    }
-
-    /// Sets the report-age gauges (they grow with time, so they are written at scrape).
-    pub fn refresh_age_gauges(&self, now_unix: i64) {
-        let Some(m) = &self.metrics else { return };
-        let slots: Vec<Arc<NodeSlot>> = self.nodes.read().values().cloned().collect();
-        for slot in slots {
-            let st = slot.state.read();
-            let labels = NodeLabels {
-                node: st.ledger.name.clone(),
-            };
-            match st.ledger.observed_at_unix {
-                Some(at) => {
-                    m.node_report_age
-                        .get_or_create(&labels)
-                        .set((now_unix - at) as f64);
-                }
-                None => {
-                    m.node_report_age.remove(&labels);
-                }
-            }
-        }
     }
 }
 
@@ -692,60 +760,14 @@ pub fn free_outside_largest_gpu_ratio(ledger: &NodeLedger) -> f64 {
     }
 }
 
-fn publish(m: &ExtenderMetrics, st: &mut NodeState, pods: &HashMap<PodKey, Box<PodEntry>>) {
-    let node = st.ledger.name.clone();
-    let mut gpus = Vec::with_capacity(st.ledger.gpus.len());
-    let mut pod_series = Vec::new();
-    for g in &st.ledger.gpus {
-        let l = GpuLabels {
-            node: node.clone(),
-            uuid: g.uuid.clone(),
-        };
-        m.gpu_total.get_or_create(&l).set(g.total_bytes as i64);
-        m.gpu_committed
-            .get_or_create(&l)
-            .set(g.committed_bytes() as i64);
-        m.gpu_observed
-            .get_or_create(&l)
-            .set(g.observed_bytes() as i64);
-        m.gpu_free.get_or_create(&l).set(g.free_bytes() as i64);
-        gpus.push(l);
-        for (key, r) in g.reservations() {
-            let Some(p) = pods.get(key) else { continue };
-            let l = PodGpuLabels {
-                namespace: p.namespace.clone(),
-                pod: p.name.clone(),
-                node: node.clone(),
-                uuid: g.uuid.clone(),
-            };
-            m.pod_predicted
-                .get_or_create(&l)
-                .set(r.predicted_bytes as i64);
-            m.pod_observed
-                .get_or_create(&l)
-                .set(r.observed_bytes as i64);
-            pod_series.push(l);
-        }
-    }
-    for l in st.emitted_gpus.drain(..) {
-        if !gpus.contains(&l) {
-            m.gpu_total.remove(&l);
-            m.gpu_committed.remove(&l);
-            m.gpu_observed.remove(&l);
-            m.gpu_free.remove(&l);
-        }
-    }
-    for l in st.emitted_pods.drain(..) {
-        if !pod_series.contains(&l) {
-            m.pod_predicted.remove(&l);
-            m.pod_observed.remove(&l);
-        }
-    }
-    st.emitted_gpus = gpus;
-    st.emitted_pods = pod_series;
-    m.node_fragmentation
-        .get_or_create(&NodeLabels { node })
-        .set(free_outside_largest_gpu_ratio(&st.ledger));
+/// A reservation of `pod` on `gpu`: its recorded `reserved-bytes`, or what its request needs on
+/// a GPU of that size.
+fn reserve_for(gpu: &mut GpuLedger, key: &str, pod: &PodEntry, a: &Assignment) {
+    let predicted = a.reserved_bytes.unwrap_or_else(|| match &pod.request {
+        Ok(Some(r)) => r.demand.bytes_on(gpu.total_bytes),
+        _ => 0,
+    });
+    gpu.reserve(key, predicted);
 }
 
 #[cfg(test)]
@@ -834,6 +856,122 @@ pub(crate) mod tests {
 
     fn ledger(index: &Index, node: &str) -> NodeLedger {
         index.node(node).unwrap().read().ledger.clone()
+    }
+
+    fn warnings(index: &Index, reason: &'static str) -> u64 {
+        index
+            .warnings()
+            .get_or_create(&ReasonLabels { reason })
+            .get()
+    }
+
+    /// The probe: two pods with `reserved-bytes: 18446744073709551615` overflowed the ledger.
+    #[test]
+    fn reserved_bytes_beyond_the_vram_bound_fall_back_to_the_request() {
+        let index = Index::new();
+        index.apply_report(&mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]));
+        for uid in ["u1", "u2"] {
+            index.apply_pod(&mk_pod(
+                uid,
+                Some("n1"),
+                &[
+                    ("peakfit.io/vram", "10Gi"),
+                    (ASSIGNED_GPUS, "GPU-a"),
+                    (RESERVED_BYTES, &u64::MAX.to_string()),
+                ],
+            ));
+        }
+        let l = ledger(&index, "n1");
+        assert_eq!(l.gpus[0].committed_bytes(), 20 * GIB);
+        assert_eq!(warnings(&index, "reserved_bytes_invalid"), 2);
+        // At the bound it is believed (and the sums saturate rather than overflow).
+        index.apply_pod(&mk_pod(
+            "u3",
+            Some("n1"),
+            &[
+                (ASSIGNED_GPUS, "GPU-a"),
+                (RESERVED_BYTES, &MAX_RESERVED_BYTES.to_string()),
+            ],
+        ));
+        assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 0);
+    }
+
+    #[test]
+    fn assigned_gpus_missing_from_the_report_are_charged_to_the_largest_gpus() {
+        let index = Index::new();
+        index.apply_report(&mk_report(
+            "n1",
+            &[
+                ("GPU-small", 24 * GIB, 0, &[]),
+                ("GPU-big", 80 * GIB, 0, &[]),
+                ("GPU-held", 80 * GIB, 0, &[]),
+            ],
+        ));
+        let pod = mk_pod(
+            "u1",
+            Some("n1"),
+            &[
+                (ASSIGNED_GPUS, "GPU-held,GPU-gone"),
+                (RESERVED_BYTES, &(30 * GIB).to_string()),
+            ],
+        );
+        index.apply_pod(&pod);
+        let l = ledger(&index, "n1");
+        // GPU-held has its own share; GPU-gone's share lands on the largest other GPU.
+        let free: Vec<u64> = l.gpus.iter().map(|g| g.free_bytes() / GIB).collect();
+        assert_eq!(free, [24, 50, 50]);
+        assert_eq!(warnings(&index, "assigned_gpu_not_reported"), 1);
+        // Rebuilt by a new report: still charged, warned once.
+        index.apply_report(&mk_report(
+            "n1",
+            &[
+                ("GPU-small", 24 * GIB, 0, &[]),
+                ("GPU-big", 80 * GIB, 0, &[]),
+                ("GPU-held", 80 * GIB, 0, &[]),
+            ],
+        ));
+        assert_eq!(ledger(&index, "n1").gpus[1].free_bytes(), 50 * GIB);
+        assert_eq!(warnings(&index, "assigned_gpu_not_reported"), 1);
+        index.delete_pod(&pod);
+        assert!(
+            ledger(&index, "n1")
+                .gpus
+                .iter()
+                .all(|g| g.committed_bytes() == 0)
+        );
+    }
+
+    #[test]
+    fn a_report_listing_a_gpu_twice_offers_it_once() {
+        let index = Index::new();
+        index.apply_report(&mk_report(
+            "n1",
+            &[
+                ("GPU-a", 80 * GIB, 0, &[]),
+                ("GPU-a", 80 * GIB, 0, &[]),
+                ("GPU-b", 80 * GIB, 0, &[]),
+            ],
+        ));
+        let uuids: Vec<String> = ledger(&index, "n1")
+            .gpus
+            .into_iter()
+            .map(|g| g.uuid)
+            .collect();
+        assert_eq!(uuids, ["GPU-a", "GPU-b"]);
+        assert_eq!(warnings(&index, "duplicate_gpu_uuid"), 1);
+    }
+
+    #[test]
+    fn byte_gauges_above_i64_max_clamp_instead_of_going_negative() {
+        let index = Arc::new(Index::new());
+        let m = crate::metrics::extender::ExtenderMetrics::with_index(index.clone(), || 0);
+        index.apply_report(&mk_report("n1", &[("GPU-a", u64::MAX, 0, &[])]));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
+        for family in ["ledger_gpu_total_bytes", "ledger_gpu_free_bytes"] {
+            let series = format!(r#"peakfit_{family}{{node="n1",uuid="GPU-a"}} {}"#, i64::MAX);
+            assert!(text.contains(&series), "{series} not in {text}");
+        }
     }
 
     #[test]
@@ -950,6 +1088,48 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_bound_pod_keeps_its_first_assignment() {
+        let index = Index::new();
+        index.apply_node(&mk_node("n"));
+        index.apply_report(&mk_report(
+            "n",
+            &[("GPU-a", 24 * GIB, 0, &[]), ("GPU-b", 24 * GIB, 0, &[])],
+        ));
+        let bound = |gpu: &str, bytes: &str| {
+            mk_pod(
+                "p1",
+                Some("n"),
+                &[
+                    ("peakfit.io/vram", "20Gi"),
+                    (ASSIGNED_GPUS, gpu),
+                    (RESERVED_BYTES, bytes),
+                ],
+            )
+        };
+        index.apply_pod(&bound("GPU-a", &(20 * GIB).to_string()));
+        // `kubectl annotate --overwrite` onto the other GPU with a token reservation.
+        index.apply_pod(&bound("GPU-b", "1"));
+        let l = ledger(&index, "n");
+        assert_eq!(l.gpus[0].committed_bytes(), 20 * GIB);
+        assert_eq!(l.gpus[1].committed_bytes(), 0);
+        // Not yet bound, bind may still rewrite it.
+        let pending = |gpu: &str, node| {
+            mk_pod(
+                "p2",
+                node,
+                &[
+                    ("peakfit.io/vram", "1Gi"),
+                    (ASSIGNED_GPUS, gpu),
+                    (RESERVED_BYTES, "5"),
+                ],
+            )
+        };
+        index.apply_pod(&pending("GPU-a", None));
+        index.apply_pod(&pending("GPU-b", Some("n")));
+        assert_eq!(ledger(&index, "n").gpus[1].committed_bytes(), 5);
+    }
+
+    #[test]
     fn a_finished_pod_releases_its_gpu() {
         let index = Index::new();
         index.apply_report(&mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]));
@@ -1052,8 +1232,8 @@ pub(crate) mod tests {
 
     #[test]
     fn metrics_follow_the_ledger() {
-        let m = Arc::new(ExtenderMetrics::new());
-        let index = Index::with_metrics(m.clone());
+        let index = Arc::new(Index::new());
+        let m = crate::metrics::extender::ExtenderMetrics::with_index(index.clone(), || 0);
         index.apply_report(&mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]));
         let p = mk_pod(
             "u1",

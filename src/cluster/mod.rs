@@ -1,5 +1,6 @@
 //! Kubernetes glue: the CRD type, the index the extender answers from, the watches (or the file)
-//! that feed it, and the binding writer.
+//! that feed it with their readiness gate, and the binding writer. It may not use the extender:
+//! the extender reads the index, never the other way round.
 
 pub mod binding;
 pub mod file;
@@ -12,6 +13,5 @@ pub use report::{NodeGpuReport, NodeGpuReportSpec};
 
 /// The CRD as YAML, what `peakfit crd` prints and the Helm chart ships (checked in sync by CI).
 pub fn crd_yaml() -> anyhow::Result<String> {
-    use kube::CustomResourceExt;
-    Ok(serde_saphyr::to_string(&NodeGpuReport::crd())?)
+    Ok(serde_saphyr::to_string(&report::crd())?)
 }

@@ -26,3 +26,49 @@ pub struct NodeGpuReportSpec {
     /// The node this report describes (equal to `metadata.name`).
     pub node_name: String,
 }
+
+/// The CRD `peakfit crd` prints and the chart ships: schemars' schema, less the `format`s
+/// Kubernetes does not know (`uint64`, `uint32`, …, from Rust's unsigned integers), which make
+/// `kubectl apply` warn `unrecognized format` on every field. The type (`integer`) stays.
+pub fn crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    use kube::CustomResourceExt;
+    let mut value = serde_json::to_value(NodeGpuReport::crd()).expect("a CRD serialises to JSON");
+    strip_unknown_formats(&mut value);
+    serde_json::from_value(value).expect("stripping formats keeps a valid CRD")
+}
+
+/// The formats the API server's OpenAPI validation knows for integers and numbers.
+const KNOWN_NUMBER_FORMATS: &[&str] = &["int32", "int64", "float", "double"];
+
+fn strip_unknown_formats(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            let numeric = matches!(
+                m.get("type").and_then(|t| t.as_str()),
+                Some("integer" | "number")
+            );
+            if numeric
+                && m.get("format")
+                    .and_then(|f| f.as_str())
+                    .is_some_and(|f| !KNOWN_NUMBER_FORMATS.contains(&f))
+            {
+                m.remove("format");
+            }
+            m.values_mut().for_each(strip_unknown_formats);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_unknown_formats),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_crd_has_no_format_kubernetes_does_not_know() {
+        let text = serde_json::to_string(&super::crd()).unwrap();
+        assert!(!text.contains("uint"), "{text}");
+        // The integer fields are still integers.
+        assert!(text.contains(r#""type":"integer""#));
+    }
+}

@@ -1,8 +1,8 @@
 //! Cluster mode: watches on Nodes, Pods and NodeGpuReports feed the index one event at a time.
 
 use std::collections::HashSet;
-use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -11,22 +11,35 @@ use kube::{Api, Client, Resource, ResourceExt};
 
 use super::NodeGpuReport;
 use super::index::{Index, pod_key};
-use crate::extender::Readiness;
+
+/// Ready once every watch has listed its objects (kubert's `Initialized` gate): until then the
+/// index could call a busy node free.
+#[derive(Clone, Debug, Default)]
+pub struct Readiness {
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Readiness {
+    /// A gate that opens after `n` calls to [`Readiness::synced`].
+    pub fn waiting_for(n: usize) -> Self {
+        Self {
+            waiting: Arc::new(AtomicUsize::new(n)),
+        }
+    }
+
+    pub fn synced(&self) {
+        let _ = self
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) == 0
+    }
+}
 
 /// How many watches must list before the extender is ready.
 pub const WATCHES: usize = 3;
-
-/// A client from `kubeconfig`, or the in-cluster configuration (then `KUBECONFIG`/defaults).
-pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
-        }
-        None => kube::Config::infer().await?,
-    };
-    Ok(Client::try_from(config)?)
-}
 
 /// How one kind of object enters and leaves the index.
 trait Indexed: Resource + Clone + std::fmt::Debug + Send + 'static {
@@ -139,25 +152,39 @@ where
     }
 }
 
-/// Starts the three watches; `readiness` opens once each has listed.
+/// Starts the three watches, each in its own `watch` span naming its kind; `readiness` opens
+/// once each has listed.
 pub fn spawn(client: Client, index: Arc<Index>, readiness: Readiness) {
-    tokio::spawn(run_watch::<Node>(
-        Api::all(client.clone()),
-        index.clone(),
-        readiness.clone(),
-    ));
-    tokio::spawn(run_watch::<NodeGpuReport>(
-        Api::all(client.clone()),
-        index.clone(),
-        readiness.clone(),
-    ));
-    tokio::spawn(run_watch::<Pod>(Api::all(client), index, readiness));
+    use tracing::Instrument as _;
+    tokio::spawn(
+        run_watch::<Node>(Api::all(client.clone()), index.clone(), readiness.clone())
+            .instrument(tracing::info_span!("watch", kind = "Node")),
+    );
+    tokio::spawn(
+        run_watch::<NodeGpuReport>(Api::all(client.clone()), index.clone(), readiness.clone())
+            .instrument(tracing::info_span!("watch", kind = "NodeGpuReport")),
+    );
+    tokio::spawn(
+        run_watch::<Pod>(Api::all(client), index, readiness)
+            .instrument(tracing::info_span!("watch", kind = "Pod")),
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cluster::index::tests::{mk_pod, mk_report};
+
+    #[test]
+    fn readiness_opens_after_every_watch() {
+        let r = Readiness::waiting_for(2);
+        assert!(!r.is_ready());
+        r.synced();
+        assert!(!r.is_ready());
+        r.synced();
+        r.synced();
+        assert!(r.is_ready());
+    }
 
     #[test]
     fn a_relist_deletes_what_disappeared_while_disconnected() {

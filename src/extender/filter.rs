@@ -26,6 +26,7 @@ impl Candidates {
         let pod = args
             .pod
             .ok_or("the request has no Pod (field `Pod` is null or missing)")?;
+        super::record_pod(&pod);
         let c = match (args.node_names, args.nodes) {
             (Some(names), _) => Self::Names(names),
             (None, Some(nodes)) => Self::Nodes(nodes),
@@ -137,6 +138,7 @@ pub fn resolvable_by_preemption(
 }
 
 impl Extender {
+    #[tracing::instrument(skip_all, fields(verb = "filter", pod))]
     pub fn filter(&self, args: ExtenderArgs) -> ExtenderFilterResult {
         let (pod, candidates) = match Candidates::from_args(args) {
             Ok(x) => x,

@@ -1,8 +1,10 @@
 //! The scheduler extender: kube-scheduler's filter, prioritize, bind and preempt over HTTP,
-//! answered from the index's per-node ledgers.
+//! answered from the index's per-node ledgers. It may not watch the cluster (`cluster` feeds the
+//! index) nor write a Pod except through `cluster::binding`; bind records its own decision only.
 
 pub mod bind;
 pub mod filter;
+pub mod nudge;
 pub mod preempt;
 pub mod prescore;
 pub mod prioritize;
@@ -13,13 +15,15 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use parking_lot::Mutex;
 
+use crate::cli::{ClientArgs, parse_duration};
 use crate::cluster::binding::{BindingWriter, KubeBinder, MemoryBinder};
 use crate::cluster::index::Index;
+pub use crate::cluster::watch::Readiness;
 use crate::metrics::extender::{ExtenderMetrics, ReasonLabels};
 use crate::placement::memo::ClassIds;
 use crate::placement::{FitConfig, PodClass, PodKey, ScoringPolicy, ShapeStats};
@@ -33,9 +37,8 @@ pub struct ExtenderArgs {
     /// the kubelet's probes while the verbs stay on loopback (off unless set).
     #[arg(long, env = "PEAKFIT_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
-    /// Kubeconfig to use; in-cluster configuration otherwise.
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub client: ClientArgs,
     /// Serve from a file of Node, Pod and NodeGpuReport objects (a `List` or multi-document
     /// YAML) instead of a cluster; bind then records in memory and logs.
     #[arg(long, env = "PEAKFIT_FROM_FILE")]
@@ -52,13 +55,81 @@ pub struct ExtenderArgs {
     #[arg(long, env = "PEAKFIT_SAFETY_MARGIN", default_value = "256Mi", value_parser = parse_bytes)]
     pub safety_margin: u64,
     /// A node whose GPU report is older than this is not schedulable (e.g. `120s`, `2m`).
-    #[arg(long, env = "PEAKFIT_MAX_REPORT_AGE", default_value = "120s", value_parser = parse_seconds)]
-    pub max_report_age: i64,
-    /// How often, in milliseconds, a background thread scores the workload's usual pod classes
-    /// on nodes that changed, so prioritize answers the first pod of a new run from memory
-    /// (0: never).
-    #[arg(long, env = "PEAKFIT_PRESCORE_INTERVAL_MS", default_value_t = 100)]
-    pub prescore_interval_ms: u64,
+    /// Ignored with --from-file: a file is a snapshot, and the age of its reports says nothing
+    /// about live agents.
+    #[arg(long, env = "PEAKFIT_MAX_REPORT_AGE", default_value = "120s", value_parser = parse_duration)]
+    pub max_report_age: Duration,
+    /// How often a background thread scores the workload's usual pod classes on nodes that
+    /// changed, so prioritize answers the first pod of a new run from memory (e.g. `100ms`;
+    /// `0`: never).
+    #[arg(long, env = "PEAKFIT_PRESCORE_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
+    pub prescore_interval: Duration,
+    /// While pods wait, how often to look for nodes that gained GPU memory or a fresh report and
+    /// annotate them (`peakfit.io/capacity-changed-at`) so kube-scheduler retries the waiting
+    /// pods at once instead of after its 5-minute flush (`0`: never). Cluster mode only; needs
+    /// `patch` on nodes.
+    #[arg(long, env = "PEAKFIT_NUDGE_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub nudge_interval: Duration,
+    /// The largest request body read (Kubernetes quantity). The largest real request, a
+    /// full-node filter for 5,000 Nodes, is about 6 MiB; a larger body gets a 413.
+    #[arg(long, env = "PEAKFIT_MAX_BODY_BYTES", default_value = "32Mi", value_parser = parse_bytes)]
+    pub max_body_bytes: u64,
+    /// Request bytes being read or answered at once, all requests together: a request waits
+    /// (up to --body-timeout, then 503) for room, so memory stays bounded however many large
+    /// requests arrive together. At least --max-body-bytes. A request without Content-Length
+    /// counts as --max-body-bytes (kube-scheduler always sends one).
+    #[arg(long, env = "PEAKFIT_MAX_BODY_BYTES_IN_FLIGHT", default_value = "64Mi", value_parser = parse_bytes)]
+    pub max_body_bytes_in_flight: u64,
+    #[command(flatten)]
+    pub serve: crate::serve::ServeArgs,
+}
+
+/// How much request body the extender reads: per request, and all requests together.
+#[derive(Debug)]
+pub struct BodyLimits {
+    pub max_bytes: usize,
+    pub in_flight_bytes: usize,
+    pub timeout: std::time::Duration,
+    /// The in-flight budget in KiB (a semaphore's permits are counted in `u32`).
+    budget: Arc<tokio::sync::Semaphore>,
+    budget_kib: u32,
+}
+
+impl BodyLimits {
+    /// `in_flight_bytes` is raised to `max_bytes` if smaller: a request the limit admits must be
+    /// able to run.
+    pub fn new(max_bytes: u64, in_flight_bytes: u64, timeout: std::time::Duration) -> Self {
+        let max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+        let in_flight_bytes = usize::try_from(in_flight_bytes)
+            .unwrap_or(usize::MAX)
+            .max(max_bytes);
+        let budget_kib = u32::try_from(in_flight_bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS as u32);
+        Self {
+            max_bytes,
+            in_flight_bytes,
+            timeout,
+            budget: Arc::new(tokio::sync::Semaphore::new(budget_kib as usize)),
+            budget_kib,
+        }
+    }
+
+    /// Waits until `bytes` more fit in the budget; the share returns when the permit drops.
+    pub async fn reserve(&self, bytes: usize) -> tokio::sync::OwnedSemaphorePermit {
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        self.budget
+            .clone()
+            .acquire_many_owned(kib.clamp(1, self.budget_kib))
+            .await
+            .expect("the budget semaphore is never closed")
+    }
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        Self::new(32 << 20, 64 << 20, std::time::Duration::from_secs(30))
+    }
 }
 
 /// A byte quantity in Kubernetes syntax (`256Mi`, `1G`, `1073741824`).
@@ -78,42 +149,17 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     crate::model::quantity::parse_bytes(s).map_err(|e| e.to_string())
 }
 
-/// A duration such as `120s`, `2m` or `1h` in whole seconds.
-pub fn parse_seconds(s: &str) -> Result<i64, String> {
-    let d: jiff::SignedDuration = s
-        .trim()
-        .parse()
-        .map_err(|e| format!("{s:?}: not a duration such as 120s or 2m ({e})"))?;
-    if d.is_negative() {
-        return Err(format!("{s:?}: must not be negative"));
-    }
-    Ok(d.as_secs())
-}
-
-/// Ready once every watch has listed its objects (kubert's `Initialized` gate): until then the
-/// index could call a busy node free.
-#[derive(Clone, Debug, Default)]
-pub struct Readiness {
-    waiting: Arc<AtomicUsize>,
-}
-
-impl Readiness {
-    /// A gate that opens after `n` calls to [`Readiness::synced`].
-    pub fn waiting_for(n: usize) -> Self {
-        Self {
-            waiting: Arc::new(AtomicUsize::new(n)),
-        }
-    }
-
-    pub fn synced(&self) {
-        let _ = self
-            .waiting
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
-    }
-
-    pub fn is_ready(&self) -> bool {
-        self.waiting.load(Ordering::Acquire) == 0
-    }
+/// Names the pod (`namespace/name`) on the verb's span, once the request is decoded.
+pub(crate) fn record_pod(pod: &k8s_openapi::api::core::v1::Pod) {
+    let m = &pod.metadata;
+    tracing::Span::current().record(
+        "pod",
+        format!(
+            "{}/{}",
+            m.namespace.as_deref().unwrap_or_default(),
+            m.name.as_deref().unwrap_or_default()
+        ),
+    );
 }
 
 #[derive(Clone, Debug)]
@@ -140,7 +186,11 @@ pub struct Extender {
     /// What the prescorer's last pass kept warm.
     warmed: Mutex<prescore::Warmed>,
     pending: Mutex<HashMap<PodKey, Pending>>,
+    /// One bind at a time per pod.
+    bind_locks: bind::PodLocks,
     clock: fn() -> i64,
+    /// Request body limits (see `routes::receive`).
+    pub body: BodyLimits,
 }
 
 fn now_unix() -> i64 {
@@ -164,8 +214,15 @@ impl Extender {
             class_ids: Mutex::new(ClassIds::default()),
             warmed: Mutex::new(prescore::Warmed::default()),
             pending: Mutex::new(HashMap::new()),
+            bind_locks: bind::PodLocks::default(),
             clock: now_unix,
+            body: BodyLimits::default(),
         }
+    }
+
+    pub fn with_body_limits(mut self, body: BodyLimits) -> Self {
+        self.body = body;
+        self
     }
 
     /// Also starts a new class table, so no score remembered under the old configuration is
@@ -291,17 +348,21 @@ impl Extender {
 }
 
 pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
-    let metrics = Arc::new(ExtenderMetrics::new());
-    let index = Arc::new(Index::with_metrics(metrics.clone()));
+    let index = Arc::new(Index::new());
+    let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), now_unix));
     let fit = FitConfig {
         safety_margin_bytes: args.safety_margin,
         // A file is a snapshot: the age of its reports says nothing about live agents.
-        max_report_age_secs: args.from_file.is_none().then_some(args.max_report_age),
+        max_report_age_secs: args
+            .from_file
+            .is_none()
+            .then(|| i64::try_from(args.max_report_age.as_secs()).unwrap_or(i64::MAX)),
     };
     // The stale-report alert compares each node's report age with this, so it follows the flag.
     metrics
         .node_report_age_limit
         .set(fit.max_report_age_secs.unwrap_or(0) as f64);
+    let mut nudge_client = None;
     let (binder, readiness): (Arc<dyn BindingWriter>, Readiness) = match &args.from_file {
         Some(path) => {
             let n = crate::cluster::file::load_into(&index, path)
@@ -310,9 +371,10 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
             (Arc::new(MemoryBinder::default()), Readiness::default())
         }
         None => {
-            let client = crate::cluster::watch::client(args.kubeconfig.as_deref()).await?;
+            let client = args.client.client().await?;
             let readiness = Readiness::waiting_for(crate::cluster::watch::WATCHES);
             crate::cluster::watch::spawn(client.clone(), index.clone(), readiness.clone());
+            nudge_client = Some(client.clone());
             (Arc::new(KubeBinder::new(client)), readiness)
         }
     };
@@ -320,11 +382,21 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         Extender::new(index, metrics, binder)
             .with_fit(fit)
             .with_scoring(args.scoring)
-            .with_readiness(readiness),
+            .with_readiness(readiness)
+            .with_body_limits(BodyLimits::new(
+                args.max_body_bytes,
+                args.max_body_bytes_in_flight,
+                args.serve.body_timeout,
+            )),
     );
-    if args.prescore_interval_ms > 0 {
-        ext.spawn_prescorer(std::time::Duration::from_millis(args.prescore_interval_ms))
+    if !args.prescore_interval.is_zero() {
+        ext.spawn_prescorer(args.prescore_interval)
             .context("starting the prescore thread")?;
+    }
+    if let Some(client) = nudge_client
+        && !args.nudge_interval.is_zero()
+    {
+        nudge::spawn(ext.clone(), client, args.nudge_interval);
     }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -343,18 +415,28 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("listening on {addr} (metrics)"))?;
             tracing::info!(listen = %addr, "serving /metrics, /healthz, /readyz");
-            let server = axum::serve(l, routes::ops_router(ext.clone()))
-                .with_graceful_shutdown(stopped(stop.clone()));
-            Some(tokio::spawn(async move { server.await }))
+            let (app, serve_args, stop) = (
+                routes::ops_router(ext.clone()),
+                args.serve.clone(),
+                stop.clone(),
+            );
+            Some(tokio::spawn(async move {
+                crate::serve::serve(l, crate::serve::plain, app, &serve_args, stopped(stop)).await
+            }))
         }
         None => None,
     };
     tracing::info!(listen = %args.listen, scoring = ?args.scoring, "peakfit extender serving");
-    axum::serve(listener, routes::router(ext))
-        .with_graceful_shutdown(stopped(stop))
-        .await?;
+    crate::serve::serve(
+        listener,
+        crate::serve::plain,
+        routes::router(ext),
+        &args.serve,
+        stopped(stop),
+    )
+    .await;
     if let Some(ops) = ops {
-        ops.await??;
+        ops.await?;
     }
     tracing::info!("peakfit extender stopped");
     Ok(())
@@ -371,19 +453,5 @@ mod tests {
         assert_eq!(parse_bytes("2G"), Ok(2_000_000_000));
         assert!(parse_bytes("12 bananas").is_err());
         assert!(parse_bytes("-1Gi").is_err());
-        assert_eq!(parse_seconds("120s"), Ok(120));
-        assert_eq!(parse_seconds("2m"), Ok(120));
-        assert!(parse_seconds("soon").is_err());
-    }
-
-    #[test]
-    fn readiness_opens_after_every_watch() {
-        let r = Readiness::waiting_for(2);
-        assert!(!r.is_ready());
-        r.synced();
-        assert!(!r.is_ready());
-        r.synced();
-        r.synced();
-        assert!(r.is_ready());
     }
 }

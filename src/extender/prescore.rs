@@ -6,9 +6,7 @@
 //! 5,000 nodes) while the rest of the run is answered from the memos. The classes worth keeping
 //! warm are the shape mix's heaviest ones, the same ones scoring already weighs fragmentation by.
 //! After a bind a pass rescores that one node; after a new mix, every node once; with nothing
-//! changed it does nothing. (Visiting every node on every pass, even with every memo warm, went
-//! with an in-process p99 of 1.5-1.9 ms in some bench runs on two cores, against 0.7-0.95 ms
-//! since.)
+//! changed it does nothing (visiting every node on every pass cost tail latency: `docs/tuning.md`).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

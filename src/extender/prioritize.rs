@@ -19,6 +19,7 @@ pub const NEUTRAL_SCORE: i64 = 0;
 impl Extender {
     /// Scores every candidate; a node the pod does not fit gets 0. A request without a pod or
     /// candidates gets an empty list (the scheduler ignores prioritize failures anyway).
+    #[tracing::instrument(skip_all, fields(verb = "prioritize", pod))]
     pub fn prioritize(&self, args: ExtenderArgs) -> HostPriorityList {
         let Ok((pod, candidates)) = Candidates::from_args(args) else {
             self.count("prioritize", "error");

@@ -2,16 +2,22 @@
 //!
 //! Replies are written with Go's JSON conventions (see `wire::to_go_json`). Only HTTP 200 is
 //! success to kube-scheduler, so decisions and their failures travel inside 200 replies; a body
-//! that is not the protocol's JSON gets a 400 naming the problem, an unknown path a 404.
+//! that is not the protocol's JSON gets a 400 naming the problem, an unknown path a 404, a wrong
+//! method a 405, a body too large a 413 and one too slow a 408: every error reply is a JSON
+//! `{"error": ..., "verb": ...}`.
+//!
+//! Decoding and the verbs' work are CPU-bound (rayon inside filter and prioritize): they run on
+//! tokio's blocking pool, so a flood of large filters never starves `/healthz`, `/metrics` or a
+//! bind waiting on the API server on the async workers.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
@@ -20,10 +26,6 @@ use serde::de::DeserializeOwned;
 use super::Extender;
 use super::wire::{self, ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs};
 use crate::metrics::extender::VerbLabels;
-
-/// Full-node requests carry every candidate Node; 5,000 nodes with images and conditions come
-/// to tens of megabytes, far past axum's 2 MB default.
-pub const BODY_LIMIT_BYTES: usize = 256 << 20;
 
 type Shared = Arc<Extender>;
 
@@ -39,13 +41,16 @@ pub fn router(ext: Shared) -> Router {
         .nest("/{prefix}", verbs)
         .merge(ops())
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(ext)
 }
 
 /// Only `GET /metrics /healthz /readyz`: what `--metrics-listen` serves beyond loopback.
 pub fn ops_router(ext: Shared) -> Router {
-    ops().fallback(not_found).with_state(ext)
+    ops()
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(ext)
 }
 
 fn ops() -> Router<Shared> {
@@ -69,6 +74,20 @@ async fn not_found(uri: axum::http::Uri) -> Response {
             "no such endpoint {}: POST /filter, /prioritize, /bind, /preempt; GET /healthz, /readyz, /metrics",
             uri.path()
         ),
+    )
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let allowed = if uri.path().ends_with("z") || uri.path() == "/metrics" {
+        "GET"
+    } else {
+        "POST"
+    };
+    let verb = uri.path().rsplit('/').next().unwrap_or_default().to_owned();
+    problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &verb,
+        format!("{method} {} is not served: use {allowed}", uri.path()),
     )
 }
 
@@ -152,74 +171,192 @@ fn not_ready(ext: &Extender) -> Option<String> {
         .then(|| "peakfit's cache of the cluster has not synced yet; retry shortly".to_owned())
 }
 
-async fn filter(State(ext): State<Shared>, body: Bytes) -> Response {
-    let t = Timed::new(&ext, "filter");
-    let args: ExtenderArgs = match t.parse(&body) {
-        Ok(a) => a,
-        Err(r) => return *r,
-    };
-    if let Some(e) = t.not_ready() {
-        return go_json(&wire::ExtenderFilterResult {
-            error: e,
-            ..Default::default()
-        });
-    }
-    let result = ext.filter(args);
-    if !result.error.is_empty() {
-        t.error();
-    }
-    go_json(&result)
+/// A request body, read within the extender's limits, and its share of the bytes-in-flight
+/// budget (held until the reply is written, since the decoded request is about as large).
+struct Received {
+    body: Bytes,
+    _budget: tokio::sync::OwnedSemaphorePermit,
 }
 
-async fn prioritize(State(ext): State<Shared>, body: Bytes) -> Response {
-    let t = Timed::new(&ext, "prioritize");
-    let args: ExtenderArgs = match t.parse(&body) {
-        Ok(a) => a,
-        Err(r) => return *r,
+/// Reads the body: refuses one declared larger than the limit before reading it, waits (up to
+/// the body timeout) for room in the bytes-in-flight budget, then reads within the timeout.
+async fn receive(ext: &Extender, verb: &'static str, req: Request) -> Result<Received, Response> {
+    let limits = &ext.body;
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let too_large = |len: String| {
+        problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            verb,
+            format!(
+                "the request body ({len}) is larger than --max-body-bytes ({} bytes)",
+                limits.max_bytes
+            ),
+        )
     };
-    if let Some(e) = t.not_ready() {
-        return problem(StatusCode::SERVICE_UNAVAILABLE, "prioritize", e);
+    if let Some(len) = declared.filter(|&n| n > limits.max_bytes as u64) {
+        return Err(too_large(format!("{len} bytes")));
     }
-    go_json(&ext.prioritize(args))
+    let expect = declared.map_or(limits.max_bytes, |n| n as usize);
+    let budget = tokio::time::timeout(limits.timeout, limits.reserve(expect))
+        .await
+        .map_err(|_| {
+            problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                verb,
+                format!(
+                    "too many large requests in flight (--max-body-bytes-in-flight {} bytes); retry",
+                    limits.in_flight_bytes
+                ),
+            )
+        })?;
+    match crate::serve::read_body(req.into_body(), expect, limits.timeout).await {
+        Ok(body) => Ok(Received {
+            body,
+            _budget: budget,
+        }),
+        Err(crate::serve::BodyError::TooLarge(_)) => Err(too_large("more".to_owned())),
+        Err(e) => Err(problem(e.status(), verb, e)),
+    }
 }
 
-async fn bind(State(ext): State<Shared>, body: Bytes) -> Response {
+/// Runs the CPU-bound part of a verb on the blocking pool.
+async fn off_the_workers(
+    verb: &'static str,
+    f: impl FnOnce() -> Response + Send + 'static,
+) -> Response {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            verb,
+            format!("the {verb} handler failed: {e}"),
+        )
+    })
+}
+
+/// A verb that only reads: receive the body, then decode and answer on the blocking pool.
+async fn blocking_verb(
+    ext: Shared,
+    verb: &'static str,
+    req: Request,
+    answer: fn(&Extender, &Timed<'_>, &[u8]) -> Response,
+) -> Response {
+    let received = match receive(&ext, verb, req).await {
+        Ok(r) => r,
+        Err(r) => {
+            Timed::new(&ext, verb).error();
+            return r;
+        }
+    };
+    off_the_workers(verb, move || {
+        let t = Timed::new(&ext, verb);
+        answer(&ext, &t, &received.body)
+    })
+    .await
+}
+
+/// kube-scheduler always sends the pod; a request without one is a client's mistake, answered
+/// as filter answers it (prioritize and preempt replies have no error field, so with a 400).
+fn no_pod(t: &Timed<'_>) -> Response {
+    t.error();
+    problem(
+        StatusCode::BAD_REQUEST,
+        t.verb,
+        "the request has no Pod (field `Pod` is null or missing)",
+    )
+}
+
+async fn filter(State(ext): State<Shared>, req: Request) -> Response {
+    blocking_verb(ext, "filter", req, |ext, t, body| {
+        let args: ExtenderArgs = match t.parse(body) {
+            Ok(a) => a,
+            Err(r) => return *r,
+        };
+        if let Some(e) = t.not_ready() {
+            return go_json(&wire::ExtenderFilterResult {
+                error: e,
+                ..Default::default()
+            });
+        }
+        let result = ext.filter(args);
+        if !result.error.is_empty() {
+            t.error();
+        }
+        go_json(&result)
+    })
+    .await
+}
+
+async fn prioritize(State(ext): State<Shared>, req: Request) -> Response {
+    blocking_verb(ext, "prioritize", req, |ext, t, body| {
+        let args: ExtenderArgs = match t.parse(body) {
+            Ok(a) => a,
+            Err(r) => return *r,
+        };
+        if args.pod.is_none() {
+            return no_pod(t);
+        }
+        if let Some(e) = t.not_ready() {
+            return problem(StatusCode::SERVICE_UNAVAILABLE, "prioritize", e);
+        }
+        go_json(&ext.prioritize(args))
+    })
+    .await
+}
+
+async fn bind(State(ext): State<Shared>, req: Request) -> Response {
     let t = Timed::new(&ext, "bind");
-    let args: ExtenderBindingArgs = match t.parse(&body) {
+    let received = match receive(&ext, "bind", req).await {
+        Ok(r) => r,
+        Err(r) => {
+            t.error();
+            return r;
+        }
+    };
+    // A binding request is a few hundred bytes: decoding it here costs less than a hop.
+    let args: ExtenderBindingArgs = match t.parse(&received.body) {
         Ok(a) => a,
         Err(r) => return *r,
     };
+    drop(received);
     if let Some(error) = t.not_ready() {
         return go_json(&wire::ExtenderBindingResult { error });
     }
-    let result = ext.bind(args).await;
-    if !result.error.is_empty() {
+    // A conflict (the ledger moved since filter) is refused but is no error.
+    let (result, outcome) = ext.bind_with_outcome(args).await;
+    if outcome.is_err_and(|r| r.is_error()) {
         t.error();
     }
     go_json(&result)
 }
 
-async fn preempt(State(ext): State<Shared>, body: Bytes) -> Response {
-    let t = Timed::new(&ext, "preempt");
-    let args: ExtenderPreemptionArgs = match t.parse(&body) {
-        Ok(a) => a,
-        Err(r) => return *r,
-    };
-    if let Some(e) = t.not_ready() {
-        return problem(StatusCode::SERVICE_UNAVAILABLE, "preempt", e);
-    }
-    go_json(&ext.preempt(args))
+async fn preempt(State(ext): State<Shared>, req: Request) -> Response {
+    blocking_verb(ext, "preempt", req, |ext, t, body| {
+        let args: ExtenderPreemptionArgs = match t.parse(body) {
+            Ok(a) => a,
+            Err(r) => return *r,
+        };
+        if args.pod.is_none() {
+            return no_pod(t);
+        }
+        if let Some(e) = t.not_ready() {
+            return problem(StatusCode::SERVICE_UNAVAILABLE, "preempt", e);
+        }
+        go_json(&ext.preempt(args))
+    })
+    .await
 }
 
 async fn readyz(State(ext): State<Shared>) -> Response {
     match not_ready(&ext) {
         None => "ok".into_response(),
-        Some(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
+        Some(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "readyz", e),
     }
 }
 
 async fn metrics(State(ext): State<Shared>) -> Response {
-    ext.index.refresh_age_gauges(ext.now());
     ext.refresh_pending_gauges();
     crate::metrics::render(&ext.metrics.registry)
 }

@@ -2,8 +2,9 @@
 //! with what Go's `encoding/json` writes.
 //!
 //! The Go structs carry no json tags, so the keys are the Go field names (PascalCase) and nil
-//! pointers, maps and slices travel as `null`, never left out. Every field is `Option` with
-//! `#[serde(default)]` so that a missing key reads like Go's zero value, and the lower-case
+//! pointers, maps and slices travel as `null`, never left out. Fields Go sends as nil pointers,
+//! maps or slices are `Option`; the rest are plain values (strings also read `null` as empty). All
+//! carry `#[serde(default)]` so that a missing key reads like Go's zero value, and the lower-case
 //! spellings of pre-1.17 schedulers (and of Go's case-insensitive decoder) are accepted as aliases.
 //!
 //! Nodes in full-node mode are kept as the raw JSON the scheduler sent: the protocol wants them

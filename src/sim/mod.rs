@@ -1,6 +1,7 @@
 //! `peakfit simulate`: replays a cluster and a workload through the placement code under several
 //! policies. With the Alibaba `openb` trace it reproduces the FGD paper's experiment; with no
-//! arguments it runs a built-in mixed cluster and LLM workload (see `builtin`).
+//! arguments it runs a built-in mixed cluster and LLM workload (see `builtin`). It may not touch
+//! Kubernetes or the extender: it drives the core's placement directly, as the extender does.
 
 pub mod builtin;
 pub mod dynamic;
@@ -42,7 +43,8 @@ pub struct SimulateArgs {
     /// peakfit.
     #[arg(long, env = "PEAKFIT_SIM_POLICIES", default_value = "all", value_parser = parse_policies)]
     pub policies: Policies,
-    /// Worker threads (default: every core).
+    /// Worker threads (default: every core; more than the cores is clamped to them, since the
+    /// runs are CPU-bound and a thread per job only costs memory).
     #[arg(long, env = "PEAKFIT_SIM_JOBS")]
     pub jobs: Option<usize>,
     /// Folder for the JSON report and the SVG charts.
@@ -108,9 +110,14 @@ pub fn parse_policies(s: &str) -> Result<Policies, String> {
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
-    if let Some(jobs) = args.jobs {
+    if let Some(asked) = args.jobs {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let jobs = asked.clamp(1, cores);
+        if jobs != asked {
+            tracing::warn!(asked, cores, "--jobs clamped to the number of cores");
+        }
         rayon::ThreadPoolBuilder::new()
-            .num_threads(jobs.max(1))
+            .num_threads(jobs)
             .build_global()
             .context("--jobs: cannot start the worker threads")?;
     }

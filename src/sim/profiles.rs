@@ -203,13 +203,11 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs ../shared/data"]
     fn the_real_tarball_has_serving_pods_that_grow() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../shared/data/usage-profiles/pod_gpu_memory_used_bytes_anon.tar.gz");
-        if !path.is_file() {
-            eprintln!("skipping: {} not found", path.display());
-            return;
-        }
+        assert!(path.is_file(), "{} not found", path.display());
         let profiles = load_tarball(&path, 60).unwrap();
         assert!(profiles.len() > 100, "{}", profiles.len());
         let mut ratios: Vec<f64> = profiles.iter().map(|p| 1.0 / p.median()).collect();

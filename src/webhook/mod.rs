@@ -1,5 +1,6 @@
 //! `peakfit webhook`: the mutating admission webhook that hands opted-in pods to peakfit's
-//! scheduler and pins their containers to the GPUs bind assigns (see `mutate`).
+//! scheduler and pins their containers to the GPUs bind assigns (see `mutate`). It may not call
+//! the API server or the extender: it decides from the AdmissionReview alone.
 
 pub mod mutate;
 pub mod tls;
@@ -12,9 +13,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use axum::Router;
 use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionReview;
 use tokio::net::TcpListener;
@@ -43,29 +44,112 @@ pub struct WebhookArgs {
     /// Runtime class set on opted-in pods that name none (e.g. `nvidia`); empty leaves pods alone.
     #[arg(long, env = "PEAKFIT_RUNTIME_CLASS_NAME", default_value = "")]
     pub runtime_class_name: String,
+    /// Extended resource in which an opted-in pod's least GPU memory (MiB) is requested, so
+    /// kube-scheduler's own fit and preemption see it; the agents' `--gpu-memory-resource` must
+    /// name the same one (they advertise each node's total). Empty: not requested.
+    #[arg(
+        long,
+        env = "PEAKFIT_GPU_MEMORY_RESOURCE",
+        default_value = crate::agent::publish::DEFAULT_GPU_MEMORY_RESOURCE
+    )]
+    pub gpu_memory_resource: String,
+    #[command(flatten)]
+    pub serve: crate::serve::ServeArgs,
 }
 
+/// The largest admission request read. The API server sends the pod as stored (etcd refuses
+/// objects over 1.5 MiB); 4 MiB leaves room for the review around it.
+pub const MAX_REVIEW_BYTES: usize = 4 << 20;
+
 /// The HTTP routes, without TLS, so tests can drive them with `tower::ServiceExt::oneshot`.
+/// Every error reply is JSON `{"error": ...}`: 400 for a body that is not JSON, 415 for another
+/// content type, 422 for JSON that is not an AdmissionReview, 413, 408, 404 and 405.
 pub fn router(mutator: Mutator) -> Router {
+    router_with(mutator, crate::serve::ServeArgs::default().body_timeout)
+}
+
+/// [`router`] with the body timeout of `--body-timeout`.
+pub fn router_with(mutator: Mutator, body_timeout: Duration) -> Router {
+    let state = Arc::new(Shared {
+        mutator,
+        body_timeout,
+    });
     Router::new()
         .route("/mutate", post(mutate_annotated))
         .route("/mutate/namespace", post(mutate_namespace))
         .route("/healthz", get(|| async { "ok" }))
-        .with_state(Arc::new(mutator))
+        .fallback(|uri: axum::http::Uri| async move {
+            problem(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no such endpoint {}: POST /mutate, /mutate/namespace; GET /healthz",
+                    uri.path()
+                ),
+            )
+        })
+        .method_not_allowed_fallback(|m: axum::http::Method, uri: axum::http::Uri| async move {
+            problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{m} {} is not served", uri.path()),
+            )
+        })
+        .with_state(state)
 }
 
-async fn mutate_annotated(
-    State(m): State<Arc<Mutator>>,
-    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
-) -> axum::Json<serde_json::Value> {
-    axum::Json(m.review(review, OptIn::Annotation))
+struct Shared {
+    mutator: Mutator,
+    body_timeout: Duration,
 }
 
-async fn mutate_namespace(
-    State(m): State<Arc<Mutator>>,
-    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
-) -> axum::Json<serde_json::Value> {
-    axum::Json(m.review(review, OptIn::Namespace))
+fn problem(status: StatusCode, error: impl std::fmt::Display) -> Response {
+    let body = serde_json::json!({ "error": error.to_string() });
+    (status, axum::Json(body)).into_response()
+}
+
+/// Reads and decodes an AdmissionReview within the size and time limits.
+async fn review_of(
+    s: &Shared,
+    req: axum::extract::Request,
+) -> Result<AdmissionReview<DynamicObject>, Response> {
+    let json = req
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            let v = v.to_ascii_lowercase();
+            v.starts_with("application/json") || v.contains("+json")
+        });
+    if !json {
+        return Err(problem(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "expected Content-Type: application/json (an AdmissionReview)",
+        ));
+    }
+    let body = crate::serve::read_body(req.into_body(), MAX_REVIEW_BYTES, s.body_timeout)
+        .await
+        .map_err(|e| problem(e.status(), e))?;
+    serde_json::from_slice(&body).map_err(|e| {
+        let status = if e.is_data() {
+            StatusCode::UNPROCESSABLE_ENTITY
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        problem(status, format!("the body is not an AdmissionReview: {e}"))
+    })
+}
+
+async fn mutate_annotated(State(s): State<Arc<Shared>>, req: axum::extract::Request) -> Response {
+    match review_of(&s, req).await {
+        Ok(review) => axum::Json(s.mutator.review(review, OptIn::Annotation)).into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn mutate_namespace(State(s): State<Arc<Shared>>, req: axum::extract::Request) -> Response {
+    match review_of(&s, req).await {
+        Ok(review) => axum::Json(s.mutator.review(review, OptIn::Namespace)).into_response(),
+        Err(r) => r,
+    }
 }
 
 pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
@@ -77,8 +161,10 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     let mutator = Mutator {
         scheduler_name: args.scheduler_name,
         runtime_class_name: Some(args.runtime_class_name).filter(|c| !c.is_empty()),
+        gpu_memory_resource: Some(args.gpu_memory_resource.trim().to_owned())
+            .filter(|r| !r.is_empty()),
     };
-    let app = router(mutator);
+    let app = router_with(mutator, args.serve.body_timeout);
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -93,55 +179,65 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         }
     });
 
-    serve(listener, acceptor, app, crate::shutdown::signal()).await;
+    serve_with(
+        listener,
+        acceptor,
+        app,
+        &args.serve,
+        crate::shutdown::signal(),
+    )
+    .await;
     tracing::info!("webhook stopping");
     Ok(())
 }
 
-/// How long a connection may take to send a request's headers, idle keep-alive included: the API
-/// server sends each review at once and reconnects when a kept-alive connection was closed.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a TLS handshake may take: a client that connects and stays silent costs a slot
+/// for at most this long.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Accepts TLS connections and serves `app` on each until `shutdown` completes. A failed handshake
-/// or a broken connection only ends that connection.
+/// [`serve_with`] under the default limits.
 pub async fn serve(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     app: Router,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    continue;
-                }
-            },
-        };
+    serve_with(
+        listener,
+        acceptor,
+        app,
+        &crate::serve::ServeArgs::default(),
+        shutdown,
+    )
+    .await
+}
+
+/// Accepts TLS connections and serves `app` on each until `shutdown` completes, under the
+/// header, idle, connection and shutdown limits of `crate::serve` (the body timeout and size
+/// are `router`'s). A failed handshake or a broken connection only ends that connection.
+pub async fn serve_with(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    app: Router,
+    args: &crate::serve::ServeArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let handshake = move |stream: tokio::net::TcpStream| {
         let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
-                .await
-            {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
-            };
-            // Without a timer hyper silently drops its header-read timeout, and a client that
-            // completes the handshake and then sends nothing would hold its connection (and file
-            // descriptor) forever; enough of those take the webhook down for every opted-in pod.
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(tls), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+        async move {
+            let peer = stream.peer_addr().ok();
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => Some(tls),
+                Ok(Err(e)) => {
+                    tracing::debug!(?peer, error = %e, "TLS handshake failed");
+                    None
+                }
+                Err(_) => {
+                    tracing::debug!(?peer, "TLS handshake timed out");
+                    None
+                }
             }
-        });
-    }
+        }
+    };
+    crate::serve::serve(listener, handshake, app, args, shutdown).await
 }

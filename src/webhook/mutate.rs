@@ -9,11 +9,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use serde_json::Value;
 
 use crate::model;
-
-/// Written on the pod by the extender's bind; read back by the container through the downward API.
-pub const ASSIGNED_GPUS: &str = "peakfit.io/assigned-gpus";
-pub const RESERVED_BYTES: &str = "peakfit.io/reserved-bytes";
-pub const GPU_MEMORY_FRACTION: &str = "peakfit.io/gpu-memory-fraction";
+use crate::model::annotations::{ASSIGNED_GPUS, GPU_MEMORY_FRACTION, RESERVED_BYTES};
 
 /// The scheduler name the API server fills in when a pod names none: peakfit may take such pods.
 const DEFAULT_SCHEDULER: &str = "default-scheduler";
@@ -33,6 +29,9 @@ pub struct Mutator {
     pub scheduler_name: String,
     /// Set on pods that name no runtime class (the NVIDIA runtime honours `NVIDIA_VISIBLE_DEVICES`).
     pub runtime_class_name: Option<String>,
+    /// The extended resource the agents advertise node GPU memory as (MiB): the pod's least
+    /// possible GPU memory is requested in it, so kube-scheduler's fit and preemption see it.
+    pub gpu_memory_resource: Option<String>,
 }
 
 /// The outcome before it is wrapped in an AdmissionResponse.
@@ -82,7 +81,13 @@ impl Mutator {
     }
 
     fn decide(&self, request: &AdmissionRequest<DynamicObject>, opt_in: OptIn) -> Decision {
-        if request.operation != Operation::Create || request.kind.kind != "Pod" {
+        if request.kind.kind != "Pod" {
+            return Decision::PassThrough;
+        }
+        if request.operation == Operation::Update {
+            return assignment_kept(request);
+        }
+        if request.operation != Operation::Create {
             return Decision::PassThrough;
         }
         let Some(object) = &request.object else {
@@ -107,7 +112,7 @@ impl Mutator {
         // Bind's output on a pod being created is forged or copied (a restored backup, a
         // template that kept them): the extender's index would believe it and count memory
         // on GPUs nobody reserved. Removed whether or not the pod opts in.
-        let carried: Vec<&str> = [ASSIGNED_GPUS, RESERVED_BYTES, GPU_MEMORY_FRACTION]
+        let carried: Vec<&str> = OUTPUTS
             .into_iter()
             .filter(|k| annotations.contains_key(*k))
             .collect();
@@ -144,6 +149,12 @@ impl Mutator {
         if let (Some(class), None) = (&self.runtime_class_name, &spec.runtime_class_name) {
             ops.push(add(&["spec", "runtimeClassName"], class.clone().into()));
         }
+        if let (Some(resource), Some(req)) = (&self.gpu_memory_resource, &pod_request) {
+            let mib = least_gpu_memory_mib(req);
+            if mib > 0 {
+                resource_ops(resource, mib, &spec.containers, &mut ops, &mut warnings);
+            }
+        }
         // A pod opted in only by its namespace and without a request is placed by the scheduler
         // but gets no GPU assignment: pinning it to an empty device list would hide its GPUs.
         if pod_request.is_some() {
@@ -164,6 +175,116 @@ impl Mutator {
             return Decision::PassThrough;
         }
         Decision::Mutate { ops, warnings }
+    }
+}
+
+/// The annotations bind writes, in the order they are reported.
+const OUTPUTS: [&str; 3] = [ASSIGNED_GPUS, RESERVED_BYTES, GPU_MEMORY_FRACTION];
+
+/// An UPDATE of a bound pod must leave bind's output as it was: the containers were pinned to
+/// those GPUs when they started, and the extender's index counts the pod's memory where the
+/// annotations say. Before the pod is bound, bind itself writes them (and may rewrite them when
+/// a Binding failed), so an unbound pod is left alone; the chart's ValidatingAdmissionPolicy
+/// limits that window to the scheduler's service account.
+fn assignment_kept(request: &AdmissionRequest<DynamicObject>) -> Decision {
+    let (Some(old), Some(new)) = (&request.old_object, &request.object) else {
+        return Decision::PassThrough;
+    };
+    let bound = old
+        .data
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    if !bound {
+        return Decision::PassThrough;
+    }
+    let value = |o: &DynamicObject, k: &str| {
+        o.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k))
+            .cloned()
+    };
+    let changed: Vec<String> = OUTPUTS
+        .into_iter()
+        .filter_map(|k| {
+            let (was, now) = (value(old, k), value(new, k));
+            (was != now).then(|| {
+                let show = |v: Option<String>| v.map_or("unset".to_owned(), |v| format!("{v:?}"));
+                format!("{k} from {} to {}", show(was), show(now))
+            })
+        })
+        .collect();
+    if changed.is_empty() {
+        return Decision::PassThrough;
+    }
+    Decision::Refuse(format!(
+        "{}: only peakfit's bind writes them, before the pod is bound; the pod runs on the GPUs \
+         they name (delete and recreate the pod to place it again)",
+        changed.join(", ")
+    ))
+}
+
+/// The least GPU memory, in whole MiB, the pod can reserve on any node: its per-GPU demand on
+/// the smallest GPU it runs on (a fraction engine's share grows with the GPU), times its GPUs,
+/// rounded down. A lower bound keeps kube-scheduler's node-level check from ever refusing a node
+/// the extender would accept; the extender then decides per GPU.
+pub fn least_gpu_memory_mib(req: &model::PodRequest) -> u64 {
+    let shape = req.shape();
+    let per_gpu = shape.demand.bytes_on(shape.demand.min_gpu_total_bytes);
+    per_gpu.saturating_mul(u64::from(shape.gpus)) >> 20
+}
+
+/// Requests (and limits: an extended resource must have both, equal) `mib` of `resource` on the
+/// first container. A value the pod set itself is replaced: it is peakfit's resource, and a
+/// different count would make the scheduler's node-level view disagree with the extender's.
+fn resource_ops(
+    resource: &str,
+    mib: u64,
+    containers: &[Container],
+    ops: &mut Vec<PatchOperation>,
+    warnings: &mut Vec<String>,
+) {
+    let Some(first) = containers.first() else {
+        return;
+    };
+    let value = Value::from(mib.to_string());
+    let wanted = k8s_openapi::apimachinery::pkg::api::resource::Quantity(mib.to_string());
+    let resources = first.resources.clone().unwrap_or_default();
+    for field in ["requests", "limits"] {
+        let map = match field {
+            "requests" => &resources.requests,
+            _ => &resources.limits,
+        };
+        match map.as_ref().map(|m| m.get(resource)) {
+            None if first.resources.is_none() && field == "requests" => {
+                ops.push(add(
+                    &["spec", "containers", "0", "resources"],
+                    serde_json::json!({"requests": {resource: value}, "limits": {resource: value}}),
+                ));
+                return;
+            }
+            None => ops.push(add(
+                &["spec", "containers", "0", "resources", field],
+                serde_json::json!({resource: value}),
+            )),
+            Some(None) => ops.push(add(
+                &["spec", "containers", "0", "resources", field, resource],
+                value.clone(),
+            )),
+            Some(Some(q)) if *q == wanted => {}
+            Some(Some(q)) => {
+                warnings.push(format!(
+                    "container {:?} {field} {resource}={}; peakfit sets it to {mib} (MiB, the \
+                     pod's least GPU memory)",
+                    first.name, q.0
+                ));
+                ops.push(replace(
+                    &["spec", "containers", "0", "resources", field, resource],
+                    value.clone(),
+                ));
+            }
+        }
     }
 }
 
@@ -258,15 +379,20 @@ fn replace(path: &[&str], value: Value) -> PatchOperation {
 }
 
 /// AdmissionResponse serialises its patch as a JSON array of numbers; the API documents `patch` as
-/// base64 (Go's `[]byte`), so it is rewritten to that form here.
-fn encode(response: AdmissionResponse) -> Value {
+/// base64 (Go's `[]byte`), so it is written in that form here. The patch is taken out before the
+/// rest is serialised: as a `Value` array each patch byte took ~40 bytes of memory, and a pod with
+/// 5,000 containers (a 164 KB request) took the webhook past its 128 Mi limit.
+fn encode(mut response: AdmissionResponse) -> Value {
     use base64::Engine as _;
-    let patch = response.patch.clone();
+    let patch = response.patch.take();
     let mut review = serde_json::to_value(response.into_review()).unwrap_or(Value::Null);
-    if let (Some(patch), Some(slot)) = (patch, review.pointer_mut("/response/patch")) {
-        *slot = base64::engine::general_purpose::STANDARD
-            .encode(patch)
-            .into();
+    if let (Some(patch), Some(Value::Object(r))) = (patch, review.get_mut("response")) {
+        r.insert(
+            "patch".into(),
+            base64::engine::general_purpose::STANDARD
+                .encode(patch)
+                .into(),
+        );
     }
     review
 }
@@ -280,6 +406,7 @@ mod tests {
         Mutator {
             scheduler_name: "peakfit-scheduler".into(),
             runtime_class_name: None,
+            gpu_memory_resource: None,
         }
     }
 

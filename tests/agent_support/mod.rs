@@ -7,22 +7,21 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::Duration;
 
-/// The fake library beside the `peakfit` test binary, or `FAKE_NVML_LIB`; `None` (after saying
-/// why) when it has not been built.
-pub fn fake_lib() -> Option<PathBuf> {
+/// The fake library beside the `peakfit` test binary, or `FAKE_NVML_LIB`. Panics (the test fails,
+/// it never passes without running) when it has not been built: `cargo test` does not build a
+/// workspace cdylib, so run `cargo build -p fake-nvml` first (`scripts/test` does).
+pub fn fake_lib() -> PathBuf {
     let lib = std::env::var_os("FAKE_NVML_LIB")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             Path::new(env!("CARGO_BIN_EXE_peakfit")).with_file_name("libfake_nvml.so")
         });
-    if lib.exists() {
-        return Some(lib);
-    }
-    eprintln!(
-        "skipping: {} not found; build it with `cargo build -p fake-nvml`",
+    assert!(
+        lib.exists(),
+        "{} not found; build it with `cargo build -p fake-nvml` (or set FAKE_NVML_LIB)",
         lib.display()
     );
-    None
+    lib
 }
 
 /// A child process, killed on drop so a failing test leaves nothing running.

@@ -19,14 +19,9 @@ use tower::ServiceExt;
 
 pub const GIB: u64 = 1 << 30;
 
-pub fn capture_dir() -> Option<PathBuf> {
-    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/kube-scheduler-v1.36");
-    if d.is_dir() {
-        Some(d)
-    } else {
-        eprintln!("skipping: ../shared/fixtures/kube-scheduler-v1.36 not found");
-        None
-    }
+/// The kube-scheduler v1.36 capture, shipped in `tests/fixtures` (its README says where it came from).
+pub fn capture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kube-scheduler-v1.36")
 }
 
 pub fn data(name: &str) -> PathBuf {
@@ -80,7 +75,7 @@ pub fn pods_of(path: &Path) -> Vec<Pod> {
 /// The capture's cluster: its nodes (through file mode's loader), the made-up GPU reports, and
 /// every fixture pod with the UID `uids` gives it (else `uid-<name>`).
 pub fn fixture_index(dir: &Path, uids: &HashMap<&str, &str>) -> Arc<Index> {
-    let index = Arc::new(Index::with_metrics(Arc::new(ExtenderMetrics::new())));
+    let index = Arc::new(Index::new());
     peakfit::cluster::file::load_into(&index, &dir.join("nodes.yaml")).unwrap();
     peakfit::cluster::file::load_into(&index, &data("fixture-gpu-reports.yaml")).unwrap();
     for file in ["pods.yaml", "fill.yaml", "hipod.yaml"] {
@@ -112,9 +107,7 @@ pub fn harness_with(
     writer: Arc<dyn BindingWriter>,
     binder: Arc<MemoryBinder>,
 ) -> Harness {
-    let metrics = index
-        .metrics()
-        .unwrap_or_else(|| Arc::new(ExtenderMetrics::new()));
+    let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), capture_clock));
     let ext = Arc::new(Extender::new(index, metrics, writer).with_clock(capture_clock));
     Harness {
         router: routes::router(ext.clone()),

@@ -88,3 +88,10 @@ kube-scheduler's tag: the value, or the API server's version without a vendor su
 {{- regexFind "[0-9]+$" . }}
 {{- end }}
 {{- end }}
+
+{{/*
+The extended resource node GPU memory is advertised and requested as; empty when turned off.
+*/}}
+{{- define "peakfit.gpuMemoryResource" -}}
+{{- if .Values.gpuMemoryResource.enabled }}{{ .Values.gpuMemoryResource.name }}{{ end }}
+{{- end }}

@@ -223,6 +223,7 @@ unsafe fn write_cstr(s: &str, buf: *mut c_char, len: c_uint) -> Ret {
     if s.len() + 1 > len as usize {
         return INSUFFICIENT_SIZE;
     }
+    // SAFETY: `buf` is non-null and the caller's buffer holds `len` bytes (NVML's contract), checked above to fit the string and its NUL.
     unsafe {
         std::ptr::copy_nonoverlapping(s.as_ptr().cast::<c_char>(), buf, s.len());
         *buf.add(s.len()) = 0;
@@ -234,6 +235,7 @@ unsafe fn write<T>(out: *mut T, value: T) -> Ret {
     if out.is_null() {
         return INVALID_ARGUMENT;
     }
+    // SAFETY: `out` is non-null (checked above) and points to a writable `T` (NVML's contract for output arguments).
     unsafe { out.write(value) };
     SUCCESS
 }
@@ -260,6 +262,7 @@ pub extern "C" fn nvmlErrorString(_rc: Ret) -> *const c_char {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uint) -> Ret {
+    // SAFETY: `buf`/`len` are the caller's buffer as NVML's contract describes it; `write_cstr` checks null and size.
     with_config("nvmlSystemGetDriverVersion", |cfg| unsafe {
         write_cstr(&cfg.driver_version, buf, len)
     })
@@ -267,6 +270,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uin
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
+    // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
     with_config("nvmlDeviceGetCount_v2", |cfg| unsafe {
         write(count, cfg.devices.len() as c_uint)
     })
@@ -278,6 +282,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, out: *mut 
         if index as usize >= cfg.devices.len() {
             return INVALID_ARGUMENT;
         }
+        // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
         unsafe { write(out, handle(index as usize, None)) }
     })
 }
@@ -285,6 +290,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, out: *mut 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(h: Handle, out: *mut c_uint) -> Ret {
     with_device("nvmlDeviceGetIndex", h, |_, _| match decode(h) {
+        // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
         Some((gpu, _)) => unsafe { write(out, gpu as c_uint) },
         None => INVALID_ARGUMENT,
     })
@@ -320,6 +326,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(h: Handle, out: *mut MemoryV1) 
             free: free_of(m),
             used: m.used + m.reserved,
         };
+        // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
         unsafe { write(out, value) }
     })
 }
@@ -331,6 +338,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(h: Handle, out: *mut MemoryV
             return INVALID_ARGUMENT;
         }
         let m = &d.memory;
+        // SAFETY: `out` is non-null (checked above) and points to the caller's initialised struct (NVML's contract: it sets `version`).
         unsafe {
             // The caller sets `version`; the driver keeps it.
             let version = (*out).version;
@@ -348,6 +356,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(h: Handle, out: *mut MemoryV
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetName(h: Handle, buf: *mut c_char, len: c_uint) -> Ret {
+    // SAFETY: `buf`/`len` are the caller's buffer as NVML's contract describes it; `write_cstr` checks null and size.
     with_device("nvmlDeviceGetName", h, |_, d| unsafe {
         write_cstr(&d.name, buf, len)
     })
@@ -355,6 +364,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(h: Handle, buf: *mut c_char, len: c_u
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetUUID(h: Handle, buf: *mut c_char, len: c_uint) -> Ret {
+    // SAFETY: `buf`/`len` are the caller's buffer as NVML's contract describes it; `write_cstr` checks null and size.
     with_device("nvmlDeviceGetUUID", h, |_, d| unsafe {
         write_cstr(&d.uuid, buf, len)
     })
@@ -396,6 +406,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(h: Handle, out: *mut PciInfo) -
         for (dst, src) in info.bus_id_legacy.iter_mut().zip(bus_id.bytes().take(15)) {
             *dst = src as c_char;
         }
+        // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
         unsafe { write(out, info) }
     })
 }
@@ -422,8 +433,10 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         if count.is_null() {
             return INVALID_ARGUMENT;
         }
+        // SAFETY: `count` is non-null (checked above) and points to the caller's `unsigned int` (NVML's contract).
         let capacity = unsafe { *count } as usize;
         let n = d.processes.len();
+        // SAFETY: `count` is non-null (checked above) and points to the caller's `unsigned int` (NVML's contract).
         unsafe { *count = n as c_uint };
         if n == 0 {
             return SUCCESS;
@@ -444,6 +457,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
                 gpu_instance_id: instance,
                 compute_instance_id: compute,
             };
+            // SAFETY: `infos` is non-null and holds `capacity >= n > i` entries (checked above; NVML's contract).
             unsafe { infos.add(i).write(info) };
         }
         SUCCESS
@@ -461,6 +475,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
             return NOT_SUPPORTED;
         }
         let mode = c_uint::from(!d.mig.is_empty() || d.max_mig_devices.is_some());
+        // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
         unsafe {
             match write(current, mode) {
                 SUCCESS => write(pending, mode),
@@ -474,6 +489,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
 pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(h: Handle, count: *mut c_uint) -> Ret {
     with_device("nvmlDeviceGetMaxMigDeviceCount", h, |_, d| {
         let n = d.max_mig_devices.unwrap_or(d.mig.len() as u32);
+        // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
         unsafe { write(count, n) }
     })
 }
@@ -491,6 +507,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
         if index as usize >= d.mig.len() {
             return NOT_FOUND;
         }
+        // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
         unsafe { write(out, handle(gpu, Some(index as usize))) }
     })
 }
@@ -499,6 +516,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
 pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(h: Handle, is_mig: *mut c_uint) -> Ret {
     with_device("nvmlDeviceIsMigDeviceHandle", h, |_, _| {
         let mig = decode(h).is_some_and(|(_, mig)| mig.is_some());
+        // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
         unsafe { write(is_mig, c_uint::from(mig)) }
     })
 }
@@ -507,6 +525,7 @@ pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(h: Handle, is_mig: *mut c_u
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(h: Handle, id: *mut c_uint) -> Ret {
     with_device("nvmlDeviceGetGpuInstanceId", h, |_, d| {
         match d.gpu_instance_id {
+            // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
             Some(gi) => unsafe { write(id, gi) },
             None => NOT_SUPPORTED,
         }
@@ -522,6 +541,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
         "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         h,
         |_, _| match decode(h) {
+            // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
             Some((gpu, Some(_))) => unsafe { write(out, handle(gpu, None)) },
             _ => INVALID_ARGUMENT,
         },

@@ -13,7 +13,8 @@
 //! | `vram` | Kubernetes quantity per GPU, at most `1Ei` (`20Gi`, `20G`, `1.5Ti`, `1e9`); overrides the model | from the model |
 //! | `gpu-share` | share of each GPU, above 0 up to 1 (`0.25`), as GPU-sharing schedulers count it (openb's `gpu_milli` / 1000); overrides `vram` and the model | none |
 //! | `gpus` | 1–64 | `tensor-parallel`, else 1 |
-//! | `model` | a built-in preset (see the preset table), case-insensitive, checkpoint suffixes like `-Chat`, `-Int4`, `(v1)` ignored | none |
+//! | `model` | a built-in preset (see the preset table), case-insensitive, checkpoint suffixes like `-Chat`, `-Int4`, `(v1)` ignored; any other name (at most 253 characters) is a label and then needs `params` or `layers` + `hidden-size` | none |
+//! | `architecture` | `decoder encoder encoder-decoder diffusion`; `diffusion` needs a diffusion preset | the preset's; `decoder` |
 //! | `params` | count: `8.03B`, `335M`, `1.1T`, `124000000` | the preset's |
 //! | `layers` | 1–1024 | the preset's |
 //! | `hidden-size` | 1–1048576 | the preset's |
@@ -31,8 +32,17 @@
 //! | `engine` | free-form; `vllm tgi sglang tensorrt-llm` budget a fraction of the GPU, anything else is a plain framework (`torchtune` and `ms-swift` change the logits term) | plain framework |
 //! | `gpu-memory-utilization` | (0, 1], only with a fraction engine | vLLM 0.92, TGI 1.0, SGLang 0.88, TensorRT-LLM 0.9 |
 //! | `tensor-parallel` | 1–64, a divisor of `gpus` | 1 |
+//! | `sequence-parallel` | `true` `false`: with `tensor-parallel`, the activations TP leaves whole (norms, dropout) are split too | `false` |
+//! | `pipeline-parallel` | stages, 1–256: a GPU holds its stage's layers and, under 1F1B, as many micro-batches in flight as there are stages | 1 |
+//! | `context-parallel` | 1–256: the sequence is split over this many GPUs (ring attention) | 1 |
 //! | `data-parallel` | 1–1048576 | 1 |
-//! | `zero-stage` | 0–3 (FSDP full-shard = 3) | 0 |
+//! | `zero-stage` | `0`–`3`, or FSDP's `no-shard` (0) `shard-grad-op` (2) `full-shard` (3) `hybrid-shard` (3 within the pod's GPUs) | 0 |
+//! | `offload` | `none optimizer params optimizer+params activations sequential model`: what lives in CPU memory (ZeRO-Offload / FSDP `cpu_offload` / activation offloading / diffusers `enable_sequential_cpu_offload` / `enable_model_cpu_offload`) | `none` |
+//! | `image-size` | diffusion only: image side in pixels, 64–16384 | the preset's (512 SD 1.5, 1024 others) |
+//! | `images` | diffusion only: images per prompt, 1–1024 | 1 |
+//! | `guidance` | diffusion only: `true` `false`, classifier-free guidance doubles the denoiser batch | the preset's (`false` for Flux) |
+//! | `vae-decode` | diffusion only: `full slicing tiling slicing+tiling` | `full` |
+//! | `beams` | encoder-decoder / decoder generation: beam width, 1–64 (each beam is a sequence) | 1 |
 //! | `optimizer` | `adamw adam adamw-fused sgd lion adafactor adam-8bit adamw-8bit paged-adamw-8bit paged-adamw` | `adamw` |
 //! | `gradient-checkpointing` | `none selective full` | `none` (`full` for torchtune) |
 //! | `flash-attention` | `true` `false` | `true` (`false` for fp32) |
@@ -48,7 +58,7 @@ use crate::placement::{Demand, PodShape};
 
 pub const PREFIX: &str = "peakfit.io/";
 
-/// Input annotations (the vocabulary of DESIGN.md), in the order the reference lists them.
+/// Input annotations; the README's annotation reference documents each (`tests/readme_docs.rs`).
 pub const INPUT_KEYS: &[&str] = &[
     "vram",
     "gpu-share",
@@ -70,9 +80,19 @@ pub const INPUT_KEYS: &[&str] = &[
     "context-tokens",
     "engine",
     "gpu-memory-utilization",
+    "architecture",
     "tensor-parallel",
+    "sequence-parallel",
+    "pipeline-parallel",
+    "context-parallel",
     "data-parallel",
     "zero-stage",
+    "offload",
+    "image-size",
+    "images",
+    "guidance",
+    "vae-decode",
+    "beams",
     "optimizer",
     "gradient-checkpointing",
     "flash-attention",
@@ -84,8 +104,15 @@ pub const INPUT_KEYS: &[&str] = &[
 /// more) a request stays far below 2^64, so the scheduler's sums over it cannot overflow.
 const MAX_VRAM: u64 = 1 << 60;
 
+/// Written on the pod by the extender's bind: the GPUs (UUIDs, comma separated). The one definition
+/// of the output keys; the extender, the index and the webhook use these constants.
+pub const ASSIGNED_GPUS: &str = "peakfit.io/assigned-gpus";
+/// Written by bind: bytes reserved on each assigned GPU.
+pub const RESERVED_BYTES: &str = "peakfit.io/reserved-bytes";
+/// Written by bind for fraction-budget engines: the share of the GPU to tell the engine.
+pub const GPU_MEMORY_FRACTION: &str = "peakfit.io/gpu-memory-fraction";
 /// Written by bind; reading them back must neither opt a pod in nor be refused.
-pub const OUTPUT_KEYS: &[&str] = &["assigned-gpus", "reserved-bytes", "gpu-memory-fraction"];
+pub const OUTPUT_KEYS: &[&str] = &[ASSIGNED_GPUS, RESERVED_BYTES, GPU_MEMORY_FRACTION];
 
 /// A refused annotation: which one, what it said, and what would have been accepted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -225,6 +252,15 @@ impl Workload {
     pub fn is_adapter(self) -> bool {
         matches!(self, Self::Lora | Self::Qlora)
     }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Inference => "inference",
+            Self::Training => "training",
+            Self::Lora => "lora",
+            Self::Qlora => "qlora",
+        }
+    }
 }
 
 /// Optimizers by the state they keep per trainable parameter.
@@ -262,6 +298,102 @@ impl Optimizer {
         })
     }
 }
+
+/// What a job keeps in CPU memory instead of on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Offload {
+    None,
+    /// ZeRO-Offload / FSDP optimizer offload: fp32 master weights and optimizer state (and
+    /// DeepSpeed's fp32 gradients) live on the CPU, which runs the step.
+    Optimizer,
+    /// ZeRO-Infinity `offload_param`: weights live on the CPU and are gathered a layer at a time.
+    Params,
+    /// Both: FSDP `CPUOffload(offload_params=True)`, DeepSpeed offload of both.
+    OptimizerParams,
+    /// Saved activations copied to CPU between forward and backward (torchtune/torchtitan
+    /// activation offloading).
+    Activations,
+    /// Layer streaming: only the submodule running is on the GPU (diffusers
+    /// `enable_sequential_cpu_offload`, accelerate `device_map` with CPU offload).
+    Sequential,
+    /// Whole sub-models in turn: only the pipeline component running is on the GPU (diffusers
+    /// `enable_model_cpu_offload`).
+    Model,
+}
+
+impl Offload {
+    pub const NAMES: &str = "none optimizer params optimizer+params activations sequential model";
+
+    fn parse(key: &str, value: &str) -> Result<Self, AnnotationError> {
+        Ok(match value.to_ascii_lowercase().as_str() {
+            "none" | "false" => Self::None,
+            "optimizer" => Self::Optimizer,
+            "params" | "parameters" => Self::Params,
+            "optimizer+params" | "params+optimizer" | "optimizer,params" | "params,optimizer" => {
+                Self::OptimizerParams
+            }
+            "activations" => Self::Activations,
+            "sequential" => Self::Sequential,
+            "model" => Self::Model,
+            _ => {
+                return Err(AnnotationError::new(
+                    key,
+                    value,
+                    format!("one of {}", Self::NAMES),
+                ));
+            }
+        })
+    }
+
+    pub fn optimizer(self) -> bool {
+        matches!(self, Self::Optimizer | Self::OptimizerParams)
+    }
+
+    pub fn params(self) -> bool {
+        matches!(self, Self::Params | Self::OptimizerParams)
+    }
+}
+
+/// How a diffusion pipeline's VAE decodes the final latents (diffusers `enable_vae_slicing`,
+/// `enable_vae_tiling`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VaeDecode {
+    Full,
+    /// One image at a time.
+    Slicing,
+    /// Overlapping tiles of the VAE's native size.
+    Tiling,
+    SlicingTiling,
+}
+
+impl VaeDecode {
+    fn parse(key: &str, value: &str) -> Result<Self, AnnotationError> {
+        Ok(match value.to_ascii_lowercase().as_str() {
+            "full" | "none" => Self::Full,
+            "slicing" => Self::Slicing,
+            "tiling" => Self::Tiling,
+            "slicing+tiling" | "tiling+slicing" => Self::SlicingTiling,
+            _ => {
+                return Err(AnnotationError::new(
+                    key,
+                    value,
+                    "one of full slicing tiling slicing+tiling",
+                ));
+            }
+        })
+    }
+
+    pub fn slicing(self) -> bool {
+        matches!(self, Self::Slicing | Self::SlicingTiling)
+    }
+
+    pub fn tiling(self) -> bool {
+        matches!(self, Self::Tiling | Self::SlicingTiling)
+    }
+}
+
+/// The longest model label accepted (a DNS subdomain's length: names are copied into events).
+const MAX_MODEL_LABEL: usize = 253;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Checkpointing {
@@ -346,6 +478,9 @@ pub struct Spec {
     pub gpu_share: Option<f64>,
     pub gpus: Option<u32>,
     pub model: Option<&'static Preset>,
+    /// A `model` value that names no preset: a label only, the shape annotations describe it.
+    pub model_label: Option<String>,
+    pub architecture: Option<presets::Kind>,
     pub params: Option<u64>,
     pub layers: Option<u32>,
     pub hidden_size: Option<u32>,
@@ -363,8 +498,22 @@ pub struct Spec {
     pub engine: Option<Engine>,
     pub gpu_memory_utilization: Option<f64>,
     pub tensor_parallel: Option<u32>,
+    pub sequence_parallel: Option<bool>,
+    pub pipeline_parallel: Option<u32>,
+    pub context_parallel: Option<u32>,
     pub data_parallel: Option<u32>,
     pub zero_stage: Option<u8>,
+    /// FSDP `HYBRID_SHARD`: sharded within the pod's GPUs, replicated across pods.
+    pub hybrid_shard: bool,
+    /// The stage was named the FSDP way (`full-shard` ...), not as a DeepSpeed stage number:
+    /// the two gather offloaded parameters differently.
+    pub fsdp: bool,
+    pub offload: Option<Offload>,
+    pub image_size: Option<u32>,
+    pub images: Option<u32>,
+    pub guidance: Option<bool>,
+    pub vae_decode: Option<VaeDecode>,
+    pub beams: Option<u32>,
     pub optimizer: Option<Optimizer>,
     /// A `paged-*` optimizer: its state lives in CUDA unified memory, outside PyTorch's allocator.
     pub optimizer_paged: bool,
@@ -461,18 +610,44 @@ impl Spec {
             }
             "gpu-share" => self.gpu_share = Some(fraction(key, v, true, 1.0)?),
             "gpus" => self.gpus = Some(int(key, v, 1, 64)?),
-            "model" => {
-                self.model = Some(presets::find(v).ok_or_else(|| {
-                    AnnotationError::new(
-                        key,
-                        value,
-                        format!(
-                            "a built-in preset (case-insensitive): {}; or describe the model \
-                             with peakfit.io/params and the shape annotations",
-                            presets::names()
-                        ),
-                    )
-                })?)
+            "model" => match presets::find(v) {
+                Some(p) => self.model = Some(p),
+                None => {
+                    // Any other name is a label: the check after parsing demands the fields
+                    // that describe it.
+                    if v.is_empty() || v.len() > MAX_MODEL_LABEL || v.chars().any(char::is_control)
+                    {
+                        return Err(AnnotationError::new(
+                            key,
+                            value,
+                            format!(
+                                "a built-in preset (case-insensitive: {}) or any other name of \
+                                 1 to {MAX_MODEL_LABEL} printable characters",
+                                presets::names()
+                            ),
+                        ));
+                    }
+                    self.model_label = Some(v.to_string());
+                }
+            },
+            "architecture" => {
+                self.architecture = Some(match v.to_ascii_lowercase().as_str() {
+                    "decoder" | "decoder-only" | "causal-lm" => presets::Kind::Decoder,
+                    "encoder" | "encoder-only" => presets::Kind::Encoder,
+                    "encoder-decoder" | "seq2seq" => presets::Kind::EncoderDecoder {
+                        encoder_positions: 0,
+                        decoder_positions: 0,
+                    },
+                    // Resolved against the preset in `check`.
+                    "diffusion" => presets::Kind::Diffusion(presets::PLACEHOLDER_DIFFUSION),
+                    _ => {
+                        return Err(AnnotationError::new(
+                            key,
+                            value,
+                            format!("one of {}", presets::Kind::NAMES),
+                        ));
+                    }
+                })
             }
             "params" => {
                 let n =
@@ -518,8 +693,42 @@ impl Spec {
                 self.gpu_memory_utilization = Some(fraction(key, v, true, 1.0)?)
             }
             "tensor-parallel" => self.tensor_parallel = Some(int(key, v, 1, 64)?),
+            "sequence-parallel" => self.sequence_parallel = Some(boolean(key, v)?),
+            "pipeline-parallel" => self.pipeline_parallel = Some(int(key, v, 1, 256)?),
+            "context-parallel" => self.context_parallel = Some(int(key, v, 1, 256)?),
             "data-parallel" => self.data_parallel = Some(int(key, v, 1, 1 << 20)?),
-            "zero-stage" => self.zero_stage = Some(int(key, v, 0, 3)?),
+            "zero-stage" => {
+                let name = v.to_ascii_lowercase().replace('_', "-");
+                self.fsdp = matches!(
+                    name.as_str(),
+                    "no-shard" | "shard-grad-op" | "full-shard" | "hybrid-shard"
+                );
+                let (stage, hybrid) = match name.as_str() {
+                    "no-shard" => (0, false),
+                    "shard-grad-op" => (2, false),
+                    "full-shard" => (3, false),
+                    "hybrid-shard" => (3, true),
+                    _ => (
+                        int(key, v, 0, 3).map_err(|_| {
+                            AnnotationError::new(
+                                key,
+                                value,
+                                "a whole number from 0 to 3 (DeepSpeed ZeRO stages) or FSDP's no-shard \
+                                 shard-grad-op full-shard hybrid-shard",
+                            )
+                        })?,
+                        false,
+                    ),
+                };
+                self.zero_stage = Some(stage);
+                self.hybrid_shard = hybrid;
+            }
+            "offload" => self.offload = Some(Offload::parse(key, v)?),
+            "image-size" => self.image_size = Some(int(key, v, 64, 16384)?),
+            "images" => self.images = Some(int(key, v, 1, 1024)?),
+            "guidance" => self.guidance = Some(boolean(key, v)?),
+            "vae-decode" => self.vae_decode = Some(VaeDecode::parse(key, v)?),
+            "beams" => self.beams = Some(int(key, v, 1, 64)?),
             "optimizer" => {
                 self.optimizer = Some(Optimizer::parse(key, v)?);
                 self.optimizer_paged = v.to_ascii_lowercase().starts_with("paged-");
@@ -541,7 +750,9 @@ impl Spec {
             "flash-attention" => self.flash_attention = Some(boolean(key, v)?),
             "lora-rank" => self.lora_rank = Some(int(key, v, 1, 65536)?),
             "headroom" => self.headroom = Some(fraction(key, v, false, 10.0)?),
-            k if OUTPUT_KEYS.contains(&k) => {}
+            k if OUTPUT_KEYS
+                .iter()
+                .any(|o| o.strip_prefix(PREFIX) == Some(k)) => {}
             _ => {
                 return Err(AnnotationError::new(
                     key,
@@ -549,7 +760,11 @@ impl Spec {
                     format!(
                         "not a peakfit annotation; known keys are {} (and, written by bind, {})",
                         INPUT_KEYS.join(" "),
-                        OUTPUT_KEYS.join(" ")
+                        OUTPUT_KEYS
+                            .iter()
+                            .map(|o| &o[PREFIX.len()..])
+                            .collect::<Vec<_>>()
+                            .join(" ")
                     ),
                 ));
             }
@@ -558,8 +773,74 @@ impl Spec {
     }
 
     /// Checks between annotations, after all are read.
-    fn check(&self) -> Result<(), AnnotationError> {
+    fn check(&mut self) -> Result<(), AnnotationError> {
         let show = |n: Option<u32>| n.map(|n| n.to_string()).unwrap_or_default();
+        if let Some(label) = &self.model_label
+            && self.params.is_none()
+        {
+            // A name that is no preset says nothing about size: the fields must.
+            let missing = match (self.layers, self.hidden_size) {
+                (None, _) => "layers",
+                (Some(_), None) => "hidden-size",
+                _ => "",
+            };
+            if !missing.is_empty() {
+                return Err(AnnotationError::new(
+                    missing,
+                    "",
+                    format!(
+                        "required: model {label:?} is not a built-in preset ({}), so give \
+                         peakfit.io/params or peakfit.io/layers and peakfit.io/hidden-size \
+                         (or peakfit.io/vram)",
+                        presets::names()
+                    ),
+                ));
+            }
+        }
+        if let Some(presets::Kind::Diffusion(_)) = self.architecture {
+            match self.model.map(|p| p.kind) {
+                Some(kind @ presets::Kind::Diffusion(_)) => self.architecture = Some(kind),
+                _ => {
+                    return Err(AnnotationError::new(
+                        "model",
+                        self.model
+                            .map(|p| p.name)
+                            .or(self.model_label.as_deref())
+                            .unwrap_or(""),
+                        format!(
+                            "a diffusion preset for architecture diffusion: {}",
+                            presets::diffusion_names()
+                        ),
+                    ));
+                }
+            }
+        }
+        let diffusion = matches!(self.kind(), presets::Kind::Diffusion(_));
+        for (key, given) in [
+            ("image-size", self.image_size.is_some()),
+            ("images", self.images.is_some()),
+            ("guidance", self.guidance.is_some()),
+            ("vae-decode", self.vae_decode.is_some()),
+        ] {
+            if given && !diffusion {
+                return Err(AnnotationError::new(
+                    key,
+                    "",
+                    format!(
+                        "only for a diffusion pipeline (peakfit.io/model one of {})",
+                        presets::diffusion_names()
+                    ),
+                ));
+            }
+        }
+        if diffusion && self.workload.is_some_and(Workload::is_training) {
+            return Err(AnnotationError::new(
+                "workload",
+                self.workload.map_or("", Workload::name),
+                "inference for a diffusion pipeline (its training terms are not modelled: give \
+                 peakfit.io/vram)",
+            ));
+        }
         if let (Some(kv), Some(heads)) = (self.kv_heads, self.attention_heads())
             && kv > heads
         {
@@ -618,6 +899,13 @@ impl Spec {
         Ok(())
     }
 
+    /// The architecture kind: the annotation, else the preset's, else a decoder.
+    pub fn kind(&self) -> presets::Kind {
+        self.architecture
+            .or(self.model.map(|p| p.kind))
+            .unwrap_or(presets::Kind::Decoder)
+    }
+
     fn attention_heads(&self) -> Option<u32> {
         self.attention_heads
             .or_else(|| self.model.and_then(|p| p.shape).map(|a| a.attention_heads))
@@ -628,6 +916,7 @@ impl Spec {
     fn describes_model(&self) -> bool {
         self.model.is_some()
             || self.params.is_some()
+            || (self.layers.is_some() && self.hidden_size.is_some())
             || matches!(self.engine, Some(Engine::Fraction(_)))
     }
 }
@@ -814,7 +1103,6 @@ mod tests {
             ("vram", "2Ei", "at most 1Ei"),
             ("gpus", "0", "from 1 to 64"),
             ("gpus", "two", "from 1 to 64"),
-            ("model", "llama-9", "llama-3.1-8b"),
             ("params", "8.03Q", "8.03B"),
             ("params", "0", "above zero"),
             ("layers", "0", "from 1"),
@@ -847,6 +1135,14 @@ mod tests {
             let shown = e.to_string();
             assert!(shown.contains(&format!("peakfit.io/{key}")) && shown.contains(value));
         }
+        // A name that is no preset is a label: without fields it names the first one missing.
+        let e = err(&[("model", "llama-9")]);
+        assert_eq!(e.key, "layers", "{e}");
+        assert!(e.allowed.contains("llama-3.1-8b") && e.allowed.contains("params"));
+        let e = err(&[("model", "llama-9"), ("layers", "32")]);
+        assert_eq!(e.key, "hidden-size", "{e}");
+        let e = err(&[("model", "x\u{7}y")]);
+        assert_eq!(e.key, "model", "{e}");
         let e = err(&[("engine", "vllm"), ("gpu-memory-utilization", "1.5")]);
         assert_eq!(e.key, "gpu-memory-utilization");
         assert!(e.allowed.contains("up to 1"), "{e}");

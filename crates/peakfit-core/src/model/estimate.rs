@@ -9,15 +9,36 @@
 //! `fraction x GPU total` plus what they allocate outside that budget, so their demand depends on
 //! the GPU they land on ([`Demand::gpu_fraction`]).
 //!
-//! Every constant cites the section of `research/memory-model.md` it comes from. Defaults for
+//! Every constant cites the section of the project's memory-model research it comes from
+//! (`research/memory-model.md`, kept outside this repository beside the data sets). Defaults for
 //! unstated settings are listed on [`Defaults`].
+//!
+//! ## Parallelism, sharding and offload, per term (per GPU)
+//!
+//! With `t` tensor-parallel, `p` pipeline stages, `c` context-parallel and `d` data-parallel
+//! ranks, `N = d·c` ranks shard model state (FSDP shards over `dp_shard x cp` as torchtitan
+//! builds its mesh; FSDP `hybrid-shard` shards over the pod's GPUs / `t·p` only):
+//!
+//! | term | formula | source |
+//! |---|---|---|
+//! | weights | `W/(t·p)`, `/N` more under ZeRO-3 / FSDP full-shard, frozen LoRA/QLoRA bases included; 0 with `offload: params`, `optimizer+params`, `sequential` | ZeRO paper §5 (Rajbhandari et al. 2019); FSDP `ShardingStrategy`; Megatron-LM places `1/p` of the layers per stage plus one embedding matrix |
+//! | gathered parameters | ZeRO-3/FSDP training: `4·largest layer` (DeepSpeed `largest_layer_memory`); frozen or offloaded: two blocks (running + prefetch) at compute width; DeepSpeed param offload: `max(2 blocks, min(1e9, W))` | DeepSpeed `estimate_zero3_model_states_mem_needs`, `stage3_max_live_parameters` default 1e9 |
+//! | gradients | `/N` from ZeRO-2 (`shard-grad-op`); 16-bit only with `offload: optimizer` | ZeRO paper; ZeRO-Offload (Ren et al. 2021) §3 |
+//! | master weights, optimizer | `/N` from ZeRO-1; 0 with `offload: optimizer` | ZeRO paper; ZeRO-Offload |
+//! | pipeline | ZeRO-2/3 degrade to ZeRO-1 (weights and gradients unsharded across micro-batches); activations: the first stage holds `L/p` layers for `p` micro-batches in flight under 1F1B = `L` layers' worth | DeepSpeed pipeline engine (ZeRO-1 only); torchtitan `reshard_after_forward=False` under PP; Narayanan et al. 2021 §2.2, Korthikanti et al. 2022 §4.2.3 |
+//! | activations | `s/c` tokens per sequence; TP shards 24 of the 34 `sbh` bytes, sequence parallel all 34 (`34·sbh/t`) | Korthikanti et al. 2022, Table 2 |
+//! | activation offload | two layers' saved activations stay, the rest is on the CPU | torchtune activation offloading |
+//! | logits, KV cache | `/t` by vocabulary / kv heads, tokens `/c` | vLLM `get_num_kv_heads`; ring attention |
+//! | encoder-decoder cache | decoder layers (`L/2`) x per-sequence (self over the output + cross over every encoder position), sequences = batch x beams (CTranslate2: cross cache per input) | HF `_expand_inputs_for_generation`; openai/whisper `n_audio_ctx` 1500, `n_text_ctx` 448 |
+//! | encoder | no KV cache | — |
+//! | diffusion | largest of text encoding, denoising (`UNET_ACT_PER_TOKEN` or a DiT block `34·tokens·samples·hidden`) and VAE decode (`VAE_PER_PIXEL`) over the weights resident in that phase | fitted constants, see each |
 
 use serde::Serialize;
 
 use super::annotations::{
-    Checkpointing, Dtype, Engine, FractionEngine, KvDtype, Optimizer, Spec, Workload,
+    Checkpointing, Dtype, Engine, FractionEngine, KvDtype, Offload, Optimizer, Spec, Workload,
 };
-use super::presets::Architecture;
+use super::presets::{Architecture, Diffusion, Kind};
 use super::quantity::{GIB, MIB};
 use crate::placement::Demand;
 
@@ -58,6 +79,29 @@ pub const ACT_FULL_WORKING_LAYERS: f64 = 1.0;
 pub const LOGITS_HF: f64 = 10.0;
 /// Chunked cross-entropy (torchtune) keeps 16-bit logits plus one fp32 chunk: 2-4 B (§5 "X").
 pub const LOGITS_CHUNKED: f64 = 4.0;
+/// Attention scores under torch autocast (fp16 AMP) without a fused kernel, per Korthikanti's
+/// `a·s²·b` unit: QKᵀ in fp16 (2 B), the softmax autocast runs in fp32 (4 B), the dropout
+/// mask (1 B) and the dropped-out probabilities in fp16 (2 B) = 9, against 5 for pure 16-bit
+/// (§1.5's `5as²b` term, re-derived for autocast's fp32 softmax; not fitted).
+pub const SCORES_AMP: f64 = 9.0;
+/// Denoiser activations at inference per latent token per sample in the batch, 16-bit, for a
+/// UNet (SD 1.5, SDXL): its ResNet and attention blocks at several resolutions hold far more
+/// than one transformer layer. Fitted on the SDXL rows whose peak is the UNet, not the VAE
+/// (`default + VAE slicing` 15.40 GiB and `default + Tiny Autoencoder` 15.48 GiB, 8 UNet
+/// samples of 128x128 latents: huggingface/blog `simple_sdxl_optimizations.md`): 8.9 GiB over
+/// 131072 sample-tokens.
+pub const UNET_ACT_PER_TOKEN: f64 = 72.0 * 1024.0;
+/// The VAE decoder's peak per output pixel of one image: its 128-512-channel convolutions at
+/// full resolution, in fp32 or fp16 alike (the GroupNorms upcast). Fitted on two sources:
+/// SDXL's fp32-upcast VAE, 4 images at 1024² = 15.2 GiB over the weights (the blog's
+/// `fp16` 21.72 GiB against `VAE slicing`), and SD3's fp16 VAE, one 1024² image, ~3.2 GiB
+/// over the weights (huggingface/blog `sd3.md` default 18.77 GB); 3.5 GiB per megapixel.
+pub const VAE_PER_PIXEL: f64 = 3.5 * GIB / 1_048_576.0;
+/// What stays on the GPU under layer streaming (`sequential` offload): the submodule running
+/// and the one being fetched, taken as 5 % of the largest component (a UNet or DiT block,
+/// the T5 encoder's largest layer). An assumption, not fitted.
+pub const SEQUENTIAL_RESIDENT: f64 = 0.05;
+
 /// ms-swift's 2023 trainer: ~3x the HF path. Inferred, not read in its source: the trainer
 /// passes labels (the model computes its loss) and computes its own loss and token accuracy
 /// from the same logits, so the logits graph is held about three times over. Back-solved from
@@ -142,6 +186,20 @@ struct Inputs {
     context: f64,
     tp: f64,
     dp: f64,
+    /// Pipeline stages: a GPU holds `1/pp` of the layers.
+    pp: f64,
+    /// Context-parallel degree: a GPU holds `1/cp` of each sequence.
+    cp: f64,
+    /// Sequence parallelism alongside tensor parallelism (Megatron-LM `--sequence-parallel`).
+    sp: bool,
+    /// FSDP hybrid shard: sharded over the pod's GPUs only.
+    hybrid: bool,
+    /// Sharding named the FSDP way (else a DeepSpeed ZeRO stage).
+    fsdp: bool,
+    offload: Offload,
+    kind: Kind,
+    /// Beam width: each beam is one more sequence in the decoder's caches.
+    beams: f64,
     gpus: u32,
     zero: u8,
     optimizer: Optimizer,
@@ -152,6 +210,7 @@ struct Inputs {
     legacy_cache: bool,
     headroom: f64,
     engine: Option<Engine>,
+    optimizer_paged: bool,
 }
 
 /// A rough transformer shape from a parameter count alone: P ≈ 12·L·h² with L ≈ h/128 (the
@@ -198,11 +257,14 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
     let mut arch = match (preset_shape, base_params) {
         (Some(a), _) => a,
         (None, Some(p)) if !shape_given => {
-            assumed.push(format!(
-                "shape derived from the parameter count ({:.2}B): layers, hidden size and \
+            let diffusion = matches!(spec.kind(), Kind::Diffusion(_));
+            if !diffusion {
+                assumed.push(format!(
+                    "shape derived from the parameter count ({:.2}B): layers, hidden size and \
                  vocabulary are rough",
-                p as f64 / 1e9
-            ));
+                    p as f64 / 1e9
+                ));
+            }
             shape_from_params(p)
         }
         _ => shape_from_params(base_params.unwrap_or(1_000_000_000)),
@@ -222,6 +284,14 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
     over!(vocab_size);
     over!(intermediate_size);
     over!(tied_embeddings);
+    // A hidden size without a head count: 128-wide heads, as `shape_from_params` assumes
+    // (Llama, Qwen, Mistral all use 128).
+    if spec.hidden_size.is_some() && spec.attention_heads.is_none() && preset_shape.is_none() {
+        arch.attention_heads = (arch.hidden_size / 128).max(1);
+        if spec.kv_heads.is_none() {
+            arch.kv_heads = arch.attention_heads;
+        }
+    }
     if spec.attention_heads.is_some() && spec.kv_heads.is_none() && preset_shape.is_none() {
         arch.kv_heads = arch.attention_heads;
     }
@@ -260,6 +330,8 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         c
     });
     let tp = spec.tensor_parallel.unwrap_or(1);
+    let pp = spec.pipeline_parallel.unwrap_or(1);
+    let cp = spec.context_parallel.unwrap_or(1);
     Inputs {
         arch,
         params: params as f64,
@@ -270,6 +342,14 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         context: context as f64,
         tp: tp as f64,
         dp: spec.data_parallel.unwrap_or(1) as f64,
+        pp: pp as f64,
+        cp: cp as f64,
+        sp: spec.sequence_parallel.unwrap_or(false),
+        hybrid: spec.hybrid_shard,
+        fsdp: spec.fsdp,
+        offload: spec.offload.unwrap_or(Offload::None),
+        kind: spec.kind(),
+        beams: spec.beams.unwrap_or(1) as f64,
         gpus: spec.gpus.unwrap_or(tp),
         zero: spec.zero_stage.unwrap_or(0),
         optimizer: spec.optimizer.unwrap_or(Optimizer::Adam),
@@ -292,8 +372,15 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         lora_rank: spec.lora_rank.unwrap_or(Defaults::LORA_RANK) as f64,
         headroom: spec.headroom.unwrap_or(0.0),
         engine: spec.engine.clone(),
+        optimizer_paged: spec.optimizer_paged,
     }
 }
+
+/// DeepSpeed's `stage3_max_live_parameters` default: gathered parameters kept resident.
+const DS_MAX_LIVE_PARAMETERS: f64 = 1e9;
+
+/// Engines built on CTranslate2.
+const CTRANSLATE2: &[&str] = &["faster-whisper", "ctranslate2", "whisperx"];
 
 /// Engines whose QLoRA path runs peft's `prepare_model_for_kbit_training`, which casts every
 /// non-quantised parameter (embeddings, head, norms) of a bitsandbytes model to fp32.
@@ -319,6 +406,10 @@ impl Inputs {
     fn weight_bits(&self) -> f64 {
         match self.dtype {
             Dtype::Fp32 => 32.0,
+            // Autocast / FSDP mixed precision over an fp32-loaded base: LoRA's frozen weights
+            // stay fp32 in storage and are cast to 16 bits as each layer runs (PEFT's
+            // examples/sft/train.py loads `torch_dtype=float32` without quantisation).
+            Dtype::Fp16Amp if self.workload.is_adapter() => 32.0,
             Dtype::Fp16 | Dtype::Bf16 | Dtype::Fp16Amp => 16.0,
             // e4m3 with per-tensor or 128x128 block scales: scales negligible.
             Dtype::Fp8 => 8.0,
@@ -335,32 +426,79 @@ impl Inputs {
 
     /// Quantised loaders keep embeddings and head in 16 bits (§2.6); fp32 models keep them fp32.
     fn embedding_bytes(&self) -> f64 {
-        if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 }
+        self.weight_bits().clamp(16.0, 32.0) / 8.0
     }
 
-    /// Shards of the frozen or compute copy of the weights: tensor parallel, and data parallel
-    /// under ZeRO-3 / FSDP full-shard.
+    /// The ranks ZeRO / FSDP shard model state over. Context-parallel ranks join the FSDP
+    /// mesh (torchtitan shards over `dp_shard x cp`); FSDP `HYBRID_SHARD` shards within the
+    /// pod's GPUs only and replicates across pods (PyTorch FSDP `ShardingStrategy`).
+    fn shards(&self) -> f64 {
+        if self.hybrid {
+            (self.gpus as f64 / (self.tp * self.pp)).max(1.0)
+        } else {
+            self.dp.max(1.0) * self.cp
+        }
+    }
+
+    /// ZeRO-3 / FSDP full-shard in a training job over more than one rank: the weights (the
+    /// frozen base of LoRA/QLoRA included: FSDP and ZeRO-3 flat-shard every parameter) are
+    /// split, and gathered a block at a time.
+    fn zero3(&self) -> bool {
+        self.workload.is_training() && self.zero_stage() >= 3 && self.shards() > 1.0
+    }
+
+    /// The ZeRO stage that holds between steps. Under pipeline parallelism weights and
+    /// gradients are not resharded between micro-batches: DeepSpeed's pipeline engine accepts
+    /// ZeRO-1 only, and torchtitan applies FSDP with `reshard_after_forward=False` and
+    /// accumulates unsharded gradients across micro-batches when PP is on. Only the optimizer
+    /// state (and master weights) stay sharded.
+    fn zero_stage(&self) -> u8 {
+        if self.pp > 1.0 {
+            self.zero.min(1)
+        } else {
+            self.zero
+        }
+    }
+
+    /// Shards of the frozen or compute copy of the weights: tensor parallel, and the data
+    /// parallel ranks under ZeRO-3 / FSDP full-shard.
     fn weight_shards(&self) -> f64 {
-        let zero3 = self.workload.is_training() && self.zero >= 3;
-        self.tp * if zero3 { self.dp } else { 1.0 }
+        self.tp * if self.zero3() { self.shards() } else { 1.0 }
     }
 
     fn weights(&self) -> f64 {
+        // Weights in CPU memory (ZeRO-Infinity / FSDP param offload, layer streaming) are
+        // only on the GPU a block at a time: see `live_params`.
+        if self.offload.params() || self.offload == Offload::Sequential {
+            return 0.0;
+        }
         let sharded = self.weight_bytes() / self.weight_shards();
-        // Adapter training under FSDP/ZeRO-3 keeps the gathered frozen base alive next to its
-        // shard: litgpt's 2-GPU FSDP LoRA measured 20.7 GiB per GPU against 19.8 on one GPU
-        // (§3.4 #36), i.e. no saving from sharding frozen weights.
-        if self.workload.is_adapter() && self.zero >= 3 && self.dp > 1.0 {
+        // litgpt's FSDP LoRA keeps the gathered frozen base next to its shard: its 2-GPU run
+        // measured 20.7 GiB per GPU against 19.8 on one GPU (§3.4 #36; Lightning's FSDP
+        // strategy there does not reshard frozen parameters after forward). A framework
+        // behaviour, so kept to that framework.
+        if self.workload.is_adapter() && self.zero3() && self.engine_name() == "litgpt" {
             sharded + self.weight_bytes() / self.tp
         } else {
             sharded
         }
     }
 
+    /// Share of the layers on the busiest pipeline stage.
+    fn stage_share(&self) -> f64 {
+        1.0 / self.pp
+    }
+
     /// All the weights of one tensor-parallel rank, unsharded.
+    /// One pipeline stage's weights: `1/pp` of the blocks plus, on the first or last stage,
+    /// one embedding matrix (Megatron-LM places the embedding on the first stage and the head
+    /// on the last).
     fn weight_bytes(&self) -> f64 {
-        let emb = self.embedding_params();
-        let linear = (self.params - emb).max(0.0);
+        let mut emb = self.embedding_params();
+        if self.pp > 1.0 {
+            emb = emb.min(self.arch.vocab_size as f64 * self.arch.hidden_size as f64);
+        }
+        let linear = (self.params - self.embedding_params()).max(0.0) * self.stage_share();
         let mut bytes = linear * self.weight_bits() / 8.0 + emb * self.embedding_bytes();
         // The FP8 loader un-ties a tied LM head: Qwen3-4B FP8 measured one embedding copy over
         // (742 MiB, §4.1).
@@ -417,20 +555,40 @@ impl Inputs {
             Workload::Inference => (0.0, 0.0, 0.0),
             Workload::Lora | Workload::Qlora => {
                 // Adapters train in fp32 (peft upcasts them): fp32 grads and fp32 states.
-                let p = self.adapter_params() / self.tp;
+                let p = self.adapter_params() * self.stage_share() / self.tp;
                 let states = self.optimizer_bytes(4.0);
-                (p * 4.0, p * 4.0, p * states)
+                let shard = |stage: u8| {
+                    if self.zero_stage() >= stage {
+                        self.shards()
+                    } else {
+                        1.0
+                    }
+                };
+                if self.offload.optimizer() {
+                    return (p * 4.0 / shard(2), 0.0, 0.0);
+                }
+                (
+                    p * 4.0 / shard(2),
+                    p * 4.0 / shard(1),
+                    p * states / shard(1),
+                )
             }
             Workload::Training => {
-                let p = self.params / self.tp;
+                let p = self.params * self.stage_share() / self.tp;
                 let (grad, master, param_bytes) = match self.dtype {
                     Dtype::Fp32 => (4.0, 0.0, 4.0),
                     Dtype::Fp16Amp => (4.0, 4.0, 4.0),
                     _ => (2.0, 0.0, 2.0),
                 };
                 let states = self.optimizer_bytes(param_bytes);
-                let dp = self.dp.max(1.0);
-                let shard = |stage: u8| if self.zero >= stage { dp } else { 1.0 };
+                let dp = self.shards();
+                let shard = |stage: u8| if self.zero_stage() >= stage { dp } else { 1.0 };
+                // ZeRO-Offload (Ren et al. 2021, §3): fp32 master weights, optimizer state and
+                // the fp32 gradients live on the CPU, which runs the step; the GPU keeps the
+                // 16-bit gradients of its partition until they are copied out.
+                if self.offload.optimizer() {
+                    return (p * 2.0 / shard(2), 0.0, 0.0);
+                }
                 (
                     p * grad / shard(2),
                     p * master / shard(1),
@@ -452,25 +610,56 @@ impl Inputs {
 
     /// ZeRO-3 gathers a layer at a time: DeepSpeed's `largest_layer_memory = 4·largest_layer`
     /// (§1.2), the largest layer being a transformer block or the embedding.
+    /// For adapters and for offloaded weights the gathered block is frozen: two of them (the
+    /// one running and FSDP's prefetch) at the weights' own width.
     fn zero3_live_params(&self) -> f64 {
-        if !(self.workload == Workload::Training && self.zero >= 3 && self.dp > 1.0) {
+        let offloaded = self.offload.params() || self.offload == Offload::Sequential;
+        if !(self.zero3() || offloaded) {
             return 0.0;
         }
         let layers = self.arch.layers.max(1) as f64;
         let block = (self.params - self.embedding_params()).max(0.0) / layers;
         let emb = self.arch.vocab_size as f64 * self.arch.hidden_size as f64;
-        4.0 * block.max(emb) / self.tp
+        if self.workload == Workload::Training && !offloaded {
+            4.0 * block.max(emb) / self.tp
+        } else if offloaded && !self.fsdp {
+            // DeepSpeed keeps up to `stage3_max_live_parameters` (default 1e9) gathered
+            // parameters resident before releasing any (DeepSpeed ZeRO-3 config reference),
+            // and never less than the two largest modules it fetches.
+            let live = DS_MAX_LIVE_PARAMETERS
+                .min(self.params / self.tp)
+                .max(2.0 * block.max(emb) / self.tp);
+            live * self.weight_bits().max(16.0) / 8.0
+        } else {
+            // Gathered at the compute width: 16-bit under mixed precision.
+            let bits = if self.dtype == Dtype::Fp16Amp {
+                16.0
+            } else {
+                self.weight_bits().max(16.0)
+            };
+            2.0 * block.max(emb) * bits / 8.0 / self.tp
+        }
     }
 
     fn tokens(&self) -> f64 {
-        self.batch * self.context
+        self.batch * self.context / self.cp
     }
 
     /// Training activations (Korthikanti et al., §1.5, §5 "A"), per GPU.
     fn activations(&self) -> f64 {
         let a = &self.arch;
         let (h, l) = (a.hidden_size as f64, a.layers as f64);
-        let (s, b) = (self.context, self.batch);
+        // Context parallelism splits every sequence over `cp` GPUs (ring attention keeps the
+        // local queries against streamed keys/values: scores stay local too).
+        let (mut s, b) = (self.context / self.cp, self.batch);
+        if let Kind::EncoderDecoder {
+            encoder_positions, ..
+        } = self.kind
+            && encoder_positions > 0
+            && !self.workload.is_training()
+        {
+            s = encoder_positions as f64;
+        }
         if !self.workload.is_training() {
             // Inference saves nothing for backward. Without flash attention one layer's scores
             // (16-bit) and fp32 softmax exist at once during prefill.
@@ -480,19 +669,42 @@ impl Inputs {
             let heads = (a.attention_heads as f64 / self.tp).max(1.0);
             return heads * s * s * b * 6.0;
         }
-        // Tensor parallel shards all but 10 of the 34 (§1.5 TP row).
-        let sharded = |c: f64| 10.0f64.min(c) + (c - 10.0f64.min(c)) / self.tp;
-        let scores = 5.0 * (a.attention_heads as f64) * s / h / self.tp;
+        // Tensor parallel shards all but 10 of the 34 (§1.5 TP row); sequence parallelism
+        // splits those 10 (layer norms, dropout) along the sequence too: `34/t` (§1.5 SP row).
+        let sharded = |c: f64| {
+            if self.sp {
+                c / self.tp
+            } else {
+                10.0f64.min(c) + (c - 10.0f64.min(c)) / self.tp
+            }
+        };
+        let per_score = if self.dtype == Dtype::Fp16Amp {
+            SCORES_AMP
+        } else {
+            5.0
+        };
+        let scores = per_score * (a.attention_heads as f64) * s / h / self.tp;
         let per_layer = |c: f64, with_scores: bool| {
             s * b * h * (sharded(c) + if with_scores { scores } else { 0.0 })
         };
+        // Pipeline parallel: the busiest (first) stage holds `l/pp` layers for each of the `pp`
+        // micro-batches 1F1B keeps in flight (Narayanan et al. 2021, §2.2; Korthikanti §4.2.3):
+        // `l` layers' worth, whatever pp. The layer count below is therefore unchanged.
+        let saved = |c: f64| match self.offload {
+            // Activation offloading copies what is saved to the CPU as it is produced; two
+            // layers' worth stay (the one being copied and the next), torchtune's design.
+            Offload::Activations => 2.0 * per_layer(c, false),
+            _ => l * per_layer(c, false),
+        };
         let bytes = match self.checkpointing {
+            Checkpointing::None if self.offload == Offload::Activations => {
+                saved(ACT_NONE) + ACT_FULL_WORKING_LAYERS * per_layer(ACT_NONE, !self.flash)
+            }
             Checkpointing::None => l * per_layer(ACT_NONE, !self.flash),
             // Selective recomputation drops the attention scores by definition.
-            Checkpointing::Selective => l * per_layer(ACT_SELECTIVE, false),
+            Checkpointing::Selective => saved(ACT_SELECTIVE),
             Checkpointing::Full => {
-                l * per_layer(ACT_FULL, false)
-                    + ACT_FULL_WORKING_LAYERS * per_layer(ACT_NONE, !self.flash)
+                saved(ACT_FULL) + ACT_FULL_WORKING_LAYERS * per_layer(ACT_NONE, !self.flash)
             }
         };
         // fp32 training keeps fp32 activations: ~1.9x the 16-bit bytes (§5 "A").
@@ -508,7 +720,7 @@ impl Inputs {
     fn logits(&self) -> f64 {
         let v = self.arch.vocab_size as f64 / self.tp;
         if !self.workload.is_training() {
-            return self.batch * v * 4.0;
+            return self.batch * self.beams * v * 4.0;
         }
         let per = match self.engine_name() {
             "torchtune" => LOGITS_CHUNKED,
@@ -522,17 +734,49 @@ impl Inputs {
 
     /// `2·L·kv_heads_per_gpu·head_dim·bytes·tokens`; kv heads are replicated, not split, when
     /// fewer than the tensor-parallel degree (vLLM `get_num_kv_heads`, §1.6).
+    ///
+    /// Encoders keep no cache. Encoder-decoders keep, per sequence (each beam is one: HF
+    /// `_expand_inputs_for_generation` and openai/whisper repeat the encoder output per beam),
+    /// the decoder's self-attention cache over its output and a cross-attention cache over
+    /// every encoder position, in each of the decoder's `layers/2` layers.
     fn kv_cache(&self, tokens: f64) -> f64 {
         let a = &self.arch;
         let kv_per_gpu = (a.kv_heads as f64 / self.tp).floor().max(1.0);
-        // The legacy HF cache (tuples grown by `torch.cat`) measured ~2x the theoretical KV
-        // (Qwen-7B v1 README, gpu_poor: §2.8); the flash-attention/static-cache path does not.
-        let legacy = if self.legacy_cache { 2.0 } else { 1.0 };
-        legacy * 2.0 * a.layers as f64 * kv_per_gpu * a.head_dim as f64 * self.kv_bytes * tokens
+        let per_token_layer = 2.0 * kv_per_gpu * a.head_dim as f64 * self.kv_bytes;
+        match self.kind {
+            Kind::Encoder | Kind::Diffusion(_) => 0.0,
+            Kind::EncoderDecoder {
+                encoder_positions,
+                decoder_positions,
+            } => {
+                let seqs = self.batch * self.beams;
+                // CTranslate2 (faster-whisper) keeps one cross-attention cache per input, not
+                // per beam: its batch-8 runs grew by one input's cache (0.22 GiB) per input,
+                // in fp16 and int8 alike (faster-whisper v1.1.0 README). Inferred from those
+                // two rows, not read in its source.
+                let cross_seqs = if CTRANSLATE2.contains(&self.engine_name()) {
+                    self.batch
+                } else {
+                    seqs
+                };
+                let pick = |n: u32| if n > 0 { n as f64 } else { self.context };
+                let decoder_layers = (a.layers as f64 / 2.0).max(1.0);
+                decoder_layers
+                    * per_token_layer
+                    * (cross_seqs * pick(encoder_positions) + seqs * pick(decoder_positions))
+            }
+            Kind::Decoder => {
+                // The legacy HF cache (tuples grown by `torch.cat`) measured ~2x the
+                // theoretical KV (Qwen-7B v1 README, gpu_poor: §2.8); the flash-attention /
+                // static-cache path does not.
+                let legacy = if self.legacy_cache { 2.0 } else { 1.0 };
+                legacy * a.layers as f64 * per_token_layer * tokens * self.beams
+            }
+        }
     }
 
     fn multi_gpu(&self) -> bool {
-        self.gpus > 1 || self.tp > 1.0 || self.dp > 1.0
+        self.gpus > 1 || self.tp > 1.0 || self.dp > 1.0 || self.pp > 1.0 || self.cp > 1.0
     }
 
     /// One prefill of 2048 tokens through a layer plus its logits: the least a serving
@@ -581,6 +825,23 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
     let mut components = Vec::new();
     let mut tensor = |name, bytes| add(&mut components, name, bytes, Counter::Allocated);
     let has_shape = spec.model.is_none_or(|p| p.shape.is_some()) || spec.layers.is_some();
+    if let Kind::Diffusion(d) = inp.kind {
+        for (name, bytes) in diffusion_peak(spec, &inp, &d, &mut assumed) {
+            tensor(name, bytes);
+        }
+    } else {
+        transformer_components(&inp, has_shape, &mut tensor);
+    }
+    tensor("workspace", WORKSPACE);
+    finish(inp, components, gpu_total, assumed)
+}
+
+/// The tensors of a transformer (decoder, encoder, encoder-decoder) at its peak.
+fn transformer_components(
+    inp: &Inputs,
+    has_shape: bool,
+    tensor: &mut impl FnMut(&'static str, f64),
+) {
     tensor("weights", inp.weights());
     tensor("quantisation", inp.quantisation_overhead());
     tensor("fp32-upcast", inp.kbit_upcast());
@@ -593,7 +854,7 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
         "master-weights"
     };
     tensor(master_name, master);
-    if !spec.optimizer_paged {
+    if !inp.optimizer_paged {
         tensor("optimizer", optimizer);
     }
     tensor("zero3-live-params", inp.zero3_live_params());
@@ -604,7 +865,99 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
             tensor("kv-cache", inp.kv_cache(inp.tokens()));
         }
     }
-    tensor("workspace", WORKSPACE);
+}
+
+/// A latent-diffusion pipeline's peak: the largest of its three phases (text encoding,
+/// denoising, VAE decode), each with the weights resident during it and its activations.
+///
+/// - denoiser batch = prompts x images x (2 with classifier-free guidance: diffusers
+///   concatenates the unconditional and conditional latents);
+/// - latent tokens = (image / pixels-per-token)²; a DiT holds one block's working set,
+///   `34·tokens·batch·hidden` (Korthikanti's per-layer bytes, nothing saved at inference); a
+///   UNet [`UNET_ACT_PER_TOKEN`];
+/// - VAE decode = [`VAE_PER_PIXEL`] x pixels x images decoded at once: slicing decodes one
+///   image at a time, tiling one tile of the VAE's native size (diffusers
+///   `tile_sample_min_size`);
+/// - offload `model` keeps only the running component, `sequential` (and `params`)
+///   [`SEQUENTIAL_RESIDENT`] of it.
+fn diffusion_peak(
+    spec: &Spec,
+    inp: &Inputs,
+    d: &Diffusion,
+    assumed: &mut Vec<String>,
+) -> Vec<(&'static str, f64)> {
+    let bytes = inp.weight_bits() / 8.0;
+    let act_bytes = if inp.dtype == Dtype::Fp32 { 2.0 } else { 1.0 };
+    let image = spec.image_size.unwrap_or_else(|| {
+        assumed.push(format!("image-size {}", d.default_image));
+        d.default_image
+    }) as f64;
+    let images = spec.images.unwrap_or(1) as f64 * inp.batch;
+    let guidance = spec.guidance.unwrap_or(d.guidance);
+    let samples = images * if guidance { 2.0 } else { 1.0 };
+    let tokens = (image / d.pixels_per_token as f64).powi(2);
+    let denoiser_act = if d.dit_hidden > 0 {
+        ACT_NONE * tokens * samples * d.dit_hidden as f64 * act_bytes
+    } else {
+        UNET_ACT_PER_TOKEN * tokens * samples * act_bytes
+    };
+    let vae = spec
+        .vae_decode
+        .unwrap_or(super::annotations::VaeDecode::Full);
+    let pixels = if vae.tiling() {
+        image.min(d.default_image as f64).powi(2)
+    } else {
+        image * image
+    };
+    let decoded = if vae.slicing() { 1.0 } else { images };
+    let vae_act = VAE_PER_PIXEL * pixels * decoded;
+    let vae_bytes = if d.vae_upcast { 4.0 } else { bytes };
+    let text = d.text_encoder_params as f64 * bytes;
+    let denoiser = d.denoiser_params as f64 * bytes;
+    let vae_w = d.vae_params as f64 * vae_bytes;
+    let all = text + denoiser + vae_w;
+    let resident = |component: f64| match inp.offload {
+        Offload::Model => component,
+        Offload::Sequential | Offload::Params | Offload::OptimizerParams => {
+            SEQUENTIAL_RESIDENT * component
+        }
+        _ => all,
+    };
+    let largest_text = d.largest_text_encoder_params as f64 * bytes;
+    // Model offload: the component that ran last is still on the GPU when the next one starts
+    // (SDXL's offloaded peak 20.21 GiB = UNet + VAE + decode, SD3's 12.06 = T5-XXL + DiT,
+    // huggingface/blog simple_sdxl_optimizations.md and sd3.md); the hook order behind it is
+    // not verified in accelerate's source.
+    let before = |previous: f64| {
+        if inp.offload == Offload::Model {
+            previous
+        } else {
+            0.0
+        }
+    };
+    let phases = [
+        (resident(largest_text), "text-encoders", 0.0),
+        (
+            resident(denoiser) + before(largest_text),
+            "denoiser-activations",
+            denoiser_act,
+        ),
+        (resident(vae_w) + before(denoiser), "vae-decode", vae_act),
+    ];
+    let (w, name, act) = phases
+        .into_iter()
+        .max_by(|a, b| (a.0 + a.2).total_cmp(&(b.0 + b.2)))
+        .unwrap_or((all, "vae-decode", 0.0));
+    vec![("weights", w), (name, act)]
+}
+
+/// Slack, process-level memory and headroom on top of the tensors.
+fn finish(
+    inp: Inputs,
+    mut components: Vec<Component>,
+    gpu_total: u64,
+    assumed: Vec<String>,
+) -> Estimate {
     let allocated: u64 = components.iter().map(|c| c.bytes).sum();
     let slack = if inp.workload.is_training() {
         SLACK_TRAINING
@@ -621,11 +974,11 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
     // Paged optimizers (bitsandbytes) keep their state in CUDA unified memory from
     // `cudaMallocManaged`, outside PyTorch's allocator: NVML sees it while it is resident,
     // `max_memory_reserved` never does.
-    if spec.optimizer_paged {
+    if inp.optimizer_paged {
         add(
             &mut components,
             "optimizer-paged",
-            optimizer,
+            inp.trainable_state().2,
             Counter::Process,
         );
     }
@@ -692,13 +1045,15 @@ fn fraction_engine(
     } else {
         (0.0, 0.0, 0.0)
     };
-    // One sequence at the context length must fit in what the budget leaves for the KV pool.
-    let one_sequence = if described {
-        inp.kv_cache(inp.context)
+    // The declared batch at the declared context must fit in what the budget leaves for the KV
+    // pool: an engine whose share holds the weights but only a sliver of cache admits the pod
+    // and then serves a fraction of the batch it was described with.
+    let declared_kv = if described {
+        inp.kv_cache(inp.tokens())
     } else {
         0.0
     };
-    let inside = weights + activations + nccl + one_sequence;
+    let inside = weights + activations + nccl + declared_kv;
     // Outside the budget: the context always; CUDA graphs for vLLM/SGLang (captured after
     // sizing). TGI's fraction caps the whole process; TensorRT-LLM's applies to what is free
     // after the weights, so the rest of the non-KV memory is outside it.
@@ -711,7 +1066,7 @@ fn fraction_engine(
             let non_kv = CUDA_CONTEXT + weights + activations + nccl;
             (
                 (1.0 - util) * non_kv,
-                non_kv + one_sequence / util.max(f64::EPSILON),
+                non_kv + declared_kv / util.max(f64::EPSILON),
             )
         }
         _ => (CUDA_CONTEXT + graphs, inside / util),
@@ -993,6 +1348,43 @@ mod tests {
     }
 
     #[test]
+    fn a_fraction_engine_needs_a_gpu_whose_share_holds_the_declared_batch_and_context() {
+        // Issue 10 finding 7: vLLM 8B at 0.45 with 16 x 8192 tokens declared. 45 % of an
+        // A100-40GB (18 GiB) holds the 15 GiB of weights but not the 16 GiB of KV cache the
+        // annotations describe; weights + activations + that cache need 0.45 of ~72 GiB.
+        let s = spec(&[
+            ("model", "llama-3.1-8b"),
+            ("engine", "vllm"),
+            ("gpu-memory-utilization", "0.45"),
+            ("context-tokens", "8192"),
+            ("batch", "16"),
+        ]);
+        let e = estimate(&s, 80 << 30);
+        let kv = 128.0 * 1024.0 * 8192.0 * 16.0;
+        let weights = part(&e, "weights");
+        let activations = part(&e, "activations");
+        let min = e.demand.min_gpu_total_bytes as f64;
+        assert!(
+            (min - (weights + activations + kv) / 0.45).abs() < 2.0,
+            "{min} vs {}",
+            (weights + activations + kv) / 0.45
+        );
+        assert!(!e.demand.runs_on(40 << 30), "{}", min / GIB);
+        assert!(e.demand.runs_on(80 << 30), "{}", min / GIB);
+        // One sequence of the same context is far less: the batch counts.
+        let one = estimate(
+            &spec(&[
+                ("model", "llama-3.1-8b"),
+                ("engine", "vllm"),
+                ("gpu-memory-utilization", "0.45"),
+                ("context-tokens", "8192"),
+            ]),
+            80 << 30,
+        );
+        assert!(one.demand.runs_on(40 << 30));
+    }
+
+    #[test]
     fn fraction_engines_depend_on_the_gpu() {
         let s = spec(&[
             ("model", "llama-2-7b"),
@@ -1126,6 +1518,13 @@ mod tests {
             ];
             // Only combinations the parser accepts: qlora needs quantised weights, full
             // training unquantised ones, a utilization needs a fraction engine.
+            // Diffusion pipelines are modelled for inference only (the parser says so).
+            let diffusion = matches!(
+                super::super::presets::PRESETS[preset].kind,
+                super::super::presets::Kind::Diffusion(_)
+            );
+            let workload = if diffusion { 0 } else { workload };
+            pairs[16].1 = workloads[workload].to_string();
             let d = match (workloads[workload], dtype) {
                 ("qlora", d) if d < 4 => 8,
                 ("training", d) if d >= 4 => 2,

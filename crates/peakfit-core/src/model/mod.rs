@@ -3,7 +3,9 @@
 //! around it, lives in the `peakfit` crate (`src/estimate.rs`).
 
 pub mod annotations;
+pub mod confidence;
 pub mod estimate;
+pub mod hf_config;
 pub mod presets;
 pub mod quantity;
 

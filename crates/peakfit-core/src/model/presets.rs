@@ -1,6 +1,7 @@
 //! Built-in architecture presets, selected with `peakfit.io/model`.
 //!
-//! Numbers are the HF `config.json` values collected in research/memory-model.md §3.1 (params
+//! Numbers are the HF `config.json` values (collected in the project's memory-model research, §3.1,
+//! which lives outside this repository; params
 //! computed from the shapes there); the families that table lacks (Qwen v1 1.8B/14B/72B, Llama 3.1
 //! 405B, Llama 3.2 Vision, BLOOMZ, mT0) are from their published configs. Every field can be
 //! overridden by its own annotation, so a fine-tune with a resized vocabulary needs only
@@ -36,13 +37,20 @@
 //! | `bloomz-7b1` | `bloom-7b1` | 7.07B | 30 | 4096 | 32 | 32 | 128 | 16384 | 250880 | yes |
 //! | `gpt2` | `gpt-2`, `gpt2-small` | 124M | 12 | 768 | 12 | 12 | 64 | 3072 | 50257 | yes |
 //! | `bert-large` | `bert-large-uncased`, `bert-large-cased` | 335M | 24 | 1024 | 16 | 16 | 64 | 4096 | 30522 | yes |
+//! | `bert-base` | `bert-base-uncased`, `bert-base-cased` | 110M | 12 | 768 | 12 | 12 | 64 | 3072 | 30522 | yes |
+//! | `roberta-large` | `xlm-roberta-large` | 355M | 24 | 1024 | 16 | 16 | 64 | 4096 | 50265 | yes |
 //! | `t0-3b` | `t0_3b`, `t5-v1.1-xl` | 2.85B | 48 | 2048 | 32 | 32 | 64 | 5120 | 32128 | no |
 //! | `mt0-xxl` | `mt5-xxl` | 12.9B | 48 | 4096 | 64 | 64 | 64 | 10240 | 250112 | no |
-//! | `whisper-large-v2` | `whisper-large` | 1.55B | 64 | 1280 | 20 | 20 | 64 | 5120 | 51865 | yes |
-//! | `sdxl-base-1.0` | `sdxl`, `stable-diffusion-xl` | 3.5B | – | – | – | – | – | – | – | – |
+//! | `whisper-large-v2` | `whisper-large`, `whisper-large-v3`, `whisper-large-v1` | 1.55B | 64 | 1280 | 20 | 20 | 64 | 5120 | 51865 | yes |
+//! | `whisper-medium` |  | 769M | 48 | 1024 | 16 | 16 | 64 | 4096 | 51865 | yes |
+//! | `sd-1.5` | `stable-diffusion-v1-5`, `stable-diffusion-1.5`, `sd1.5`, `sd-v1-5`, `stable-diffusion-v1-4` | 1.07B | – | – | – | – | – | – | – | – |
+//! | `sdxl-base-1.0` | `sdxl`, `stable-diffusion-xl`, `stable-diffusion-xl-base-1.0` | 3.47B | – | – | – | – | – | – | – | – |
+//! | `sd3-medium` | `stable-diffusion-3-medium`, `sd3` | 7.69B | – | – | – | – | – | – | – | – |
+//! | `flux-dev` | `flux.1-dev`, `flux-1-dev`, `flux.1-schnell`, `flux-schnell`, `flux` | 16.87B | – | – | – | – | – | – | – | – |
 //!
-//! Encoder-decoder models (T5, mT0, Whisper) count encoder + decoder layers. SDXL is a UNet, not a
-//! transformer: only its parameter count is known, so its estimate is weights and overheads only.
+//! Encoder-decoder models (T5, mT0, Whisper) count encoder + decoder layers. Diffusion pipelines
+//! (`sd-1.5`, `sdxl-base-1.0`, `sd3-medium`, `flux-dev`) have no single transformer shape: their
+//! parameter count is text encoders + denoiser + VAE, and [`Diffusion`] lists the parts.
 
 /// A transformer's shape: what the memory model needs to know about a model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +74,71 @@ pub struct Preset {
     /// `None` for non-transformer models, where only the parameter count is meaningful.
     pub shape: Option<Architecture>,
     pub params: u64,
+    pub kind: Kind,
+}
+
+/// How a model's layers are arranged, which decides its activation and cache terms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Causal decoder-only LM: KV cache grows with the context.
+    Decoder,
+    /// Bidirectional encoder (BERT, RoBERTa): no KV cache, one pass over the sequence.
+    Encoder,
+    /// Encoder + decoder (T5, mT0, Whisper): `layers` counts both stacks, half each; the decoder
+    /// keeps a self-attention cache and a cross-attention cache over the encoder's output.
+    EncoderDecoder {
+        /// Encoder positions the decoder attends to: Whisper's 1500 audio frames per 30 s
+        /// window; 0 when it is the input sequence itself (T5).
+        encoder_positions: u32,
+        /// Longest decoder output: Whisper's `n_text_ctx` 448.
+        decoder_positions: u32,
+    },
+    /// Latent diffusion pipeline: text encoders, a denoiser and a VAE.
+    Diffusion(Diffusion),
+}
+
+impl Kind {
+    pub const NAMES: &str = "decoder encoder encoder-decoder diffusion";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Decoder => "decoder",
+            Self::Encoder => "encoder",
+            Self::EncoderDecoder { .. } => "encoder-decoder",
+            Self::Diffusion(_) => "diffusion",
+        }
+    }
+}
+
+/// The parts of a latent-diffusion pipeline (parameter counts from the diffusers model cards'
+/// component `config.json`s and safetensors sizes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Diffusion {
+    /// UNet or DiT parameters.
+    pub denoiser_params: u64,
+    /// All text encoders together (CLIP-L, OpenCLIP-bigG, T5-XXL as the pipeline has them).
+    pub text_encoder_params: u64,
+    /// The largest single text encoder (what model offload holds at once).
+    pub largest_text_encoder_params: u64,
+    pub vae_params: u64,
+    /// DiT hidden width and depth; 0 for a UNet.
+    pub dit_hidden: u32,
+    /// Pixels per latent token along one side: 8 for a UNet over an 8x VAE, 16 for a DiT
+    /// that patchifies 2x2 latents.
+    pub pixels_per_token: u32,
+    /// The VAE decodes in fp32 whatever the pipeline dtype (SDXL's `force_upcast`).
+    pub vae_upcast: bool,
+    /// The pipeline's default image side.
+    pub default_image: u32,
+    /// Classifier-free guidance by default (doubles the denoiser batch); Flux-dev's guidance is
+    /// distilled into the model and does not.
+    pub guidance: bool,
+}
+
+impl Diffusion {
+    pub fn params(&self) -> u64 {
+        self.denoiser_params + self.text_encoder_params + self.vae_params
+    }
 }
 
 /// Presets are identified by name.
@@ -112,8 +185,44 @@ const fn transformer(
         aliases,
         shape: Some(shape),
         params: shape.params,
+        kind: Kind::Decoder,
     }
 }
+
+const fn with_kind(p: Preset, kind: Kind) -> Preset {
+    Preset { kind, ..p }
+}
+
+const fn diffusion(name: &'static str, aliases: &'static [&'static str], d: Diffusion) -> Preset {
+    Preset {
+        name,
+        aliases,
+        shape: None,
+        params: d.denoiser_params + d.text_encoder_params + d.vae_params,
+        kind: Kind::Diffusion(d),
+    }
+}
+
+/// Whisper: 30 s windows of 1500 encoder frames, at most 448 decoder tokens (`n_audio_ctx`,
+/// `n_text_ctx` of openai/whisper's `ModelDimensions`).
+const WHISPER: Kind = Kind::EncoderDecoder {
+    encoder_positions: 1500,
+    decoder_positions: 448,
+};
+/// T5-family: the decoder attends to the input sequence.
+const T5: Kind = Kind::EncoderDecoder {
+    encoder_positions: 0,
+    decoder_positions: 0,
+};
+/// Stable Diffusion's VAE (`AutoencoderKL`, 83.7M parameters in every SD 1.x/2.x/XL/3/Flux
+/// pipeline: only the latent channels differ).
+const SD_VAE: u64 = 84 * M;
+/// CLIP ViT-L/14 text tower (SD 1.5, SDXL, SD3 and Flux all carry it).
+const CLIP_L: u64 = 123 * M;
+/// OpenCLIP ViT-bigG/14 text tower with projection (SDXL, SD3).
+const CLIP_G: u64 = 695 * M;
+/// T5-v1.1-XXL encoder (SD3, Flux).
+const T5_XXL: u64 = 4_762 * M;
 
 pub static PRESETS: &[Preset] = &[
     transformer(
@@ -251,32 +360,138 @@ pub static PRESETS: &[Preset] = &[
         &["gpt-2", "gpt2-small"],
         arch(124 * M, 12, 768, 12, 12, 64, 3072, 50257, true),
     ),
-    transformer(
-        "bert-large",
-        &["bert-large-uncased", "bert-large-cased"],
-        arch(335 * M, 24, 1024, 16, 16, 64, 4096, 30522, true),
+    with_kind(
+        transformer(
+            "bert-large",
+            &["bert-large-uncased", "bert-large-cased"],
+            arch(335 * M, 24, 1024, 16, 16, 64, 4096, 30522, true),
+        ),
+        Kind::Encoder,
     ),
-    transformer(
-        "t0-3b",
-        &["t0_3b", "t5-v1.1-xl"],
-        arch(2_850 * M, 48, 2048, 32, 32, 64, 5120, 32128, false),
+    with_kind(
+        transformer(
+            "bert-base",
+            &["bert-base-uncased", "bert-base-cased"],
+            arch(110 * M, 12, 768, 12, 12, 64, 3072, 30522, true),
+        ),
+        Kind::Encoder,
     ),
-    transformer(
-        "mt0-xxl",
-        &["mt5-xxl"],
-        arch(12_900 * M, 48, 4096, 64, 64, 64, 10240, 250112, false),
+    with_kind(
+        transformer(
+            "roberta-large",
+            &["xlm-roberta-large"],
+            arch(355 * M, 24, 1024, 16, 16, 64, 4096, 50265, true),
+        ),
+        Kind::Encoder,
     ),
-    transformer(
-        "whisper-large-v2",
-        &["whisper-large"],
-        arch(1_550 * M, 64, 1280, 20, 20, 64, 5120, 51865, true),
+    with_kind(
+        transformer(
+            "t0-3b",
+            &["t0_3b", "t5-v1.1-xl"],
+            arch(2_850 * M, 48, 2048, 32, 32, 64, 5120, 32128, false),
+        ),
+        T5,
     ),
-    Preset {
-        name: "sdxl-base-1.0",
-        aliases: &["sdxl", "stable-diffusion-xl"],
-        shape: None,
-        params: 3_500 * M,
-    },
+    with_kind(
+        transformer(
+            "mt0-xxl",
+            &["mt5-xxl"],
+            arch(12_900 * M, 48, 4096, 64, 64, 64, 10240, 250112, false),
+        ),
+        T5,
+    ),
+    with_kind(
+        transformer(
+            "whisper-large-v2",
+            &["whisper-large", "whisper-large-v3", "whisper-large-v1"],
+            arch(1_550 * M, 64, 1280, 20, 20, 64, 5120, 51865, true),
+        ),
+        WHISPER,
+    ),
+    with_kind(
+        transformer(
+            "whisper-medium",
+            &[],
+            arch(769 * M, 48, 1024, 16, 16, 64, 4096, 51865, true),
+        ),
+        WHISPER,
+    ),
+    diffusion(
+        "sd-1.5",
+        &[
+            "stable-diffusion-v1-5",
+            "stable-diffusion-1.5",
+            "sd1.5",
+            "sd-v1-5",
+            "stable-diffusion-v1-4",
+        ],
+        Diffusion {
+            denoiser_params: 860 * M,
+            text_encoder_params: CLIP_L,
+            largest_text_encoder_params: CLIP_L,
+            vae_params: SD_VAE,
+            dit_hidden: 0,
+            pixels_per_token: 8,
+            vae_upcast: false,
+            default_image: 512,
+            guidance: true,
+        },
+    ),
+    diffusion(
+        "sdxl-base-1.0",
+        &[
+            "sdxl",
+            "stable-diffusion-xl",
+            "stable-diffusion-xl-base-1.0",
+        ],
+        Diffusion {
+            denoiser_params: 2_567 * M,
+            text_encoder_params: CLIP_L + CLIP_G,
+            largest_text_encoder_params: CLIP_G,
+            vae_params: SD_VAE,
+            dit_hidden: 0,
+            pixels_per_token: 8,
+            vae_upcast: true,
+            default_image: 1024,
+            guidance: true,
+        },
+    ),
+    diffusion(
+        "sd3-medium",
+        &["stable-diffusion-3-medium", "sd3"],
+        Diffusion {
+            denoiser_params: 2_028 * M,
+            text_encoder_params: CLIP_L + CLIP_G + T5_XXL,
+            largest_text_encoder_params: T5_XXL,
+            vae_params: SD_VAE,
+            dit_hidden: 1536,
+            pixels_per_token: 16,
+            vae_upcast: false,
+            default_image: 1024,
+            guidance: true,
+        },
+    ),
+    diffusion(
+        "flux-dev",
+        &[
+            "flux.1-dev",
+            "flux-1-dev",
+            "flux.1-schnell",
+            "flux-schnell",
+            "flux",
+        ],
+        Diffusion {
+            denoiser_params: 11_900 * M,
+            text_encoder_params: CLIP_L + T5_XXL,
+            largest_text_encoder_params: T5_XXL,
+            vae_params: SD_VAE,
+            dit_hidden: 3072,
+            pixels_per_token: 16,
+            vae_upcast: false,
+            default_image: 1024,
+            guidance: false,
+        },
+    ),
 ];
 
 /// Words that name a checkpoint variant, not an architecture: `Qwen-7B-Chat-Int4 (v1)` has the
@@ -362,6 +577,30 @@ pub fn markdown_table() -> String {
 fn trim(x: f64) -> String {
     let s = format!("{x:.2}");
     s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// Stands in for "diffusion" in a parsed `peakfit.io/architecture` until the preset supplies
+/// the real parts (the parser refuses the annotation without a diffusion preset).
+pub const PLACEHOLDER_DIFFUSION: Diffusion = Diffusion {
+    denoiser_params: 0,
+    text_encoder_params: 0,
+    largest_text_encoder_params: 0,
+    vae_params: 0,
+    dit_hidden: 0,
+    pixels_per_token: 8,
+    vae_upcast: false,
+    default_image: 512,
+    guidance: true,
+};
+
+/// The diffusion presets, for error messages.
+pub fn diffusion_names() -> String {
+    PRESETS
+        .iter()
+        .filter(|p| matches!(p.kind, Kind::Diffusion(_)))
+        .map(|p| p.name)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The names `peakfit.io/model` accepts, for error messages.
@@ -467,6 +706,7 @@ mod tests {
                 "t0-3b",
                 "mt0-xxl",
                 "whisper-large-v2",
+                "whisper-medium",
                 "falcon-40b",
                 "falcon-7b",
             ]

@@ -69,7 +69,7 @@ pub enum Rejection {
         models: Vec<String>,
     },
     #[error(
-        "needs a GPU of at least {} (the engine's share of a smaller one cannot hold the model); largest GPU here has {}",
+        "needs a GPU of at least {}: the engine's share of a smaller one cannot hold its weights, activations and the KV cache of the declared batch x context-tokens; largest GPU here has {}",
         gib(*min_gpu_total_bytes), gib(*largest_gpu_total_bytes)
     )]
     GpuTooSmall {
@@ -105,6 +105,10 @@ impl Rejection {
     pub fn reason(&self) -> &'static str {
         match self {
             Rejection::NoReport => "no_report",
+            Rejection::StaleReport {
+                age_secs: Some(age),
+                ..
+            } if *age < 0 => "report_from_future",
             Rejection::StaleReport { .. } => "stale_report",
             Rejection::NvmlDown { .. } => "nvml_down",
             Rejection::TooFewGpus { .. } => "too_few_gpus",
@@ -125,8 +129,17 @@ impl Rejection {
     }
 }
 
+/// How far in the future a report's `observedAt` may be (the agent's and the extender's clocks
+/// disagree) before the report is treated as stale; with no bound a clock set ahead on one node
+/// would keep its last report fresh forever.
+pub const MAX_CLOCK_SKEW_SECS: i64 = 60;
+
 fn stale(age: Option<i64>, limit: i64) -> String {
     match age {
+        Some(age) if age < 0 => format!(
+            "GPU report is dated {}s in the future (more clock skew than {MAX_CLOCK_SKEW_SECS}s allows): treating it as stale until the node's clock and the extender's agree",
+            age.unsigned_abs()
+        ),
         Some(age) => format!(
             "GPU report is {age}s old (limit {limit}s): the peakfit agent on this node has stopped reporting"
         ),
@@ -176,10 +189,11 @@ pub fn node_usable(node: &NodeLedger, cfg: &FitConfig, now_unix: i64) -> Result<
         }
     }
     if let Some(limit) = cfg.max_report_age_secs {
-        match node.observed_at_unix {
-            Some(at) if now_unix - at > limit => {
+        match node.observed_at_unix.map(|at| now_unix.saturating_sub(at)) {
+            // A report from the future would otherwise stay fresh forever.
+            Some(age) if age > limit || age < -MAX_CLOCK_SKEW_SECS => {
                 return Err(Rejection::StaleReport {
-                    age_secs: Some(now_unix - at),
+                    age_secs: Some(age),
                     limit_secs: limit,
                 });
             }
@@ -436,6 +450,15 @@ mod tests {
             r.to_string(),
             "GPU report has no readable time (limit 120s): treating it as stale until the peakfit agent reports again"
         );
+        // A report dated in the future (clock skew) within the bound is fresh, beyond it stale,
+        // with its own reason.
+        n.observed_at_unix = Some(NOW + MAX_CLOCK_SKEW_SECS);
+        assert!(fit(&n, &shape(1, GI), &FitConfig::default(), NOW).is_ok());
+        n.observed_at_unix = Some(NOW + 3600);
+        let r = reject(&n, shape(1, GI));
+        assert_eq!(r.reason(), "report_from_future");
+        assert!(r.is_node_wide());
+        assert!(r.to_string().contains("3600s in the future"), "{r}");
         // Without a limit (simulation) age does not matter.
         let cfg = FitConfig::simulation();
         assert!(fit(&n, &shape(1, GI), &cfg, NOW).is_ok());
@@ -525,7 +548,9 @@ mod tests {
         assert_eq!(r.reason(), "not_enough_memory");
         assert_eq!(
             r.to_string(),
-            "needs a GPU of at least 40.0 GiB (the engine's share of a smaller one cannot hold the model); largest GPU here has 24.0 GiB"
+            "needs a GPU of at least 40.0 GiB: the engine's share of a smaller one cannot hold \
+             its weights, activations and the KV cache of the declared batch x context-tokens; \
+             largest GPU here has 24.0 GiB"
         );
     }
 

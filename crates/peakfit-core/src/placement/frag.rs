@@ -238,10 +238,8 @@ pub struct ShapeStatsConfig {
     /// A rebuilt mix none of whose shares moved by more than this (a class entering or leaving
     /// at the coverage edge moves by its share) replaces nothing: a steady workload keeps one
     /// mix, and every score remembered under it, instead of invalidating every node's memo each
-    /// `refresh_every` pods. Shares estimated over a half-life of 2,000 pods that arrive in
-    /// runs of one shape move by roughly ±0.02 from noise alone (an estimate, not measured:
-    /// sqrt(p(1-p) x run length / ~2,900 effective pods) for p = 0.2, runs of ~8); at 0.05 a node's expected
-    /// fragmentation moves by at most 0.05 GPU per free GPU before the mix is replaced.
+    /// `refresh_every` pods. Set above the share noise of a steady workload (estimated in
+    /// `docs/tuning.md`).
     pub refresh_tolerance: f64,
     /// Pods remembered by key so that each counts once however often it is filtered (a pod in
     /// backoff is asked about again and again); the oldest key is forgotten first.

@@ -19,7 +19,8 @@ use crate::inventory::NodeGpuReportStatus;
 use super::demand::PodClass;
 use super::fit::Placement;
 
-/// The pod's UID: stable across renames and unique across namespaces.
+/// How the index names a pod: its UID when it has one (stable across renames, unique across
+/// namespaces), `namespace/name` for objects without one (hand-written files; see `cluster::index::pod_key`).
 pub type PodKey = String;
 
 /// One pod's claim on one GPU.
@@ -99,9 +100,40 @@ impl GpuLedger {
     /// Drops a pod's reservation; returns it if there was one.
     pub fn release(&mut self, pod: &str) -> Option<Reservation> {
         let old = self.reservations.remove(pod)?;
-        self.charged_sum -= old.charged_bytes();
-        self.observed_sum -= old.observed_bytes;
+        self.adjust_sums(old, Reservation::default());
         Some(old)
+    }
+
+    /// Moves the cached sums from `old` to `new`. The sums saturate (a reservation read from an
+    /// annotation may be as large as the parser allows); a saturated sum cannot be taken back
+    /// step by step, so it is recomputed from the reservations instead.
+    fn adjust_sums(&mut self, old: Reservation, new: Reservation) {
+        let step = |sum: u64, old: u64, new: u64| {
+            (sum != u64::MAX)
+                .then(|| sum.checked_sub(old)?.checked_add(new))
+                .flatten()
+                .filter(|&s| s != u64::MAX)
+        };
+        match (
+            step(self.charged_sum, old.charged_bytes(), new.charged_bytes()),
+            step(self.observed_sum, old.observed_bytes, new.observed_bytes),
+        ) {
+            (Some(charged), Some(observed)) => {
+                self.charged_sum = charged;
+                self.observed_sum = observed;
+            }
+            _ => self.resum(),
+        }
+    }
+
+    fn resum(&mut self) {
+        let (mut charged, mut observed) = (0u64, 0u64);
+        for r in self.reservations.values() {
+            charged = charged.saturating_add(r.charged_bytes());
+            observed = observed.saturating_add(r.observed_bytes);
+        }
+        self.charged_sum = charged;
+        self.observed_sum = observed;
     }
 
     fn put(&mut self, pod: &str, new: Reservation) {
@@ -112,8 +144,7 @@ impl GpuLedger {
                 Reservation::default()
             }
         };
-        self.charged_sum = self.charged_sum - old.charged_bytes() + new.charged_bytes();
-        self.observed_sum = self.observed_sum - old.observed_bytes + new.observed_bytes;
+        self.adjust_sums(old, new);
     }
 
     /// Applies what the agent saw on this device: its size, the driver's reserve, and the use of
@@ -136,21 +167,17 @@ impl GpuLedger {
         let mut unattributed = unattributed_bytes;
         for (pod, bytes) in pods {
             if self.reservations.contains_key(pod) {
-                *seen.entry(pod).or_default() += bytes;
+                let e = seen.entry(pod).or_default();
+                *e = e.saturating_add(bytes);
             } else {
                 unattributed = unattributed.saturating_add(bytes);
             }
         }
         self.unattributed_bytes = unattributed;
-        let mut charged = 0u64;
-        let mut observed = 0u64;
         for (pod, r) in &mut self.reservations {
             r.observed_bytes = seen.get(pod.as_str()).copied().unwrap_or(0);
-            charged = charged.saturating_add(r.charged_bytes());
-            observed = observed.saturating_add(r.observed_bytes);
         }
-        self.charged_sum = charged;
-        self.observed_sum = observed;
+        self.resum();
     }
 
     pub fn committed_bytes(&self) -> u64 {
@@ -425,6 +452,28 @@ mod tests {
     use crate::inventory::{GpuDevice, GpuProcess, NvmlStatus};
 
     const GI: u64 = 1 << 30;
+
+    /// The probe's two pods with `reserved-bytes: 18446744073709551615` overflowed the sum.
+    #[test]
+    fn huge_reservations_saturate_and_release_exactly() {
+        let mut g = GpuLedger::new("GPU-0", 80 * GI);
+        g.reserve("a", u64::MAX);
+        g.reserve("b", u64::MAX);
+        g.reserve("c", GI);
+        assert_eq!(g.committed_bytes(), u64::MAX);
+        assert_eq!(g.free_bytes(), 0);
+        g.observe(80 * GI, 0, [("a", u64::MAX), ("a", 5)], u64::MAX);
+        assert_eq!(g.observed_bytes(), u64::MAX);
+        g.observe(80 * GI, 0, [], 0);
+        g.release("a");
+        assert_eq!(g.committed_bytes(), u64::MAX);
+        g.release("b");
+        assert_eq!(g.committed_bytes(), GI);
+        g.reserve("c", 2 * GI);
+        assert_eq!(g.committed_bytes(), 2 * GI);
+        g.release("c");
+        assert_eq!((g.committed_bytes(), g.free_bytes()), (0, 80 * GI));
+    }
 
     #[test]
     fn a_pod_counts_at_the_larger_of_predicted_and_observed() {

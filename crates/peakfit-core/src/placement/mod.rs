@@ -1,5 +1,6 @@
 //! Pure placement: the ledger, the fit and the scoring. The extender and the simulator call the
-//! same functions, so what the simulator proves is what the scheduler does.
+//! same functions, so what the simulator proves is what the scheduler does. It may not read
+//! annotations (it takes the model's `PodRequest`) or do any I/O.
 
 pub mod demand;
 pub mod fit;

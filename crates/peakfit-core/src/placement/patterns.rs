@@ -13,9 +13,8 @@
 //! the dual values). The patterns the optimum uses say which pods belong together. Placement
 //! then prefers, in order: a share that completes a pattern on a GPU, one that joins a GPU
 //! whose pods are still part of a pattern, one that opens a pattern on an empty GPU, and only
-//! then anything else. On openb `default` peakfit with patterns leaves 3.84 % of GPUs
-//! unallocated, against 3.83-3.85 % for the offline optimum of the same pods
-//! (`docs/simulate.md`).
+//! then anything else. On openb `default` that comes within noise of the offline optimum of the
+//! same pods (`docs/tuning.md`, `docs/simulate.md`).
 
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
@@ -32,8 +31,7 @@ pub const UNITS_PER_GPU: u16 = 1000;
 const MIN_UNITS: u16 = 20;
 
 /// Column generation stops after this many patterns; the restricted problem's optimum is used as
-/// it stands. Measured: the openb mix (11 sizes) converges after pricing 10 patterns, 16 spread
-/// sizes after 15, 30 after 36.
+/// it stands. Far above what the mixes measured need (`docs/tuning.md`).
 const MAX_PATTERNS: usize = 400;
 
 /// A sorted multiset of shares on one GPU, in thousandths.

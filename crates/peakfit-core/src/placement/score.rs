@@ -69,13 +69,8 @@ const GPU_TERM_WEIGHT: f64 = 1e-3;
 
 /// Knobs of the peakfit policy, exposed so the simulator can show what each one buys.
 ///
-/// Defaults tuned on the openb trace (`default`, seeds 42-43, with the FGD artifact's
-/// smallest-name tie-break): FGD's delta alone 5.84 % of GPUs unallocated at arrived = 100 %
-/// (FGD's own coarse integer scores: 4.88 %), + packing 0.1: 4.89 %, + CPU balance 1.0: 4.14 %
-/// (4.15 % over seeds 42-51), + fill patterns 1.0: 3.84 % over seeds 42-51 (before the
-/// model-pressure damping, 0.5: 4.01 %, 2.0: 3.84 % but `multigpu50` 2.82 % against 2.74 %). On `gpuspec33` (seed 42), where T4-only pods want more
-/// than all T4s: FGD's scores 11.29 %, packing + CPU balance 16.23 %, + model pressure 3.0:
-/// 6.71 % (seeds 42-51 with fill patterns: 6.76 %).
+/// Defaults tuned on the openb trace; what each term bought, and on which commit, is in
+/// `docs/tuning.md`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Tuning {
     /// Weight of node packing (used share of the node's GPUs after the placement, 0..1) added to
@@ -90,8 +85,7 @@ pub struct Tuning {
     pub cpu_balance_weight: f64,
     /// Share of `cpu_balance_weight` credited when a placement strands fewer GPUs than before
     /// (a CPU-light pod on a CPU-poor node). Crediting it in full spreads CPU-light pods over
-    /// empty nodes and leaves none whole for 8-GPU pods (openb `multigpu30`, seed 42: 7.89 %
-    /// unallocated in full, 3.36 % at 0.3; `default` 4.18 % and 4.14 %).
+    /// empty nodes and leaves none whole for 8-GPU pods (measured: `docs/tuning.md`).
     pub cpu_balance_relief: f64,
     /// Weight of the model-pressure cost an unrestricted pod pays per GPU it takes on a model
     /// that model-restricted pods will need (`ShapeMix::with_capacity`). FGD only sees this as a

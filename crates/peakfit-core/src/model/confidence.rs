@@ -1,0 +1,89 @@
+//! How far to trust an estimate: the workload kind a pod belongs to and the error the model
+//! showed on public measurements of that kind (`tests/estimate_accuracy.rs` over
+//! `../shared/data/memory-validation.csv` and `tests/data/memory-measurements.csv`, which
+//! checks this table against what it measures).
+
+use serde::Serialize;
+
+use super::annotations::{Engine, Offload, Spec, Workload};
+use super::presets::Kind;
+
+/// The error band measured for one workload kind, in percent of the measured peak.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Band {
+    pub kind: &'static str,
+    pub rows: usize,
+    /// Median |error|.
+    pub median: f64,
+    /// 90th percentile |error|.
+    pub p90: f64,
+    /// Median signed error: negative means the model predicts less than was used.
+    pub signed_median: f64,
+}
+
+/// Measured with `cargo test -p peakfit --test estimate_accuracy -- --include-ignored
+/// --nocapture` (the "both files" table).
+pub const MEASURED: &[Band] = &[
+    band("diffusion", 12, 5.3, 29.4, -4.9),
+    band("encoder", 10, 2.2, 7.3, -2.5),
+    band("encoder-decoder", 9, 10.6, 67.2, 10.6),
+    band("fraction-engine", 4, 0.0, 1.1, 0.0),
+    band("inference", 47, 0.5, 9.2, 0.0),
+    band("lora", 15, 6.0, 33.4, 0.2),
+    band("offload", 4, 20.6, 26.3, -26.0),
+    band("qlora", 14, 12.9, 51.0, -8.7),
+    band("sharded-training", 22, 4.4, 17.1, 0.6),
+    band("training", 2, 94.8, 103.5, 94.8),
+];
+
+const fn band(kind: &'static str, rows: usize, median: f64, p90: f64, signed: f64) -> Band {
+    Band {
+        kind,
+        rows,
+        median,
+        p90,
+        signed_median: signed,
+    }
+}
+
+/// The workload kind of a spec; the first that applies wins, so a sharded LoRA run is
+/// `sharded-training` and an offloaded one `offload`.
+pub fn workload_kind(spec: &Spec) -> &'static str {
+    let more_than_one = |n: Option<u32>| n.is_some_and(|n| n > 1);
+    let training = spec.workload.is_some_and(Workload::is_training);
+    match spec.kind() {
+        Kind::Diffusion(_) => "diffusion",
+        _ if spec.offload.is_some_and(|o| o != Offload::None) => "offload",
+        Kind::EncoderDecoder { .. } => "encoder-decoder",
+        Kind::Encoder => "encoder",
+        _ if matches!(spec.engine, Some(Engine::Fraction(_))) => "fraction-engine",
+        _ if training
+            && (more_than_one(spec.data_parallel)
+                || more_than_one(spec.tensor_parallel)
+                || more_than_one(spec.pipeline_parallel)
+                || more_than_one(spec.context_parallel)) =>
+        {
+            "sharded-training"
+        }
+        _ => spec.workload.unwrap_or(Workload::Inference).name(),
+    }
+}
+
+/// `good`: median <= 10 % and p90 <= 25 %; `fair`: median <= 25 %; else `poor` (give
+/// `peakfit.io/vram`). Under-prediction is the dangerous side, so a kind biased low by more
+/// than 10 % is never `good`.
+pub fn class(b: &Band) -> &'static str {
+    if b.median <= 10.0 && b.p90 <= 25.0 && b.signed_median >= -10.0 {
+        "good"
+    } else if b.median <= 25.0 {
+        "fair"
+    } else {
+        "poor"
+    }
+}
+
+/// The measured band for a spec's workload kind, if any row of that kind was measured.
+pub fn band_for(spec: &Spec) -> Option<&'static Band> {
+    let kind = workload_kind(spec);
+    MEASURED.iter().find(|b| b.kind == kind)
+}

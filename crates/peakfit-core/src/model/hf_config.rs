@@ -1,0 +1,323 @@
+//! A model described the way ML teams already have it: its Hugging Face `config.json`, read
+//! into the `peakfit.io/*` annotations that size it. Pure: the caller reads the file (the CLI
+//! with a size cap); this parses a string.
+//!
+//! | annotation | read from (first present) |
+//! |---|---|
+//! | `layers` | `num_hidden_layers` `n_layer` `num_layers`; encoder-decoder: `encoder_layers + decoder_layers`, T5 `num_layers + num_decoder_layers` |
+//! | `hidden-size` | `hidden_size` `n_embd` `d_model` |
+//! | `attention-heads` | `num_attention_heads` `n_head` `num_heads` `encoder_attention_heads` |
+//! | `kv-heads` | `num_key_value_heads` `num_kv_heads`, 1 with `multi_query`, else the heads |
+//! | `head-dim` | `head_dim` `d_kv`, else hidden / heads |
+//! | `vocab-size` | `vocab_size` (required) |
+//! | `intermediate-size` | `intermediate_size` `n_inner` `d_ff` `ffn_dim` `encoder_ffn_dim` `ffn_hidden_size`, else 4 x hidden; per expert for mixture-of-experts (`moe_intermediate_size`) |
+//! | `tied-embeddings` | `tie_word_embeddings` (Hugging Face's default: true) |
+//! | `dtype` | `quantization_config` (`awq`, `gptq` 4/8 bits, `bitsandbytes` 4-bit with or without double quantisation / 8-bit, `fp8`), else `torch_dtype` / `dtype` |
+//! | `architecture` | `is_encoder_decoder` or encoder and decoder layer counts: `encoder-decoder`; BERT-family `model_type`: `encoder`; else `decoder` |
+//! | `params` | derived: attention (q, o by heads; k, v by kv heads) + MLP (3 matrices when gated, x experts, + router) per layer, embeddings (one when tied), a vision tower's layers (`vision_config`) and an encoder-decoder's cross-attention |
+//!
+//! Multimodal configs (`text_config` + `vision_config`, Llama 3.2 Vision, LLaVA) size the
+//! language model from `text_config` and add the vision tower's parameters. All experts of a
+//! mixture-of-experts model are resident, so they all count; experts per token
+//! (`num_experts_per_tok`) and a `sliding_window` are reported in the notes, not used: the
+//! KV cache is sized for the whole context (an upper bound for a rolling cache).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+/// A `config.json` that cannot be read: what is wrong and what was expected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config.json is not a JSON object: {0}")]
+    NotJson(String),
+    #[error("config.json lacks {field}: {why}")]
+    Missing {
+        field: &'static str,
+        why: &'static str,
+    },
+    #[error("config.json field {field}: {value} is not valid: {allowed}")]
+    Invalid {
+        field: String,
+        value: String,
+        allowed: String,
+    },
+}
+
+/// The annotations a config implies, without the `peakfit.io/` prefix, and notes for the reader.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FromConfig {
+    pub annotations: BTreeMap<String, String>,
+    pub notes: Vec<String>,
+}
+
+/// BERT-family model types: bidirectional encoders.
+const ENCODERS: &[&str] = &[
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "deberta",
+    "deberta-v2",
+    "electra",
+    "distilbert",
+    "albert",
+    "modernbert",
+];
+
+/// Model types whose MLP is gated (three matrices: gate, up, down).
+const GATED: &[&str] = &[
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "olmo",
+    "olmo2",
+    "deepseek_v2",
+    "deepseek_v3",
+    "cohere",
+    "granite",
+    "internlm2",
+    "yi",
+    "mllama",
+    "mllama_text_model",
+    "starcoder2",
+];
+
+fn uint(obj: &Map<String, Value>, names: &[&str]) -> Result<Option<u64>, ConfigError> {
+    for name in names {
+        match obj.get(*name) {
+            None | Some(Value::Null) => continue,
+            Some(v) => {
+                return v.as_u64().filter(|n| *n > 0).map(Some).ok_or_else(|| {
+                    ConfigError::Invalid {
+                        field: (*name).to_string(),
+                        value: v.to_string(),
+                        allowed: "a whole number above zero".into(),
+                    }
+                });
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn text(obj: &Map<String, Value>, name: &str) -> Option<String> {
+    obj.get(name)
+        .and_then(Value::as_str)
+        .map(str::to_ascii_lowercase)
+}
+
+fn flag(obj: &Map<String, Value>, name: &str) -> Option<bool> {
+    obj.get(name).and_then(Value::as_bool)
+}
+
+/// The dtype annotation for a config's quantisation or storage type.
+fn dtype(
+    root: &Map<String, Value>,
+    text_cfg: &Map<String, Value>,
+) -> Result<Option<&'static str>, ConfigError> {
+    if let Some(q) = root.get("quantization_config").and_then(Value::as_object) {
+        let method = text(q, "quant_method").unwrap_or_default();
+        let bits = q.get("bits").and_then(Value::as_u64);
+        let invalid = |allowed: &str| ConfigError::Invalid {
+            field: "quantization_config.quant_method".into(),
+            value: format!("{method:?} (bits {bits:?})"),
+            allowed: allowed.into(),
+        };
+        return Ok(Some(match method.as_str() {
+            "awq" => "int4-awq",
+            "gptq" => match bits {
+                Some(8) => "int8",
+                Some(4) | None => "int4-gptq",
+                _ => return Err(invalid("gptq with 4 or 8 bits")),
+            },
+            "bitsandbytes" => {
+                if flag(q, "load_in_4bit") == Some(true) {
+                    if flag(q, "bnb_4bit_use_double_quant") == Some(true) {
+                        "nf4-dq"
+                    } else {
+                        "nf4"
+                    }
+                } else if flag(q, "load_in_8bit") == Some(true) {
+                    "int8"
+                } else {
+                    return Err(invalid("bitsandbytes with load_in_4bit or load_in_8bit"));
+                }
+            }
+            "fp8" | "fbgemm_fp8" => "fp8",
+            _ => {
+                return Err(invalid(
+                    "one of awq gptq bitsandbytes fp8 (or give peakfit.io/dtype)",
+                ));
+            }
+        }));
+    }
+    let stored = text(root, "torch_dtype")
+        .or_else(|| text(root, "dtype"))
+        .or_else(|| text(text_cfg, "torch_dtype"));
+    Ok(match stored.as_deref() {
+        Some("float32") => Some("fp32"),
+        Some("float16") => Some("fp16"),
+        Some("bfloat16") => Some("bf16"),
+        _ => None,
+    })
+}
+
+/// Parses a `config.json` text into annotations.
+pub fn annotations(json: &str) -> Result<FromConfig, ConfigError> {
+    let value: Value =
+        serde_json::from_str(json).map_err(|e| ConfigError::NotJson(e.to_string()))?;
+    let root = value
+        .as_object()
+        .ok_or_else(|| ConfigError::NotJson("the top level is not an object".into()))?;
+    let model_type = text(root, "model_type").unwrap_or_default();
+    let cfg = root
+        .get("text_config")
+        .and_then(Value::as_object)
+        .unwrap_or(root);
+    let inner_type = text(cfg, "model_type").unwrap_or_else(|| model_type.clone());
+    let mut notes = Vec::new();
+
+    let hidden = uint(cfg, &["hidden_size", "n_embd", "d_model"])?.ok_or(ConfigError::Missing {
+        field: "hidden_size",
+        why: "also read as n_embd or d_model",
+    })?;
+    let vocab = uint(cfg, &["vocab_size"])?.ok_or(ConfigError::Missing {
+        field: "vocab_size",
+        why: "needed for the embeddings and logits",
+    })?;
+    let heads = uint(
+        cfg,
+        &[
+            "num_attention_heads",
+            "n_head",
+            "num_heads",
+            "encoder_attention_heads",
+        ],
+    )?
+    .ok_or(ConfigError::Missing {
+        field: "num_attention_heads",
+        why: "also read as n_head, num_heads or encoder_attention_heads",
+    })?;
+    let enc = uint(cfg, &["encoder_layers"])?;
+    let dec = uint(cfg, &["decoder_layers", "num_decoder_layers"])?;
+    let plain = uint(cfg, &["num_hidden_layers", "n_layer", "num_layers"])?;
+    let encoder_decoder = flag(root, "is_encoder_decoder") == Some(true)
+        || enc.is_some()
+        || (dec.is_some() && plain.is_some());
+    let (layers, decoder_layers) = match (enc, dec, plain) {
+        (Some(e), Some(d), _) => (e + d, d),
+        (None, d, Some(n)) if encoder_decoder => (n + d.unwrap_or(n), d.unwrap_or(n)),
+        (_, _, Some(n)) => (n, 0),
+        _ => {
+            return Err(ConfigError::Missing {
+                field: "num_hidden_layers",
+                why: "also read as n_layer, num_layers, or encoder_layers + decoder_layers",
+            });
+        }
+    };
+    let kv = match uint(cfg, &["num_key_value_heads", "num_kv_heads"])? {
+        Some(kv) => kv,
+        None if flag(cfg, "multi_query") == Some(true) => 1,
+        None => heads,
+    };
+    let head_dim = uint(cfg, &["head_dim", "d_kv"])?.unwrap_or((hidden / heads).max(1));
+    let experts = uint(
+        cfg,
+        &["num_local_experts", "num_experts", "n_routed_experts"],
+    )?
+    .unwrap_or(1);
+    let ffn = if experts > 1 {
+        uint(cfg, &["moe_intermediate_size", "intermediate_size"])?
+    } else {
+        uint(
+            cfg,
+            &[
+                "intermediate_size",
+                "n_inner",
+                "d_ff",
+                "ffn_dim",
+                "encoder_ffn_dim",
+                "ffn_hidden_size",
+            ],
+        )?
+    }
+    .unwrap_or(4 * hidden);
+    if experts > 1 {
+        let per_token = uint(cfg, &["num_experts_per_tok", "moe_topk"])?;
+        notes.push(format!(
+            "mixture of experts: {experts} experts resident (all counted), {} per token",
+            per_token.map_or("?".into(), |n| n.to_string())
+        ));
+    }
+    if let Some(w) = uint(cfg, &["sliding_window"])? {
+        notes.push(format!(
+            "sliding_window {w}: not used, the KV cache is sized for the whole context (an \
+             upper bound for a rolling cache)"
+        ));
+    }
+    let tied = flag(root, "tie_word_embeddings")
+        .or_else(|| flag(cfg, "tie_word_embeddings"))
+        .unwrap_or(true);
+    let gated = GATED.contains(&inner_type.as_str())
+        || text(cfg, "feed_forward_proj").is_some_and(|p| p.starts_with("gated"));
+
+    let (h, ffn_f) = (hidden as f64, ffn as f64);
+    let q = (heads * head_dim) as f64;
+    let kvd = (kv * head_dim) as f64;
+    let attn = 2.0 * h * q + 2.0 * h * kvd;
+    let mlp = if gated { 3.0 } else { 2.0 } * h * ffn_f * experts as f64
+        + if experts > 1 { h * experts as f64 } else { 0.0 };
+    // Decoder layers of an encoder-decoder also attend to the encoder: one more attention.
+    let cross = decoder_layers as f64 * (2.0 * h * q + 2.0 * h * kvd);
+    let emb = vocab as f64 * h * if tied { 1.0 } else { 2.0 };
+    let mut params = layers as f64 * (attn + mlp) + cross + emb;
+    if let Some(vision) = root.get("vision_config").and_then(Value::as_object) {
+        let hv = uint(vision, &["hidden_size", "embed_dim", "width"])?.unwrap_or(0) as f64;
+        let lv = uint(vision, &["num_hidden_layers", "depth", "layers"])?.unwrap_or(0)
+            + uint(vision, &["num_global_layers"])?.unwrap_or(0);
+        let fv = uint(vision, &["intermediate_size"])?.map_or(4.0 * hv, |f| f as f64);
+        let tower = lv as f64 * (4.0 * hv * hv + 2.0 * hv * fv);
+        notes.push(format!(
+            "vision tower: {lv} layers of {hv} ({:.2}B parameters) counted in params",
+            tower / 1e9
+        ));
+        params += tower;
+    }
+
+    let architecture = if encoder_decoder {
+        "encoder-decoder"
+    } else if ENCODERS.contains(&model_type.as_str()) {
+        "encoder"
+    } else {
+        "decoder"
+    };
+    let mut a = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        a.insert(k.to_string(), v);
+    };
+    put("architecture", architecture.into());
+    put("layers", layers.to_string());
+    put("hidden-size", hidden.to_string());
+    put("attention-heads", heads.to_string());
+    put("kv-heads", kv.to_string());
+    put("head-dim", head_dim.to_string());
+    put("vocab-size", vocab.to_string());
+    put("intermediate-size", ffn.to_string());
+    put("tied-embeddings", tied.to_string());
+    put("params", format!("{}", params.round() as u64));
+    if let Some(d) = dtype(root, cfg)? {
+        put("dtype", d.into());
+    }
+    Ok(FromConfig {
+        annotations: a,
+        notes,
+    })
+}

@@ -1,0 +1,208 @@
+//! One HTTP/1.1 accept loop for every listener (the extender's verbs, its metrics port, the
+//! webhook), so each gets the same limits: a client that sends half a request, or holds a
+//! connection open and says nothing, or opens thousands of them, costs a bounded amount and never
+//! stops the process from exiting.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+
+/// The connection limits, shared by `peakfit extender` and `peakfit webhook`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeArgs {
+    /// How long a connection may take to send a request's headers, counted from the end of the
+    /// previous reply: it is also how long an idle kept-alive connection stays open (hyper
+    /// measures both with one timer). kube-scheduler and the API server reconnect when an idle
+    /// connection was closed.
+    #[arg(long, env = "PEAKFIT_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+    /// How long a request's body may take to arrive once its headers have; a slower one gets a
+    /// 408 and its connection is closed.
+    #[arg(long, env = "PEAKFIT_BODY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub body_timeout: Duration,
+    /// On SIGTERM, how long requests already being served may take to finish; the process then
+    /// exits, dropping what is left (kube-scheduler retries).
+    #[arg(long, env = "PEAKFIT_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+    /// Open connections served at once on each listener; further clients wait in the kernel's
+    /// accept queue. Each costs a file descriptor and a task.
+    #[arg(long, env = "PEAKFIT_MAX_CONNECTIONS", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_connections: u32,
+}
+
+impl Default for ServeArgs {
+    fn default() -> Self {
+        Self {
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(10),
+            max_connections: 512,
+        }
+    }
+}
+
+/// A duration such as `30s`, `2m` or `500ms`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d: jiff::SignedDuration = s
+        .trim()
+        .parse()
+        .map_err(|e| format!("{s:?}: not a duration such as 30s, 2m or 500ms ({e})"))?;
+    Duration::try_from(d).map_err(|_| format!("{s:?}: must not be negative"))
+}
+
+/// Serves `app` on every connection `listener` accepts (after `handshake`, e.g. TLS) until
+/// `shutdown` completes; then stops accepting, lets requests in progress finish for up to
+/// `args.shutdown_timeout`, and returns, abandoning whatever is still open.
+pub async fn serve<IO, F, H>(
+    listener: TcpListener,
+    handshake: H,
+    app: Router,
+    args: &ServeArgs,
+    shutdown: impl Future<Output = ()>,
+) where
+    H: Fn(TcpStream) -> F + Clone + Send + 'static,
+    F: Future<Output = Option<IO>> + Send,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(args.max_connections as usize));
+    let (draining_tx, draining) = watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        // Waiting for a slot before accepting leaves excess clients in the kernel's backlog
+        // instead of holding a descriptor and a task for each.
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+        };
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of descriptors, usually: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let handshake = handshake.clone();
+        let mut draining = draining.clone();
+        let idle = args.idle_timeout;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let Some(io) = handshake(stream).await else {
+                return;
+            };
+            let conn = hyper::server::conn::http1::Builder::new()
+                // Without a timer hyper silently drops its header-read timeout.
+                .timer(TokioTimer::new())
+                .header_read_timeout(idle)
+                .serve_connection(TokioIo::new(io), service);
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                () = async { drop(draining.wait_for(|d| *d).await) } => {
+                    // Finish the request in progress (if any), then close.
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let _ = draining_tx.send(true);
+    let open = args.max_connections as usize - slots.available_permits();
+    if open > 0 {
+        tracing::info!(
+            connections = open,
+            deadline = ?args.shutdown_timeout,
+            "waiting for requests in progress"
+        );
+    }
+    let all = slots.acquire_many(args.max_connections);
+    if tokio::time::timeout(args.shutdown_timeout, all)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            connections = args.max_connections as usize - slots.available_permits(),
+            "shutdown deadline passed; dropping the connections still open"
+        );
+    }
+}
+
+/// The handshake for a plain TCP listener.
+pub async fn plain(stream: TcpStream) -> Option<TcpStream> {
+    Some(stream)
+}
+
+/// Reads a request body within `timeout` and `limit`, answering 408 or 413 (as the caller's JSON
+/// problem) otherwise.
+pub async fn read_body(
+    body: axum::body::Body,
+    limit: usize,
+    timeout: Duration,
+) -> Result<axum::body::Bytes, BodyError> {
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Err(_) => Err(BodyError::Timeout(timeout)),
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => {
+            // axum wraps http_body_util's LengthLimitError; anything else is the client going away.
+            let too_big = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit");
+            if too_big {
+                Err(BodyError::TooLarge(limit))
+            } else {
+                Err(BodyError::Read(e.to_string()))
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("the request body took longer than {0:?} to arrive")]
+    Timeout(Duration),
+    #[error("the request body is larger than the limit of {0} bytes")]
+    TooLarge(usize),
+    #[error("reading the request body: {0}")]
+    Read(String),
+}
+
+impl BodyError {
+    pub fn status(&self) -> axum::http::StatusCode {
+        use axum::http::StatusCode;
+        match self {
+            Self::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Read(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+}

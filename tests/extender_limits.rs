@@ -1,0 +1,203 @@
+//! The real `peakfit extender` binary under clients that misbehave at the connection level:
+//! half-sent bodies, silent connections, too many connections, SIGTERM while a request hangs.
+//! Each test starts the binary in file mode on the example cluster, on a loopback port.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(extra: &[&str]) -> Server {
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/cluster.yaml");
+    let child = Command::new(env!("CARGO_BIN_EXE_peakfit"))
+        .args(["extender", "--prescore-interval", "0", "--listen"])
+        .arg(addr.to_string())
+        .arg("--from-file")
+        .arg(example)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut server = Server { child, addr };
+    let start = Instant::now();
+    while TcpStream::connect(addr).is_err() {
+        assert!(
+            server.child.try_wait().unwrap().is_none(),
+            "the extender exited before listening"
+        );
+        assert!(start.elapsed() < Duration::from_secs(30), "never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+/// Sends the headers of a bind declaring a 100-byte body, and 1 byte of it.
+fn half_sent_bind(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(
+        b"POST /bind HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+    )
+    .unwrap();
+    s
+}
+
+fn sigterm(child: &Child) {
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+/// Waits up to `bound` for the process to exit; `None` if it is still running.
+fn wait_exit(child: &mut Child, bound: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < bound {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+fn read_all(s: &mut TcpStream, bound: Duration) -> String {
+    s.set_read_timeout(Some(bound)).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The probe found the extender still running 65 s after SIGTERM with such a request open: the
+/// body and idle timeouts are a minute here, so only the shutdown deadline (1 s) can end it.
+#[test]
+fn sigterm_with_a_half_sent_bind_exits_after_the_shutdown_deadline() {
+    let mut server = start(&[
+        "--shutdown-timeout",
+        "1s",
+        "--body-timeout",
+        "60s",
+        "--idle-timeout",
+        "60s",
+    ]);
+    let _hanging = half_sent_bind(server.addr);
+    std::thread::sleep(Duration::from_millis(300));
+    sigterm(&server.child);
+    let status = wait_exit(&mut server.child, Duration::from_secs(20))
+        .expect("the extender still runs 20 s after SIGTERM with a half-sent request");
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn a_body_slower_than_the_body_timeout_gets_a_json_408() {
+    let server = start(&["--body-timeout", "1s"]);
+    let mut s = half_sent_bind(server.addr);
+    let reply = read_all(&mut s, Duration::from_secs(20));
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains(r#""verb":"bind""#), "{reply}");
+    assert!(reply.contains("took longer than 1s"), "{reply}");
+}
+
+#[test]
+fn a_silent_connection_is_closed_after_the_idle_timeout() {
+    let server = start(&["--idle-timeout", "1s"]);
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    // A kept-alive connection: one request answered, then silence.
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let reply = read_all(&mut s, Duration::from_secs(20));
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    // read_all returned: the server closed the connection (else it would wait the 20 s bound
+    // and this assertion would still pass, so check the time too).
+    let silent = TcpStream::connect(server.addr).unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 16];
+    let mut silent = silent;
+    silent
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let n = silent.read(&mut buf);
+    assert!(
+        matches!(n, Ok(0)) || n.is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the silent connection was not closed"
+    );
+    assert!(start.elapsed() < Duration::from_secs(15));
+}
+
+#[test]
+fn connections_beyond_the_cap_wait_for_a_slot() {
+    let server = start(&["--max-connections", "2", "--idle-timeout", "60s"]);
+    let held: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(server.addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut third = TcpStream::connect(server.addr).unwrap();
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_millis(700)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    assert!(
+        third.read(&mut buf).is_err(),
+        "a third connection was served while two were held"
+    );
+    drop(held);
+    let reply = read_all(&mut third, Duration::from_secs(20));
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+}
+
+#[test]
+fn an_empty_file_is_served_with_a_warning() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.yaml");
+    std::fs::write(&empty, "").unwrap();
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_peakfit"))
+        .args(["extender", "--prescore-interval", "0", "--listen"])
+        .arg(addr.to_string())
+        .arg("--from-file")
+        .arg(&empty)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut warned = false;
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        if line.contains("WARN") && line.contains("holds no Node, Pod or NodeGpuReport") {
+            warned = true;
+            break;
+        }
+        if line.contains("peakfit extender serving") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(warned, "no warning about the empty file");
+}

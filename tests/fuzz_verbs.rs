@@ -1,0 +1,215 @@
+//! Fuzzing on stable Rust, as a habit: every verb's decoder (the wire types the routes decode
+//! with `serde_json`), the verbs themselves on what decodes, the annotation parser, and the
+//! index's reading of a bound pod (`assigned-gpus`, `reserved-bytes`), over random bytes, random
+//! protocol-shaped JSON and byte-mutated protocol requests. The property: nothing panics (the
+//! test profile keeps overflow checks on), and no GPU shows more free than it has.
+//!
+//! CI runs a smoke of a few hundred cases (seconds). The long run raises the count:
+//!
+//! ```text
+//! PEAKFIT_FUZZ_CASES=10000000 nice -n 19 cargo test --release -p peakfit --test fuzz_verbs -- --nocapture
+//! ```
+//!
+//! and prints the cases run and their rate every 100,000 (release keeps overflow checks off, so
+//! run the debug profile, slower, when hunting arithmetic overflow).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Pod;
+use peakfit::cluster::binding::MemoryBinder;
+use peakfit::cluster::index::{ASSIGNED_GPUS, Index, RESERVED_BYTES, pod_request_of};
+use peakfit::extender::Extender;
+use peakfit::extender::wire::{ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs};
+use peakfit::metrics::extender::ExtenderMetrics;
+use peakfit::model::Spec;
+use proptest::prelude::*;
+
+fn cases() -> u32 {
+    std::env::var("PEAKFIT_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400)
+}
+
+const NODES: [&str; 4] = ["h100-0", "a100-0", "l4-0", "ghost"];
+const UIDS: [&str; 3] = [
+    "5b0c7f4e-1c1d-4c4e-9a0b-000000000001",
+    "5b0c7f4e-1c1d-4c4e-9a0b-000000000002",
+    "nobody",
+];
+const GPU: &str = "GPU-8d1c0a5e-0000-4000-8000-00000000000";
+
+fn extender() -> Extender {
+    let index = Arc::new(Index::new());
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/cluster.yaml");
+    peakfit::cluster::file::load_into(&index, &example).unwrap();
+    Extender::new(
+        index,
+        Arc::new(ExtenderMetrics::new()),
+        Arc::new(MemoryBinder::default()),
+    )
+    .with_fit(peakfit::placement::FitConfig {
+        max_report_age_secs: None,
+        ..Default::default()
+    })
+}
+
+/// Annotation values built from the characters quantities, counts, lists and model names use,
+/// plus the extremes the probe found (`u64::MAX`), so the parsers meet near-misses.
+fn value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[0-9a-zA-Z.,:=+eE_ -]{0,12}",
+        Just(u64::MAX.to_string()),
+        Just("1e999".to_owned()),
+        (0u8..10).prop_map(|i| format!("{GPU}{i},{GPU}{i}")),
+        (0u8..10).prop_map(|i| format!("{GPU}{i}")),
+    ]
+}
+
+fn annotations() -> impl Strategy<Value = BTreeMap<String, String>> {
+    let key = prop_oneof![
+        Just("peakfit.io/vram"),
+        Just("peakfit.io/gpus"),
+        Just("peakfit.io/model"),
+        Just("peakfit.io/params"),
+        Just("peakfit.io/dtype"),
+        Just("peakfit.io/batch"),
+        Just("peakfit.io/context"),
+        Just("peakfit.io/mode"),
+        Just(ASSIGNED_GPUS),
+        Just(RESERVED_BYTES),
+        Just("peakfit.io/gpu-memory-fraction"),
+    ];
+    prop::collection::btree_map(key.prop_map(str::to_owned), value(), 0..6)
+}
+
+fn pod_json(ann: &BTreeMap<String, String>, uid: &str, node: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"name": "p", "namespace": "ml", "uid": uid, "annotations": ann},
+        "spec": {"nodeName": node, "priority": 0, "containers": [{"name": "c"}]},
+    })
+}
+
+/// A protocol-shaped request for any verb: the fields of all four, so each decoder finds its own.
+fn shaped() -> impl Strategy<Value = Vec<u8>> {
+    (
+        annotations(),
+        prop::sample::select(&UIDS[..]),
+        prop::sample::select(&NODES[..]),
+        prop::collection::vec(prop::sample::select(&NODES[..]), 0..5),
+        any::<bool>(),
+    )
+        .prop_map(|(ann, uid, node, names, full)| {
+            let pod = pod_json(&ann, uid, node);
+            let nodes = names
+                .iter()
+                .map(|n| serde_json::json!({"metadata": {"name": n}}))
+                .collect::<Vec<_>>();
+            let mut req = serde_json::json!({
+                "Pod": pod,
+                "NodeNameToMetaVictims": {node: {"Pods": [{"UID": uid}], "NumPDBViolations": 0}},
+                "PodName": "p", "PodNamespace": "ml", "PodUID": uid, "Node": node,
+            });
+            if full {
+                req["Nodes"] = serde_json::json!({ "items": nodes });
+            } else {
+                req["NodeNames"] = serde_json::json!(names);
+            }
+            serde_json::to_vec(&req).unwrap()
+        })
+}
+
+/// A shaped request with a few bytes overwritten, cut short or repeated.
+fn mutated() -> impl Strategy<Value = Vec<u8>> {
+    (
+        shaped(),
+        prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        any::<prop::sample::Index>(),
+        any::<bool>(),
+    )
+        .prop_map(|(mut bytes, flips, cut, truncate)| {
+            for (at, b) in flips {
+                let i = at.index(bytes.len());
+                bytes[i] = b;
+            }
+            if truncate {
+                bytes.truncate(cut.index(bytes.len() + 1));
+            }
+            bytes
+        })
+}
+
+fn input() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..128),
+        shaped(),
+        mutated(),
+    ]
+}
+
+/// Decodes `bytes` with every verb's decoder and runs the verbs on what decodes; parses the
+/// pod's annotations and applies it to the index as a bound pod.
+fn exercise(ext: &Extender, rt: &tokio::runtime::Runtime, bytes: &[u8]) {
+    if let Ok(args) = serde_json::from_slice::<ExtenderArgs>(bytes) {
+        if let Some(pod) = &args.pod {
+            let _ = Spec::parse(&pod.metadata.annotations.clone().unwrap_or_default());
+            let _ = pod_request_of(pod);
+            ext.index.apply_pod(pod);
+        }
+        let _ = ext.filter(args);
+    }
+    if let Ok(args) = serde_json::from_slice::<ExtenderArgs>(bytes) {
+        let _ = ext.prioritize(args);
+    }
+    if let Ok(args) = serde_json::from_slice::<ExtenderPreemptionArgs>(bytes) {
+        let _ = ext.preempt(args);
+    }
+    if let Ok(args) = serde_json::from_slice::<ExtenderBindingArgs>(bytes) {
+        let _ = rt.block_on(ext.bind(args));
+    }
+    if let Ok(pod) = serde_json::from_slice::<Pod>(bytes) {
+        ext.index.apply_pod(&pod);
+    }
+}
+
+static RUN: AtomicU64 = AtomicU64::new(0);
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn no_input_panics_a_decoder_a_verb_or_the_index(bytes in input()) {
+        thread_local! {
+            static STATE: (Extender, tokio::runtime::Runtime, Instant) = (
+                extender(),
+                tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap(),
+                Instant::now(),
+            );
+        }
+        STATE.with(|(ext, rt, start)| {
+            exercise(ext, rt, &bytes);
+            let n = RUN.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_multiple_of(100_000) || u64::from(cases()) == n {
+                let secs = start.elapsed().as_secs_f64();
+                eprintln!("fuzz_verbs: {n} cases in {secs:.1} s ({:.0}/s)", n as f64 / secs);
+            }
+            // However the index was fed, the ledgers' sums do not overflow, and what is free
+            // never exceeds what the GPU has.
+            for slot in ext.index.all_slots() {
+                for gpu in &slot.read().ledger.gpus {
+                    let _ = gpu.committed_bytes();
+                    prop_assert!(gpu.free_bytes() <= gpu.total_bytes);
+                }
+            }
+            Ok(())
+        })?;
+    }
+}
