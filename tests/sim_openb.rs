@@ -98,11 +98,10 @@ fn baselines_reproduce_the_authors_results_on_default() {
 }
 
 /// peakfit as deployed (the real Extender, learning its mix online, asked by the model of
-/// kube-scheduler with the chart's default score plugins) on `default`. Measured (release,
-/// seed 42): 6.90 % against FGD's 5.03 %; with the resource score plugins off
-/// (`PEAKFIT_SIM_DEFAULT_PLUGINS=off`), seeds 42-43: 6.31 and 5.85 %. Issue 12's goal (below
-/// FGD, at most 4.0 %) is NOT met by the deployed path; this test holds what is true, so that
-/// a regression shows, and says the gap.
+/// kube-scheduler with the chart's profile: resource score plugins off, one node at 10) on
+/// `default`. Measured (release, seeds 42-51): 5.67 % against FGD's 4.77 % (seeds 42-44: 5.89,
+/// 5.89, 5.39 against 5.03, 4.72, 4.78). Issue 12's goal (below FGD, at most 4.0 %) is NOT met on
+/// `default`; this test holds what is true, so that a regression shows, and says the gap.
 #[test]
 #[ignore = "needs ../shared/data"]
 fn peakfit_through_the_extender_on_default_stays_where_measured() {
@@ -116,9 +115,9 @@ fn peakfit_through_the_extender_on_default_stays_where_measured() {
     };
     let (ours, fgd) = (mean(Policy::Peakfit), mean(Policy::Fgd));
     eprintln!("peakfit {ours:.2}  fgd {fgd:.2} (seeds {seeds:?})");
-    assert!(ours <= 7.5, "peakfit leaves {ours:.2} % unallocated");
+    assert!(ours <= 6.2, "peakfit leaves {ours:.2} % unallocated");
     assert!(
-        ours < fgd + 2.5,
+        ours < fgd + 1.2,
         "peakfit {ours:.2} % is further behind FGD's {fgd:.2} % than measured"
     );
 }

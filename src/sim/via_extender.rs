@@ -7,16 +7,19 @@
 //! in-memory binder. The extender learns the shape mix from the pods it filters and the GPU
 //! models from its index; nothing of the trace reaches it but Nodes, reports and Pods.
 //!
-//! kube-scheduler's choice, as the chart deploys it (an empty profile keeps the default score
-//! plugins): each node's total is NodeResourcesFit's LeastAllocated score over CPU and memory
-//! (weight 1) + NodeResourcesBalancedAllocation (weight 1) + the extender's 0-10 score × its
-//! weight (the chart's 5) × 10 (MaxNodeScore / MaxExtenderPriority). The other default plugins
-//! give every node of this experiment the same score (no taints, preferred affinities, spread
-//! constraints or images). Among the nodes with the highest total, `selectHost` keeps one by
-//! reservoir sampling (each of k tied nodes with probability 1/k); here from a ChaCha8 RNG
-//! seeded by the run's seed, over the nodes in the order the sim's model of the parallel filter
-//! lists them. `percentageOfNodesToScore` is taken as 100 (the chart README's advice for large
-//! clusters), so every feasible node is scored.
+//! kube-scheduler's choice, as the chart deploys it: the chart's profile turns off the score of
+//! NodeResourcesFit and NodeResourcesBalancedAllocation (`DISABLED_SCORE_PLUGINS`; tests/chart.rs
+//! checks the rendered profile against it), so each node's total is the extender's 0-10 score ×
+//! its weight (the chart's 5) × 10 (MaxNodeScore / MaxExtenderPriority) plus what the other
+//! default plugins give, which is the same for every node of this experiment (no taints,
+//! preferred affinities, spread constraints or images). `PEAKFIT_SIM_DEFAULT_PLUGINS=on` models
+//! a profile that keeps the two resource plugins (LeastAllocated over CPU and memory, weight 1,
+//! and BalancedAllocation, weight 1). Among the nodes with the highest total, `selectHost` keeps
+//! one by reservoir sampling (each of k tied nodes with probability 1/k); here from a ChaCha8
+//! RNG seeded by the run's seed, over the nodes in the order the sim's model of the parallel
+//! filter lists them. Prioritize gives 10 to one node only, so with the resource plugins off
+//! no tie is left to sample. `percentageOfNodesToScore` is taken as 100 (the chart README's
+//! advice for large clusters), so every feasible node is scored.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -45,6 +48,9 @@ use crate::placement::{FitConfig, ScoringPolicy};
 
 /// The chart's `extender.weight`.
 pub const EXTENDER_WEIGHT: i64 = 5;
+/// The score plugins the chart's peakfit profile turns off (`scheduler.profile`).
+pub const DISABLED_SCORE_PLUGINS: [&str; 2] =
+    ["NodeResourcesFit", "NodeResourcesBalancedAllocation"];
 /// kube-scheduler's MaxNodeScore.
 const MAX_NODE_SCORE: i64 = 100;
 /// The CPU and memory kube-scheduler's scoring assumes for a container that requests none
@@ -70,8 +76,15 @@ pub struct ExtenderPath {
     metrics: Arc<ExtenderMetrics>,
     names: Vec<String>,
     rng: ChaCha8Rng,
-    /// kube-scheduler's default score plugins on (as the chart deploys it).
+    /// kube-scheduler's resource score plugins on in peakfit's profile (the chart turns them
+    /// off).
     pub default_plugins: bool,
+    /// GPU-less pods go through peakfit's profile (the extender passes them through with a
+    /// neutral score, so kube-scheduler picks among the feasible nodes at random), as in the
+    /// trace, where one scheduler places every pod. `PEAKFIT_SIM_GPULESS=default-scheduler`
+    /// leaves them to the default scheduler's profile instead (LeastAllocated +
+    /// BalancedAllocation), as in a cluster where only annotated pods name peakfit's scheduler.
+    pub gpuless_via_peakfit: bool,
     filter_ns: Vec<u64>,
     prioritize_ns: Vec<u64>,
     allocatable: Vec<(i64, i64)>,
@@ -103,9 +116,11 @@ impl ExtenderPath {
             metrics,
             names: nodes.iter().map(|n| n.name.clone()).collect(),
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x005e_1ec7_4057),
-            // `PEAKFIT_SIM_DEFAULT_PLUGINS=off`: a profile that disables the resource score
-            // plugins, so the extender alone ranks.
-            default_plugins: std::env::var("PEAKFIT_SIM_DEFAULT_PLUGINS").as_deref() != Ok("off"),
+            // `PEAKFIT_SIM_DEFAULT_PLUGINS=on`: a profile that keeps the resource score plugins
+            // (the chart's turns them off, so the extender alone ranks).
+            default_plugins: std::env::var("PEAKFIT_SIM_DEFAULT_PLUGINS").as_deref() == Ok("on"),
+            gpuless_via_peakfit: std::env::var("PEAKFIT_SIM_GPULESS").as_deref()
+                != Ok("default-scheduler"),
             filter_ns: Vec::new(),
             prioritize_ns: Vec::new(),
             allocatable: nodes
@@ -128,7 +143,17 @@ impl ExtenderPath {
         if feasible.is_empty() {
             return None;
         }
-        let pod = pod_object(k, spec);
+        let mut pod = pod_object(k, spec);
+        if spec.num_gpu == 0 && !self.gpuless_via_peakfit {
+            // No peakfit annotation: the webhook leaves the pod to the default scheduler, and the
+            // extender learns of it from the watch once it is bound.
+            let n = self.pick(spec, feasible, &BTreeMap::new(), true, &left)?;
+            if let Some(s) = pod.spec.as_mut() {
+                s.node_name = Some(self.names[n].clone());
+            }
+            self.ext.index.apply_pod(&pod);
+            return Some((n, Vec::new()));
+        }
         self.ext.index.apply_pod(&pod);
         let names: Vec<String> = feasible.iter().map(|&n| self.names[n].clone()).collect();
         let t = Instant::now();
@@ -152,54 +177,20 @@ impl ExtenderPath {
         self.prioritize_ns.push(t.elapsed().as_nanos() as u64);
         let ext_score: BTreeMap<&str, i64> =
             scores.iter().map(|h| (h.host.as_str(), h.score)).collect();
-        let (pod_cpu, pod_mem) = (
-            (spec.cpu_milli as i64).max(if spec.cpu_milli == 0 {
-                DEFAULT_CPU_MILLI
-            } else {
-                0
-            }),
-            (spec.memory_mib as i64).max(if spec.memory_mib == 0 {
-                DEFAULT_MEMORY_MIB
-            } else {
-                0
-            }),
-        );
         // The filter keeps the request's order: `passed` is `feasible` minus refusals.
-        let mut best: Option<(i64, usize)> = None;
-        let mut ties = 0u32;
         let mut it = passed.iter().peekable();
-        for &n in feasible {
-            if it.peek().map(|s| s.as_str()) != Some(self.names[n].as_str()) {
-                continue;
-            }
-            let name = it.next().expect("peeked");
-            let ext = ext_score.get(name.as_str()).copied().unwrap_or(0);
-            let mut total = ext.clamp(0, MAX_EXTENDER_PRIORITY)
-                * EXTENDER_WEIGHT
-                * (MAX_NODE_SCORE / MAX_EXTENDER_PRIORITY);
-            if self.default_plugins {
-                let (cpu_left, mem_left) = left(n);
-                let (cpu_alloc, mem_alloc) = self.allocatable[n];
-                total += resource_scores(
-                    (cpu_alloc - cpu_left + pod_cpu, cpu_alloc),
-                    (mem_alloc - mem_left + pod_mem, mem_alloc),
-                );
-            }
-            match best {
-                Some((b, _)) if total < b => {}
-                Some((b, _)) if total == b => {
-                    ties += 1;
-                    if self.rng.random_range(0..ties) == 0 {
-                        best = Some((total, n));
-                    }
+        let passed_idx: Vec<usize> = feasible
+            .iter()
+            .copied()
+            .filter(|&n| {
+                let keep = it.peek().map(|s| s.as_str()) == Some(self.names[n].as_str());
+                if keep {
+                    it.next();
                 }
-                _ => {
-                    best = Some((total, n));
-                    ties = 1;
-                }
-            }
-        }
-        let (_, n) = best?;
+                keep
+            })
+            .collect();
+        let n = self.pick(spec, &passed_idx, &ext_score, self.default_plugins, &left)?;
         let bound = futures::executor::block_on(self.ext.bind(ExtenderBindingArgs {
             pod_name: pod.metadata.name.clone().unwrap_or_default(),
             pod_namespace: "openb".into(),
@@ -226,6 +217,52 @@ impl ExtenderPath {
             })
             .unwrap_or_default();
         Some((n, gpus))
+    }
+
+    /// kube-scheduler's choice among `nodes` (in its list order): the highest total of the
+    /// extender's score × weight × 10 and, with `resource_plugins`, LeastAllocated +
+    /// BalancedAllocation; ties by `selectHost`'s reservoir sampling.
+    fn pick(
+        &mut self,
+        spec: &PodSpec,
+        nodes: &[usize],
+        ext_score: &BTreeMap<&str, i64>,
+        resource_plugins: bool,
+        left: impl Fn(usize) -> (i64, i64),
+    ) -> Option<usize> {
+        let nonzero = |v: u64, default: i64| if v == 0 { default } else { v as i64 };
+        let pod_cpu = nonzero(spec.cpu_milli, DEFAULT_CPU_MILLI);
+        let pod_mem = nonzero(spec.memory_mib, DEFAULT_MEMORY_MIB);
+        let mut best: Option<(i64, usize)> = None;
+        let mut ties = 0u32;
+        for &n in nodes {
+            let ext = ext_score.get(self.names[n].as_str()).copied().unwrap_or(0);
+            let mut total = ext.clamp(0, MAX_EXTENDER_PRIORITY)
+                * EXTENDER_WEIGHT
+                * (MAX_NODE_SCORE / MAX_EXTENDER_PRIORITY);
+            if resource_plugins {
+                let (cpu_left, mem_left) = left(n);
+                let (cpu_alloc, mem_alloc) = self.allocatable[n];
+                total += resource_scores(
+                    (cpu_alloc - cpu_left + pod_cpu, cpu_alloc),
+                    (mem_alloc - mem_left + pod_mem, mem_alloc),
+                );
+            }
+            match best {
+                Some((b, _)) if total < b => {}
+                Some((b, _)) if total == b => {
+                    ties += 1;
+                    if self.rng.random_range(0..ties) == 0 {
+                        best = Some((total, n));
+                    }
+                }
+                _ => {
+                    best = Some((total, n));
+                    ties = 1;
+                }
+            }
+        }
+        best.map(|(_, n)| n)
     }
 
     /// Node `n`'s ledger as the extender's index holds it.
