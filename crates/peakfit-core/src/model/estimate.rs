@@ -23,13 +23,14 @@
 //! |---|---|---|
 //! | weights | `W/(t·p)`, `/N` more under ZeRO-3 / FSDP full-shard, frozen LoRA/QLoRA bases included; 0 with `offload: params`, `optimizer+params`, `sequential` | ZeRO paper §5 (Rajbhandari et al. 2019); FSDP `ShardingStrategy`; Megatron-LM places `1/p` of the layers per stage plus one embedding matrix |
 //! | gathered parameters | ZeRO-3/FSDP training: `4·largest layer` (DeepSpeed `largest_layer_memory`); frozen or offloaded: two blocks (running + prefetch) at compute width; DeepSpeed param offload: `max(2 blocks, min(1e9, W))` | DeepSpeed `estimate_zero3_model_states_mem_needs`, `stage3_max_live_parameters` default 1e9 |
-//! | gradients | `/N` from ZeRO-2 (`shard-grad-op`); 16-bit only with `offload: optimizer` | ZeRO paper; ZeRO-Offload (Ren et al. 2021) §3 |
+//! | gradients | `/N` from ZeRO-2 (`shard-grad-op`); 16-bit only with `offload: optimizer`; torchtune's single-device full fine-tune: the largest parameter's only | ZeRO paper; ZeRO-Offload (Ren et al. 2021) §3; torchtune `optimizer_in_bwd: True` in `*_full_single_device.yaml` |
+//! | DeepSpeed buckets | ZeRO-3 training sharded the DeepSpeed way (numeric stage, not torchtitan/torchtune/litgpt): `reduce_bucket_size` (default 5e8) elements at the parameters' width (4 B fp32, else 2 B), with or without offload | `deepspeed/runtime/zero/stage3.py` `__ipg_bucket_flat_buffer`, `contiguous_gradients` default on |
 //! | master weights, optimizer | `/N` from ZeRO-1; 0 with `offload: optimizer` | ZeRO paper; ZeRO-Offload |
 //! | pipeline | ZeRO-2/3 degrade to ZeRO-1 (weights and gradients unsharded across micro-batches); activations: the first stage holds `L/p` layers for `p` micro-batches in flight under 1F1B = `L` layers' worth | DeepSpeed pipeline engine (ZeRO-1 only); torchtitan `reshard_after_forward=False` under PP; Narayanan et al. 2021 §2.2, Korthikanti et al. 2022 §4.2.3 |
 //! | activations | `s/c` tokens per sequence; TP shards 24 of the 34 `sbh` bytes, sequence parallel all 34 (`34·sbh/t`) | Korthikanti et al. 2022, Table 2 |
 //! | activation offload | two layers' saved activations stay, the rest is on the CPU | torchtune activation offloading |
 //! | logits, KV cache | `/t` by vocabulary / kv heads, tokens `/c` | vLLM `get_num_kv_heads`; ring attention |
-//! | encoder-decoder cache | decoder layers (`L/2`) x per-sequence (self over the output + cross over every encoder position), sequences = batch x beams (CTranslate2: cross cache per input) | HF `_expand_inputs_for_generation`; openai/whisper `n_audio_ctx` 1500, `n_text_ctx` 448 |
+//! | encoder-decoder cache | decoder layers (`L/2`) x per-sequence (self over the output + cross over every encoder position), sequences = batch x beams (CTranslate2: cross cache per input); faster-whisper batched (batch > 1): self cache over `n_text_ctx/2` output + 4 start tokens (no previous-text prompt) | HF `_expand_inputs_for_generation`; openai/whisper `n_audio_ctx` 1500, `n_text_ctx` 448, `sample_len = n_ctx // 2`, prompt `[-(n_ctx // 2 - 1):]` |
 //! | encoder | no KV cache | — |
 //! | diffusion | largest of text encoding, denoising (`UNET_ACT_PER_TOKEN` or a DiT block `34·tokens·samples·hidden`) and VAE decode (`VAE_PER_PIXEL`) over the weights resident in that phase | fitted constants, see each |
 
@@ -379,6 +380,22 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
 /// DeepSpeed's `stage3_max_live_parameters` default: gathered parameters kept resident.
 const DS_MAX_LIVE_PARAMETERS: f64 = 1e9;
 
+/// DeepSpeed's `reduce_bucket_size` default (5e8 elements). ZeRO-3 allocates its contiguous
+/// gradient bucket (`__ipg_bucket_flat_buffer` in `deepspeed/runtime/zero/stage3.py`) of this
+/// many elements, in the parameters' dtype, on the GPU when `contiguous_gradients` is on (its
+/// default), whatever share of the model trains and wherever the optimizer runs. accelerate's
+/// DeepSpeed plugin leaves the key unset unless a config file says `auto`, so the default holds
+/// for `accelerate launch` with a plugin config (PEFT's examples).
+const DS_REDUCE_BUCKET: f64 = 5e8;
+
+/// Engines whose sharding is PyTorch FSDP even when a pod names it as ZeRO stage 3: their
+/// memory has no DeepSpeed buffers.
+const FSDP_ENGINES: &[&str] = &["torchtitan", "torchtune", "litgpt"];
+
+/// Whisper's start-of-transcript sequence: `<|startoftranscript|>`, language, task and
+/// `<|notimestamps|>` (openai/whisper `sot_sequence_including_notimestamps`).
+const WHISPER_SOT_TOKENS: f64 = 4.0;
+
 /// Engines built on CTranslate2.
 const CTRANSLATE2: &[&str] = &["faster-whisper", "ctranslate2", "whisperx"];
 
@@ -389,6 +406,36 @@ const PEFT_ENGINES: &[&str] = &["hf", "hf-trainer", "peft", "ms-swift", "trl", "
 impl Inputs {
     fn engine_name(&self) -> &str {
         self.engine.as_ref().map_or("", Engine::name)
+    }
+
+    /// DeepSpeed ZeRO-3's gradient bucket ([`DS_REDUCE_BUCKET`]) in a training job sharded
+    /// the DeepSpeed way (a numeric stage, not an FSDP strategy or an FSDP-based engine); on one
+    /// GPU too, as ZeRO-Offload runs there. Elements are the parameters' width: fp32 models
+    /// keep fp32, mixed precision converts the model to 16 bits.
+    fn deepspeed_buckets(&self) -> f64 {
+        let deepspeed = !self.fsdp && !FSDP_ENGINES.contains(&self.engine_name());
+        if !(self.workload.is_training() && deepspeed && self.zero_stage() >= 3) {
+            return 0.0;
+        }
+        let bytes = if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 };
+        DS_REDUCE_BUCKET * bytes
+    }
+
+    /// torchtune's single-device full fine-tune recipe steps the optimizer inside backward
+    /// (`optimizer_in_bwd: True` in its `*_full_single_device.yaml` configs): each gradient is
+    /// applied and freed as soon as it is produced, so at most the largest parameter's gradient
+    /// exists, never the whole set.
+    fn optimizer_in_backward(&self) -> bool {
+        self.workload == Workload::Training
+            && self.engine_name() == "torchtune"
+            && !self.multi_gpu()
+    }
+
+    /// The largest single parameter tensor: the embedding (or head) or an MLP projection.
+    fn largest_parameter(&self) -> f64 {
+        let a = &self.arch;
+        let h = a.hidden_size as f64;
+        (a.vocab_size as f64 * h).max(h * a.intermediate_size as f64) / self.tp
     }
 
     /// Embedding + LM-head parameters (one matrix when tied).
@@ -589,11 +636,12 @@ impl Inputs {
                 if self.offload.optimizer() {
                     return (p * 2.0 / shard(2), 0.0, 0.0);
                 }
-                (
-                    p * grad / shard(2),
-                    p * master / shard(1),
-                    p * states / shard(1),
-                )
+                let grads = if self.optimizer_in_backward() {
+                    self.largest_parameter() * grad
+                } else {
+                    p * grad / shard(2)
+                };
+                (grads, p * master / shard(1), p * states / shard(1))
             }
         }
     }
@@ -760,10 +808,23 @@ impl Inputs {
                     seqs
                 };
                 let pick = |n: u32| if n > 0 { n as f64 } else { self.context };
+                // A decoder window of `n_text_ctx` holds at most half of it as prompt (the
+                // previous segment's text, openai/whisper `prompt_tokens[-(n_ctx // 2 - 1):]`)
+                // and half as output (`sample_len = n_ctx // 2`). faster-whisper's batched
+                // pipeline decodes chunks in parallel, so no chunk is conditioned on another's
+                // text: its sequences hold the start-of-transcript tokens and the output only.
+                let decoder = if decoder_positions > 0
+                    && self.batch > 1.0
+                    && CTRANSLATE2.contains(&self.engine_name())
+                {
+                    f64::from(decoder_positions / 2) + WHISPER_SOT_TOKENS
+                } else {
+                    pick(decoder_positions)
+                };
                 let decoder_layers = (a.layers as f64 / 2.0).max(1.0);
                 decoder_layers
                     * per_token_layer
-                    * (cross_seqs * pick(encoder_positions) + seqs * pick(decoder_positions))
+                    * (cross_seqs * pick(encoder_positions) + seqs * decoder)
             }
             Kind::Decoder => {
                 // The legacy HF cache (tuples grown by `torch.cat`) measured ~2x the
@@ -858,6 +919,7 @@ fn transformer_components(
         tensor("optimizer", optimizer);
     }
     tensor("zero3-live-params", inp.zero3_live_params());
+    tensor("deepspeed-buckets", inp.deepspeed_buckets());
     if has_shape {
         tensor("activations", inp.activations());
         tensor("logits", inp.logits());
@@ -1559,5 +1621,102 @@ mod tests {
         let b = est(&[("model", "llama-2-7b"), ("headroom", "0.1")]);
         let ratio = b.per_gpu_bytes as f64 / a.per_gpu_bytes as f64;
         assert!((ratio - 1.1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn deepspeed_zero3_keeps_its_reduce_bucket_fsdp_does_not() {
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = vec![
+                ("model", "bloomz-7b1"),
+                ("workload", "lora"),
+                ("dtype", "fp32"),
+                ("offload", "optimizer+params"),
+            ];
+            v.extend_from_slice(extra);
+            est(&v)
+        };
+        // 5e8 fp32 elements, on one GPU too (ZeRO-Offload).
+        assert_eq!(
+            part(&with(&[("zero-stage", "3")]), "deepspeed-buckets"),
+            2e9
+        );
+        assert_eq!(
+            part(&with(&[("zero-stage", "2")]), "deepspeed-buckets"),
+            0.0
+        );
+        assert_eq!(
+            part(&with(&[("zero-stage", "full-shard")]), "deepspeed-buckets"),
+            0.0
+        );
+        assert_eq!(
+            part(
+                &with(&[("zero-stage", "3"), ("engine", "torchtitan")]),
+                "deepspeed-buckets"
+            ),
+            0.0
+        );
+        // Mixed precision: the model is 16-bit under DeepSpeed, and so is the bucket.
+        let amp = est(&[
+            ("model", "llama-2-70b"),
+            ("workload", "lora"),
+            ("dtype", "fp16-amp"),
+            ("zero-stage", "3"),
+            ("data-parallel", "8"),
+        ]);
+        assert_eq!(part(&amp, "deepspeed-buckets"), 1e9);
+    }
+
+    #[test]
+    fn torchtune_single_device_full_finetune_steps_in_backward() {
+        let base = [
+            ("model", "llama-3.1-8b"),
+            ("workload", "training"),
+            ("dtype", "bf16"),
+            ("batch", "2"),
+            ("context-tokens", "2048"),
+        ];
+        let hf = est(&base);
+        assert_eq!(part(&hf, "gradients"), 8.03e9 * 2.0);
+        let mut tt = base.to_vec();
+        tt.push(("engine", "torchtune"));
+        // Only the largest parameter's gradient: the 128256 x 4096 embedding, bf16.
+        assert_eq!(part(&est(&tt), "gradients"), 128_256.0 * 4096.0 * 2.0);
+        // Its distributed recipe keeps whole gradients (FSDP shards them).
+        tt.push(("data-parallel", "2"));
+        assert!(part(&est(&tt), "gradients") > 8e9);
+    }
+
+    #[test]
+    fn batched_faster_whisper_holds_no_previous_text_in_its_decoder_cache() {
+        let run = |engine: &'static str, batch: &'static str| {
+            part(
+                &est(&[
+                    ("model", "whisper-large-v2"),
+                    ("dtype", "fp16"),
+                    ("engine", engine),
+                    ("beams", "5"),
+                    ("batch", batch),
+                ]),
+                "kv-cache",
+            )
+        };
+        // 32 decoder layers x 2 x 20 heads x 64 x 2 B per token.
+        let per_token = 32.0 * 2.0 * 20.0 * 64.0 * 2.0;
+        // Sequential: cross over 1500 positions once per input, self over the whole 448-token
+        // window per beam.
+        assert_eq!(
+            run("faster-whisper", "1"),
+            per_token * (1500.0 + 5.0 * 448.0)
+        );
+        // Batched: 224 output + 4 start tokens per beam.
+        assert_eq!(
+            run("faster-whisper", "8"),
+            per_token * 8.0 * (1500.0 + 5.0 * 228.0)
+        );
+        // openai/whisper conditions on previous text whatever the batch.
+        assert_eq!(
+            run("openai-whisper", "2"),
+            per_token * 2.0 * 5.0 * (1500.0 + 448.0)
+        );
     }
 }
