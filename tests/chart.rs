@@ -224,6 +224,7 @@ fn helm_lint_strict_passes_with_default_values_and_every_feature() {
 fn bad_values_are_refused_at_render() {
     for bad in [
         &["--set", "agent.port=not-a-port"][..],
+        &["--set", "webhook.requireVram=sometimes"],
         &[
             "--set",
             "alerts.enabled=true",
@@ -421,6 +422,11 @@ fn the_default_render_holds_what_each_object_needs() {
     );
     assert!(of("", "pods").contains("patch"));
     assert!(of("peakfit.io", "nodegpureports").contains("watch"));
+    // Model-config ConfigMaps: listed and watched by label, never read one by one or written.
+    assert_eq!(
+        of("", "configmaps"),
+        BTreeSet::from(["list".to_owned(), "watch".to_owned()])
+    );
     assert!(
         !verbs.values().any(|v| v.contains("*")),
         "no wildcard verbs"
@@ -491,7 +497,15 @@ fn values_move_what_they_name() {
         "webhook.failurePolicy=Ignore",
         "--set",
         "extender.port=9999",
+        "--set",
+        "webhook.requireVram=fair",
     ]);
+    let hook_deploy: Deployment = one(&docs, "Deployment", Some("webhook"));
+    let hpod = pod_spec(hook_deploy.spec.as_ref().map(|s| &s.template));
+    assert_eq!(
+        env_value(container(hpod, "webhook"), "PEAKFIT_REQUIRE_VRAM"),
+        "fair"
+    );
     let deploy: Deployment = one(&docs, "Deployment", Some("scheduler"));
     let spod = pod_spec(deploy.spec.as_ref().map(|s| &s.template));
     let image = container(spod, "kube-scheduler").image.clone().unwrap();
@@ -811,6 +825,7 @@ async fn the_webhook_serves_tls_with_the_certificate_the_chart_generates() {
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: None,
         gpu_memory_resource: None,
+        require_vram: peakfit::webhook::RequireVram::Off,
     });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(listener, acceptor, app, async {

@@ -76,6 +76,7 @@ async fn serves_over_tls_and_picks_up_a_renewed_certificate() {
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: None,
         gpu_memory_resource: None,
+        require_vram: peakfit::webhook::RequireVram::Off,
     });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(listener, acceptor, app, async {
