@@ -1,4 +1,4 @@
-//! Cluster mode: watches on Nodes, Pods and NodeGpuReports feed the index one event at a time.
+//! Cluster mode: watches on Nodes, Pods and `NodeGpuReports` feed the index one event at a time.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -39,7 +39,7 @@ impl Readiness {
     }
 }
 
-/// How many watches must list before the extender is ready: Nodes, Pods, NodeGpuReports and
+/// How many watches must list before the extender is ready: Nodes, Pods, `NodeGpuReports` and
 /// the model-config ConfigMaps (a pod naming one would be refused until they are listed).
 pub const WATCHES: usize = 4;
 
@@ -167,7 +167,7 @@ where
                 }
             }
             Err(e) => {
-                tracing::warn!(kind = %K::kind(&Default::default()), error = %e, "watch error; retrying")
+                tracing::warn!(kind = %K::kind(&Default::default()), error = %e, "watch error; retrying");
             }
         }
     }

@@ -395,7 +395,7 @@ impl VaeDecode {
 /// The longest model label accepted (a DNS subdomain's length: names are copied into events).
 const MAX_MODEL_LABEL: usize = 253;
 
-/// A Kubernetes object name of the DNS-subdomain kind (RFC 1123), as ConfigMap names are.
+/// A Kubernetes object name of the DNS-subdomain kind (RFC 1123), as `ConfigMap` names are.
 pub fn is_dns_subdomain(name: &str) -> bool {
     let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
     !name.is_empty()
@@ -489,7 +489,7 @@ pub struct Spec {
     pub model: Option<&'static Preset>,
     /// A `model` value that names no preset: a label only, the shape annotations describe it.
     pub model_label: Option<String>,
-    /// `model-config`: the ConfigMap (pod's namespace, key `config.json`) the extender reads
+    /// `model-config`: the `ConfigMap` (pod's namespace, key `config.json`) the extender reads
     /// the model's shape from. Only the extender resolves it; everywhere else it is a name.
     pub model_config: Option<String>,
     pub architecture: Option<presets::Kind>,
@@ -669,7 +669,7 @@ impl Spec {
                             format!("one of {}", presets::Kind::NAMES),
                         ));
                     }
-                })
+                });
             }
             "params" => {
                 let n =
@@ -706,13 +706,13 @@ impl Spec {
                             "one of inference training lora qlora",
                         ));
                     }
-                })
+                });
             }
             "batch" => self.batch = Some(int(key, v, 1, 1 << 20)?),
             "context-tokens" => self.context_tokens = Some(count(key, v, 1, 1 << 26)?),
             "engine" => self.engine = Some(Engine::parse(key, v)?),
             "gpu-memory-utilization" => {
-                self.gpu_memory_utilization = Some(fraction(key, v, true, 1.0)?)
+                self.gpu_memory_utilization = Some(fraction(key, v, true, 1.0)?);
             }
             "tensor-parallel" => self.tensor_parallel = Some(int(key, v, 1, 64)?),
             "sequence-parallel" => self.sequence_parallel = Some(boolean(key, v)?),
@@ -767,7 +767,7 @@ impl Spec {
                             "one of none selective full",
                         ));
                     }
-                })
+                });
             }
             "flash-attention" => self.flash_attention = Some(boolean(key, v)?),
             "lora-rank" => self.lora_rank = Some(int(key, v, 1, 65536)?),
@@ -983,7 +983,8 @@ pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
     if let Some(vram) = spec.vram {
         // An explicit per-GPU figure overrides the model; headroom still applies, and the GPU
         // count defaults as it does for a modelled pod (a tensor-parallel job spans its group).
-        let bytes = (vram as f64 * (1.0 + spec.headroom.unwrap_or(0.0))).ceil() as u64;
+        let bytes =
+            crate::convert::f64_to_u64((vram as f64 * (1.0 + spec.headroom.unwrap_or(0.0))).ceil());
         return Ok(PodRequest {
             gpus: spec.gpus.or(spec.tensor_parallel).unwrap_or(1),
             demand: Demand::fixed(bytes),
