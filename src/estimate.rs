@@ -1,5 +1,6 @@
 //! `peakfit estimate`: the scheduler's own prediction for a pod, from the same annotations it
-//! reads, so an ML engineer can check a pod before submitting it.
+//! reads, so an ML engineer can check a pod before submitting it. It reads files and prints; it
+//! may not touch a cluster (the arithmetic is `peakfit-core`'s).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
