@@ -9,9 +9,9 @@
 //! `fraction x GPU total` plus what they allocate outside that budget, so their demand depends on
 //! the GPU they land on ([`Demand::gpu_fraction`]).
 //!
-//! Every constant cites the section of the project's memory-model research it comes from
-//! (`research/memory-model.md`, kept outside this repository beside the data sets). Defaults for
-//! unstated settings are listed on [`Defaults`].
+//! Every constant cites its primary source: the paper, the framework's source or docs, or the
+//! issue or pull request where the number was measured (`owner/repo#N` is a GitHub issue or pull
+//! request). Defaults for unstated settings are listed on [`Defaults`].
 //!
 //! ## Parallelism, sharding and offload, per term (per GPU)
 //!
@@ -44,46 +44,59 @@ use super::quantity::{GIB, MIB};
 use crate::placement::Demand;
 
 /// CUDA context per process per GPU on a CUDA >= 12.2 stack with lazy module loading: 274 MiB
-/// bare (PyTorch #86509) to ~430 MiB once cuBLAS/NCCL kernels load (unsloth-zoo #1053); the
-/// report's recommendation is 0.5 GiB (§2.1, §5 "ctx").
+/// bare (pytorch/pytorch#86509, `CUDA_MODULE_LOADING=LAZY`) to 426 MiB in nvidia-smi for a bare
+/// `mem_get_info()` on PyTorch 2.10+cu130 (unslothai/unsloth-zoo#1053) and "around 400MB if CUDA
+/// >= 11.7" (pytorch/pytorch#109888); 0.5 GiB leaves room for the kernels later libraries load.
 pub const CUDA_CONTEXT: f64 = 0.5 * GIB;
-/// cuBLAS workspace (32 MiB per handle on Hopper, §2.2) plus the small tensors every framework
-/// keeps: the near-constant 35-48 MiB residual of weights+KV against measured
-/// `max_memory_allocated` (§4.1).
+/// cuBLAS workspace (32 MiB per handle on Hopper: PyTorch's
+/// `aten/src/ATen/cuda/CublasHandlePool.cpp`, pytorch/pytorch#120925) plus the small tensors every framework keeps: the near-constant
+/// 35-48 MiB by which Qwen's measured `max_memory_allocated` exceeds weights + KV (Qwen3 BF16,
+/// HF + FA2: `QwenLM/Qwen2.5` `docs/source/getting_started/speed_benchmark.md`).
 pub const WORKSPACE: f64 = 40.0 * MIB;
-/// NCCL communicator buffers when the job spans GPUs: 0.5-2 GiB per GPU (§2.3); vLLM's
-/// non-torch memory grew 1.79 GiB from TP1 to TP2 (PR #10511). Outside the PyTorch allocator.
+/// NCCL communicator buffers when the job spans GPUs: ~1.6 GB for one communicator and an
+/// allreduce (NVIDIA/nccl#864), 4 MiB per channel per peer (`NCCL_BUFFSIZE`, NVIDIA/nccl#391);
+/// vLLM's non-torch memory grew 1.79 GiB from TP1 to TP2 (vllm-project/vllm#10511). Outside the
+/// PyTorch allocator.
 pub const NCCL: f64 = 1.0 * GIB;
-/// CUDA graphs captured after a serving engine sizes its budget: 0.13-0.21 GiB for small models,
-/// up to 3.3 GiB for large quantised ones (§2.5); 0.5 GiB is the report's "small models" upper end.
+/// CUDA graphs captured after a serving engine sizes its budget: 0.13-0.21 GiB for small models
+/// (vLLM's log for Llama-3.2-1B, vllm-project/vllm#11349), 3.34 GiB for a 49B GPTQ model
+/// (vllm-project/vllm#15664); 0.5 GiB covers the small and mid-sized models.
 pub const CUDA_GRAPHS: f64 = 0.5 * GIB;
-/// bitsandbytes quantise-on-load staging: the fixed ~0.6 GB litgpt NF4 runs show over the
-/// bits x params arithmetic (§4.1 "Model it as bits x params + ~0.5 GiB").
+/// bitsandbytes quantise-on-load staging: the fixed ~0.6 GB litgpt's NF4 runs show over the
+/// bits x params arithmetic (Llama-2-7B nf4 4.57 GB measured against 3.98 computed:
+/// `Lightning-AI/litgpt` `tutorials/resource-tables.md`).
 pub const BNB_STAGING: f64 = 0.35 * GIB;
-/// Allocator slack, reserved / allocated: ~1.05 for steady inference, 1.1-1.3 for fixed-shape
-/// fine-tuning (§2.4, §5 "frag").
+/// Allocator slack, reserved / allocated: ~1.05 for steady inference (13.73 GiB allocated,
+/// 0.72 GiB reserved but free in a vLLM OOM, kaito-project/kaito#976), 1.1-1.5 for fine-tuning
+/// (torchtune QLoRA 16.39 GiB reserved, 10.83 with `expandable_segments`:
+/// meta-pytorch/torchtune#1185).
 pub const SLACK_INFERENCE: f64 = 1.05;
 pub const SLACK_TRAINING: f64 = 1.15;
 /// Korthikanti et al. activation bytes per token per hidden unit per layer, 16-bit, no
-/// recomputation, attention scores excluded (flash attention): `34 s b h` (§1.5; 32-34 for
-/// Llama blocks).
+/// recomputation, attention scores excluded (flash attention): `34 s b h` (Korthikanti et al.
+/// 2022, "Reducing Activation Recomputation in Large Transformer Models", arXiv:2205.05198,
+/// Table 2; a Llama block's tensors count 32-34).
 pub const ACT_NONE: f64 = 34.0;
 /// Selective recomputation as torchtitan's op policy does it: back-solved ~23 s b h per layer
-/// including allocator slack (§4.3), i.e. ~20 before the training slack above.
+/// including allocator slack from torchtitan's Llama-3.1-8B runs on 8 and 128 H100s
+/// (`pytorch/torchtitan` `benchmarks/llama3_h100_202412_torchtitan.md`), i.e. ~20 before the
+/// training slack above.
 pub const ACT_SELECTIVE: f64 = 20.0;
-/// Full recomputation keeps each layer's input (`2 s b h`, §1.5) ...
+/// Full recomputation keeps each layer's input (`2 s b h`, Korthikanti et al. 2022, Table 2) ...
 pub const ACT_FULL: f64 = 2.0;
 /// ... plus one layer's full working set during its recomputation.
 pub const ACT_FULL_WORKING_LAYERS: f64 = 1.0;
 /// Logits and cross-entropy per token per vocabulary entry: bf16 logits + fp32 upcast + fp32
-/// softmax/grad ≈ 10 B in the HF default path (§2.7).
+/// softmax/grad ≈ 10 B in the HF default path (`ForCausalLMLoss` upcasts with `logits.float()`:
+/// huggingface/transformers#38452, #30860).
 pub const LOGITS_HF: f64 = 10.0;
-/// Chunked cross-entropy (torchtune) keeps 16-bit logits plus one fp32 chunk: 2-4 B (§5 "X").
+/// Chunked cross-entropy (torchtune's `CEWithChunkedOutputLoss`) keeps 16-bit logits plus one
+/// fp32 chunk: 2-4 B.
 pub const LOGITS_CHUNKED: f64 = 4.0;
 /// Attention scores under torch autocast (fp16 AMP) without a fused kernel, per Korthikanti's
 /// `a·s²·b` unit: `QKᵀ` in fp16 (2 B), the softmax autocast runs in fp32 (4 B), the dropout
 /// mask (1 B) and the dropped-out probabilities in fp16 (2 B) = 9, against 5 for pure 16-bit
-/// (§1.5's `5as²b` term, re-derived for autocast's fp32 softmax; not fitted).
+/// (Korthikanti et al. 2022's `5as²b` term, re-derived for autocast's fp32 softmax; not fitted).
 pub const SCORES_AMP: f64 = 9.0;
 /// Denoiser activations at inference per latent token per sample in the batch, 16-bit, for a
 /// UNet (SD 1.5, SDXL): its ResNet and attention blocks at several resolutions hold far more
@@ -106,8 +119,9 @@ pub const SEQUENTIAL_RESIDENT: f64 = 0.05;
 /// ms-swift's 2023 trainer: ~3x the HF path. Inferred, not read in its source: the trainer
 /// passes labels (the model computes its loss) and computes its own loss and token accuracy
 /// from the same logits, so the logits graph is held about three times over. Back-solved from
-/// ms-swift's published batch slope (§4.3 #49: +15.4 GiB per 2048-token Qwen-7B sample with
-/// checkpointing on, where layers account for < 1 GiB): a calibration on that source.
+/// ms-swift's published batch slope (+15.4 GiB per 2048-token Qwen-7B-chat sample with
+/// checkpointing on, where layers account for < 1 GiB: `modelscope/ms-swift`
+/// `docs/source_en/LLM/Benchmark.md`): a calibration on that source.
 pub const LOGITS_MS_SWIFT: f64 = 30.0;
 
 /// Settings used when a pod does not state them.
@@ -122,15 +136,18 @@ impl Defaults {
     /// A serving engine's `max_model_len` when unstated, for its smallest-GPU check only.
     pub const CONTEXT_ENGINE: u64 = 512;
     pub const LORA_RANK: u32 = 8;
-    /// vLLM's `gpu_memory_utilization`: 0.9 through v0.6, 0.92 in current releases (§1.6); the
-    /// larger keeps a co-located pod safe.
+    /// vLLM's `gpu_memory_utilization`: 0.9 through v0.6 (vllm-project/vllm#2162), 0.92 in
+    /// current releases (`vllm/config/cache.py`); the larger keeps a co-located pod safe.
     pub const UTIL_VLLM: f64 = 0.92;
-    /// TGI `--cuda-memory-fraction` (§1.7).
+    /// TGI `--cuda-memory-fraction` (`huggingface/text-generation-inference`
+    /// `docs/source/reference/launcher.md`).
     pub const UTIL_TGI: f64 = 1.0;
-    /// SGLang `mem_fraction_static` (§1.7: the built-in default is unverified; Qwen's
-    /// benchmarks use 0.85, 0.88 is SGLang's common large-GPU value).
+    /// SGLang `mem_fraction_static` (the built-in default is unverified; Qwen's benchmarks use
+    /// 0.85, `QwenLM/Qwen2.5` `docs/source/getting_started/speed_benchmark.md`; 0.88 is SGLang's
+    /// common large-GPU value).
     pub const UTIL_SGLANG: f64 = 0.88;
-    /// TensorRT-LLM `free_gpu_memory_fraction`: of the memory free after weights (§1.7).
+    /// TensorRT-LLM `free_gpu_memory_fraction`: of the memory free after weights
+    /// (`KvCacheConfig`, nvidia.github.io/TensorRT-LLM/examples/kvcacheconfig.html).
     pub const UTIL_TRTLLM: f64 = 0.9;
     /// A GPU size for displaying a fraction engine's split when none is given (80 GiB: A100/H100).
     pub const GPU_TOTAL: u64 = 80 << 30;
@@ -453,7 +470,9 @@ impl Inputs {
         both.min(self.params * 0.5)
     }
 
-    /// Bits per linear-layer weight, scales included (§2.6).
+    /// Bits per linear-layer weight, scales included: NF4 with double quantisation 4.127 and
+    /// plain NF4 4.5 (QLoRA, Dettmers et al. 2023, arXiv:2305.14314); GPTQ/AWQ int4 with
+    /// 128-wide groups 4 + (16 + 4)/128 (an fp16 scale and a 4-bit zero per group).
     fn weight_bits(&self) -> f64 {
         match self.dtype {
             Dtype::Fp32 => 32.0,
@@ -475,7 +494,9 @@ impl Inputs {
         }
     }
 
-    /// Quantised loaders keep embeddings and head in 16 bits (§2.6); fp32 models keep them fp32.
+    /// Quantised loaders keep embeddings and head in 16 bits (StarCoder's GPTQ-4bit checkpoint is
+    /// 30 % of bf16, not 26 %: `mayank-mishra/starcoder-GPTQ-8bit-128g`'s model card); fp32 models
+    /// keep them fp32.
     fn embedding_bytes(&self) -> f64 {
         self.weight_bits().clamp(16.0, 32.0) / 8.0
     }
@@ -525,7 +546,8 @@ impl Inputs {
         }
         let sharded = self.weight_bytes() / self.weight_shards();
         // litgpt's FSDP LoRA keeps the gathered frozen base next to its shard: its 2-GPU run
-        // measured 20.7 GiB per GPU against 19.8 on one GPU (§3.4 #36; Lightning's FSDP
+        // measured 20.7 GiB per GPU against 19.8 on one GPU (`Lightning-AI/litgpt`
+        // `tutorials/resource-tables.md`; Lightning's FSDP
         // strategy there does not reshard frozen parameters after forward). A framework
         // behaviour, so kept to that framework.
         if self.workload.is_adapter() && self.zero3() && self.engine_name() == "litgpt" {
@@ -552,7 +574,8 @@ impl Inputs {
         let linear = (self.params - self.embedding_params()).max(0.0) * self.stage_share();
         let mut bytes = linear * self.weight_bits() / 8.0 + emb * self.embedding_bytes();
         // The FP8 loader un-ties a tied LM head: Qwen3-4B FP8 measured one embedding copy over
-        // (742 MiB, §4.1).
+        // (742 MiB over weights + KV: `QwenLM/Qwen2.5`
+        // `docs/source/getting_started/speed_benchmark.md`).
         if self.dtype == Dtype::Fp8 && self.arch.tied_embeddings {
             bytes += f64::from(self.arch.vocab_size) * f64::from(self.arch.hidden_size) * 2.0;
         }
@@ -560,7 +583,8 @@ impl Inputs {
     }
 
     /// bitsandbytes runtime: staging plus two bf16 copies of the largest linear being
-    /// dequantised for its matmul (fits the litgpt NF4 rows, which grow with h x ffn: §4.1).
+    /// dequantised for its matmul (fits litgpt's NF4 rows in `tutorials/resource-tables.md`, which
+    /// grow with h x ffn).
     fn quantisation_overhead(&self) -> f64 {
         if !self.dtype.is_bitsandbytes() {
             return 0.0;
@@ -583,7 +607,7 @@ impl Inputs {
 
     /// LoRA adapters on every linear layer (the QLoRA paper's recipe, torchtune's and Qwen's
     /// `finetune.py` defaults; peft's q/v-only default trains fewer, so this errs high):
-    /// `r·(d_in + d_out)` per adapted matrix (§5 "S").
+    /// `r·(d_in + d_out)` per adapted matrix (LoRA, Hu et al. 2021, arXiv:2106.09685).
     fn adapter_params(&self) -> f64 {
         let a = &self.arch;
         let h = f64::from(a.hidden_size);
@@ -600,7 +624,9 @@ impl Inputs {
     }
 
     /// Gradients, master weights and optimizer state of what trains, per GPU, by ZeRO stage
-    /// (ZeRO paper accounting, §1.3; DeepSpeed's 18 B/param for mixed-precision Adam, §1.2).
+    /// (ZeRO, Rajbhandari et al. 2019, arXiv:1910.02054; DeepSpeed's 18 B/param for
+    /// mixed-precision Adam: `estimate_zero3_model_states_mem_needs` in
+    /// `deepspeed/runtime/zero/stage3.py`, docs `docs/code-docs/source/memory.rst`).
     fn trainable_state(&self) -> (f64, f64, f64) {
         match self.workload {
             Workload::Inference => (0.0, 0.0, 0.0),
@@ -634,9 +660,9 @@ impl Inputs {
                 let states = self.optimizer_bytes(param_bytes);
                 let dp = self.shards();
                 let shard = |stage: u8| if self.zero_stage() >= stage { dp } else { 1.0 };
-                // ZeRO-Offload (Ren et al. 2021, §3): fp32 master weights, optimizer state and
-                // the fp32 gradients live on the CPU, which runs the step; the GPU keeps the
-                // 16-bit gradients of its partition until they are copied out.
+                // ZeRO-Offload (Ren et al. 2021, arXiv:2101.06840, §3): fp32 master weights,
+                // optimizer state and the fp32 gradients live on the CPU, which runs the step;
+                // the GPU keeps the 16-bit gradients of its partition until they are copied out.
                 if self.offload.optimizer() {
                     return (p * 2.0 / shard(2), 0.0, 0.0);
                 }
@@ -661,7 +687,8 @@ impl Inputs {
     }
 
     /// ZeRO-3 gathers a layer at a time: DeepSpeed's `largest_layer_memory = 4·largest_layer`
-    /// (§1.2), the largest layer being a transformer block or the embedding.
+    /// (`estimate_zero3_model_states_mem_needs`, `deepspeed/runtime/zero/stage3.py`), the largest
+    /// layer being a transformer block or the embedding.
     /// For adapters and for offloaded weights the gathered block is frozen: two of them (the
     /// one running and FSDP's prefetch) at the weights' own width.
     fn zero3_live_params(&self) -> f64 {
@@ -697,7 +724,7 @@ impl Inputs {
         self.batch * self.context / self.cp
     }
 
-    /// Training activations (Korthikanti et al., §1.5, §5 "A"), per GPU.
+    /// Training activations (Korthikanti et al. 2022, arXiv:2205.05198, Table 2), per GPU.
     fn activations(&self) -> f64 {
         let a = &self.arch;
         let (h, l) = (f64::from(a.hidden_size), f64::from(a.layers));
@@ -721,8 +748,9 @@ impl Inputs {
             let heads = (f64::from(a.attention_heads) / self.tp).max(1.0);
             return heads * s * s * b * 6.0;
         }
-        // Tensor parallel shards all but 10 of the 34 (§1.5 TP row); sequence parallelism
-        // splits those 10 (layer norms, dropout) along the sequence too: `34/t` (§1.5 SP row).
+        // Tensor parallel shards all but 10 of the 34 (Korthikanti et al. 2022, Table 2, the
+        // tensor-parallel row); sequence parallelism splits those 10 (layer norms, dropout) along
+        // the sequence too: `34/t` (the sequence-parallel row).
         let sharded = |c: f64| {
             if self.sp {
                 c / self.tp
@@ -759,7 +787,9 @@ impl Inputs {
                 saved(ACT_FULL) + ACT_FULL_WORKING_LAYERS * per_layer(ACT_NONE, !self.flash)
             }
         };
-        // fp32 training keeps fp32 activations: ~1.9x the 16-bit bytes (§5 "A").
+        // fp32 training keeps fp32 activations: ~1.9x the 16-bit bytes (checked against
+        // BERT-large's fp32 rows, nvml, in HF Transformers'
+        // `docs/source/en/perf_train_gpu_one.md`).
         if self.dtype == Dtype::Fp32 {
             bytes * 1.9
         } else {
@@ -767,7 +797,8 @@ impl Inputs {
         }
     }
 
-    /// Logits: training materialises `s·b·V` with an fp32 upcast (§2.7); inference keeps only the
+    /// Logits: training materialises `s·b·V` with an fp32 upcast
+    /// (huggingface/transformers#38452); inference keeps only the
     /// last token's (`logits_to_keep`).
     fn logits(&self) -> f64 {
         let v = f64::from(self.arch.vocab_size) / self.tp;
@@ -785,7 +816,8 @@ impl Inputs {
     }
 
     /// `2·L·kv_heads_per_gpu·head_dim·bytes·tokens`; kv heads are replicated, not split, when
-    /// fewer than the tensor-parallel degree (vLLM `get_num_kv_heads`, §1.6).
+    /// fewer than the tensor-parallel degree (vLLM `ModelConfig.get_num_kv_heads`:
+    /// `max(1, total_kv_heads // tp)`).
     ///
     /// Encoders keep no cache. Encoder-decoders keep, per sequence (each beam is one: HF
     /// `_expand_inputs_for_generation` and openai/whisper repeat the encoder output per beam),
@@ -832,8 +864,9 @@ impl Inputs {
             }
             Kind::Decoder => {
                 // The legacy HF cache (tuples grown by `torch.cat`) measured ~2x the
-                // theoretical KV (Qwen-7B v1 README, gpu_poor: §2.8); the flash-attention /
-                // static-cache path does not.
+                // theoretical KV (+1.04 MB per token against 0.52: `QwenLM/Qwen` `README.md`;
+                // `RahulSChand/gpu_poor` `README.md`: 1 GB against 500 MB per 1000 tokens); the
+                // flash-attention / static-cache path does not.
                 let legacy = if self.legacy_cache { 2.0 } else { 1.0 };
                 legacy * f64::from(a.layers) * per_token_layer * tokens * self.beams
             }
@@ -846,7 +879,7 @@ impl Inputs {
 
     /// One prefill of 2048 tokens through a layer plus its logits: the least a serving
     /// engine's profiling pass allocates besides weights (a lower bound: vLLM logged 2.38 GiB
-    /// for Llama-2-7B, §1.6).
+    /// for Llama-2-7B, kubernetes-sigs/gateway-api-inference-extension#550).
     fn engine_profile_activations(&self) -> f64 {
         let a = &self.arch;
         let per_token =
@@ -1080,7 +1113,9 @@ fn finish(
 }
 
 /// Engines that size themselves to a fraction of the GPU: the budget holds weights,
-/// activations and a KV pool that grows to fill it (§1.6-1.7, §4.4).
+/// activations and a KV pool that grows to fill it (vLLM `vllm/v1/worker/gpu_worker.py`
+/// `determine_available_memory`; TGI's launcher docs; a Llama-2-7B under vLLM takes ~71 GiB of
+/// an H100 by design, kubernetes-sigs/gateway-api-inference-extension#550).
 fn fraction_engine(
     spec: &Spec,
     inp: &Inputs,
