@@ -1,3 +1,5 @@
+//! The `peakfit` binary: parses the command line, sets up logging and runs one subcommand. Every
+//! behaviour lives in the library (`src/lib.rs`); nothing here but dispatch and the exit code.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -49,8 +51,8 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Agent(args) => serve(agent::run(args)),
         Command::Extender(args) => serve(extender::run(args)),
         Command::Webhook(args) => serve(webhook::run(args)),
-        Command::Estimate(args) => estimate::run(args),
-        Command::Simulate(args) => sim::run(args),
+        Command::Estimate(args) => estimate::run(&args),
+        Command::Simulate(args) => sim::run(&args),
         Command::Crd => {
             print!("{}", peakfit::cluster::crd_yaml()?);
             Ok(())

@@ -1,4 +1,4 @@
-//! `peakfit webhook` over HTTP: AdmissionReview v1 JSON in, AdmissionReview out, with the JSON
+//! `peakfit webhook` over HTTP: `AdmissionReview` v1 JSON in, `AdmissionReview` out, with the JSON
 //! patch decoded from base64 and applied to the pod to check what the API server would store.
 
 use axum::body::Body;
@@ -14,12 +14,13 @@ fn app() -> axum::Router {
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: None,
         gpu_memory_resource: None,
+        require_vram: peakfit::webhook::RequireVram::Off,
     })
 }
 
-/// An AdmissionReview as kube-apiserver sends it for a pod CREATE (after defaulting, so the pod
+/// An `AdmissionReview` as kube-apiserver sends it for a pod CREATE (after defaulting, so the pod
 /// names default-scheduler).
-fn review(annotations: Value, containers: Value, init_containers: Value) -> Value {
+fn review(annotations: &Value, containers: &Value, init_containers: &Value) -> Value {
     json!({
         "kind": "AdmissionReview",
         "apiVersion": "admission.k8s.io/v1",
@@ -87,12 +88,12 @@ fn downward(name: &str, annotation: &str) -> Value {
 #[tokio::test]
 async fn opted_in_pod_gets_scheduler_and_downward_env_in_every_container() {
     let input = review(
-        json!({"peakfit.io/vram": "20Gi", "peakfit.io/gpus": "2"}),
-        json!([
+        &json!({"peakfit.io/vram": "20Gi", "peakfit.io/gpus": "2"}),
+        &json!([
             {"name": "server", "image": "vllm", "env": [{"name": "HF_HOME", "value": "/cache"}]},
             {"name": "sidecar", "image": "proxy"}
         ]),
-        json!([{"name": "fetch-weights", "image": "fetch"}]),
+        &json!([{"name": "fetch-weights", "image": "fetch"}]),
     );
     let (status, out) = post("/mutate", &input).await;
     assert_eq!(status, StatusCode::OK);
@@ -147,7 +148,11 @@ async fn invalid_annotation_is_refused_with_the_models_message() {
         "{expected}"
     );
 
-    let input = review(annotations, json!([{"name": "c", "image": "i"}]), json!([]));
+    let input = review(
+        &annotations,
+        &json!([{"name": "c", "image": "i"}]),
+        &json!([]),
+    );
     let (status, out) = post("/mutate", &input).await;
     assert_eq!(status, StatusCode::OK);
     let response = &out["response"];
@@ -160,9 +165,9 @@ async fn invalid_annotation_is_refused_with_the_models_message() {
 #[tokio::test]
 async fn pod_without_peakfit_annotations_passes_through_untouched() {
     let input = review(
-        json!({"prometheus.io/scrape": "true"}),
-        json!([{"name": "c", "image": "nginx"}]),
-        json!([]),
+        &json!({"prometheus.io/scrape": "true"}),
+        &json!([{"name": "c", "image": "nginx"}]),
+        &json!([]),
     );
     let (status, out) = post("/mutate", &input).await;
     assert_eq!(status, StatusCode::OK);
@@ -173,7 +178,11 @@ async fn pod_without_peakfit_annotations_passes_through_untouched() {
 
 #[tokio::test]
 async fn namespace_opt_in_takes_a_pod_without_annotations() {
-    let input = review(json!({}), json!([{"name": "c", "image": "i"}]), json!([]));
+    let input = review(
+        &json!({}),
+        &json!([{"name": "c", "image": "i"}]),
+        &json!([]),
+    );
     let (_, out) = post("/mutate/namespace", &input).await;
     assert_eq!(out["response"]["allowed"], true);
     assert_eq!(
@@ -200,8 +209,8 @@ async fn garbage_is_rejected_at_http_level_and_healthz_answers() {
 
 /// An UPDATE of a pod `kubectl annotate --overwrite` would send: `old` and `new` annotations,
 /// `node` the pod's `spec.nodeName` (both objects; binding does not change with annotate).
-fn update(old: Value, new: Value, node: Option<&str>) -> Value {
-    let mut r = review(new, json!([{"name": "c", "image": "i"}]), json!([]));
+fn update(old: Value, new: &Value, node: Option<&str>) -> Value {
+    let mut r = review(new, &json!([{"name": "c", "image": "i"}]), &json!([]));
     let req = &mut r["request"];
     req["operation"] = "UPDATE".into();
     req["options"] = json!({"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"});
@@ -226,7 +235,7 @@ async fn bind_output_on_a_bound_pod_cannot_be_changed_or_removed() {
     let mut moved = bound.clone();
     moved["peakfit.io/assigned-gpus"] = "GPU-bbbb".into();
     moved["peakfit.io/reserved-bytes"] = "1".into();
-    let (status, out) = post("/mutate", &update(bound.clone(), moved, Some("l4-0"))).await;
+    let (status, out) = post("/mutate", &update(bound.clone(), &moved, Some("l4-0"))).await;
     assert_eq!(status, StatusCode::OK);
     let response = &out["response"];
     assert_eq!(response["allowed"], false, "{out}");
@@ -245,7 +254,7 @@ async fn bind_output_on_a_bound_pod_cannot_be_changed_or_removed() {
         .remove("peakfit.io/assigned-gpus");
     let (_, out) = post(
         "/mutate/namespace",
-        &update(bound.clone(), removed, Some("l4-0")),
+        &update(bound.clone(), &removed, Some("l4-0")),
     )
     .await;
     assert_eq!(out["response"]["allowed"], false, "{out}");
@@ -266,7 +275,7 @@ async fn other_updates_of_a_bound_pod_and_bind_on_a_pending_one_are_allowed() {
     });
     let mut relabelled = bound.clone();
     relabelled["example.com/owner"] = "team-a".into();
-    let (_, out) = post("/mutate", &update(bound.clone(), relabelled, Some("l4-0"))).await;
+    let (_, out) = post("/mutate", &update(bound.clone(), &relabelled, Some("l4-0"))).await;
     assert_eq!(out["response"]["allowed"], true, "{out}");
     assert!(
         out["response"]["patch"].is_null(),
@@ -274,7 +283,7 @@ async fn other_updates_of_a_bound_pod_and_bind_on_a_pending_one_are_allowed() {
     );
     // Bind writes them on the pod before it creates the Binding.
     let pending = json!({"peakfit.io/vram": "20Gi"});
-    let (_, out) = post("/mutate", &update(pending, bound, None)).await;
+    let (_, out) = post("/mutate", &update(pending, &bound, None)).await;
     assert_eq!(out["response"]["allowed"], true, "{out}");
 }
 
@@ -284,8 +293,9 @@ async fn admitted_with_resource(annotations: Value, containers: Value) -> (Value
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: None,
         gpu_memory_resource: Some("peakfit.io/gpu-memory-mib".into()),
+        require_vram: peakfit::webhook::RequireVram::Off,
     });
-    let body = review(annotations, containers, json!([]));
+    let body = review(&annotations, &containers, &json!([]));
     let request = Request::post("/mutate")
         .header("content-type", "application/json")
         .body(Body::from(serde_json::to_vec(&body).unwrap()))
@@ -353,4 +363,76 @@ async fn the_least_gpu_memory_is_requested_as_an_extended_resource_on_the_first_
             .contains("1024"),
         "{out}"
     );
+}
+
+/// Posts a pod CREATE to a webhook running under `policy`; returns the `AdmissionReview` reply.
+async fn admit_under(policy: peakfit::webhook::RequireVram, annotations: Value) -> Value {
+    let app = router(Mutator {
+        scheduler_name: "peakfit-scheduler".into(),
+        runtime_class_name: None,
+        gpu_memory_resource: None,
+        require_vram: policy,
+    });
+    let body = review(
+        &annotations,
+        &json!([{"name": "c", "image": "i"}]),
+        &json!([]),
+    );
+    let request = Request::post("/mutate")
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test]
+async fn require_vram_refuses_kinds_below_the_class_and_names_the_annotation_and_why() {
+    use peakfit::model::confidence::{MEASURED, class};
+    use peakfit::webhook::RequireVram;
+    let qlora = json!({"peakfit.io/model": "llama-3.1-8b", "peakfit.io/workload": "qlora"});
+    let band = MEASURED.iter().find(|b| b.kind == "qlora").unwrap();
+    assert_ne!(
+        class(band),
+        "good",
+        "the test needs a kind below good: {band:?}"
+    );
+
+    let out = admit_under(RequireVram::Fair, qlora.clone()).await;
+    let response = &out["response"];
+    assert_eq!(response["allowed"], false, "{out}");
+    assert_eq!(response["status"]["code"], 400);
+    let message = response["status"]["message"].as_str().unwrap();
+    for needle in [
+        "peakfit.io/vram",
+        "qlora",
+        "--require-vram fair",
+        &format!("p90 {:.1}%", band.p90),
+        &format!("over {} rows", band.rows),
+    ] {
+        assert!(
+            message.contains(needle),
+            "{needle:?} missing from {message}"
+        );
+    }
+
+    // The same pod giving its own figure, a kind the model sizes well, and a laxer policy pass.
+    let mut given = qlora.clone();
+    given["peakfit.io/vram"] = json!("12Gi");
+    for (policy, annotations) in [
+        (RequireVram::Fair, given),
+        (
+            RequireVram::Fair,
+            json!({"peakfit.io/model": "llama-3.1-8b", "peakfit.io/workload": "inference"}),
+        ),
+        (RequireVram::Off, qlora.clone()),
+    ] {
+        let out = admit_under(policy, annotations).await;
+        assert_eq!(out["response"]["allowed"], true, "{policy:?}: {out}");
+    }
+    // `poor` refuses only kinds whose class is poor.
+    let out = admit_under(RequireVram::Poor, qlora).await;
+    assert_eq!(out["response"]["allowed"], class(band) != "poor", "{out}");
 }

@@ -1,4 +1,4 @@
-//! The webhook's replies to requests that are not AdmissionReviews: each a JSON `{"error"}` with
+//! The webhook's replies to requests that are not `AdmissionReviews`: each a JSON `{"error"}` with
 //! the status axum used to give as plain text or an empty body; and a pod with 5,000 containers
 //! answered with a base64 patch.
 
@@ -15,6 +15,7 @@ async fn send(method: &str, path: &str, content_type: &str, body: Vec<u8>) -> (S
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: None,
         gpu_memory_resource: None,
+        require_vram: peakfit::webhook::RequireVram::Off,
     });
     let request = Request::builder()
         .method(method)

@@ -1,5 +1,5 @@
 //! The example workloads in deploy/examples go through the real webhook and model: each must be
-//! admitted and opted in, and only the fraction-budget engine gets PEAKFIT_GPU_MEMORY_FRACTION.
+//! admitted and opted in, and only the fraction-budget engine gets `PEAKFIT_GPU_MEMORY_FRACTION`.
 
 use std::path::Path;
 
@@ -48,6 +48,7 @@ async fn admit(mut pod: Value) -> (Value, Vec<Value>) {
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: None,
         gpu_memory_resource: None,
+        require_vram: peakfit::webhook::RequireVram::Off,
     });
     let request = Request::post("/mutate")
         .header("content-type", "application/json")

@@ -1,6 +1,6 @@
 //! The extender's view of the cluster: one ledger per node, fed one object at a time.
 //!
-//! Watches (or a file) call `apply_*`/`delete_*` for Nodes, Pods and NodeGpuReports; each call
+//! Watches (or a file) call `apply_*`/`delete_*` for Nodes, Pods and `NodeGpuReports`; each call
 //! touches only the nodes that object concerns, so a request never rescans the cluster. A pod's
 //! annotations are parsed once, when it is indexed, and a pod with a bad annotation is remembered
 //! with its error without affecting any other pod.
@@ -12,13 +12,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
 use crate::cluster::NodeGpuReport;
+use crate::cluster::model_config::{MODEL_CONFIG, ModelConfigs};
 use crate::cluster::resources::{HostRequest, allocatable_of, host_request_of};
 use crate::metrics::extender::ReasonLabels;
 use crate::model::{self, AnnotationError, PodRequest};
@@ -57,6 +58,9 @@ pub struct PodEntry {
     pub bound_here: bool,
     /// CPU, memory and GPU products it asks of its node, as kube-scheduler counts them.
     pub host: HostRequest,
+    /// A pod naming a `peakfit.io/model-config` ConfigMap keeps its `peakfit.io/` annotations,
+    /// so that its request is worked out again when that ConfigMap arrives, changes or goes.
+    pub model_config: Option<Box<BTreeMap<String, String>>>,
 }
 
 /// The key a pod is indexed under: its UID, or `namespace/name` for objects without one
@@ -72,10 +76,15 @@ pub fn pod_key(pod: &Pod) -> PodKey {
     }
 }
 
-/// The pod's own request, parsed from its annotations.
+/// The pod's own request, parsed from its annotations alone: a pod sized from a
+/// `peakfit.io/model-config` ConfigMap is refused here (see [`Index::request_of`]).
 pub fn pod_request_of(pod: &Pod) -> Result<Option<PodRequest>, AnnotationError> {
+    model::pod_request(annotations_of(pod))
+}
+
+fn annotations_of(pod: &Pod) -> &BTreeMap<String, String> {
     static EMPTY: BTreeMap<String, String> = BTreeMap::new();
-    model::pod_request(pod.metadata.annotations.as_ref().unwrap_or(&EMPTY))
+    pod.metadata.annotations.as_ref().unwrap_or(&EMPTY)
 }
 
 /// The largest `reserved-bytes` the index believes: the bound `peakfit.io/vram` has (1 EiB).
@@ -97,7 +106,8 @@ impl PodEntry {
         self.has_uid.then_some(self.key.as_str())
     }
 
-    pub fn from_pod(pod: &Pod) -> Self {
+    /// The entry of a pod whose request is `request` (see [`Index::request_of`]).
+    pub fn from_pod(pod: &Pod, request: Result<Option<PodRequest>, AnnotationError>) -> Self {
         let ann = pod.metadata.annotations.as_ref();
         let assignment = ann
             .and_then(|a| a.get(ASSIGNED_GPUS))
@@ -127,15 +137,23 @@ impl PodEntry {
                 .and_then(|s| s.node_name.clone())
                 .filter(|n| !n.is_empty()),
             priority: spec.and_then(|s| s.priority).unwrap_or(0),
-            request: pod_request_of(pod),
+            request,
             assignment,
             bound_here: false,
             host: host_request_of(pod),
+            model_config: ann.filter(|a| a.contains_key(MODEL_CONFIG)).map(|a| {
+                Box::new(
+                    a.iter()
+                        .filter(|(k, _)| k.starts_with(model::PREFIX))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                )
+            }),
         }
     }
 }
 
-/// The parts of a NodeGpuReport the ledger needs, per schedulable device.
+/// The parts of a `NodeGpuReport` the ledger needs, per schedulable device.
 #[derive(Clone, Debug, Default)]
 struct ReportView {
     observed_at_unix: Option<i64>,
@@ -168,7 +186,7 @@ impl ReportView {
             .observed_at
             .parse::<jiff::Timestamp>()
             .ok()
-            .map(|t| t.as_second());
+            .map(jiff::Timestamp::as_second);
         let nvml_down = (!status.nvml.up).then(|| {
             status
                 .nvml
@@ -294,6 +312,8 @@ pub struct Index {
     /// Cluster objects refused or repaired, by reason; exported as
     /// `peakfit_index_warnings_total` (`metrics::extender::ExtenderMetrics::with_index`).
     warnings: Family<ReasonLabels, Counter>,
+    /// The `peakfit.io/model-config` ConfigMaps the watch has seen, parsed.
+    model_configs: ModelConfigs,
 }
 
 impl std::fmt::Debug for Index {
@@ -301,13 +321,74 @@ impl std::fmt::Debug for Index {
         f.debug_struct("Index")
             .field("nodes", &self.nodes.read().len())
             .field("pods", &self.pods.read().by_key.len())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
 impl Index {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The labelled model-config ConfigMaps (fed by the ConfigMap watch).
+    pub fn model_configs(&self) -> &ModelConfigs {
+        &self.model_configs
+    }
+
+    /// A pod's request: its annotations over its `peakfit.io/model-config` ConfigMap's, if it
+    /// names one; a missing or unusable ConfigMap is this pod's error only.
+    pub fn request_of(&self, pod: &Pod) -> Result<Option<PodRequest>, AnnotationError> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        self.request_from(namespace, annotations_of(pod))
+    }
+
+    fn request_from(
+        &self,
+        namespace: &str,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<Option<PodRequest>, AnnotationError> {
+        match self.model_configs.resolve(namespace, annotations)? {
+            Some(merged) => model::pod_request(&merged),
+            None => model::pod_request(annotations),
+        }
+    }
+
+    /// Records a model-config ConfigMap (new, changed or unlabelled) and works out again the
+    /// request of every indexed pod that names it.
+    pub fn apply_model_config(&self, cm: &ConfigMap) {
+        self.model_configs.apply(cm);
+        self.reresolve(
+            cm.metadata.namespace.as_deref().unwrap_or_default(),
+            cm.metadata.name.as_deref().unwrap_or_default(),
+        );
+    }
+
+    pub fn delete_model_config(&self, namespace: &str, name: &str) {
+        self.model_configs.delete(namespace, name);
+        self.reresolve(namespace, name);
+    }
+
+    fn reresolve(&self, namespace: &str, name: &str) {
+        let naming: Vec<PodEntry> = self
+            .pods
+            .read()
+            .by_key
+            .values()
+            .filter(|e| {
+                e.namespace == namespace
+                    && e.model_config
+                        .as_ref()
+                        .and_then(|a| a.get(MODEL_CONFIG))
+                        .is_some_and(|v| v.trim() == name)
+            })
+            .map(|e| (**e).clone())
+            .collect();
+        for mut entry in naming {
+            if let Some(annotations) = entry.model_config.as_deref() {
+                entry.request = self.request_from(namespace, annotations);
+            }
+            self.upsert(entry);
+        }
     }
 
     /// From now on, remember which nodes change (see `take_changed`).
@@ -485,10 +566,11 @@ impl Index {
             self.delete_pod_key(&pod_key(pod));
             return;
         }
-        if let Some(Err(e)) = Some(pod_request_of(pod)).filter(|r| r.is_err()) {
+        let request = self.request_of(pod);
+        if let Err(e) = &request {
             tracing::debug!(pod = ?pod.metadata.name, error = %e, "pod has an invalid peakfit annotation");
         }
-        let entry = PodEntry::from_pod(pod);
+        let entry = PodEntry::from_pod(pod, request);
         let raw = pod
             .metadata
             .annotations
@@ -539,7 +621,7 @@ impl Index {
                     namespace = %entry.namespace, pod = %entry.name,
                     "assignment annotations of a bound pod changed; keeping the first"
                 );
-                entry.assignment = old.assignment.clone();
+                entry.assignment.clone_from(&old.assignment);
                 entry.bound_here = old.bound_here;
             }
             if (&old.namespace, &old.name) != (&entry.namespace, &entry.name) {
@@ -717,12 +799,7 @@ impl Index {
                 );
             }
         }
-        fn models(l: &NodeLedger) -> Vec<&str> {
-            let mut m: Vec<&str> = l.gpus.iter().map(|g| &*g.model).collect();
-            m.sort_unstable();
-            m
-        }
-        if models(&st.ledger) != models(&ledger) {
+        if gpu_models_of(&st.ledger) != gpu_models_of(&ledger) {
             let mut cap = self.gpu_capacity.lock();
             for g in &st.ledger.gpus {
                 if let Some(n) = cap.1.get_mut(&*g.model) {
@@ -770,6 +847,13 @@ fn reserve_for(gpu: &mut GpuLedger, key: &str, pod: &PodEntry, a: &Assignment) {
     gpu.reserve(key, predicted);
 }
 
+/// A ledger's GPU models, sorted: the capacity per model changes only when these do.
+fn gpu_models_of(l: &NodeLedger) -> Vec<&str> {
+    let mut m: Vec<&str> = l.gpus.iter().map(|g| &*g.model).collect();
+    m.sort_unstable();
+    m
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -811,6 +895,46 @@ pub(crate) mod tests {
         }
     }
 
+    #[test]
+    fn a_pods_request_follows_its_model_config_configmap() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let index = Index::new();
+        index.apply_pod(&mk_pod(
+            "m",
+            None,
+            &[
+                ("peakfit.io/model-config", "llama"),
+                ("peakfit.io/batch", "2"),
+            ],
+        ));
+        let request = |index: &Index| index.find_pod("m", "", "").unwrap().request;
+        let e = request(&index).unwrap_err().to_string();
+        assert!(e.contains("no ConfigMap ml/llama"), "{e}");
+        let cm = |json: &str| -> ConfigMap {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "llama", "namespace": "ml",
+                             "labels": {"peakfit.io/model-config": "true"}},
+                "data": {"config.json": json},
+            }))
+            .unwrap()
+        };
+        let llama = r#"{"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+            "vocab_size": 128256, "torch_dtype": "bfloat16"}"#;
+        // The ConfigMap arrives after the pod: the pod's entry is sized from it.
+        index.apply_model_config(&cm(llama));
+        let sized = request(&index).unwrap().unwrap();
+        assert!(sized.demand.fixed_bytes > 15 << 30, "{sized:?}");
+        // Broken, then gone: the entry says why, other pods are untouched.
+        index.apply_pod(&mk_pod("v", None, &[("peakfit.io/vram", "8Gi")]));
+        index.apply_model_config(&cm("{}"));
+        let e = request(&index).unwrap_err().to_string();
+        assert!(e.contains("ConfigMap ml/llama key config.json"), "{e}");
+        index.delete_model_config("ml", "llama");
+        assert!(request(&index).is_err());
+        assert!(index.find_pod("v", "", "").unwrap().request.is_ok());
+    }
+
     /// One GPU: `(uuid, total, used, processes as (pod uid or "", bytes))`.
     pub type MkGpu<'a> = (&'a str, u64, u64, &'a [(&'a str, u64)]);
 
@@ -831,7 +955,7 @@ pub(crate) mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, (uuid, total, used, procs))| GpuDevice {
-                    index: i as u32,
+                    index: crate::convert::usize_to_u32(i),
                     uuid: (*uuid).into(),
                     memory_total_bytes: *total,
                     memory_used_bytes: *used,
@@ -840,7 +964,7 @@ pub(crate) mod tests {
                         .iter()
                         .enumerate()
                         .map(|(pid, (uid, b))| GpuProcess {
-                            pid: pid as u32 + 100,
+                            pid: crate::convert::usize_to_u32(pid) + 100,
                             used_bytes: Some(*b),
                             pod_uid: (!uid.is_empty()).then(|| (*uid).into()),
                             container_id: None,

@@ -1,4 +1,4 @@
-//! What kube-scheduler's NodeResourcesFit sees of Nodes and Pods: allocatable CPU and memory,
+//! What kube-scheduler's `NodeResourcesFit` sees of Nodes and Pods: allocatable CPU and memory,
 //! and each pod's effective requests. The index keeps them in the ledger so placement scores
 //! CPU balance in the extender as it does in the simulation.
 
@@ -31,7 +31,7 @@ pub fn parse_cpu_milli(q: &str) -> Option<u64> {
             Err(_) => crate::model::quantity::parse_bytes(s).ok()? as f64 * 1000.0,
         },
     };
-    (milli.is_finite() && milli >= 0.0).then(|| milli.ceil() as u64)
+    (milli.is_finite() && milli >= 0.0).then(|| crate::convert::f64_to_u64(milli.ceil()))
 }
 
 fn parse_memory(q: &Quantity) -> Option<u64> {
@@ -90,7 +90,7 @@ pub fn host_request_of(pod: &Pod) -> HostRequest {
 }
 
 /// The GPU products a pod selects: its node selector's value, else the values of a required
-/// node affinity whose every term restricts the label with `In` (terms are ORed: the union).
+/// node affinity whose every term restricts the label with `In` (terms are `OR`ed: the union).
 fn gpu_products_of(pod: &Pod) -> Vec<String> {
     let Some(spec) = &pod.spec else {
         return Vec::new();

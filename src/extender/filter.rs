@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::Extender;
 use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
-use crate::cluster::index::{pod_key, pod_request_of};
+use crate::cluster::index::pod_key;
 use crate::cluster::resources::host_request_of;
 use crate::metrics::extender::{DecisionLabels, ReasonLabels, ScoreSourceLabels};
 use crate::placement::fit::check_class;
@@ -126,7 +126,7 @@ pub fn resolvable_by_preemption(
                             >= need
                 })
                 .count();
-            could as u32 >= shape.gpus.max(1)
+            crate::convert::usize_to_u32(could) >= shape.gpus.max(1)
         }
         Rejection::NotEnoughCpu { .. } => true,
         Rejection::NoReport
@@ -154,7 +154,7 @@ impl Extender {
         let n = candidates.len();
         let mut failed = BTreeMap::new();
         let mut unresolvable = BTreeMap::new();
-        let keep: Vec<bool> = match pod_request_of(&pod) {
+        let keep: Vec<bool> = match self.index.request_of(&pod) {
             Ok(None) => {
                 self.count("filter", "pass_through");
                 let mut r = candidates.into_result(&vec![true; n]);

@@ -6,7 +6,7 @@ use super::Extender;
 
 use super::filter::Candidates;
 use super::wire::{ExtenderArgs, HostPriority, HostPriorityList, MAX_EXTENDER_PRIORITY};
-use crate::cluster::index::{NodeSlot, pod_request_of};
+use crate::cluster::index::NodeSlot;
 use crate::cluster::resources::host_request_of;
 use crate::placement::fit::node_usable;
 use crate::placement::memo::MemoKey;
@@ -37,7 +37,7 @@ impl Extender {
                 })
                 .collect()
         };
-        let Ok(Some(req)) = pod_request_of(&pod) else {
+        let Ok(Some(req)) = self.index.request_of(&pod) else {
             self.count("prioritize", "pass_through");
             return neutral(candidates);
         };

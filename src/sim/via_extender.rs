@@ -8,14 +8,14 @@
 //! models from its index; nothing of the trace reaches it but Nodes, reports and Pods.
 //!
 //! kube-scheduler's choice, as the chart deploys it: the chart's profile turns off the score of
-//! NodeResourcesFit and NodeResourcesBalancedAllocation (`DISABLED_SCORE_PLUGINS`; tests/chart.rs
+//! `NodeResourcesFit` and `NodeResourcesBalancedAllocation` (`DISABLED_SCORE_PLUGINS`; tests/chart.rs
 //! checks the rendered profile against it), so each node's total is the extender's 0-10 score ×
-//! its weight (the chart's 5) × 10 (MaxNodeScore / MaxExtenderPriority) plus what the other
+//! its weight (the chart's 5) × 10 (`MaxNodeScore` / `MaxExtenderPriority`) plus what the other
 //! default plugins give, which is the same for every node of this experiment (no taints,
 //! preferred affinities, spread constraints or images). `PEAKFIT_SIM_DEFAULT_PLUGINS=on` models
-//! a profile that keeps the two resource plugins (LeastAllocated over CPU and memory, weight 1,
-//! and BalancedAllocation, weight 1). Among the nodes with the highest total, `selectHost` keeps
-//! one by reservoir sampling (each of k tied nodes with probability 1/k); here from a ChaCha8
+//! a profile that keeps the two resource plugins (`LeastAllocated` over CPU and memory, weight 1,
+//! and `BalancedAllocation`, weight 1). Among the nodes with the highest total, `selectHost` keeps
+//! one by reservoir sampling (each of k tied nodes with probability 1/k); here from a `ChaCha8`
 //! RNG seeded by the run's seed, over the nodes in the order the sim's model of the parallel
 //! filter lists them. Prioritize gives 10 to one node only, so with the resource plugins off
 //! no tie is left to sample. `percentageOfNodesToScore` is taken as 100 (the chart README's
@@ -40,6 +40,7 @@ use crate::cluster::binding::MemoryBinder;
 use crate::cluster::index::Index;
 use crate::cluster::resources::GPU_PRODUCT_LABEL;
 use crate::cluster::{NodeGpuReport, NodeGpuReportSpec};
+use crate::convert::{f64_to_i64, f64_to_usize, u64_to_i64};
 use crate::extender::Extender;
 use crate::extender::wire::{ExtenderArgs, ExtenderBindingArgs, MAX_EXTENDER_PRIORITY};
 use crate::inventory::{GpuDevice, NodeGpuReportStatus, NvmlStatus};
@@ -51,7 +52,7 @@ pub const EXTENDER_WEIGHT: i64 = 5;
 /// The score plugins the chart's peakfit profile turns off (`scheduler.profile`).
 pub const DISABLED_SCORE_PLUGINS: [&str; 2] =
     ["NodeResourcesFit", "NodeResourcesBalancedAllocation"];
-/// kube-scheduler's MaxNodeScore.
+/// kube-scheduler's `MaxNodeScore`.
 const MAX_NODE_SCORE: i64 = 100;
 /// The CPU and memory kube-scheduler's scoring assumes for a container that requests none
 /// (`NonZeroRequested`: 100m, 200 MB).
@@ -82,8 +83,8 @@ pub struct ExtenderPath {
     /// GPU-less pods go through peakfit's profile (the extender passes them through with a
     /// neutral score, so kube-scheduler picks among the feasible nodes at random), as in the
     /// trace, where one scheduler places every pod. `PEAKFIT_SIM_GPULESS=default-scheduler`
-    /// leaves them to the default scheduler's profile instead (LeastAllocated +
-    /// BalancedAllocation), as in a cluster where only annotated pods name peakfit's scheduler.
+    /// leaves them to the default scheduler's profile instead (`LeastAllocated` +
+    /// `BalancedAllocation`), as in a cluster where only annotated pods name peakfit's scheduler.
     pub gpuless_via_peakfit: bool,
     filter_ns: Vec<u64>,
     prioritize_ns: Vec<u64>,
@@ -125,14 +126,14 @@ impl ExtenderPath {
             prioritize_ns: Vec::new(),
             allocatable: nodes
                 .iter()
-                .map(|n| (n.cpu_milli as i64, n.memory_mib as i64))
+                .map(|n| (u64_to_i64(n.cpu_milli), u64_to_i64(n.memory_mib)))
                 .collect(),
         }
     }
 
     /// Schedules pod number `k` (`spec`) among `feasible`, the nodes kube-scheduler's own
     /// filters passed, in its list order, with `left[n]` each node's free (CPU milli, memory
-    /// MiB). Returns the node and the GPU indices bind chose, or `None` when no node took it.
+    /// `MiB`). Returns the node and the GPU indices bind chose, or `None` when no node took it.
     pub fn schedule(
         &mut self,
         k: usize,
@@ -162,7 +163,8 @@ impl ExtenderPath {
             nodes: None,
             node_names: Some(names),
         });
-        self.filter_ns.push(t.elapsed().as_nanos() as u64);
+        self.filter_ns
+            .push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
         let passed: Vec<String> = filtered.node_names.unwrap_or_default();
         if passed.is_empty() {
             self.ext.index.delete_pod(&pod);
@@ -174,7 +176,8 @@ impl ExtenderPath {
             nodes: None,
             node_names: Some(passed.clone()),
         });
-        self.prioritize_ns.push(t.elapsed().as_nanos() as u64);
+        self.prioritize_ns
+            .push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
         let ext_score: BTreeMap<&str, i64> =
             scores.iter().map(|h| (h.host.as_str(), h.score)).collect();
         // The filter keeps the request's order: `passed` is `feasible` minus refusals.
@@ -220,8 +223,8 @@ impl ExtenderPath {
     }
 
     /// kube-scheduler's choice among `nodes` (in its list order): the highest total of the
-    /// extender's score × weight × 10 and, with `resource_plugins`, LeastAllocated +
-    /// BalancedAllocation; ties by `selectHost`'s reservoir sampling.
+    /// extender's score × weight × 10 and, with `resource_plugins`, `LeastAllocated` +
+    /// `BalancedAllocation`; ties by `selectHost`'s reservoir sampling.
     fn pick(
         &mut self,
         spec: &PodSpec,
@@ -230,7 +233,7 @@ impl ExtenderPath {
         resource_plugins: bool,
         left: impl Fn(usize) -> (i64, i64),
     ) -> Option<usize> {
-        let nonzero = |v: u64, default: i64| if v == 0 { default } else { v as i64 };
+        let nonzero = |v: u64, default: i64| if v == 0 { default } else { u64_to_i64(v) };
         let pod_cpu = nonzero(spec.cpu_milli, DEFAULT_CPU_MILLI);
         let pod_mem = nonzero(spec.memory_mib, DEFAULT_MEMORY_MIB);
         let mut best: Option<(i64, usize)> = None;
@@ -267,11 +270,10 @@ impl ExtenderPath {
 
     /// Node `n`'s ledger as the extender's index holds it.
     pub fn ledger(&self, n: usize) -> crate::placement::NodeLedger {
-        self.ext
-            .index
-            .node(&self.names[n])
-            .map(|s| s.read().ledger.clone())
-            .unwrap_or_else(|| crate::placement::NodeLedger::new(&self.names[n]))
+        self.ext.index.node(&self.names[n]).map_or_else(
+            || crate::placement::NodeLedger::new(&self.names[n]),
+            |s| s.read().ledger.clone(),
+        )
     }
 
     pub fn stats(&self) -> ExtenderStats {
@@ -292,7 +294,7 @@ impl ExtenderPath {
     }
 }
 
-/// NodeResourcesFit (LeastAllocated) + NodeResourcesBalancedAllocation over (requested with
+/// `NodeResourcesFit` (`LeastAllocated`) + `NodeResourcesBalancedAllocation` over (requested with
 /// the pod, allocatable) of CPU and memory, each 0..=100 with weight 1, integer as
 /// kube-scheduler computes them.
 fn resource_scores(cpu: (i64, i64), mem: (i64, i64)) -> i64 {
@@ -303,7 +305,7 @@ fn resource_scores(cpu: (i64, i64), mem: (i64, i64)) -> i64 {
             (alloc - req) * MAX_NODE_SCORE / alloc
         }
     };
-    let fit = (least(cpu) + least(mem)) / 2;
+    let fit = i64::midpoint(least(cpu), least(mem));
     let frac = |(req, alloc): (i64, i64)| {
         if alloc <= 0 {
             0.0
@@ -312,7 +314,7 @@ fn resource_scores(cpu: (i64, i64), mem: (i64, i64)) -> i64 {
         }
     };
     let std = (frac(cpu) - frac(mem)).abs() / 2.0;
-    let balanced = ((1.0 - std) * MAX_NODE_SCORE as f64) as i64;
+    let balanced = f64_to_i64((1.0 - std) * MAX_NODE_SCORE as f64);
     fit + balanced
 }
 
@@ -322,7 +324,7 @@ fn percentile(ns: &[u64], q: f64) -> f64 {
     }
     let mut v = ns.to_vec();
     v.sort_unstable();
-    let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
+    let i = f64_to_usize((v.len() as f64 * q).ceil()).clamp(1, v.len()) - 1;
     v[i] as f64 / 1e6
 }
 

@@ -1,6 +1,6 @@
 //! `peakfit webhook`: the mutating admission webhook that hands opted-in pods to peakfit's
 //! scheduler and pins their containers to the GPUs bind assigns (see `mutate`). It may not call
-//! the API server or the extender: it decides from the AdmissionReview alone.
+//! the API server or the extender: it decides from the `AdmissionReview` alone.
 
 pub mod mutate;
 pub mod tls;
@@ -21,7 +21,7 @@ use kube::core::admission::AdmissionReview;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-pub use mutate::{Mutator, OptIn};
+pub use mutate::{Mutator, OptIn, RequireVram};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct WebhookArgs {
@@ -53,6 +53,12 @@ pub struct WebhookArgs {
         default_value = crate::agent::publish::DEFAULT_GPU_MEMORY_RESOURCE
     )]
     pub gpu_memory_resource: String,
+    /// Refuse modelled pods without `peakfit.io/vram` when the model does not cover their
+    /// workload kind (`uncovered`), or covers it with confidence `poor` (`poor`: uncovered and
+    /// poor), or anything short of `good` (`fair`); `off` lets the model size every pod. The
+    /// classes are the measured error bands `peakfit estimate` prints.
+    #[arg(long, env = "PEAKFIT_REQUIRE_VRAM", value_enum, default_value_t = RequireVram::Off)]
+    pub require_vram: RequireVram,
     #[command(flatten)]
     pub serve: crate::serve::ServeArgs,
 }
@@ -63,7 +69,7 @@ pub const MAX_REVIEW_BYTES: usize = 4 << 20;
 
 /// The HTTP routes, without TLS, so tests can drive them with `tower::ServiceExt::oneshot`.
 /// Every error reply is JSON `{"error": ...}`: 400 for a body that is not JSON, 415 for another
-/// content type, 422 for JSON that is not an AdmissionReview, 413, 408, 404 and 405.
+/// content type, 422 for JSON that is not an `AdmissionReview`, 413, 408, 404 and 405.
 pub fn router(mutator: Mutator) -> Router {
     router_with(mutator, crate::serve::ServeArgs::default().body_timeout)
 }
@@ -106,7 +112,7 @@ fn problem(status: StatusCode, error: impl std::fmt::Display) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-/// Reads and decodes an AdmissionReview within the size and time limits.
+/// Reads and decodes an `AdmissionReview` within the size and time limits.
 async fn review_of(
     s: &Shared,
     req: axum::extract::Request,
@@ -163,6 +169,7 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         runtime_class_name: Some(args.runtime_class_name).filter(|c| !c.is_empty()),
         gpu_memory_resource: Some(args.gpu_memory_resource.trim().to_owned())
             .filter(|r| !r.is_empty()),
+        require_vram: args.require_vram,
     };
     let app = router_with(mutator, args.serve.body_timeout);
     let listener = TcpListener::bind(args.listen)
@@ -209,7 +216,7 @@ pub async fn serve(
         &crate::serve::ServeArgs::default(),
         shutdown,
     )
-    .await
+    .await;
 }
 
 /// Accepts TLS connections and serves `app` on each until `shutdown` completes, under the
@@ -239,5 +246,5 @@ pub async fn serve_with(
             }
         }
     };
-    crate::serve::serve(listener, handshake, app, args, shutdown).await
+    crate::serve::serve(listener, handshake, app, args, shutdown).await;
 }

@@ -1,5 +1,5 @@
 //! The admission decision for one pod: pass it through, refuse it, or hand it to peakfit with a
-//! JSON patch. Pure: no I/O, so every branch is tested with AdmissionReview JSON alone.
+//! JSON patch. Pure: no I/O, so every branch is tested with `AdmissionReview` JSON alone.
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
@@ -14,7 +14,7 @@ use crate::model::annotations::{ASSIGNED_GPUS, GPU_MEMORY_FRACTION, RESERVED_BYT
 /// The scheduler name the API server fills in when a pod names none: peakfit may take such pods.
 const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
-/// Why the API server sent this pod: the two webhooks of the chart's MutatingWebhookConfiguration.
+/// Why the API server sent this pod: the two webhooks of the chart's `MutatingWebhookConfiguration`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OptIn {
     /// `POST /mutate`: the pod opts in by carrying a `peakfit.io/` input annotation; others pass.
@@ -32,9 +32,73 @@ pub struct Mutator {
     /// The extended resource the agents advertise node GPU memory as (MiB): the pod's least
     /// possible GPU memory is requested in it, so kube-scheduler's fit and preemption see it.
     pub gpu_memory_resource: Option<String>,
+    /// Which modelled pods must state `peakfit.io/vram` instead (`--require-vram`).
+    pub require_vram: RequireVram,
 }
 
-/// The outcome before it is wrapped in an AdmissionResponse.
+/// Which pods the webhook refuses unless they give `peakfit.io/vram`: those whose workload kind
+/// the peak-memory model does not cover, or covers with a confidence class at or below the one
+/// named (the bands `peakfit estimate` prints, measured on public data). A pod that gives
+/// `vram` is never refused by it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RequireVram {
+    /// The model sizes every pod that describes one.
+    #[default]
+    Off,
+    /// Kinds without public measurements.
+    Uncovered,
+    /// Those and kinds in class `poor`.
+    Poor,
+    /// Those and kinds in class `fair`: only `good` kinds may rely on the model.
+    Fair,
+}
+
+impl RequireVram {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Uncovered => "uncovered",
+            Self::Poor => "poor",
+            Self::Fair => "fair",
+        }
+    }
+
+    /// Why `spec` must give `vram` under this policy, or `None` when it need not.
+    pub fn refusal(self, spec: &model::Spec) -> Option<String> {
+        use model::confidence::{band_for, class, workload_kind};
+        if self == Self::Off || spec.vram.is_some() {
+            return None;
+        }
+        let kind = workload_kind(spec);
+        let why = match band_for(spec) {
+            None => format!("the peak-memory model has no public measurements of {kind} workloads"),
+            Some(b) => {
+                let c = class(b);
+                let refused = match self {
+                    Self::Off | Self::Uncovered => false,
+                    Self::Poor => c == "poor",
+                    Self::Fair => c != "good",
+                };
+                if !refused {
+                    return None;
+                }
+                format!(
+                    "the peak-memory model's error on public measurements of {kind} workloads is \
+                     median {:.1}%, p90 {:.1}%, signed median {:+.1}% over {} rows (confidence {c})",
+                    b.median, b.p90, b.signed_median, b.rows
+                )
+            }
+        };
+        Some(format!(
+            "annotation peakfit.io/vram is required for {kind} workloads in this cluster (webhook \
+             --require-vram {}): {why}; give the per-GPU peak your job was measured at, e.g. \
+             peakfit.io/vram: 24Gi",
+            self.name()
+        ))
+    }
+}
+
+/// The outcome before it is wrapped in an `AdmissionResponse`.
 #[derive(Debug, PartialEq)]
 enum Decision {
     PassThrough,
@@ -46,7 +110,7 @@ enum Decision {
 }
 
 impl Mutator {
-    /// Answers one AdmissionReview. Never fails: a review it cannot read is answered as invalid.
+    /// Answers one `AdmissionReview`. Never fails: a review it cannot read is answered as invalid.
     pub fn review(&self, review: AdmissionReview<DynamicObject>, opt_in: OptIn) -> Value {
         let request: AdmissionRequest<DynamicObject> = match review.try_into() {
             Ok(request) => request,
@@ -103,10 +167,25 @@ impl Mutator {
             }
         };
         let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-        let pod_request = match model::pod_request(&annotations) {
-            Ok(r) => r,
+        let spec = match model::Spec::parse(&annotations) {
+            Ok(spec) => spec,
             Err(e) => return Decision::Refuse(e.to_string()),
         };
+        // A model in a ConfigMap is sized by the extender, which reads it: the webhook decides
+        // from the review alone, so it checks the annotations and leaves the size open.
+        let deferred = spec.model_config.is_some() && spec.vram.is_none();
+        let pod_request = if deferred {
+            None
+        } else {
+            match model::pod_request(&annotations) {
+                Ok(r) => r,
+                Err(e) => return Decision::Refuse(e.to_string()),
+            }
+        };
+        let opted = pod_request.is_some() || deferred;
+        if opted && let Some(why) = self.require_vram.refusal(&spec) {
+            return Decision::Refuse(why);
+        }
         let mut ops = Vec::new();
         let mut warnings = Vec::new();
         // Bind's output on a pod being created is forged or copied (a restored backup, a
@@ -125,17 +204,17 @@ impl Mutator {
                 carried.join(", ")
             ));
         }
-        if pod_request.is_none() && opt_in == OptIn::Annotation {
+        if !opted && opt_in == OptIn::Annotation {
             return if ops.is_empty() {
                 Decision::PassThrough
             } else {
                 Decision::Mutate { ops, warnings }
             };
         }
-        let fraction = pod_request.as_ref().is_some_and(|r| r.fraction_engine);
-        let spec = pod.spec.unwrap_or_default();
+        let fraction = matches!(spec.engine, Some(model::annotations::Engine::Fraction(_)));
+        let pod_spec = pod.spec.unwrap_or_default();
 
-        match spec.scheduler_name.as_deref() {
+        match pod_spec.scheduler_name.as_deref() {
             Some(name) if name == self.scheduler_name => {}
             None => ops.push(add(&["spec", "schedulerName"], self.scheduler_name.clone().into())),
             Some(name) if name.is_empty() || name == DEFAULT_SCHEDULER => ops.push(replace(
@@ -146,24 +225,33 @@ impl Mutator {
                 "pod names scheduler {other:?}; peakfit leaves it, so its GPU memory is not reserved"
             )),
         }
-        if let (Some(class), None) = (&self.runtime_class_name, &spec.runtime_class_name) {
+        if let (Some(class), None) = (&self.runtime_class_name, &pod_spec.runtime_class_name) {
             ops.push(add(&["spec", "runtimeClassName"], class.clone().into()));
         }
         if let (Some(resource), Some(req)) = (&self.gpu_memory_resource, &pod_request) {
             let mib = least_gpu_memory_mib(req);
             if mib > 0 {
-                resource_ops(resource, mib, &spec.containers, &mut ops, &mut warnings);
+                resource_ops(resource, mib, &pod_spec.containers, &mut ops, &mut warnings);
             }
+        }
+        if let (Some(resource), true, Some(name)) =
+            (&self.gpu_memory_resource, deferred, &spec.model_config)
+        {
+            warnings.push(format!(
+                "peakfit.io/model-config: the extender sizes this pod from ConfigMap {name} when \
+                 it schedules it; {resource} is not requested, so kube-scheduler's own fit and \
+                 preemption do not see its GPU memory (give peakfit.io/vram for that)"
+            ));
         }
         // A pod opted in only by its namespace and without a request is placed by the scheduler
         // but gets no GPU assignment: pinning it to an empty device list would hide its GPUs.
-        if pod_request.is_some() {
+        if opted {
             let wanted = downward_env(fraction);
             for (field, containers) in [
-                ("containers", &spec.containers),
+                ("containers", &pod_spec.containers),
                 (
                     "initContainers",
-                    spec.init_containers.as_ref().unwrap_or(&Vec::new()),
+                    pod_spec.init_containers.as_ref().unwrap_or(&Vec::new()),
                 ),
             ] {
                 for (index, container) in containers.iter().enumerate() {
@@ -184,7 +272,7 @@ const OUTPUTS: [&str; 3] = [ASSIGNED_GPUS, RESERVED_BYTES, GPU_MEMORY_FRACTION];
 /// An UPDATE of a bound pod must leave bind's output as it was: the containers were pinned to
 /// those GPUs when they started, and the extender's index counts the pod's memory where the
 /// annotations say. Before the pod is bound, bind itself writes them (and may rewrite them when
-/// a Binding failed), so an unbound pod is left alone; the chart's ValidatingAdmissionPolicy
+/// a Binding failed), so an unbound pod is left alone; the chart's `ValidatingAdmissionPolicy`
 /// limits that window to the scheduler's service account.
 fn assignment_kept(request: &AdmissionRequest<DynamicObject>) -> Decision {
     let (Some(old), Some(new)) = (&request.old_object, &request.object) else {
@@ -378,7 +466,7 @@ fn replace(path: &[&str], value: Value) -> PatchOperation {
     })
 }
 
-/// AdmissionResponse serialises its patch as a JSON array of numbers; the API documents `patch` as
+/// `AdmissionResponse` serialises its patch as a JSON array of numbers; the API documents `patch` as
 /// base64 (Go's `[]byte`), so it is written in that form here. The patch is taken out before the
 /// rest is serialised: as a `Value` array each patch byte took ~40 bytes of memory, and a pod with
 /// 5,000 containers (a 164 KB request) took the webhook past its 128 Mi limit.
@@ -407,10 +495,11 @@ mod tests {
             scheduler_name: "peakfit-scheduler".into(),
             runtime_class_name: None,
             gpu_memory_resource: None,
+            require_vram: RequireVram::Off,
         }
     }
 
-    fn review_of(pod: Value, operation: &str) -> AdmissionReview<DynamicObject> {
+    fn review_of(pod: &Value, operation: &str) -> AdmissionReview<DynamicObject> {
         serde_json::from_value(json!({
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
@@ -427,7 +516,7 @@ mod tests {
         .expect("review parses")
     }
 
-    fn pod(annotations: Value, containers: Value) -> Value {
+    fn pod(annotations: &Value, containers: &Value) -> Value {
         json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "p", "namespace": "ml", "annotations": annotations},
@@ -435,7 +524,7 @@ mod tests {
         })
     }
 
-    fn decide(pod: Value, opt_in: OptIn) -> Decision {
+    fn decide(pod: &Value, opt_in: OptIn) -> Decision {
         let review = review_of(pod, "CREATE");
         mutator().decide(&review.try_into().unwrap(), opt_in)
     }
@@ -443,9 +532,9 @@ mod tests {
     #[test]
     fn existing_env_is_not_duplicated_and_a_differing_one_is_reported() {
         let d = decide(
-            pod(
-                json!({"peakfit.io/vram": "20Gi"}),
-                json!([{"name": "c", "image": "i", "env": [
+            &pod(
+                &json!({"peakfit.io/vram": "20Gi"}),
+                &json!([{"name": "c", "image": "i", "env": [
                     {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
                     {"name": "OTHER", "value": "x"}]}]),
             ),
@@ -471,21 +560,21 @@ mod tests {
     fn an_already_mutated_pod_needs_no_patch() {
         let env = serde_json::to_value(downward_env(false)).unwrap();
         let mut p = pod(
-            json!({"peakfit.io/vram": "20Gi"}),
-            json!([{"name": "c", "image": "i", "env": env}]),
+            &json!({"peakfit.io/vram": "20Gi"}),
+            &json!([{"name": "c", "image": "i", "env": env}]),
         );
         p["spec"]["schedulerName"] = "peakfit-scheduler".into();
-        assert_eq!(decide(p, OptIn::Annotation), Decision::PassThrough);
+        assert_eq!(decide(&p, OptIn::Annotation), Decision::PassThrough);
     }
 
     #[test]
     fn another_scheduler_is_respected_with_a_warning() {
         let mut p = pod(
-            json!({"peakfit.io/vram": "20Gi"}),
-            json!([{"name": "c", "image": "i"}]),
+            &json!({"peakfit.io/vram": "20Gi"}),
+            &json!([{"name": "c", "image": "i"}]),
         );
         p["spec"]["schedulerName"] = "volcano".into();
-        let Decision::Mutate { ops, warnings } = decide(p, OptIn::Annotation) else {
+        let Decision::Mutate { ops, warnings } = decide(&p, OptIn::Annotation) else {
             panic!("expected a patch")
         };
         assert_eq!(ops.len(), 1, "only the env: {ops:?}");
@@ -495,7 +584,7 @@ mod tests {
     #[test]
     fn namespace_opt_in_without_a_request_sets_only_the_scheduler() {
         let d = decide(
-            pod(json!({}), json!([{"name": "c", "image": "i"}])),
+            &pod(&json!({}), &json!([{"name": "c", "image": "i"}])),
             OptIn::Namespace,
         );
         let Decision::Mutate { ops, .. } = d else {
@@ -518,7 +607,7 @@ mod tests {
             "example.com/keep": "yes",
         });
         let d = decide(
-            pod(forged.clone(), json!([{"name": "c", "image": "i"}])),
+            &pod(&forged.clone(), &json!([{"name": "c", "image": "i"}])),
             OptIn::Annotation,
         );
         let Decision::Mutate { ops, warnings } = d else {
@@ -544,7 +633,7 @@ mod tests {
             "/metadata/annotations/peakfit.io~1assigned-gpus"
         );
         // Applied to the pod, only peakfit's output goes.
-        let mut object = pod(forged, json!([]));
+        let mut object = pod(&forged, &json!([]));
         json_patch::patch(&mut object, &ops).unwrap();
         assert_eq!(
             object["metadata"]["annotations"],
@@ -555,9 +644,9 @@ mod tests {
     #[test]
     fn a_fraction_engine_with_explicit_vram_is_told_its_fraction() {
         let d = decide(
-            pod(
-                json!({"peakfit.io/vram": "30Gi", "peakfit.io/engine": "vllm"}),
-                json!([{"name": "c", "image": "i"}]),
+            &pod(
+                &json!({"peakfit.io/vram": "30Gi", "peakfit.io/engine": "vllm"}),
+                &json!([{"name": "c", "image": "i"}]),
             ),
             OptIn::Annotation,
         );
@@ -594,17 +683,14 @@ mod tests {
     #[test]
     fn updates_and_other_kinds_pass_through() {
         // A bogus value that a pod CREATE would be refused for: passing through shows it was not read.
-        let p = pod(json!({"peakfit.io/vram": "bogus"}), json!([]));
-        assert!(matches!(
-            decide(p.clone(), OptIn::Annotation),
-            Decision::Refuse(_)
-        ));
-        let review = review_of(p.clone(), "UPDATE");
+        let p = pod(&json!({"peakfit.io/vram": "bogus"}), &json!([]));
+        assert!(matches!(decide(&p, OptIn::Annotation), Decision::Refuse(_)));
+        let review = review_of(&p, "UPDATE");
         assert_eq!(
             mutator().decide(&review.try_into().unwrap(), OptIn::Annotation),
             Decision::PassThrough
         );
-        let mut other = serde_json::to_value(review_of(p, "CREATE")).unwrap();
+        let mut other = serde_json::to_value(review_of(&p, "CREATE")).unwrap();
         other["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
         let review: AdmissionReview<DynamicObject> = serde_json::from_value(other).unwrap();
         assert_eq!(
@@ -620,10 +706,10 @@ mod tests {
             ..mutator()
         };
         let p = pod(
-            json!({"peakfit.io/vram": "8Gi"}),
-            json!([{"name": "c", "image": "i"}]),
+            &json!({"peakfit.io/vram": "8Gi"}),
+            &json!([{"name": "c", "image": "i"}]),
         );
-        let review = review_of(p.clone(), "CREATE");
+        let review = review_of(&p, "CREATE");
         let Decision::Mutate { ops, .. } = m.decide(&review.try_into().unwrap(), OptIn::Annotation)
         else {
             panic!("expected a patch")
@@ -631,7 +717,7 @@ mod tests {
         assert!(ops.contains(&add(&["spec", "runtimeClassName"], "nvidia".into())));
         let mut p = p;
         p["spec"]["runtimeClassName"] = "kata".into();
-        let review = review_of(p, "CREATE");
+        let review = review_of(&p, "CREATE");
         let Decision::Mutate { ops, .. } = m.decide(&review.try_into().unwrap(), OptIn::Annotation)
         else {
             panic!("expected a patch")

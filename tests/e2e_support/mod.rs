@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,10 @@ use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
+
+#[path = "../process_support/mod.rs"]
+mod process_support;
+pub use process_support::{Running, fake_nvml_lib, free_port, http_get};
 
 pub const GIB: u64 = 1 << 30;
 pub const SCHEDULER_NAME: &str = "peakfit-scheduler";
@@ -44,19 +48,6 @@ pub fn control_plane_script() -> PathBuf {
         p.display()
     );
     p
-}
-
-/// The fake NVML library beside the test's `peakfit` binary (or `FAKE_NVML_LIB`).
-pub fn fake_nvml() -> PathBuf {
-    let lib = std::env::var_os("FAKE_NVML_LIB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(peakfit_bin()).with_file_name("libfake_nvml.so"));
-    assert!(
-        lib.exists(),
-        "the e2e suite needs {}: build it with `cargo build -p fake-nvml`",
-        lib.display()
-    );
-    lib
 }
 
 /// helm on `PATH` or in `.tools/bin` (where `scripts/check-chart` installs it); installed there
@@ -127,18 +118,8 @@ pub fn render_chart(show_only: &str, sets: &[&str]) -> Vec<Value> {
         .collect()
 }
 
-/// A child process, killed when dropped.
-pub struct Proc {
-    pub child: Child,
-    pub name: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// A `peakfit` process of the cluster, killed when dropped.
+pub type Proc = Running;
 
 /// One fake GPU: its name, UUID and total memory.
 #[derive(Clone, Debug)]
@@ -207,11 +188,14 @@ pub struct Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         // Ours first (they talk to the API server), then the control plane.
-        self.procs.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.procs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
         for n in self
             .nodes
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .values_mut()
         {
             n.agent = None;
@@ -229,30 +213,6 @@ impl Drop for Cluster {
             let _ = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap()).keep();
         }
     }
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A plain HTTP GET on loopback: status and body (`None` while nothing listens).
-pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.get(9..12)?.parse().ok()?;
-    Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
 }
 
 /// Polls `f` every 100 ms until it returns `Some`, or panics after `timeout` saying `what`.
@@ -276,7 +236,7 @@ where
 
 impl Cluster {
     /// Starts a control plane in a fresh temporary directory, with the `peakfit` release namespace,
-    /// the NodeGpuReport CRD from `peakfit crd`, and nothing else.
+    /// the `NodeGpuReport` CRD from `peakfit crd`, and nothing else.
     pub async fn up() -> Self {
         let script = control_plane_script();
         // `control-plane up` picks free ports and then binds them; with several test binaries
@@ -309,9 +269,10 @@ impl Cluster {
         };
         let kubeconfig = dir.path().join("kubeconfig");
         let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap();
+        let config =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .unwrap();
         let client = Client::try_from(config).unwrap();
         let mut cluster = Self {
             dir,
@@ -365,7 +326,7 @@ impl Cluster {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
-    /// A namespace with its `default` ServiceAccount (no controller-manager makes it here).
+    /// A namespace with its `default` `ServiceAccount` (no controller-manager makes it here).
     pub async fn namespace(&self, name: &str) {
         let ns: Api<Namespace> = Api::all(self.client.clone());
         let obj: Namespace =
@@ -393,10 +354,7 @@ impl Cluster {
         for (k, v) in envs {
             cmd.env(k, v);
         }
-        Proc {
-            child: cmd.spawn().unwrap(),
-            name: name.to_owned(),
-        }
+        Running(cmd.spawn().unwrap())
     }
 
     /// The last lines of a process's log (for assertion messages).
@@ -477,7 +435,7 @@ impl Cluster {
                 .iter()
                 .enumerate()
                 .map(|(i, g)| GpuDevice {
-                    index: i as u32,
+                    index: peakfit::convert::usize_to_u32(i),
                     uuid: g.uuid.clone(),
                     name: g.name.into(),
                     pci_bus_id: Some(format!("00000000:{:02x}:00.0", 0x10 + i)),
@@ -522,7 +480,7 @@ impl Cluster {
             "--heartbeat".into(),
             "2s".into(),
             "--nvml-lib".into(),
-            fake_nvml().display().to_string(),
+            fake_nvml_lib().display().to_string(),
             "--proc-root".into(),
             self.path("proc").display().to_string(),
             "--kubeconfig".into(),
@@ -568,7 +526,7 @@ impl Cluster {
         self.nodes.lock().unwrap()[node].gpus.clone()
     }
 
-    /// Waits until every node has a NodeGpuReport. Generous: the burst starts 20 agent processes
+    /// Waits until every node has a `NodeGpuReport`. Generous: the burst starts 20 agent processes
     /// while the other e2e binaries start their control planes on the same two cores, and one
     /// full-suite run here saw them all report only after more than 60 s.
     pub async fn wait_reports(&self) {
@@ -616,7 +574,7 @@ impl Cluster {
             "--kubeconfig".into(),
             self.kubeconfig.display().to_string(),
         ];
-        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(extra.iter().map(std::string::ToString::to_string));
         let mut e = Extender {
             port,
             args,
@@ -642,12 +600,20 @@ impl Cluster {
     }
 
     /// Kills an extender (SIGKILL: no graceful anything).
+    #[expect(
+        clippy::unused_self,
+        reason = "reads as an action on the cluster at call sites"
+    )]
     pub fn kill_extender(&self, e: &mut Extender) {
         e.proc = None;
     }
 
     /// The chart's `KubeSchedulerConfiguration` (`helm template`), with only the extender's port
     /// (a chart value) and the kubeconfig changed for this test.
+    #[expect(
+        clippy::unused_self,
+        reason = "reads as a property of the cluster at call sites"
+    )]
     pub fn scheduler_config(&self, extender_port: u16) -> Value {
         let port = format!("extender.port={extender_port}");
         let docs = render_chart("templates/scheduler/configmap.yaml", &[&port]);
@@ -710,7 +676,7 @@ impl Cluster {
     }
 
     /// Starts `peakfit webhook` with the control plane's serving certificate and registers the
-    /// chart's MutatingWebhookConfiguration, pointed at it by URL with the CA as `caBundle`.
+    /// chart's `MutatingWebhookConfiguration`, pointed at it by URL with the CA as `caBundle`.
     pub async fn start_webhook(&self) -> u16 {
         use base64::Engine as _;
         let port = free_port();
@@ -797,14 +763,14 @@ impl Cluster {
             }
         })
         .await;
-        match r {
-            Ok(p) => p,
-            Err(_) => panic!(
-                "pod {ns}/{name} not bound within {timeout:?}; events: {:?}; pod annotations: {:?}",
-                self.event_messages(ns, name).await,
-                last.map(|p| p.annotations().clone())
-            ),
+        if let Ok(p) = r {
+            return p;
         }
+        panic!(
+            "pod {ns}/{name} not bound within {timeout:?}; events: {:?}; pod annotations: {:?}",
+            self.event_messages(ns, name).await,
+            last.map(|p| p.annotations().clone())
+        )
     }
 
     /// The messages of the events about a pod, oldest first.
@@ -824,7 +790,7 @@ impl Cluster {
             .collect()
     }
 
-    /// Waits for a FailedScheduling event about the pod whose message contains `needle`.
+    /// Waits for a `FailedScheduling` event about the pod whose message contains `needle`.
     pub async fn wait_event(
         &self,
         ns: &str,
@@ -838,11 +804,10 @@ impl Cluster {
             if let Some(m) = seen.iter().find(|m| m.contains(needle)) {
                 return m.clone();
             }
-            if Instant::now() > deadline {
-                panic!(
-                    "no event about {ns}/{name} containing {needle:?} within {timeout:?}; events: {seen:#?}"
-                );
-            }
+            assert!(
+                Instant::now() <= deadline,
+                "no event about {ns}/{name} containing {needle:?} within {timeout:?}; events: {seen:#?}"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -896,6 +861,10 @@ impl Cluster {
 
     /// A counter's value from the extender's `/metrics` (0 when absent); `labels` as written in the
     /// exposition, e.g. `verb="bind",outcome="conflict"`.
+    #[expect(
+        clippy::unused_self,
+        reason = "reads as a property of the cluster at call sites"
+    )]
     pub fn metric(&self, e: &Extender, name: &str, labels: &str) -> f64 {
         let (_, text) = http_get(e.port, "/metrics").expect("extender serves /metrics");
         metric_value(&text, name, labels)

@@ -294,8 +294,8 @@ impl ShapeStats {
             mix: std::sync::Arc::new(ShapeMix::default()),
             capacity: Vec::new(),
             capacity_generation: None,
-            seen_pods: Default::default(),
-            seen_order: Default::default(),
+            seen_pods: std::collections::HashSet::default(),
+            seen_order: std::collections::VecDeque::default(),
         }
     }
 
@@ -490,7 +490,7 @@ impl<'a> FragState<'a> {
                 );
                 reps.len() - 1
             });
-            group_of.push(g as u32);
+            group_of.push(crate::convert::usize_to_u32(g));
         }
         let mut state = Self {
             mix,

@@ -233,7 +233,7 @@ pub struct NodeLedger {
     /// node in the openb simulation); `None` when unknown, and then CPU is not accounted.
     pub cpu_capacity_milli: Option<u64>,
     /// Host memory the node can give pods, as `cpu_capacity_milli`. Tracked so the ledger holds
-    /// what kube-scheduler's NodeResourcesFit sees; placement does not score it.
+    /// what kube-scheduler's `NodeResourcesFit` sees; placement does not score it.
     #[serde(default)]
     pub memory_capacity_bytes: Option<u64>,
     cpu_used_milli: u64,
