@@ -10,7 +10,7 @@
 //! The poll is timed in-process through the library's `Poller` (NVML through nvml-wrapper and
 //! the fake, pids to pods through a fake `/proc`). The process run starts the real `peakfit agent`
 //! binary, publishing to a minimal local API server (so the kube client is in the RSS), and reads
-//! VmRSS and utime+stime from `/proc/<pid>`.
+//! `VmRSS` and utime+stime from `/proc/<pid>`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -73,7 +73,7 @@ fn write_scene(dir: &Path) -> PathBuf {
             0x17 + g
         );
         for p in (0..PROCESSES).filter(|p| p % GPUS == g) {
-            let pid = 10_000 + p as u32;
+            let pid = 10_000 + peakfit::convert::usize_to_u32(p);
             yaml += &format!(
                 "      - {{ pid: {pid}, usedBytes: {} }}\n",
                 500_000_000 + p * 1000
@@ -126,8 +126,8 @@ fn bench_poll(lib: &Path, proc_root: &Path) {
     // shared machine are mostly waiting for a core.
     let cpu_ms = (cpu_and_rss(std::process::id()).0 - cpu_before) as f64 * 1e3 / clock_ticks();
     times.sort();
-    let mean = times.iter().sum::<Duration>() / runs as u32;
-    let q = |f: f64| times[((runs as f64 * f) as usize).min(runs - 1)];
+    let mean = times.iter().sum::<Duration>() / peakfit::convert::usize_to_u32(runs);
+    let q = |f: f64| times[peakfit::convert::f64_to_usize(runs as f64 * f).min(runs - 1)];
     println!(
         "poll of {GPUS} GPUs, {PROCESSES} processes ({pods} in pods), {runs} runs: \
          mean {:.3} ms, p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms, CPU {:.3} ms per poll \
@@ -241,7 +241,7 @@ fn bench_process(lib: &Path, proc_root: &Path, config: &Path, seconds: u64) {
     );
 }
 
-/// utime + stime (clock ticks) and VmRSS (KiB) of `pid`.
+/// utime + stime (clock ticks) and `VmRSS` (KiB) of `pid`.
 fn cpu_and_rss(pid: u32) -> (u64, u64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.

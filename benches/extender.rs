@@ -73,7 +73,7 @@ fn build(index: &Index) {
         let name = format!("gpu-node-{n:05}");
         let mut gpus: Vec<GpuDevice> = (0..GPUS)
             .map(|g| GpuDevice {
-                index: g as u32,
+                index: peakfit::convert::usize_to_u32(g),
                 uuid: uuid(n, g),
                 name: "NVIDIA H100 80GB HBM3".into(),
                 memory_total_bytes: H100,
@@ -88,7 +88,7 @@ fn build(index: &Index) {
             let used = want * (60 + (i % 41) as u64) / 100;
             gpus[g].memory_used_bytes += used;
             gpus[g].processes.push(GpuProcess {
-                pid: 1000 + k as u32,
+                pid: 1000 + peakfit::convert::usize_to_u32(k),
                 used_bytes: Some(used),
                 pod_uid: Some(pod_uid(i)),
                 container_id: None,
@@ -152,12 +152,12 @@ fn build(index: &Index) {
 }
 
 /// A node-cache-mode request for `pod` over every node.
-fn request_for(pod: serde_json::Value) -> Vec<u8> {
+fn request_for(pod: &serde_json::Value) -> Vec<u8> {
     let names: Vec<String> = (0..NODES).map(|n| format!("gpu-node-{n:05}")).collect();
     serde_json::to_vec(&serde_json::json!({"Pod": pod, "Nodes": null, "NodeNames": names})).unwrap()
 }
 
-fn pod_json(name: &str, uid: &str, annotations: serde_json::Value) -> serde_json::Value {
+fn pod_json(name: &str, uid: &str, annotations: &serde_json::Value) -> serde_json::Value {
     serde_json::json!({
         "metadata": {"name": name, "namespace": "ml", "uid": uid, "annotations": annotations},
         "spec": {"containers": [{"name": "c", "image": "x"}], "schedulerName": "peakfit-scheduler"},
@@ -165,10 +165,10 @@ fn pod_json(name: &str, uid: &str, annotations: serde_json::Value) -> serde_json
 }
 
 fn request_body() -> Vec<u8> {
-    request_for(pod_json(
+    request_for(&pod_json(
         "chat",
         "bench-pod",
-        serde_json::json!({"peakfit.io/vram": "24Gi"}),
+        &serde_json::json!({"peakfit.io/vram": "24Gi"}),
     ))
 }
 
@@ -202,7 +202,7 @@ fn workload_stream(
     let total: u32 = STREAM_SHAPES.iter().map(|s| s.2).sum();
     let mut shape = 0usize;
     let mut run_left = 0u32;
-    let mut resident: std::collections::VecDeque<String> = Default::default();
+    let mut resident: std::collections::VecDeque<String> = std::collections::VecDeque::default();
     let (mut f, mut p) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
     let warmup = iters / 10;
     // An extender that has served this workload for a while: its shape mix reflects it (filter
@@ -222,10 +222,10 @@ fn workload_stream(
         let (vram, gpus, _) = STREAM_SHAPES[pick_shape(&mut rng)];
         let annotations =
             serde_json::json!({"peakfit.io/vram": vram, "peakfit.io/gpus": gpus.to_string()});
-        let args: ExtenderArgs = serde_json::from_slice(&request_for(pod_json(
+        let args: ExtenderArgs = serde_json::from_slice(&request_for(&pod_json(
             "teach",
             &format!("teach-{i}"),
-            annotations,
+            &annotations,
         )))
         .unwrap();
         ext.filter(args);
@@ -241,10 +241,10 @@ fn workload_stream(
         let uid = format!("00000000-0000-4000-9000-{i:012x}");
         let annotations =
             serde_json::json!({"peakfit.io/vram": vram, "peakfit.io/gpus": gpus.to_string()});
-        let pod_value = pod_json(&name, &uid, annotations);
+        let pod_value = pod_json(&name, &uid, &annotations);
         ext.index
             .apply_pod(&serde_json::from_value::<Pod>(pod_value.clone()).unwrap());
-        let body = request_for(pod_value);
+        let body = request_for(&pod_value);
         let t = Instant::now();
         let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
         let kept = ext.filter(args);
@@ -289,10 +289,10 @@ fn cold(ext: &Extender, iters: usize) -> Stats {
     let mut k = 0u64;
     measure(iters, || {
         k += 1;
-        let body = request_for(pod_json(
+        let body = request_for(&pod_json(
             "cold",
             "bench-cold",
-            serde_json::json!({"peakfit.io/vram": format!("{}Mi", 10_240 + k)}),
+            &serde_json::json!({"peakfit.io/vram": format!("{}Mi", 10_240 + k)}),
         ));
         let t = Instant::now();
         let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
@@ -307,7 +307,7 @@ impl Stats {
     fn pct(&self, p: f64) -> Duration {
         let mut v = self.0.clone();
         v.sort();
-        v[((v.len() as f64 - 1.0) * p).round() as usize]
+        v[peakfit::convert::f64_to_usize(((v.len() as f64 - 1.0) * p).round())]
     }
 
     fn line(&self, what: &str) -> String {
@@ -381,7 +381,7 @@ fn main() {
         "index without metrics: {NODES} nodes x {GPUS} GPUs, {} pods, built in {:.1} s, RSS +{:.1} MiB",
         bare.pod_count(),
         t.elapsed().as_secs_f64(),
-        bare_rss as f64 / (1 << 20) as f64
+        bare_rss as f64 / f64::from(1 << 20)
     );
     drop(bare);
     let before = rss_bytes();
@@ -394,8 +394,8 @@ fn main() {
     println!(
         "index again (ledger gauges are read at scrape, nothing kept): built in {:.1} s, RSS +{:.1} MiB (RSS now {:.1} MiB; freed pages of the first build may be reused)",
         t.elapsed().as_secs_f64(),
-        rss_bytes().saturating_sub(before) as f64 / (1 << 20) as f64,
-        rss_bytes() as f64 / (1 << 20) as f64
+        rss_bytes().saturating_sub(before) as f64 / f64::from(1 << 20),
+        rss_bytes() as f64 / f64::from(1 << 20)
     );
 
     let ext = Arc::new(Extender::new(
@@ -407,8 +407,9 @@ fn main() {
     // 0: off).
     let prescore = std::env::var("PEAKFIT_PRESCORE_INTERVAL")
         .ok()
-        .map(|v| peakfit::cli::parse_duration(&v).expect("PEAKFIT_PRESCORE_INTERVAL"))
-        .unwrap_or(Duration::from_millis(100));
+        .map_or(Duration::from_millis(100), |v| {
+            peakfit::cli::parse_duration(&v).expect("PEAKFIT_PRESCORE_INTERVAL")
+        });
     if !prescore.is_zero() {
         ext.spawn_prescorer(prescore).unwrap();
     }
@@ -417,10 +418,13 @@ fn main() {
     let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
     let r = ext.filter(args);
     let kept = r.node_names.as_ref().map_or(0, Vec::len);
-    let refused = r.failed_nodes.as_ref().map_or(0, |m| m.len())
+    let refused = r
+        .failed_nodes
+        .as_ref()
+        .map_or(0, std::collections::BTreeMap::len)
         + r.failed_and_unresolvable_nodes
             .as_ref()
-            .map_or(0, |m| m.len());
+            .map_or(0, std::collections::BTreeMap::len);
     println!("filter of a 24Gi pod: {kept} nodes fit, {refused} refused");
     assert_eq!(kept + refused, NODES);
 
@@ -517,23 +521,23 @@ fn criterion_estimates(ext: &Extender, body: &[u8]) {
         b.iter(|| {
             let args: ExtenderArgs = serde_json::from_slice(body).unwrap();
             to_go_json(&ext.filter(args)).unwrap()
-        })
+        });
     });
     g.bench_function("prioritize_in_process", |b| {
         b.iter(|| {
             let args: ExtenderArgs = serde_json::from_slice(body).unwrap();
             to_go_json(&ext.prioritize(args)).unwrap()
-        })
+        });
     });
     let mut k = 1_000_000u64;
     g.bench_function("prioritize_new_class", |b| {
         b.iter_batched(
             || {
                 k += 1;
-                request_for(pod_json(
+                request_for(&pod_json(
                     "cold",
                     "bench-cold",
-                    serde_json::json!({"peakfit.io/vram": format!("{k}Ki")}),
+                    &serde_json::json!({"peakfit.io/vram": format!("{k}Ki")}),
                 ))
             },
             |body| {
@@ -541,7 +545,7 @@ fn criterion_estimates(ext: &Extender, body: &[u8]) {
                 to_go_json(&ext.prioritize(args)).unwrap()
             },
             criterion::BatchSize::LargeInput,
-        )
+        );
     });
     g.finish();
     c.final_summary();

@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use e2e_support::*;
+use e2e_support::{Cluster, Gpu, eventually, gpu_pod, http_get, metric_value, node_of};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -48,7 +48,7 @@ struct Phase {
     drain_s: f64,
     p50_ms: f64,
     p99_ms: f64,
-    /// Pods with at least one FailedScheduling event, and their median latency.
+    /// Pods with at least one `FailedScheduling` event, and their median latency.
     retried: usize,
     retried_p50_ms: f64,
 }
@@ -63,7 +63,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    let i = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    let i =
+        peakfit::convert::f64_to_usize((p * sorted.len() as f64).ceil()).clamp(1, sorted.len()) - 1;
     sorted[i]
 }
 

@@ -22,7 +22,7 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Read every GPU through NVML and publish this node's NodeGpuReport.
+    /// Read every GPU through NVML and publish this node's `NodeGpuReport`.
     Agent(agent::AgentArgs),
     /// Serve kube-scheduler's extender verbs (filter, prioritize, bind, preempt).
     Extender(extender::ExtenderArgs),
@@ -32,7 +32,7 @@ pub enum Command {
     Estimate(estimate::EstimateArgs),
     /// Replay a cluster and a workload through the placement code under several policies.
     Simulate(sim::SimulateArgs),
-    /// Print the NodeGpuReport CustomResourceDefinition as YAML.
+    /// Print the `NodeGpuReport` `CustomResourceDefinition` as YAML.
     Crd,
 }
 
@@ -51,7 +51,11 @@ impl ClientArgs {
             Some(path) => {
                 let kc = kube::config::Kubeconfig::read_from(path)
                     .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+                kube::Config::from_custom_kubeconfig(
+                    kc,
+                    &kube::config::KubeConfigOptions::default(),
+                )
+                .await?
             }
             None => kube::Config::infer().await?,
         };

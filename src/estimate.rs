@@ -137,13 +137,13 @@ fn confidence(spec: &Spec) -> serde_json::Value {
     }
 }
 
-pub fn run(args: EstimateArgs) -> anyhow::Result<()> {
+pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     let gpu_total = parse_bytes(&args.gpu_memory)
         .map_err(|e| anyhow::anyhow!("--gpu-memory {:?}: {e}", args.gpu_memory))?;
     if gpu_total == 0 {
         bail!("--gpu-memory {:?}: must be above zero", args.gpu_memory);
     }
-    let annotations = collect(&args)?;
+    let annotations = collect(args)?;
     let spec = Spec::parse(&annotations)?;
     if spec.is_empty() {
         bail!(

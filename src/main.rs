@@ -49,8 +49,8 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Agent(args) => serve(agent::run(args)),
         Command::Extender(args) => serve(extender::run(args)),
         Command::Webhook(args) => serve(webhook::run(args)),
-        Command::Estimate(args) => estimate::run(args),
-        Command::Simulate(args) => sim::run(args),
+        Command::Estimate(args) => estimate::run(&args),
+        Command::Simulate(args) => sim::run(&args),
         Command::Crd => {
             print!("{}", peakfit::cluster::crd_yaml()?);
             Ok(())

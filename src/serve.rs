@@ -162,7 +162,7 @@ pub async fn read_body(
         Ok(Err(e)) => {
             // axum wraps http_body_util's LengthLimitError; anything else is the client going away.
             let too_big = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                .is_some_and(<dyn std::error::Error>::is::<http_body_util::LengthLimitError>)
                 || e.to_string().contains("length limit");
             if too_big {
                 Err(BodyError::TooLarge(limit))

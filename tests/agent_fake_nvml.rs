@@ -272,7 +272,7 @@ fn init_failures_report_zero_gpus_with_the_reason_and_exit_zero() {
 fn unsupported_fields_degrade_the_device_not_the_report() {
     let lib = fake_lib();
     let scene = Scene::new(
-        r#"
+        r"
 devices:
   - name: NVIDIA T4
     uuid: GPU-0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d
@@ -286,7 +286,7 @@ devices:
     uuid: GPU-1a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d
     memory: { total: 24159191040 }
     errors: { nvmlDeviceGetMemoryInfo_v2: GpuIsLost }
-"#,
+",
     );
     let report = scene.read_once(&lib);
     let s = status(&report);

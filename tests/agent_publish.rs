@@ -1,5 +1,5 @@
 //! Publishing through kube's tower-test mock API server: the agent's writes are server-side
-//! applies of the NodeGpuReport and its status subresource, under the field manager
+//! applies of the `NodeGpuReport` and its status subresource, under the field manager
 //! `peakfit-agent`, with ownership forced.
 
 use std::time::Duration;

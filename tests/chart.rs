@@ -148,7 +148,7 @@ fn env_value(c: &Container, name: &str) -> String {
         .unwrap_or_else(|| panic!("{}: no literal env {name}", c.name))
 }
 
-/// The KubeSchedulerConfiguration the chart's ConfigMap carries (not a k8s-openapi type).
+/// The `KubeSchedulerConfiguration` the chart's `ConfigMap` carries (not a k8s-openapi type).
 fn scheduler_config(docs: &[Value]) -> Value {
     let cm: ConfigMap = one(docs, "ConfigMap", Some("scheduler"));
     let text = &cm.data.expect("data")["scheduler-config.yaml"];
@@ -288,7 +288,7 @@ fn the_chart_readme_documents_every_value_and_every_alert() {
             alerts
                 .iter()
                 .filter(|a| !readme.contains(&format!("| `{a}`")))
-                .map(|a| a.to_string()),
+                .map(std::string::ToString::to_string),
         )
         .collect();
     assert!(
@@ -700,8 +700,8 @@ const CORE_GROUPS: [&str; 7] = [
     "admissionregistration.k8s.io/v1",
 ];
 
-/// The core kinds go through `kubernetes-validate --strict`; PrometheusRules through
-/// `promtool check rules`; ServiceMonitors and cert-manager objects are read into the fields the
+/// The core kinds go through `kubernetes-validate --strict`; `PrometheusRules` through
+/// `promtool check rules`; `ServiceMonitors` and cert-manager objects are read into the fields the
 /// chart uses; any other kind fails.
 #[test]
 fn rendered_objects_validate_against_kubernetes_and_their_operators() {
@@ -769,7 +769,7 @@ fn rendered_objects_validate_against_kubernetes_and_their_operators() {
 }
 
 /// With every feature on the chart generates the webhook's certificate: the Secret's pair loads in
-/// the webhook, and a client trusting only the MutatingWebhookConfiguration's caBundle reaches it
+/// the webhook, and a client trusting only the `MutatingWebhookConfiguration`'s caBundle reaches it
 /// under the Service's DNS name and gets an example pod patched.
 #[tokio::test]
 async fn the_webhook_serves_tls_with_the_certificate_the_chart_generates() {

@@ -111,7 +111,7 @@ async fn a_burst_of_200_pods_over_20_nodes_binds_all_that_fit_and_overcommits_no
         created.as_secs_f64(),
         drained_at.as_secs_f64()
     );
-    assert_eq!(binds as usize, last_count);
+    assert_eq!(peakfit::convert::f64_to_usize(binds), last_count);
     assert_eq!(errors, 0.0, "{}", c.log_tail("extender", 20));
     assert!(last_count >= 100, "most pods fit: {last_count}");
 }

@@ -35,7 +35,7 @@ async fn pods_are_placed_by_peak_vram_behind_the_real_scheduler() {
     .await;
     let ext = c.start_peakfit(&[]).await;
 
-    annotated_pods_bind_where_the_ledger_says(&c).await;
+    Box::pin(annotated_pods_bind_where_the_ledger_says(&c)).await;
     refusals_reach_the_events(&c).await;
     a_full_cluster_makes_the_next_pod_wait_until_one_is_deleted(&c).await;
     pods_created_back_to_back_bind_without_cache_misses(&c, &ext).await;

@@ -111,7 +111,7 @@ async fn a_high_priority_pod_evicts_the_fewest_gpu_memory_holders_and_binds() {
         .items
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| p.name_any())
+        .map(kube::ResourceExt::name_any)
         .collect();
     let evicted: Vec<&str> = ["low-a", "low-b", "low-c"]
         .into_iter()

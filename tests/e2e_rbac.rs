@@ -1,6 +1,6 @@
-//! The chart's own RBAC on a control plane with `AUTHZ=Node,RBAC`: the chart's ServiceAccounts,
-//! ClusterRoles, Roles, bindings and ValidatingAdmissionPolicies (`helm template`, applied as they
-//! are), each component with a TokenRequest token of its service account (the agent's bound to its
+//! The chart's own RBAC on a control plane with `AUTHZ=Node,RBAC`: the chart's `ServiceAccounts`,
+//! `ClusterRoles`, Roles, bindings and `ValidatingAdmissionPolicies` (`helm template`, applied as they
+//! are), each component with a `TokenRequest` token of its service account (the agent's bound to its
 //! Node object, so it carries `authentication.kubernetes.io/node-name`). The agent publishes its
 //! report and advertises GPU memory, the extender and kube-scheduler place a pod; an agent cannot
 //! write another node's report.
@@ -37,7 +37,10 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
     c.wait_reports().await;
     c.stop_agent("l4-a");
     let reports: Api<peakfit::cluster::NodeGpuReport> = Api::all(c.client.clone());
-    reports.delete("l4-a", &Default::default()).await.unwrap();
+    reports
+        .delete("l4-a", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
 
     let agent_kc = kubeconfig_for(&c, AGENT_SA, Some("l4-a")).await;
     let nvml_config = c.path("l4-a.nvml.yaml");
@@ -86,7 +89,7 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
     let agent_client = client_for(&agent_kc).await;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(agent_client.clone());
     let err = pods
-        .list(&Default::default())
+        .list(&kube::api::ListParams::default())
         .await
         .expect_err("the agent may not list pods");
     assert!(err.to_string().contains("cannot list resource"), "{err}");
@@ -177,7 +180,7 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
     c.assert_no_overcommit().await;
 }
 
-/// The chart's ServiceAccounts, RBAC and admission policies, applied by kubectl as rendered.
+/// The chart's `ServiceAccounts`, RBAC and admission policies, applied by kubectl as rendered.
 fn apply_chart_access(c: &Cluster) {
     let mut docs: Vec<Value> = Vec::new();
     for file in [
@@ -209,7 +212,7 @@ fn apply_chart_access(c: &Cluster) {
     );
 }
 
-/// A kubeconfig with a TokenRequest token of `peakfit/<sa>`, bound to Node `node` when given.
+/// A kubeconfig with a `TokenRequest` token of `peakfit/<sa>`, bound to Node `node` when given.
 async fn kubeconfig_for(c: &Cluster, sa: &str, node: Option<&str>) -> PathBuf {
     let mut spec = json!({"expirationSeconds": 3600});
     if let Some(n) = node {
@@ -240,12 +243,13 @@ async fn kubeconfig_for(c: &Cluster, sa: &str, node: Option<&str>) -> PathBuf {
 
 async fn client_for(kubeconfig: &Path) -> kube::Client {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
     kube::Client::try_from(config).unwrap()
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|s| s.to_string()).collect()
+    args.iter().map(std::string::ToString::to_string).collect()
 }

@@ -1,5 +1,5 @@
 //! The mutating webhook behind a real API server, registered from the chart's own
-//! MutatingWebhookConfiguration with the control plane's serving certificate: an opted-in pod
+//! `MutatingWebhookConfiguration` with the control plane's serving certificate: an opted-in pod
 //! gets peakfit's scheduler, its GPUs through the downward API and `PEAKFIT_*` env, and forged
 //! output annotations are stripped on CREATE; then it binds and the env resolves to its GPUs.
 //!

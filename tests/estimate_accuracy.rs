@@ -70,7 +70,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    let rank =
+        peakfit::convert::f64_to_usize((p * sorted.len() as f64).ceil()).clamp(1, sorted.len());
     sorted[rank - 1]
 }
 
@@ -102,7 +103,7 @@ fn score(path: &Path) -> (Vec<Row>, Vec<String>) {
             "" => 80.0 * GIB,
             v => v.parse::<f64>().expect("gpu_memory_total_gib is a number") * GIB,
         };
-        let e = estimate(&spec, gpu_total as u64);
+        let e = estimate(&spec, peakfit::convert::f64_to_u64(gpu_total));
         let counter = field["counter"].to_string();
         let predicted = match counter.as_str() {
             "max_allocated" => e.allocated_bytes,

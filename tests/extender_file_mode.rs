@@ -34,7 +34,7 @@ fn file_mode_harness(index: Arc<Index>) -> Harness {
     }
 }
 
-fn filter_body(name: &str, annotations: serde_json::Value) -> Vec<u8> {
+fn filter_body(name: &str, annotations: &serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "Pod": {"metadata": {"name": name, "namespace": "ml", "annotations": annotations}},
         "Nodes": null,
@@ -55,7 +55,7 @@ async fn the_example_cluster_loads_and_answers() {
         &h.router,
         "POST",
         "/filter",
-        filter_body("chat", serde_json::json!({"peakfit.io/vram": "45Gi"})),
+        filter_body("chat", &serde_json::json!({"peakfit.io/vram": "45Gi"})),
     )
     .await;
     let v = json(&r);
@@ -80,7 +80,7 @@ async fn the_example_cluster_loads_and_answers() {
         "/filter",
         filter_body(
             "eval",
-            serde_json::json!({"peakfit.io/vram": "20Gi", "peakfit.io/gpus": "8"}),
+            &serde_json::json!({"peakfit.io/vram": "20Gi", "peakfit.io/gpus": "8"}),
         ),
     )
     .await;
@@ -161,13 +161,14 @@ fn big_cluster_yaml(nodes: usize, as_list: bool) -> String {
         docs.push(format!(
             "apiVersion: v1\nkind: Node\nmetadata: {{name: node-{i}}}\n"
         ));
-        let gpus: String = (0..8)
+        let gpus = (0..8)
             .map(|g| {
                 format!(
                     "  - {{index: {g}, uuid: GPU-{i}-{g}, name: NVIDIA H100 80GB HBM3, memoryTotalBytes: 85520809984, memoryUsedBytes: 0, memoryFreeBytes: 85520809984, memoryReservedBytes: 536870912, processes: []}}\n"
                 )
             })
-            .collect();
+            .collect::<Vec<_>>()
+            .concat();
         docs.push(format!(
             "apiVersion: peakfit.io/v1alpha1\nkind: NodeGpuReport\nmetadata: {{name: node-{i}}}\nspec: {{nodeName: node-{i}}}\nstatus:\n  observedAt: \"2026-11-21T17:48:00Z\"\n  nvml: {{up: true}}\n  gpus:\n{gpus}"
         ));

@@ -125,9 +125,9 @@ fn check_filter_shape(
     let unres: BTreeMap<String, String> =
         serde_json::from_value(v["FailedAndUnresolvableNodes"].clone()).unwrap();
     for c in candidates(&req) {
-        let n = passed.contains(&c) as u8
-            + failed.contains_key(&c) as u8
-            + unres.contains_key(&c) as u8;
+        let n = u8::from(passed.contains(&c))
+            + u8::from(failed.contains_key(&c))
+            + u8::from(unres.contains_key(&c));
         assert_eq!(n, 1, "candidate {c} must be passed or refused once: {v}");
     }
     (passed, failed, unres)

@@ -42,7 +42,7 @@ fn report(n: usize, extra_used: u64) -> NodeGpuReport {
         },
         gpus: (0..GPUS)
             .map(|g| GpuDevice {
-                index: g as u32,
+                index: peakfit::convert::usize_to_u32(g),
                 uuid: format!("GPU-{n:02}-{g}"),
                 name: "NVIDIA H100 80GB HBM3".into(),
                 memory_total_bytes: TOTAL,
@@ -135,7 +135,7 @@ async fn remembered_scores_always_equal_a_rescore() {
         let answered: Vec<u8> = ext
             .prioritize(args(&p))
             .iter()
-            .map(|h| h.score as u8)
+            .map(|h| u8::try_from(h.score).expect("a score from 0 to 10"))
             .collect();
         assert_eq!(
             answered,
@@ -146,7 +146,7 @@ async fn remembered_scores_always_equal_a_rescore() {
         let again: Vec<u8> = ext
             .prioritize(args(&p))
             .iter()
-            .map(|h| h.score as u8)
+            .map(|h| u8::try_from(h.score).expect("a score from 0 to 10"))
             .collect();
         assert_eq!(again, answered, "step {step}: a repeated request differs");
         if last.as_ref().is_some_and(|l| *l != answered) {
@@ -223,7 +223,7 @@ fn the_prescorer_fills_every_memo_once_and_then_only_what_changed() {
         let answered: Vec<u8> = ext
             .prioritize(args(&p))
             .iter()
-            .map(|h| h.score as u8)
+            .map(|h| u8::try_from(h.score).expect("a score from 0 to 10"))
             .collect();
         assert_eq!(answered, from_scratch(&ext, &index, &p));
     }

@@ -1,5 +1,5 @@
 //! The extender's watches against kube's tower-test mock API server: the three initial lists
-//! (Nodes, Pods, NodeGpuReports) open `/readyz`, and watch events after that change the index
+//! (Nodes, Pods, `NodeGpuReports`) open `/readyz`, and watch events after that change the index
 //! one object at a time (a pod bound by another replica, a pod deleted).
 
 use std::collections::HashMap;
@@ -17,7 +17,7 @@ type Pending = tower_test::mock::SendResponse<Response<Body>>;
 
 const GIB: u64 = 1 << 30;
 
-fn list(kind: &str, api_version: &str, items: Vec<Value>) -> Vec<u8> {
+fn list(kind: &str, api_version: &str, items: &[Value]) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "kind": kind, "apiVersion": api_version,
         "metadata": {"resourceVersion": "100"},
@@ -70,7 +70,10 @@ fn respond(send: Pending, body: Vec<u8>) {
 fn free_on_gpu_a(index: &Index) -> Option<u64> {
     let slot = index.node("gpu-1")?;
     let st = slot.read();
-    st.ledger.gpus.first().map(|g| g.free_bytes())
+    st.ledger
+        .gpus
+        .first()
+        .map(peakfit::placement::GpuLedger::free_bytes)
 }
 
 /// Answers the mock API server's requests: lists from `lists` by path, the pod watch with
@@ -89,7 +92,7 @@ async fn serve(
         match (watch, lists.get(path.as_str())) {
             (false, Some(body)) => respond(send, body.clone()),
             (true, _) if path == "/api/v1/pods" && pod_events.is_some() => {
-                respond(send, pod_events.take().unwrap())
+                respond(send, pod_events.take().unwrap());
             }
             (true, _) => held.lock().push(send),
             (false, None) => panic!("unexpected request {}", req.uri()),
@@ -105,14 +108,14 @@ async fn lists_open_readiness_and_watch_events_change_the_index() {
     let readiness = Readiness::waiting_for(peakfit::cluster::watch::WATCHES);
 
     let lists = HashMap::from([
-        ("/api/v1/nodes", list("NodeList", "v1", vec![node()])),
+        ("/api/v1/nodes", list("NodeList", "v1", &[node()])),
         (
             "/apis/peakfit.io/v1alpha1/nodegpureports",
-            list("NodeGpuReportList", "peakfit.io/v1alpha1", vec![report()]),
+            list("NodeGpuReportList", "peakfit.io/v1alpha1", &[report()]),
         ),
         (
             "/api/v1/pods",
-            list("PodList", "v1", vec![pod("a", "uid-a", "20", 10 * GIB)]),
+            list("PodList", "v1", &[pod("a", "uid-a", "20", 10 * GIB)]),
         ),
     ]);
     // After the lists: pod b is bound to the same GPU by another scheduler replica, then pod

@@ -22,7 +22,7 @@ fn args(extra: &[&str]) -> SimulateArgs {
 fn builtin_default_writes_report_and_charts() {
     let out = tempfile::tempdir().unwrap();
     let out_s = out.path().to_str().unwrap();
-    peakfit::sim::run(args(&[
+    peakfit::sim::run(&args(&[
         "--seeds",
         "1",
         "--policies",
@@ -84,7 +84,7 @@ fn bad_flags_name_the_value_and_what_is_allowed() {
         .unwrap()
         .to_string();
     assert!(e.contains("tetris") && e.contains("fgd"), "{e}");
-    let e = peakfit::sim::run(args(&["--pods", "/nonexistent.csv"]))
+    let e = peakfit::sim::run(&args(&["--pods", "/nonexistent.csv"]))
         .unwrap_err()
         .to_string();
     assert!(e.contains("--nodes"), "{e}");

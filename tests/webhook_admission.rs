@@ -1,4 +1,4 @@
-//! `peakfit webhook` over HTTP: AdmissionReview v1 JSON in, AdmissionReview out, with the JSON
+//! `peakfit webhook` over HTTP: `AdmissionReview` v1 JSON in, `AdmissionReview` out, with the JSON
 //! patch decoded from base64 and applied to the pod to check what the API server would store.
 
 use axum::body::Body;
@@ -17,9 +17,9 @@ fn app() -> axum::Router {
     })
 }
 
-/// An AdmissionReview as kube-apiserver sends it for a pod CREATE (after defaulting, so the pod
+/// An `AdmissionReview` as kube-apiserver sends it for a pod CREATE (after defaulting, so the pod
 /// names default-scheduler).
-fn review(annotations: Value, containers: Value, init_containers: Value) -> Value {
+fn review(annotations: &Value, containers: &Value, init_containers: &Value) -> Value {
     json!({
         "kind": "AdmissionReview",
         "apiVersion": "admission.k8s.io/v1",
@@ -87,12 +87,12 @@ fn downward(name: &str, annotation: &str) -> Value {
 #[tokio::test]
 async fn opted_in_pod_gets_scheduler_and_downward_env_in_every_container() {
     let input = review(
-        json!({"peakfit.io/vram": "20Gi", "peakfit.io/gpus": "2"}),
-        json!([
+        &json!({"peakfit.io/vram": "20Gi", "peakfit.io/gpus": "2"}),
+        &json!([
             {"name": "server", "image": "vllm", "env": [{"name": "HF_HOME", "value": "/cache"}]},
             {"name": "sidecar", "image": "proxy"}
         ]),
-        json!([{"name": "fetch-weights", "image": "fetch"}]),
+        &json!([{"name": "fetch-weights", "image": "fetch"}]),
     );
     let (status, out) = post("/mutate", &input).await;
     assert_eq!(status, StatusCode::OK);
@@ -147,7 +147,11 @@ async fn invalid_annotation_is_refused_with_the_models_message() {
         "{expected}"
     );
 
-    let input = review(annotations, json!([{"name": "c", "image": "i"}]), json!([]));
+    let input = review(
+        &annotations,
+        &json!([{"name": "c", "image": "i"}]),
+        &json!([]),
+    );
     let (status, out) = post("/mutate", &input).await;
     assert_eq!(status, StatusCode::OK);
     let response = &out["response"];
@@ -160,9 +164,9 @@ async fn invalid_annotation_is_refused_with_the_models_message() {
 #[tokio::test]
 async fn pod_without_peakfit_annotations_passes_through_untouched() {
     let input = review(
-        json!({"prometheus.io/scrape": "true"}),
-        json!([{"name": "c", "image": "nginx"}]),
-        json!([]),
+        &json!({"prometheus.io/scrape": "true"}),
+        &json!([{"name": "c", "image": "nginx"}]),
+        &json!([]),
     );
     let (status, out) = post("/mutate", &input).await;
     assert_eq!(status, StatusCode::OK);
@@ -173,7 +177,11 @@ async fn pod_without_peakfit_annotations_passes_through_untouched() {
 
 #[tokio::test]
 async fn namespace_opt_in_takes_a_pod_without_annotations() {
-    let input = review(json!({}), json!([{"name": "c", "image": "i"}]), json!([]));
+    let input = review(
+        &json!({}),
+        &json!([{"name": "c", "image": "i"}]),
+        &json!([]),
+    );
     let (_, out) = post("/mutate/namespace", &input).await;
     assert_eq!(out["response"]["allowed"], true);
     assert_eq!(
@@ -200,8 +208,8 @@ async fn garbage_is_rejected_at_http_level_and_healthz_answers() {
 
 /// An UPDATE of a pod `kubectl annotate --overwrite` would send: `old` and `new` annotations,
 /// `node` the pod's `spec.nodeName` (both objects; binding does not change with annotate).
-fn update(old: Value, new: Value, node: Option<&str>) -> Value {
-    let mut r = review(new, json!([{"name": "c", "image": "i"}]), json!([]));
+fn update(old: Value, new: &Value, node: Option<&str>) -> Value {
+    let mut r = review(new, &json!([{"name": "c", "image": "i"}]), &json!([]));
     let req = &mut r["request"];
     req["operation"] = "UPDATE".into();
     req["options"] = json!({"kind": "UpdateOptions", "apiVersion": "meta.k8s.io/v1"});
@@ -226,7 +234,7 @@ async fn bind_output_on_a_bound_pod_cannot_be_changed_or_removed() {
     let mut moved = bound.clone();
     moved["peakfit.io/assigned-gpus"] = "GPU-bbbb".into();
     moved["peakfit.io/reserved-bytes"] = "1".into();
-    let (status, out) = post("/mutate", &update(bound.clone(), moved, Some("l4-0"))).await;
+    let (status, out) = post("/mutate", &update(bound.clone(), &moved, Some("l4-0"))).await;
     assert_eq!(status, StatusCode::OK);
     let response = &out["response"];
     assert_eq!(response["allowed"], false, "{out}");
@@ -245,7 +253,7 @@ async fn bind_output_on_a_bound_pod_cannot_be_changed_or_removed() {
         .remove("peakfit.io/assigned-gpus");
     let (_, out) = post(
         "/mutate/namespace",
-        &update(bound.clone(), removed, Some("l4-0")),
+        &update(bound.clone(), &removed, Some("l4-0")),
     )
     .await;
     assert_eq!(out["response"]["allowed"], false, "{out}");
@@ -266,7 +274,7 @@ async fn other_updates_of_a_bound_pod_and_bind_on_a_pending_one_are_allowed() {
     });
     let mut relabelled = bound.clone();
     relabelled["example.com/owner"] = "team-a".into();
-    let (_, out) = post("/mutate", &update(bound.clone(), relabelled, Some("l4-0"))).await;
+    let (_, out) = post("/mutate", &update(bound.clone(), &relabelled, Some("l4-0"))).await;
     assert_eq!(out["response"]["allowed"], true, "{out}");
     assert!(
         out["response"]["patch"].is_null(),
@@ -274,7 +282,7 @@ async fn other_updates_of_a_bound_pod_and_bind_on_a_pending_one_are_allowed() {
     );
     // Bind writes them on the pod before it creates the Binding.
     let pending = json!({"peakfit.io/vram": "20Gi"});
-    let (_, out) = post("/mutate", &update(pending, bound, None)).await;
+    let (_, out) = post("/mutate", &update(pending, &bound, None)).await;
     assert_eq!(out["response"]["allowed"], true, "{out}");
 }
 
@@ -285,7 +293,7 @@ async fn admitted_with_resource(annotations: Value, containers: Value) -> (Value
         runtime_class_name: None,
         gpu_memory_resource: Some("peakfit.io/gpu-memory-mib".into()),
     });
-    let body = review(annotations, containers, json!([]));
+    let body = review(&annotations, &containers, &json!([]));
     let request = Request::post("/mutate")
         .header("content-type", "application/json")
         .body(Body::from(serde_json::to_vec(&body).unwrap()))

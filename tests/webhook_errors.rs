@@ -1,4 +1,4 @@
-//! The webhook's replies to requests that are not AdmissionReviews: each a JSON `{"error"}` with
+//! The webhook's replies to requests that are not `AdmissionReviews`: each a JSON `{"error"}` with
 //! the status axum used to give as plain text or an empty body; and a pod with 5,000 containers
 //! answered with a base64 patch.
 

@@ -1,5 +1,5 @@
 //! The example workloads in deploy/examples go through the real webhook and model: each must be
-//! admitted and opted in, and only the fraction-budget engine gets PEAKFIT_GPU_MEMORY_FRACTION.
+//! admitted and opted in, and only the fraction-budget engine gets `PEAKFIT_GPU_MEMORY_FRACTION`.
 
 use std::path::Path;
 

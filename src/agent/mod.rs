@@ -1,4 +1,4 @@
-//! `peakfit agent`: the DaemonSet process that reads the node's GPUs through NVML, maps their
+//! `peakfit agent`: the `DaemonSet` process that reads the node's GPUs through NVML, maps their
 //! processes to pods, and publishes the node's `NodeGpuReport`.
 //!
 //! It must outlive a missing or broken driver: NVML failures become a report with zero GPUs and
@@ -33,7 +33,7 @@ use self::report::{PodUsageHistory, PublishGate};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct AgentArgs {
-    /// The node this agent runs on; the NodeGpuReport's name (downward API `spec.nodeName`).
+    /// The node this agent runs on; the `NodeGpuReport`'s name (downward API `spec.nodeName`).
     /// Defaults to the hostname with `--print`.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
@@ -55,7 +55,7 @@ pub struct AgentArgs {
     /// Read once, write (or print) the report, and exit.
     #[arg(long, env = "PEAKFIT_ONCE")]
     pub once: bool,
-    /// Print the NodeGpuReport to stdout (YAML) instead of writing it to the API server.
+    /// Print the `NodeGpuReport` to stdout (YAML) instead of writing it to the API server.
     #[arg(long, env = "PEAKFIT_PRINT")]
     pub print: bool,
     /// With `--print`: JSON instead of YAML.

@@ -5,7 +5,7 @@
 //! `libnvidia-ml.so`) costs that field only: it is listed in the device's `degraded` and the rest of
 //! the report stands. A driver that cannot be loaded or initialised at all yields an empty reading
 //! with `nvml.up = false` and the reason, and the source tries again later with a backoff, so a
-//! node without a working driver never crash-loops the DaemonSet.
+//! node without a working driver never crash-loops the `DaemonSet`.
 
 use std::ffi::OsString;
 use std::time::{Duration, Instant};

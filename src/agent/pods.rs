@@ -76,7 +76,7 @@ fn pod_uid(segment: &str) -> Option<String> {
 fn is_uid(s: &str) -> bool {
     (32..=36).contains(&s.len())
         && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
-        && s.chars().filter(|c| c.is_ascii_hexdigit()).count() == 32
+        && s.chars().filter(char::is_ascii_hexdigit).count() == 32
 }
 
 /// The container's cgroup: `cri-containerd-<id>.scope`, `crio-<id>.scope`, `docker-<id>.scope`,

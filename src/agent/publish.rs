@@ -51,7 +51,7 @@ const READVERTISE: Duration = Duration::from_secs(600);
 
 /// The node's GPU memory as an extended resource on the Node's status (capacity and
 /// allocatable; the kubelet keeps extended resources it does not manage), so that kube-scheduler's
-/// NodeResourcesFit and its preemption dry run see node-level GPU memory against what the webhook
+/// `NodeResourcesFit` and its preemption dry run see node-level GPU memory against what the webhook
 /// adds to each pod's requests. The extender still decides per GPU.
 pub struct NodeCapacity {
     api: Api<Node>,

@@ -1,5 +1,5 @@
 //! File mode: a Kubernetes `List` or multi-document YAML (or JSON) of Nodes, Pods and
-//! NodeGpuReports loaded into the index, so the extender runs without a cluster.
+//! `NodeGpuReports` loaded into the index, so the extender runs without a cluster.
 
 use std::path::Path;
 
@@ -28,7 +28,7 @@ pub enum FileError {
     },
 }
 
-/// Loads every Node, Pod and NodeGpuReport of the file into `index`; other kinds (priority
+/// Loads every Node, Pod and `NodeGpuReport` of the file into `index`; other kinds (priority
 /// classes, namespaces …) are skipped. Returns how many objects were indexed.
 pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
     let p = path.display().to_string();
@@ -73,7 +73,7 @@ pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
             "Node" => index.apply_node(&serde_json::from_value::<Node>(obj).map_err(err)?),
             "Pod" => index.apply_pod(&serde_json::from_value::<Pod>(obj).map_err(err)?),
             "NodeGpuReport" => {
-                index.apply_report(&serde_json::from_value::<NodeGpuReport>(obj).map_err(err)?)
+                index.apply_report(&serde_json::from_value::<NodeGpuReport>(obj).map_err(err)?);
             }
             other => {
                 tracing::debug!(kind = other, %name, "skipping an object peakfit does not index");
@@ -120,7 +120,6 @@ fn trusted_file_options() -> serde_saphyr::Options {
 /// Unwraps `List`s (and `*List`s) into their items; drops empty documents.
 fn flatten(v: Value, out: &mut Vec<Value>) {
     match v {
-        Value::Null => {}
         Value::Array(items) => items.into_iter().for_each(|i| flatten(i, out)),
         Value::Object(mut m) => {
             let is_list = m
@@ -137,6 +136,7 @@ fn flatten(v: Value, out: &mut Vec<Value>) {
                 }
             }
         }
+        // `null` (an empty document) and scalars are not objects.
         _ => {}
     }
 }

@@ -1,6 +1,6 @@
 //! The extender's view of the cluster: one ledger per node, fed one object at a time.
 //!
-//! Watches (or a file) call `apply_*`/`delete_*` for Nodes, Pods and NodeGpuReports; each call
+//! Watches (or a file) call `apply_*`/`delete_*` for Nodes, Pods and `NodeGpuReports`; each call
 //! touches only the nodes that object concerns, so a request never rescans the cluster. A pod's
 //! annotations are parsed once, when it is indexed, and a pod with a bad annotation is remembered
 //! with its error without affecting any other pod.
@@ -131,7 +131,7 @@ impl PodEntry {
     }
 }
 
-/// The parts of a NodeGpuReport the ledger needs, per schedulable device.
+/// The parts of a `NodeGpuReport` the ledger needs, per schedulable device.
 #[derive(Clone, Debug, Default)]
 struct ReportView {
     observed_at_unix: Option<i64>,
@@ -164,7 +164,7 @@ impl ReportView {
             .observed_at
             .parse::<jiff::Timestamp>()
             .ok()
-            .map(|t| t.as_second());
+            .map(jiff::Timestamp::as_second);
         let nvml_down = (!status.nvml.up).then(|| {
             status
                 .nvml
@@ -291,7 +291,7 @@ impl std::fmt::Debug for Index {
         f.debug_struct("Index")
             .field("nodes", &self.nodes.read().len())
             .field("pods", &self.pods.read().by_key.len())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -457,7 +457,7 @@ impl Index {
             self.delete_pod_key(&pod_key(pod));
             return;
         }
-        if let Some(Err(e)) = Some(pod_request_of(pod)).filter(|r| r.is_err()) {
+        if let Some(Err(e)) = Some(pod_request_of(pod)).filter(std::result::Result::is_err) {
             tracing::debug!(pod = ?pod.metadata.name, error = %e, "pod has an invalid peakfit annotation");
         }
         let entry = PodEntry::from_pod(pod);
@@ -511,7 +511,7 @@ impl Index {
                     namespace = %entry.namespace, pod = %entry.name,
                     "assignment annotations of a bound pod changed; keeping the first"
                 );
-                entry.assignment = old.assignment.clone();
+                entry.assignment.clone_from(&old.assignment);
                 entry.bound_here = old.bound_here;
             }
             if (&old.namespace, &old.name) != (&entry.namespace, &entry.name) {
@@ -778,7 +778,7 @@ pub(crate) mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, (uuid, total, used, procs))| GpuDevice {
-                    index: i as u32,
+                    index: crate::convert::usize_to_u32(i),
                     uuid: (*uuid).into(),
                     memory_total_bytes: *total,
                     memory_used_bytes: *used,
@@ -787,7 +787,7 @@ pub(crate) mod tests {
                         .iter()
                         .enumerate()
                         .map(|(pid, (uid, b))| GpuProcess {
-                            pid: pid as u32 + 100,
+                            pid: crate::convert::usize_to_u32(pid) + 100,
                             used_bytes: Some(*b),
                             pod_uid: (!uid.is_empty()).then(|| (*uid).into()),
                             container_id: None,

@@ -38,7 +38,7 @@ pub fn crd()
     serde_json::from_value(value).expect("stripping formats keeps a valid CRD")
 }
 
-/// The formats the API server's OpenAPI validation knows for integers and numbers.
+/// The formats the API server's `OpenAPI` validation knows for integers and numbers.
 const KNOWN_NUMBER_FORMATS: &[&str] = &["int32", "int64", "float", "double"];
 
 fn strip_unknown_formats(v: &mut serde_json::Value) {

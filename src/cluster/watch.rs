@@ -1,4 +1,4 @@
-//! Cluster mode: watches on Nodes, Pods and NodeGpuReports feed the index one event at a time.
+//! Cluster mode: watches on Nodes, Pods and `NodeGpuReports` feed the index one event at a time.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -146,7 +146,7 @@ where
                 }
             }
             Err(e) => {
-                tracing::warn!(kind = %K::kind(&Default::default()), error = %e, "watch error; retrying")
+                tracing::warn!(kind = %K::kind(&Default::default()), error = %e, "watch error; retrying");
             }
         }
     }

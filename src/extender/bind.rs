@@ -97,7 +97,8 @@ pub(super) struct PodLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
 struct PodLockGuard<'a> {
     locks: &'a PodLocks,
     key: String,
-    _held: Option<tokio::sync::OwnedMutexGuard<()>>,
+    /// Released first in `drop`, so the map entry can be forgotten when nobody else holds it.
+    held: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl PodLocks {
@@ -106,14 +107,14 @@ impl PodLocks {
         PodLockGuard {
             locks: self,
             key: key.to_owned(),
-            _held: Some(m.lock_owned().await),
+            held: Some(m.lock_owned().await),
         }
     }
 }
 
 impl Drop for PodLockGuard<'_> {
     fn drop(&mut self) {
-        self._held = None;
+        self.held = None;
         let mut map = self.locks.0.lock();
         // Only the map holds it: nobody waits, forget it.
         if map

@@ -125,7 +125,7 @@ pub fn resolvable_by_preemption(
                             >= need
                 })
                 .count();
-            could as u32 >= shape.gpus.max(1)
+            crate::convert::usize_to_u32(could) >= shape.gpus.max(1)
         }
         Rejection::NotEnoughCpu { .. } => true,
         Rejection::NoReport

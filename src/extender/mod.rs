@@ -39,7 +39,7 @@ pub struct ExtenderArgs {
     pub metrics_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub client: ClientArgs,
-    /// Serve from a file of Node, Pod and NodeGpuReport objects (a `List` or multi-document
+    /// Serve from a file of Node, Pod and `NodeGpuReport` objects (a `List` or multi-document
     /// YAML) instead of a cluster; bind then records in memory and logs.
     #[arg(long, env = "PEAKFIT_FROM_FILE")]
     pub from_file: Option<PathBuf>,
@@ -105,7 +105,9 @@ impl BodyLimits {
             .max(max_bytes);
         let budget_kib = u32::try_from(in_flight_bytes.div_ceil(1024))
             .unwrap_or(u32::MAX)
-            .min(tokio::sync::Semaphore::MAX_PERMITS as u32);
+            .min(crate::convert::usize_to_u32(
+                tokio::sync::Semaphore::MAX_PERMITS,
+            ));
         Self {
             max_bytes,
             in_flight_bytes,
@@ -378,7 +380,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
                 stop.clone(),
             );
             Some(tokio::spawn(async move {
-                crate::serve::serve(l, crate::serve::plain, app, &serve_args, stopped(stop)).await
+                crate::serve::serve(l, crate::serve::plain, app, &serve_args, stopped(stop)).await;
             }))
         }
         None => None,

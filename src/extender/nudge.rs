@@ -1,6 +1,6 @@
 //! Telling kube-scheduler that a node can take waiting pods again.
 //!
-//! kube-scheduler does not watch NodeGpuReports, and a pod the extender refused waits in its
+//! kube-scheduler does not watch `NodeGpuReports`, and a pod the extender refused waits in its
 //! unschedulable queue until a Pod or Node event moves it, or its 5-minute flush: a node whose
 //! report turned fresh again, or whose memory freed (a pod deleted while the scheduler's retry
 //! raced the extender's watch, or memory freed only in a report), would leave its pods waiting
@@ -51,7 +51,12 @@ impl Extender {
             let st = slot.read();
             let offer = Offer {
                 usable: node_usable(&st.ledger, &self.fit, now).is_ok(),
-                free: st.ledger.gpus.iter().map(|g| g.free_bytes()).collect(),
+                free: st
+                    .ledger
+                    .gpus
+                    .iter()
+                    .map(peakfit_core::placement::GpuLedger::free_bytes)
+                    .collect(),
             };
             let name = st.ledger.name.clone();
             if last.get(&name).is_some_and(|b| offer.improves_on(b)) {
@@ -98,7 +103,7 @@ pub fn spawn(ext: Arc<Extender>, client: kube::Client, every: Duration) {
                         tracing::debug!(node = %name, "node can take waiting pods: nudged the scheduler");
                     }
                     Err(e) => {
-                        tracing::warn!(node = %name, error = %e, "could not annotate the node to retry waiting pods")
+                        tracing::warn!(node = %name, error = %e, "could not annotate the node to retry waiting pods");
                     }
                 }
             }

@@ -168,7 +168,7 @@ fn victims_needed(
             .gpus
             .iter()
             .filter_map(|g| g.reservation(&v.key))
-            .map(|r| r.charged_bytes())
+            .map(peakfit_core::placement::Reservation::charged_bytes)
             .sum()
     };
     let (mut holders, mut kept): (Vec<Victim>, Vec<Victim>) =

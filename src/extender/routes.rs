@@ -78,7 +78,7 @@ async fn not_found(uri: axum::http::Uri) -> Response {
 }
 
 async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    let allowed = if uri.path().ends_with("z") || uri.path() == "/metrics" {
+    let allowed = if uri.path().ends_with('z') || uri.path() == "/metrics" {
         "GET"
     } else {
         "POST"
@@ -199,7 +199,7 @@ async fn receive(ext: &Extender, verb: &'static str, req: Request) -> Result<Rec
     if let Some(len) = declared.filter(|&n| n > limits.max_bytes as u64) {
         return Err(too_large(format!("{len} bytes")));
     }
-    let expect = declared.map_or(limits.max_bytes, |n| n as usize);
+    let expect = declared.map_or(limits.max_bytes, crate::convert::u64_to_usize);
     let budget = tokio::time::timeout(limits.timeout, limits.reserve(expect))
         .await
         .map_err(|_| {

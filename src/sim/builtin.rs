@@ -223,7 +223,8 @@ fn openb_fit(demand: &Demand) -> Option<(Vec<&'static str>, u32)> {
     models.sort_by_key(|m| gpu_bytes(m));
     let smallest = *models.first()?;
     let total = gpu_bytes(smallest);
-    let milli = (demand.bytes_on(total) as f64 / total as f64 * 1000.0).ceil() as u32;
+    let milli =
+        crate::convert::f64_to_u32((demand.bytes_on(total) as f64 / total as f64 * 1000.0).ceil());
     Some((models, milli.clamp(1, 1000)))
 }
 
@@ -339,20 +340,25 @@ fn dynamic_pods(
         let Some((models, _)) = openb_fit(&r.demand) else {
             continue;
         };
-        let duration_min = (rng.random_range(r.t.hours.0..r.t.hours.1) * 60.0) as u64;
+        let duration_min =
+            crate::convert::f64_to_u64(rng.random_range(r.t.hours.0..r.t.hours.1) * 60.0);
         let profile = if r.t.kind == Kind::Serving && !real.is_empty() {
             real[rng.random_range(0..real.len())].clone()
         } else {
-            profiles::generate(r.t.kind, duration_min as usize, &mut rng)
+            profiles::generate(
+                r.t.kind,
+                crate::convert::u64_to_usize(duration_min),
+                &mut rng,
+            )
         };
         let true_peak_fraction = rng.random_range(0.85..1.0);
         let smallest = gpu_bytes(models[0]);
         let peak = r.demand.bytes_on(smallest) as f64 * true_peak_fraction;
         let declared = peak * profile.median() * rng.random_range(1.0..1.2);
-        let declared_bytes = (declared / GI as f64).ceil() as u64 * GI;
+        let declared_bytes = crate::convert::f64_to_u64((declared / GI as f64).ceil()) * GI;
         out.push(DynPod {
             kind: r.t.name.to_owned(),
-            arrival_min: t as u64,
+            arrival_min: crate::convert::f64_to_u64(t),
             duration_min,
             gpus: r.gpus,
             predicted: r.demand,

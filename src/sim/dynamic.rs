@@ -223,7 +223,8 @@ pub fn simulate(
                     };
                     let per_gpu = vec![reserve_bytes; placement.gpu_indices.len()];
                     ledgers[n].reserve(&key, &placement.gpu_indices, &per_gpu);
-                    let peak_bytes = (predicted as f64 * pod.true_peak_fraction) as u64;
+                    let peak_bytes =
+                        crate::convert::f64_to_u64(predicted as f64 * pod.true_peak_fraction);
                     running.push(Running {
                         pod: p,
                         node: n,
@@ -246,8 +247,12 @@ pub fn simulate(
             .collect();
         for r in &running {
             let pod = &pods[r.pod];
-            let now =
-                (r.peak_bytes as f64 * pod.profile.at((minute - r.start_min) as usize)) as u64;
+            let now = crate::convert::f64_to_u64(
+                r.peak_bytes as f64
+                    * pod
+                        .profile
+                        .at(crate::convert::u64_to_usize(minute - r.start_min)),
+            );
             for &g in &r.gpus {
                 use_per_gpu[r.node][g].push((r.key.as_str(), now));
             }

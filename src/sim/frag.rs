@@ -3,7 +3,7 @@
 //! For a "typical" pod shape m and a node: if m is CPU-only, or its GPU type excludes the node,
 //! or it does not fit (GPU count or CPU), all idle GPU milli of the node is fragment; otherwise
 //! the fragment is the free milli on GPUs whose free milli is below m's per-GPU request.
-//! F_n = Σ_m p_m · frag_n(m). Each node keeps, per shape, the two numbers the formula needs
+//! `F_n = Σ_m p_m · frag_n(m)`. Each node keeps, per shape, the two numbers the formula needs
 //! (`fitting` GPUs and `small_free` milli), so the effect of a placement is O(shapes).
 
 use std::collections::HashMap;
@@ -35,7 +35,7 @@ pub fn nonzero_cpu(cpu_milli: u64) -> i64 {
     if cpu_milli == 0 {
         100
     } else {
-        cpu_milli as i64
+        crate::convert::u64_to_i64(cpu_milli)
     }
 }
 
@@ -115,7 +115,7 @@ pub fn stats_of(gpu_free: &[u32], shapes: &[Shape]) -> Vec<ShapeStat> {
         .collect()
 }
 
-/// F_n of a node in milli-GPU, after `changes` to its GPUs and with `cpu_left` CPU free.
+/// `F_n` of a node in milli-GPU, after `changes` to its GPUs and with `cpu_left` CPU free.
 pub fn node_frag(
     shapes: &[Shape],
     stats: &[ShapeStat],

@@ -24,7 +24,7 @@ pub use replay::{CurvePoint, Policy, RunResult, run_one};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct SimulateArgs {
-    /// openb node list (CSV: sn, cpu_milli, memory_mib, gpu, model). With --pods: replay the
+    /// openb node list (CSV: sn, `cpu_milli`, `memory_mib`, gpu, model). With --pods: replay the
     /// FGD paper's experiment instead of the built-in default.
     #[arg(long, env = "PEAKFIT_SIM_NODES")]
     pub nodes: Option<PathBuf>,
@@ -108,7 +108,7 @@ pub fn parse_policies(s: &str) -> Result<Policies, String> {
     Ok(Policies(out))
 }
 
-pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     if let Some(asked) = args.jobs {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let jobs = asked.clamp(1, cores);
@@ -121,9 +121,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             .context("--jobs: cannot start the worker threads")?;
     }
     if args.nodes.is_none() && args.pods.is_empty() && args.trace_dir.is_none() {
-        return builtin::run(&args);
+        return builtin::run(args);
     }
-    run_openb(&args)
+    run_openb(args)
 }
 
 /// A progress bar on a terminal, nothing otherwise (CI logs, pipes).
@@ -234,7 +234,7 @@ pub fn openb_table(
     policies.sort();
     policies.dedup();
     let mut traces: Vec<&str> = results.iter().map(|r| r.trace.as_str()).collect();
-    traces.sort();
+    traces.sort_unstable();
     traces.dedup();
     let mut out = format!(
         "unallocated GPU % at arrived = 100 % (mean over {} seed(s); paper's mean in brackets)\n{:<14}",
@@ -273,7 +273,7 @@ fn write_openb_report(out: &Path, results: &[RunResult]) -> anyhow::Result<()> {
         serde_json::to_vec_pretty(results)?,
     )?;
     let mut traces: Vec<&str> = results.iter().map(|r| r.trace.as_str()).collect();
-    traces.sort();
+    traces.sort_unstable();
     traces.dedup();
     for t in traces {
         let series = mean_unallocated_series(results.iter().filter(|r| r.trace == t));

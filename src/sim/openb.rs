@@ -150,7 +150,7 @@ impl<'a> Columns<'a> {
             .filter(|v| *v <= max)
             .ok_or_else(|| TraceError::Field {
                 path: self.path.to_owned(),
-                line: row.position().map_or(0, |p| p.line()),
+                line: row.position().map_or(0, csv::Position::line),
                 field,
                 value: raw.to_owned(),
                 allowed,
@@ -198,7 +198,13 @@ pub fn load_nodes(path: &Path) -> Result<Vec<NodeSpec>, TraceError> {
                 "a whole number of millicores",
             )?,
             memory_mib: cols.number(&row, 2, "memory_mib", 1 << 40, "a whole number of MiB")?,
-            gpus: cols.number(&row, 3, "gpu", 64, "a GPU count from 0 to 64")? as u32,
+            gpus: crate::convert::u64_to_u32(cols.number(
+                &row,
+                3,
+                "gpu",
+                64,
+                "a GPU count from 0 to 64",
+            )?),
             model: cols.text(&row, 4).to_owned(),
         });
     }
@@ -225,15 +231,21 @@ pub fn load_pods(path: &Path) -> Result<Vec<PodSpec>, TraceError> {
     let mut pods = Vec::new();
     for row in rdr.records() {
         let row = row.map_err(csv_err(path))?;
-        let line = row.position().map_or(0, |p| p.line());
-        let num_gpu = cols.number(&row, 3, "num_gpu", 64, "a GPU count from 0 to 64")? as u32;
-        let gpu_milli = cols.number(
+        let line = row.position().map_or(0, csv::Position::line);
+        let num_gpu = crate::convert::u64_to_u32(cols.number(
+            &row,
+            3,
+            "num_gpu",
+            64,
+            "a GPU count from 0 to 64",
+        )?);
+        let gpu_milli = crate::convert::u64_to_u32(cols.number(
             &row,
             4,
             "gpu_milli",
             1000,
             "thousandths of one GPU, 0 to 1000",
-        )? as u32;
+        )?);
         if gpu_milli < 1000 && gpu_milli > 0 && num_gpu > 1 {
             return Err(TraceError::Field {
                 path: path.to_owned(),
@@ -295,9 +307,12 @@ pub fn pod_lists_in(dir: &Path) -> Result<Vec<PathBuf>, TraceError> {
     let mut out: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("openb_pod_list_") && n.ends_with(".csv"))
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with("openb_pod_list_")
+                    && std::path::Path::new(n)
+                        .extension()
+                        .is_some_and(|ext| ext.eq_ignore_ascii_case("csv"))
+            })
         })
         .collect();
     out.sort();
@@ -313,7 +328,7 @@ pub fn arrival_order(pods: &[PodSpec], capacity_milli: u64, seed: u64, ratio: f6
     order.sort_by(|&a, &b| pods[a].name.cmp(&pods[b].name));
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     order.shuffle(&mut rng);
-    let target = (ratio * capacity_milli as f64) as u64;
+    let target = crate::convert::f64_to_u64(ratio * capacity_milli as f64);
     let mut out = Vec::with_capacity(order.len() * 2);
     let mut total = 0u64;
     for &i in &order {
@@ -361,7 +376,7 @@ mod tests {
         assert!(total <= 13_000 && total > 13_000 - 2000, "total {total}");
         // Every original pod comes first, once.
         let mut head = order[..3].to_vec();
-        head.sort();
+        head.sort_unstable();
         assert_eq!(head, vec![0, 1, 2]);
         // The seed decides the order and the sample.
         assert_eq!(order, arrival_order(&pods, 10_000, 42, 1.3));

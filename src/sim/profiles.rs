@@ -61,8 +61,7 @@ pub fn load_tarball(path: &Path, min_samples: usize) -> Result<Vec<Profile>, Tra
         let mut entry = entry.map_err(io)?;
         let is_csv = entry
             .path()
-            .map(|p| p.extension().is_some_and(|e| e == "csv"))
-            .unwrap_or(false);
+            .is_ok_and(|p| p.extension().is_some_and(|e| e == "csv"));
         if is_csv {
             entry.read_to_string(&mut text).map_err(io)?;
             break;
@@ -99,7 +98,7 @@ fn parse_csv(path: &Path, bytes: &[u8], min_samples: usize) -> Result<Vec<Profil
         let start = samples[0].0;
         let mut minutes: Vec<f64> = Vec::new();
         for (t, v) in samples {
-            let m = ((t - start) / 60.0).round() as usize;
+            let m = crate::convert::f64_to_usize(((t - start) / 60.0).round());
             while minutes.len() < m {
                 let last = minutes.last().copied().unwrap_or(v);
                 minutes.push(last);
@@ -144,7 +143,7 @@ pub fn generate(kind: Kind, minutes: usize, rng: &mut impl Rng) -> Profile {
         }
         Kind::Serving => {
             let base = rng.random_range(0.35..0.55);
-            let ramp = rng.random_range(5..60) as f64;
+            let ramp = f64::from(rng.random_range(5..60));
             for m in 0..minutes {
                 let grow = (m as f64 / ramp).min(1.0);
                 let level = base + (0.62 - base) * grow;
@@ -167,11 +166,11 @@ pub fn generate(kind: Kind, minutes: usize, rng: &mut impl Rng) -> Profile {
     }
     // Every curve reaches its peak at least once.
     if let Some(last) = v.last_mut() {
-        if kind != Kind::EngineServing {
+        if kind == Kind::EngineServing {
+            *last = last.max(0.97);
+        } else {
             let i = minutes / 2;
             v[i] = 1.0;
-        } else {
-            *last = last.max(0.97);
         }
     }
     Profile::normalised(v).unwrap_or(Profile { minutes: vec![1.0] })

@@ -85,12 +85,12 @@ impl std::fmt::Display for Policy {
     }
 }
 
-/// Normalisers of the authors' BestFit and DotProd (largest node: 128 cores, 8 GPUs).
+/// Normalisers of the authors' `BestFit` and `DotProd` (largest node: 128 cores, 8 GPUs).
 const MAX_SPEC_CPU: f64 = 128_000.0;
 const MAX_SPEC_GPU: f64 = 8_000.0;
 const MILLI: u32 = 1000;
 
-/// GpuClustering's pod classes: sharing pods, and whole-GPU pods by GPU count.
+/// `GpuClustering`'s pod classes: sharing pods, and whole-GPU pods by GPU count.
 fn affinity_class(pod: &PodSpec) -> Option<u32> {
     match (pod.num_gpu, pod.is_gpu_share()) {
         (0, _) => None,
@@ -104,7 +104,7 @@ struct Node {
     mem_left: i64,
     gpu_free: Vec<u32>,
     model: usize,
-    /// GpuClustering: pods per class on the node.
+    /// `GpuClustering`: pods per class on the node.
     classes: Vec<(u32, u32)>,
     stats: Vec<ShapeStat>,
     frag: f64,
@@ -116,7 +116,7 @@ impl Node {
     }
 
     fn fully_free(&self) -> u32 {
-        self.gpu_free.iter().filter(|&&f| f == MILLI).count() as u32
+        crate::convert::usize_to_u32(self.gpu_free.iter().filter(|&&f| f == MILLI).count())
     }
 }
 
@@ -176,6 +176,10 @@ pub struct Replay<'a> {
     class_of_pod: Vec<usize>,
     /// `placement::place` is pure in (ledger, class, mix), and a pod changes one node's ledger:
     /// each class keeps every node's last answer until that node changes.
+    #[expect(
+        clippy::option_option,
+        reason = "outer None: not computed yet; Some(None): computed, and the class fits nowhere on the node"
+    )]
     class_cache: Vec<Vec<Option<Option<placement::Scored>>>>,
     mix: ShapeMix,
     fit_cfg: FitConfig,
@@ -240,8 +244,8 @@ impl<'a> Replay<'a> {
             let gpu_free = vec![MILLI; spec.gpus as usize];
             let stats = frag::stats_of(&gpu_free, &state.shapes);
             let mut node = Node {
-                cpu_left: spec.cpu_milli as i64,
-                mem_left: spec.memory_mib as i64,
+                cpu_left: crate::convert::u64_to_i64(spec.cpu_milli),
+                mem_left: crate::convert::u64_to_i64(spec.memory_mib),
                 gpu_free,
                 model,
                 classes: Vec::new(),
@@ -264,7 +268,8 @@ impl<'a> Replay<'a> {
             }
         }
         if policy == Policy::Peakfit {
-            let mut ids: std::collections::HashMap<PodClass, usize> = Default::default();
+            let mut ids: std::collections::HashMap<PodClass, usize> =
+                std::collections::HashMap::default();
             for pod in pods {
                 let class = openb_class(pod);
                 let next = ids.len();
@@ -334,7 +339,9 @@ impl<'a> Replay<'a> {
     fn feasible(&self, n: usize, p: usize) -> bool {
         let node = &self.nodes[n];
         let pod = &self.pods[p];
-        if node.cpu_left < pod.cpu_milli as i64 || node.mem_left < pod.memory_mib as i64 {
+        if node.cpu_left < crate::convert::u64_to_i64(pod.cpu_milli)
+            || node.mem_left < crate::convert::u64_to_i64(pod.memory_mib)
+        {
             return false;
         }
         if pod.num_gpu == 0 {
@@ -376,12 +383,18 @@ impl<'a> Replay<'a> {
             Policy::Bestfit => {
                 let left = 0.5 * (node.cpu_left as f64 - cpu) / MAX_SPEC_CPU
                     + 0.5 * (node.total_free() as f64 - gpu_req) / MAX_SPEC_GPU;
-                (((1.0 - left) * 100.0) as i64, default_choice)
+                (
+                    crate::convert::f64_to_i64((1.0 - left) * 100.0),
+                    default_choice,
+                )
             }
             Policy::Dotprod => {
                 let dot = (node.cpu_left as f64 / MAX_SPEC_CPU) * (cpu / MAX_SPEC_CPU)
                     + (node.total_free() as f64 / MAX_SPEC_GPU) * (gpu_req / MAX_SPEC_GPU);
-                (((1.0 - dot / 2.0) * 100.0) as i64, default_choice)
+                (
+                    crate::convert::f64_to_i64((1.0 - dot / 2.0) * 100.0),
+                    default_choice,
+                )
             }
             Policy::Packing => (packing_score(node, pod), default_choice),
             Policy::Clustering => (clustering_score(node, pod), default_choice),
@@ -404,11 +417,11 @@ impl<'a> Replay<'a> {
         pick
     }
 
-    /// int(sigmoid((F_before − F_after)/1000) × 100), the best GPU for a sharing pod.
+    /// `int(sigmoid((F_before − F_after)/1000) × 100)`, the best GPU for a sharing pod.
     fn fgd_score(&self, n: usize, p: usize) -> (i64, Choice) {
         let node = &self.nodes[n];
         let pod = &self.pods[p];
-        let cpu_after = node.cpu_left - pod.cpu_milli as i64;
+        let cpu_after = node.cpu_left - crate::convert::u64_to_i64(pod.cpu_milli);
         let total = node.total_free();
         let score_of = |changes: &[GpuChange], freed: u64| {
             let after = frag::node_frag(
@@ -419,7 +432,7 @@ impl<'a> Replay<'a> {
                 total - freed,
                 changes,
             );
-            (sigmoid((node.frag - after) / 1000.0) * 100.0) as i64
+            crate::convert::f64_to_i64(sigmoid((node.frag - after) / 1000.0) * 100.0)
         };
         if pod.num_gpu == 0 {
             return (score_of(&[], 0), Choice::Cpu);
@@ -519,8 +532,8 @@ impl<'a> Replay<'a> {
                 }
             }
         }
-        node.cpu_left -= pod.cpu_milli as i64;
-        node.mem_left -= pod.memory_mib as i64;
+        node.cpu_left -= crate::convert::u64_to_i64(pod.cpu_milli);
+        node.mem_left -= crate::convert::u64_to_i64(pod.memory_mib);
         if let Some(class) = affinity_class(pod) {
             match node.classes.iter_mut().find(|(c, _)| *c == class) {
                 Some(entry) => entry.1 += 1,
@@ -594,7 +607,7 @@ fn best_fit_gpu(free: &[u32], milli: u32) -> usize {
     best.unwrap_or(0)
 }
 
-/// Share a used GPU > use a used node > open a new node (the authors' GpuPacking).
+/// Share a used GPU > use a used node > open a new node (the authors' `GpuPacking`).
 fn packing_score(node: &Node, pod: &PodSpec) -> i64 {
     if pod.num_gpu == 0 {
         return 0;
@@ -635,7 +648,8 @@ fn clustering_score(node: &Node, pod: &PodSpec) -> i64 {
     let Some(class) = affinity_class(pod) else {
         return 0;
     };
-    let fill = 25 * (MAX_SPEC_GPU as i64 - node.total_free() as i64) / MAX_SPEC_GPU as i64;
+    let max = crate::convert::f64_to_i64(MAX_SPEC_GPU);
+    let fill = 25 * (max - crate::convert::u64_to_i64(node.total_free())) / max;
     let present = node.classes.iter().any(|&(c, k)| c == class && k > 0);
     let kinds = node.classes.iter().filter(|(_, k)| *k > 0).count();
     fill + match (present, kinds) {
@@ -668,7 +682,7 @@ fn normalize(candidates: &mut [(usize, i64, Choice)]) {
 /// The highest score; among equals the node that kube-scheduler's parallel filter lists first.
 /// The authors' results are reproduced only with this order: a random pick among equals
 /// spreads whole-GPU pods over every node under FGD (10 % unallocated instead of 4.8 %), and
-/// plain node order over-packs under GpuPacking and GpuClustering.
+/// plain node order over-packs under `GpuPacking` and `GpuClustering`.
 fn pick_first(candidates: &[(usize, i64, Choice)], rank: &[u32]) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (i, c) in candidates.iter().enumerate() {
@@ -685,7 +699,7 @@ fn pick_first(candidates: &[(usize, i64, Choice)], rank: &[u32]) -> Option<usize
 /// √n nodes, so the list interleaves 16 chunks at a time.
 fn filter_order(n: usize) -> Vec<u32> {
     const WORKERS: usize = 16;
-    let chunk = ((n as f64).sqrt() as usize).max(1);
+    let chunk = crate::convert::f64_to_usize((n as f64).sqrt()).max(1);
     let mut rank = vec![0u32; n];
     let mut next = 0u32;
     let chunks: Vec<std::ops::Range<usize>> = (0..n)
@@ -745,7 +759,11 @@ pub fn curve(samples: &[Sample], capacity_milli: u64) -> Vec<CurvePoint> {
         } else {
             0.0
         };
-        bins[arrived as usize].push((alloc, s.frag_milli / cap * 100.0, ratio));
+        bins[crate::convert::f64_to_usize(arrived)].push((
+            alloc,
+            s.frag_milli / cap * 100.0,
+            ratio,
+        ));
     }
     let mean = |v: &[&(f64, f64, f64)]| {
         let n = v.len() as f64;

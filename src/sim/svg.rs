@@ -171,7 +171,7 @@ pub fn bar_chart(
 
 fn trim(v: f64) -> String {
     if (v - v.round()).abs() < 1e-9 {
-        format!("{}", v.round() as i64)
+        format!("{}", crate::convert::f64_to_i64(v.round()))
     } else {
         format!("{v:.1}")
     }

@@ -1,6 +1,6 @@
 //! `peakfit webhook`: the mutating admission webhook that hands opted-in pods to peakfit's
 //! scheduler and pins their containers to the GPUs bind assigns (see `mutate`). It may not call
-//! the API server or the extender: it decides from the AdmissionReview alone.
+//! the API server or the extender: it decides from the `AdmissionReview` alone.
 
 pub mod mutate;
 pub mod tls;
@@ -63,7 +63,7 @@ pub const MAX_REVIEW_BYTES: usize = 4 << 20;
 
 /// The HTTP routes, without TLS, so tests can drive them with `tower::ServiceExt::oneshot`.
 /// Every error reply is JSON `{"error": ...}`: 400 for a body that is not JSON, 415 for another
-/// content type, 422 for JSON that is not an AdmissionReview, 413, 408, 404 and 405.
+/// content type, 422 for JSON that is not an `AdmissionReview`, 413, 408, 404 and 405.
 pub fn router(mutator: Mutator) -> Router {
     router_with(mutator, crate::serve::ServeArgs::default().body_timeout)
 }
@@ -106,7 +106,7 @@ fn problem(status: StatusCode, error: impl std::fmt::Display) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-/// Reads and decodes an AdmissionReview within the size and time limits.
+/// Reads and decodes an `AdmissionReview` within the size and time limits.
 async fn review_of(
     s: &Shared,
     req: axum::extract::Request,
@@ -209,7 +209,7 @@ pub async fn serve(
         &crate::serve::ServeArgs::default(),
         shutdown,
     )
-    .await
+    .await;
 }
 
 /// Accepts TLS connections and serves `app` on each until `shutdown` completes, under the
@@ -239,5 +239,5 @@ pub async fn serve_with(
             }
         }
     };
-    crate::serve::serve(listener, handshake, app, args, shutdown).await
+    crate::serve::serve(listener, handshake, app, args, shutdown).await;
 }

@@ -1,5 +1,5 @@
 //! The admission decision for one pod: pass it through, refuse it, or hand it to peakfit with a
-//! JSON patch. Pure: no I/O, so every branch is tested with AdmissionReview JSON alone.
+//! JSON patch. Pure: no I/O, so every branch is tested with `AdmissionReview` JSON alone.
 
 use json_patch::jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, ResourceRequirements};
@@ -14,7 +14,7 @@ use crate::model::annotations::{ASSIGNED_GPUS, GPU_MEMORY_FRACTION, RESERVED_BYT
 /// The scheduler name the API server fills in when a pod names none: peakfit may take such pods.
 const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
-/// Why the API server sent this pod: the two webhooks of the chart's MutatingWebhookConfiguration.
+/// Why the API server sent this pod: the two webhooks of the chart's `MutatingWebhookConfiguration`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OptIn {
     /// `POST /mutate`: the pod opts in by carrying a `peakfit.io/` input annotation; others pass.
@@ -54,7 +54,7 @@ struct ContainerView {
     resources: Option<ResourceRequirements>,
 }
 
-/// The outcome before it is wrapped in an AdmissionResponse.
+/// The outcome before it is wrapped in an `AdmissionResponse`.
 #[derive(Debug, PartialEq)]
 enum Decision {
     PassThrough,
@@ -140,7 +140,7 @@ impl PatchWriter {
 }
 
 impl Mutator {
-    /// Answers one AdmissionReview. Never fails: a review it cannot read is answered as invalid.
+    /// Answers one `AdmissionReview`. Never fails: a review it cannot read is answered as invalid.
     pub fn review(&self, review: AdmissionReview<DynamicObject>, opt_in: OptIn) -> Value {
         let request: AdmissionRequest<DynamicObject> = match review.try_into() {
             Ok(request) => request,
@@ -283,7 +283,7 @@ const OUTPUTS: [&str; 3] = [ASSIGNED_GPUS, RESERVED_BYTES, GPU_MEMORY_FRACTION];
 /// An UPDATE of a bound pod must leave bind's output as it was: the containers were pinned to
 /// those GPUs when they started, and the extender's index counts the pod's memory where the
 /// annotations say. Before the pod is bound, bind itself writes them (and may rewrite them when
-/// a Binding failed), so an unbound pod is left alone; the chart's ValidatingAdmissionPolicy
+/// a Binding failed), so an unbound pod is left alone; the chart's `ValidatingAdmissionPolicy`
 /// limits that window to the scheduler's service account.
 fn assignment_kept(request: &AdmissionRequest<DynamicObject>) -> Decision {
     let (Some(old), Some(new)) = (&request.old_object, &request.object) else {
@@ -456,7 +456,7 @@ fn env_ops(
 }
 
 /// The review around `response`, with `patch` as the API documents it: base64 (Go's `[]byte`)
-/// and `patchType: JSONPatch`. AdmissionResponse would serialise a patch as a JSON array of
+/// and `patchType: JSONPatch`. `AdmissionResponse` would serialise a patch as a JSON array of
 /// numbers (~40 bytes of memory per patch byte as a `Value`), so the patch never goes through it.
 fn encode(response: AdmissionResponse, patch: Option<Vec<u8>>) -> Value {
     use base64::Engine as _;
@@ -543,7 +543,7 @@ mod tests {
         }
     }
 
-    fn review_of(pod: Value, operation: &str) -> AdmissionReview<DynamicObject> {
+    fn review_of(pod: &Value, operation: &str) -> AdmissionReview<DynamicObject> {
         serde_json::from_value(json!({
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
@@ -560,7 +560,7 @@ mod tests {
         .expect("review parses")
     }
 
-    fn pod(annotations: Value, containers: Value) -> Value {
+    fn pod(annotations: &Value, containers: &Value) -> Value {
         json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "p", "namespace": "ml", "annotations": annotations},
@@ -568,7 +568,7 @@ mod tests {
         })
     }
 
-    fn decide(pod: Value, opt_in: OptIn) -> Decision {
+    fn decide(pod: &Value, opt_in: OptIn) -> Decision {
         let review = review_of(pod, "CREATE");
         mutator().decide(&review.try_into().unwrap(), opt_in)
     }
@@ -576,9 +576,9 @@ mod tests {
     #[test]
     fn existing_env_is_not_duplicated_and_a_differing_one_is_reported() {
         let d = decide(
-            pod(
-                json!({"peakfit.io/vram": "20Gi"}),
-                json!([{"name": "c", "image": "i", "env": [
+            &pod(
+                &json!({"peakfit.io/vram": "20Gi"}),
+                &json!([{"name": "c", "image": "i", "env": [
                     {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
                     {"name": "OTHER", "value": "x"}]}]),
             ),
@@ -605,21 +605,21 @@ mod tests {
     fn an_already_mutated_pod_needs_no_patch() {
         let env = serde_json::to_value(downward_env(false)).unwrap();
         let mut p = pod(
-            json!({"peakfit.io/vram": "20Gi"}),
-            json!([{"name": "c", "image": "i", "env": env}]),
+            &json!({"peakfit.io/vram": "20Gi"}),
+            &json!([{"name": "c", "image": "i", "env": env}]),
         );
         p["spec"]["schedulerName"] = "peakfit-scheduler".into();
-        assert_eq!(decide(p, OptIn::Annotation), Decision::PassThrough);
+        assert_eq!(decide(&p, OptIn::Annotation), Decision::PassThrough);
     }
 
     #[test]
     fn another_scheduler_is_respected_with_a_warning() {
         let mut p = pod(
-            json!({"peakfit.io/vram": "20Gi"}),
-            json!([{"name": "c", "image": "i"}]),
+            &json!({"peakfit.io/vram": "20Gi"}),
+            &json!([{"name": "c", "image": "i"}]),
         );
         p["spec"]["schedulerName"] = "volcano".into();
-        let Decision::Mutate { ops, warnings } = decide(p, OptIn::Annotation) else {
+        let Decision::Mutate { ops, warnings } = decide(&p, OptIn::Annotation) else {
             panic!("expected a patch")
         };
         assert_eq!(ops.len(), 1, "only the env: {ops:?}");
@@ -629,7 +629,7 @@ mod tests {
     #[test]
     fn namespace_opt_in_without_a_request_sets_only_the_scheduler() {
         let d = decide(
-            pod(json!({}), json!([{"name": "c", "image": "i"}])),
+            &pod(&json!({}), &json!([{"name": "c", "image": "i"}])),
             OptIn::Namespace,
         );
         let Decision::Mutate { ops, .. } = d else {
@@ -652,7 +652,7 @@ mod tests {
             "example.com/keep": "yes",
         });
         let d = decide(
-            pod(forged.clone(), json!([{"name": "c", "image": "i"}])),
+            &pod(&forged.clone(), &json!([{"name": "c", "image": "i"}])),
             OptIn::Annotation,
         );
         let Decision::Mutate { ops, warnings } = d else {
@@ -679,7 +679,7 @@ mod tests {
             "/metadata/annotations/peakfit.io~1assigned-gpus"
         );
         // Applied to the pod, only peakfit's output goes.
-        let mut object = pod(forged, json!([]));
+        let mut object = pod(&forged, &json!([]));
         json_patch::patch(&mut object, &ops).unwrap();
         assert_eq!(
             object["metadata"]["annotations"],
@@ -690,9 +690,9 @@ mod tests {
     #[test]
     fn a_fraction_engine_with_explicit_vram_is_told_its_fraction() {
         let d = decide(
-            pod(
-                json!({"peakfit.io/vram": "30Gi", "peakfit.io/engine": "vllm"}),
-                json!([{"name": "c", "image": "i"}]),
+            &pod(
+                &json!({"peakfit.io/vram": "30Gi", "peakfit.io/engine": "vllm"}),
+                &json!([{"name": "c", "image": "i"}]),
             ),
             OptIn::Annotation,
         );
@@ -729,17 +729,14 @@ mod tests {
     #[test]
     fn updates_and_other_kinds_pass_through() {
         // A bogus value that a pod CREATE would be refused for: passing through shows it was not read.
-        let p = pod(json!({"peakfit.io/vram": "bogus"}), json!([]));
-        assert!(matches!(
-            decide(p.clone(), OptIn::Annotation),
-            Decision::Refuse(_)
-        ));
-        let review = review_of(p.clone(), "UPDATE");
+        let p = pod(&json!({"peakfit.io/vram": "bogus"}), &json!([]));
+        assert!(matches!(decide(&p, OptIn::Annotation), Decision::Refuse(_)));
+        let review = review_of(&p, "UPDATE");
         assert_eq!(
             mutator().decide(&review.try_into().unwrap(), OptIn::Annotation),
             Decision::PassThrough
         );
-        let mut other = serde_json::to_value(review_of(p, "CREATE")).unwrap();
+        let mut other = serde_json::to_value(review_of(&p, "CREATE")).unwrap();
         other["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
         let review: AdmissionReview<DynamicObject> = serde_json::from_value(other).unwrap();
         assert_eq!(
@@ -755,10 +752,10 @@ mod tests {
             ..mutator()
         };
         let p = pod(
-            json!({"peakfit.io/vram": "8Gi"}),
-            json!([{"name": "c", "image": "i"}]),
+            &json!({"peakfit.io/vram": "8Gi"}),
+            &json!([{"name": "c", "image": "i"}]),
         );
-        let review = review_of(p.clone(), "CREATE");
+        let review = review_of(&p, "CREATE");
         let Decision::Mutate { ops, .. } = m.decide(&review.try_into().unwrap(), OptIn::Annotation)
         else {
             panic!("expected a patch")
@@ -769,7 +766,7 @@ mod tests {
         );
         let mut p = p;
         p["spec"]["runtimeClassName"] = "kata".into();
-        let review = review_of(p, "CREATE");
+        let review = review_of(&p, "CREATE");
         let Decision::Mutate { ops, .. } = m.decide(&review.try_into().unwrap(), OptIn::Annotation)
         else {
             panic!("expected a patch")

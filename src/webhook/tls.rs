@@ -103,7 +103,7 @@ fn read_pair(
     provider: &CryptoProvider,
 ) -> Result<CertifiedKey, TlsError> {
     let chain = CertificateDer::pem_file_iter(cert_path)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .and_then(std::iter::Iterator::collect::<Result<Vec<_>, _>>)
         .map_err(|source| TlsError::Cert {
             path: cert_path.to_owned(),
             source,

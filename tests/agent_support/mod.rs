@@ -11,11 +11,10 @@ use std::time::Duration;
 /// it never passes without running) when it has not been built: `cargo test` does not build a
 /// workspace cdylib, so run `cargo build -p fake-nvml` first (`scripts/test` does).
 pub fn fake_lib() -> PathBuf {
-    let lib = std::env::var_os("FAKE_NVML_LIB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_BIN_EXE_peakfit")).with_file_name("libfake_nvml.so")
-        });
+    let lib = std::env::var_os("FAKE_NVML_LIB").map_or_else(
+        || Path::new(env!("CARGO_BIN_EXE_peakfit")).with_file_name("libfake_nvml.so"),
+        PathBuf::from,
+    );
     assert!(
         lib.exists(),
         "{} not found; build it with `cargo build -p fake-nvml` (or set FAKE_NVML_LIB)",

@@ -48,9 +48,10 @@ pub fn control_plane_script() -> PathBuf {
 
 /// The fake NVML library beside the test's `peakfit` binary (or `FAKE_NVML_LIB`).
 pub fn fake_nvml() -> PathBuf {
-    let lib = std::env::var_os("FAKE_NVML_LIB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(peakfit_bin()).with_file_name("libfake_nvml.so"));
+    let lib = std::env::var_os("FAKE_NVML_LIB").map_or_else(
+        || Path::new(peakfit_bin()).with_file_name("libfake_nvml.so"),
+        PathBuf::from,
+    );
     assert!(
         lib.exists(),
         "the e2e suite needs {}: build it with `cargo build -p fake-nvml`",
@@ -207,11 +208,14 @@ pub struct Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         // Ours first (they talk to the API server), then the control plane.
-        self.procs.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.procs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
         for n in self
             .nodes
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .values_mut()
         {
             n.agent = None;
@@ -276,7 +280,7 @@ where
 
 impl Cluster {
     /// Starts a control plane in a fresh temporary directory, with the `peakfit` release namespace,
-    /// the NodeGpuReport CRD from `peakfit crd`, and nothing else.
+    /// the `NodeGpuReport` CRD from `peakfit crd`, and nothing else.
     pub async fn up() -> Self {
         let script = control_plane_script();
         // `control-plane up` picks free ports and then binds them; with several test binaries
@@ -309,9 +313,10 @@ impl Cluster {
         };
         let kubeconfig = dir.path().join("kubeconfig");
         let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap();
+        let config =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .unwrap();
         let client = Client::try_from(config).unwrap();
         let mut cluster = Self {
             dir,
@@ -365,7 +370,7 @@ impl Cluster {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
-    /// A namespace with its `default` ServiceAccount (no controller-manager makes it here).
+    /// A namespace with its `default` `ServiceAccount` (no controller-manager makes it here).
     pub async fn namespace(&self, name: &str) {
         let ns: Api<Namespace> = Api::all(self.client.clone());
         let obj: Namespace =
@@ -477,7 +482,7 @@ impl Cluster {
                 .iter()
                 .enumerate()
                 .map(|(i, g)| GpuDevice {
-                    index: i as u32,
+                    index: peakfit::convert::usize_to_u32(i),
                     uuid: g.uuid.clone(),
                     name: g.name.into(),
                     pci_bus_id: Some(format!("00000000:{:02x}:00.0", 0x10 + i)),
@@ -568,7 +573,7 @@ impl Cluster {
         self.nodes.lock().unwrap()[node].gpus.clone()
     }
 
-    /// Waits until every node has a NodeGpuReport. Generous: the burst starts 20 agent processes
+    /// Waits until every node has a `NodeGpuReport`. Generous: the burst starts 20 agent processes
     /// while the other e2e binaries start their control planes on the same two cores, and one
     /// full-suite run here saw them all report only after more than 60 s.
     pub async fn wait_reports(&self) {
@@ -616,7 +621,7 @@ impl Cluster {
             "--kubeconfig".into(),
             self.kubeconfig.display().to_string(),
         ];
-        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(extra.iter().map(std::string::ToString::to_string));
         let mut e = Extender {
             port,
             args,
@@ -642,12 +647,20 @@ impl Cluster {
     }
 
     /// Kills an extender (SIGKILL: no graceful anything).
+    #[expect(
+        clippy::unused_self,
+        reason = "reads as an action on the cluster at call sites"
+    )]
     pub fn kill_extender(&self, e: &mut Extender) {
         e.proc = None;
     }
 
     /// The chart's `KubeSchedulerConfiguration` (`helm template`), with only the extender's port
     /// (a chart value) and the kubeconfig changed for this test.
+    #[expect(
+        clippy::unused_self,
+        reason = "reads as a property of the cluster at call sites"
+    )]
     pub fn scheduler_config(&self, extender_port: u16) -> Value {
         let port = format!("extender.port={extender_port}");
         let docs = render_chart("templates/scheduler/configmap.yaml", &[&port]);
@@ -710,7 +723,7 @@ impl Cluster {
     }
 
     /// Starts `peakfit webhook` with the control plane's serving certificate and registers the
-    /// chart's MutatingWebhookConfiguration, pointed at it by URL with the CA as `caBundle`.
+    /// chart's `MutatingWebhookConfiguration`, pointed at it by URL with the CA as `caBundle`.
     pub async fn start_webhook(&self) -> u16 {
         use base64::Engine as _;
         let port = free_port();
@@ -797,14 +810,14 @@ impl Cluster {
             }
         })
         .await;
-        match r {
-            Ok(p) => p,
-            Err(_) => panic!(
-                "pod {ns}/{name} not bound within {timeout:?}; events: {:?}; pod annotations: {:?}",
-                self.event_messages(ns, name).await,
-                last.map(|p| p.annotations().clone())
-            ),
+        if let Ok(p) = r {
+            return p;
         }
+        panic!(
+            "pod {ns}/{name} not bound within {timeout:?}; events: {:?}; pod annotations: {:?}",
+            self.event_messages(ns, name).await,
+            last.map(|p| p.annotations().clone())
+        )
     }
 
     /// The messages of the events about a pod, oldest first.
@@ -824,7 +837,7 @@ impl Cluster {
             .collect()
     }
 
-    /// Waits for a FailedScheduling event about the pod whose message contains `needle`.
+    /// Waits for a `FailedScheduling` event about the pod whose message contains `needle`.
     pub async fn wait_event(
         &self,
         ns: &str,
@@ -838,11 +851,10 @@ impl Cluster {
             if let Some(m) = seen.iter().find(|m| m.contains(needle)) {
                 return m.clone();
             }
-            if Instant::now() > deadline {
-                panic!(
-                    "no event about {ns}/{name} containing {needle:?} within {timeout:?}; events: {seen:#?}"
-                );
-            }
+            assert!(
+                Instant::now() <= deadline,
+                "no event about {ns}/{name} containing {needle:?} within {timeout:?}; events: {seen:#?}"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -896,6 +908,10 @@ impl Cluster {
 
     /// A counter's value from the extender's `/metrics` (0 when absent); `labels` as written in the
     /// exposition, e.g. `verb="bind",outcome="conflict"`.
+    #[expect(
+        clippy::unused_self,
+        reason = "reads as a property of the cluster at call sites"
+    )]
     pub fn metric(&self, e: &Extender, name: &str, labels: &str) -> f64 {
         let (_, text) = http_get(e.port, "/metrics").expect("extender serves /metrics");
         metric_value(&text, name, labels)

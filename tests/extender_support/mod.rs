@@ -83,7 +83,7 @@ pub fn fixture_index(dir: &Path, uids: &HashMap<&str, &str>) -> Arc<Index> {
             let name = pod.metadata.name.clone().unwrap();
             pod.metadata.uid = Some(
                 uids.get(name.as_str())
-                    .map_or(format!("uid-{name}"), |u| u.to_string()),
+                    .map_or(format!("uid-{name}"), std::string::ToString::to_string),
             );
             index.apply_pod(&pod);
         }

@@ -7,6 +7,7 @@
 //! same arithmetic on the same inputs.
 #![forbid(unsafe_code)]
 
+pub mod convert;
 pub mod inventory;
 pub mod model;
 pub mod placement;

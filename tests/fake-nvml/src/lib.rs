@@ -148,7 +148,9 @@ fn config() -> Result<Arc<Config>, Ret> {
         UNKNOWN
     })?;
     let key = (meta.mtime(), meta.mtime_nsec(), meta.size(), meta.ino());
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(c) = cache.as_ref().filter(|c| c.key == key) {
         return Ok(c.config.clone());
     }
@@ -272,7 +274,10 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(buf: *mut c_char, len: c_uin
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Ret {
     // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
     with_config("nvmlDeviceGetCount_v2", |cfg| unsafe {
-        write(count, cfg.devices.len() as c_uint)
+        write(
+            count,
+            c_uint::try_from(cfg.devices.len()).unwrap_or(c_uint::MAX),
+        )
     })
 }
 
@@ -291,7 +296,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, out: *mut 
 pub unsafe extern "C" fn nvmlDeviceGetIndex(h: Handle, out: *mut c_uint) -> Ret {
     with_device("nvmlDeviceGetIndex", h, |_, _| match decode(h) {
         // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
-        Some((gpu, _)) => unsafe { write(out, gpu as c_uint) },
+        Some((gpu, _)) => unsafe { write(out, c_uint::try_from(gpu).unwrap_or(c_uint::MAX)) },
         None => INVALID_ARGUMENT,
     })
 }
@@ -401,10 +406,10 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(h: Handle, out: *mut PciInfo) -
             bus_id: [0; 32],
         };
         for (dst, src) in info.bus_id.iter_mut().zip(bus_id.bytes().take(31)) {
-            *dst = src as c_char;
+            *dst = c_char::from_ne_bytes([src]);
         }
         for (dst, src) in info.bus_id_legacy.iter_mut().zip(bus_id.bytes().take(15)) {
-            *dst = src as c_char;
+            *dst = c_char::from_ne_bytes([src]);
         }
         // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
         unsafe { write(out, info) }
@@ -437,7 +442,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         let capacity = unsafe { *count } as usize;
         let n = d.processes.len();
         // SAFETY: `count` is non-null (checked above) and points to the caller's `unsigned int` (NVML's contract).
-        unsafe { *count = n as c_uint };
+        unsafe { *count = c_uint::try_from(n).unwrap_or(c_uint::MAX) };
         if n == 0 {
             return SUCCESS;
         }
@@ -488,7 +493,9 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(h: Handle, count: *mut c_uint) -> Ret {
     with_device("nvmlDeviceGetMaxMigDeviceCount", h, |_, d| {
-        let n = d.max_mig_devices.unwrap_or(d.mig.len() as u32);
+        let n = d
+            .max_mig_devices
+            .unwrap_or(u32::try_from(d.mig.len()).unwrap_or(u32::MAX));
         // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
         unsafe { write(count, n) }
     })

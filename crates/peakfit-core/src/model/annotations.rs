@@ -643,7 +643,7 @@ impl Spec {
                             format!("one of {}", presets::Kind::NAMES),
                         ));
                     }
-                })
+                });
             }
             "params" => {
                 let n =
@@ -680,13 +680,13 @@ impl Spec {
                             "one of inference training lora qlora",
                         ));
                     }
-                })
+                });
             }
             "batch" => self.batch = Some(int(key, v, 1, 1 << 20)?),
             "context-tokens" => self.context_tokens = Some(count(key, v, 1, 1 << 26)?),
             "engine" => self.engine = Some(Engine::parse(key, v)?),
             "gpu-memory-utilization" => {
-                self.gpu_memory_utilization = Some(fraction(key, v, true, 1.0)?)
+                self.gpu_memory_utilization = Some(fraction(key, v, true, 1.0)?);
             }
             "tensor-parallel" => self.tensor_parallel = Some(int(key, v, 1, 64)?),
             "sequence-parallel" => self.sequence_parallel = Some(boolean(key, v)?),
@@ -741,7 +741,7 @@ impl Spec {
                             "one of none selective full",
                         ));
                     }
-                })
+                });
             }
             "flash-attention" => self.flash_attention = Some(boolean(key, v)?),
             "lora-rank" => self.lora_rank = Some(int(key, v, 1, 65536)?),
@@ -956,7 +956,8 @@ pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
     if let Some(vram) = spec.vram {
         // An explicit per-GPU figure overrides the model; headroom still applies, and the GPU
         // count defaults as it does for a modelled pod (a tensor-parallel job spans its group).
-        let bytes = (vram as f64 * (1.0 + spec.headroom.unwrap_or(0.0))).ceil() as u64;
+        let bytes =
+            crate::convert::f64_to_u64((vram as f64 * (1.0 + spec.headroom.unwrap_or(0.0))).ceil());
         return Ok(PodRequest {
             gpus: spec.gpus.or(spec.tensor_parallel).unwrap_or(1),
             demand: Demand::fixed(bytes),

@@ -65,7 +65,7 @@ pub fn workload_kind(spec: &Spec) -> &'static str {
         {
             "sharded-training"
         }
-        _ => spec.workload.unwrap_or(Workload::Inference).name(),
+        Kind::Decoder => spec.workload.unwrap_or(Workload::Inference).name(),
     }
 }
 

@@ -80,7 +80,7 @@ pub const LOGITS_HF: f64 = 10.0;
 /// Chunked cross-entropy (torchtune) keeps 16-bit logits plus one fp32 chunk: 2-4 B (§5 "X").
 pub const LOGITS_CHUNKED: f64 = 4.0;
 /// Attention scores under torch autocast (fp16 AMP) without a fused kernel, per Korthikanti's
-/// `a·s²·b` unit: QKᵀ in fp16 (2 B), the softmax autocast runs in fp32 (4 B), the dropout
+/// `a·s²·b` unit: `QKᵀ` in fp16 (2 B), the softmax autocast runs in fp32 (4 B), the dropout
 /// mask (1 B) and the dropped-out probabilities in fp16 (2 B) = 9, against 5 for pure 16-bit
 /// (§1.5's `5as²b` term, re-derived for autocast's fp32 softmax; not fitted).
 pub const SCORES_AMP: f64 = 9.0;
@@ -92,7 +92,7 @@ pub const SCORES_AMP: f64 = 9.0;
 /// 131072 sample-tokens.
 pub const UNET_ACT_PER_TOKEN: f64 = 72.0 * 1024.0;
 /// The VAE decoder's peak per output pixel of one image: its 128-512-channel convolutions at
-/// full resolution, in fp32 or fp16 alike (the GroupNorms upcast). Fitted on two sources:
+/// full resolution, in fp32 or fp16 alike (the `GroupNorms` upcast). Fitted on two sources:
 /// SDXL's fp32-upcast VAE, 4 images at 1024² = 15.2 GiB over the weights (the blog's
 /// `fp16` 21.72 GiB against `VAE slicing`), and SD3's fp16 VAE, one 1024² image, ~3.2 GiB
 /// over the weights (huggingface/blog `sd3.md` default 18.77 GB); 3.5 GiB per megapixel.
@@ -176,6 +176,10 @@ pub struct Estimate {
 }
 
 /// The resolved inputs: the spec with presets and defaults applied.
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent switches of the spec (each its own annotation), not a state machine"
+)]
 struct Inputs {
     arch: Architecture,
     params: f64,
@@ -220,7 +224,7 @@ fn shape_from_params(params: u64) -> Architecture {
         .round()
         .max(1.0)
         * 128.0;
-    let h = h as u32;
+    let h = crate::convert::f64_to_u32(h);
     Architecture {
         params,
         layers: (h / 128).max(1),
@@ -237,17 +241,17 @@ fn shape_from_params(params: u64) -> Architecture {
 /// Parameters implied by a shape: attention (q, o by heads; k, v by kv-heads), a gated MLP when
 /// the intermediate size is not 4h (SwiGLU lists the per-branch width), embeddings.
 pub fn params_of(a: &Architecture) -> u64 {
-    let h = a.hidden_size as f64;
-    let attn = 2.0 * h * (a.attention_heads * a.head_dim) as f64
-        + 2.0 * h * (a.kv_heads * a.head_dim) as f64;
+    let h = f64::from(a.hidden_size);
+    let attn = 2.0 * h * f64::from(a.attention_heads * a.head_dim)
+        + 2.0 * h * f64::from(a.kv_heads * a.head_dim);
     let matrices = if a.intermediate_size == 4 * a.hidden_size {
         2.0
     } else {
         3.0
     };
-    let mlp = matrices * h * a.intermediate_size as f64;
-    let emb = a.vocab_size as f64 * h * if a.tied_embeddings { 1.0 } else { 2.0 };
-    (a.layers as f64 * (attn + mlp) + emb) as u64
+    let mlp = matrices * h * f64::from(a.intermediate_size);
+    let emb = f64::from(a.vocab_size) * h * if a.tied_embeddings { 1.0 } else { 2.0 };
+    crate::convert::f64_to_u64(f64::from(a.layers) * (attn + mlp) + emb)
 }
 
 fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
@@ -338,18 +342,18 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         dtype,
         kv_bytes,
         workload,
-        batch: spec.batch.unwrap_or(Defaults::BATCH) as f64,
+        batch: f64::from(spec.batch.unwrap_or(Defaults::BATCH)),
         context: context as f64,
-        tp: tp as f64,
-        dp: spec.data_parallel.unwrap_or(1) as f64,
-        pp: pp as f64,
-        cp: cp as f64,
+        tp: f64::from(tp),
+        dp: f64::from(spec.data_parallel.unwrap_or(1)),
+        pp: f64::from(pp),
+        cp: f64::from(cp),
         sp: spec.sequence_parallel.unwrap_or(false),
         hybrid: spec.hybrid_shard,
         fsdp: spec.fsdp,
         offload: spec.offload.unwrap_or(Offload::None),
         kind: spec.kind(),
-        beams: spec.beams.unwrap_or(1) as f64,
+        beams: f64::from(spec.beams.unwrap_or(1)),
         gpus: spec.gpus.unwrap_or(tp),
         zero: spec.zero_stage.unwrap_or(0),
         optimizer: spec.optimizer.unwrap_or(Optimizer::Adam),
@@ -369,7 +373,7 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         flash: spec.flash_attention.unwrap_or(dtype != Dtype::Fp32),
         legacy_cache: spec.flash_attention != Some(true)
             && spec.engine.as_ref().is_some_and(|e| e.name() == "hf"),
-        lora_rank: spec.lora_rank.unwrap_or(Defaults::LORA_RANK) as f64,
+        lora_rank: f64::from(spec.lora_rank.unwrap_or(Defaults::LORA_RANK)),
         headroom: spec.headroom.unwrap_or(0.0),
         engine: spec.engine.clone(),
         optimizer_paged: spec.optimizer_paged,
@@ -393,7 +397,7 @@ impl Inputs {
 
     /// Embedding + LM-head parameters (one matrix when tied).
     fn embedding_params(&self) -> f64 {
-        let one = self.arch.vocab_size as f64 * self.arch.hidden_size as f64;
+        let one = f64::from(self.arch.vocab_size) * f64::from(self.arch.hidden_size);
         let both = if self.arch.tied_embeddings {
             one
         } else {
@@ -434,7 +438,7 @@ impl Inputs {
     /// pod's GPUs only and replicates across pods (PyTorch FSDP `ShardingStrategy`).
     fn shards(&self) -> f64 {
         if self.hybrid {
-            (self.gpus as f64 / (self.tp * self.pp)).max(1.0)
+            (f64::from(self.gpus) / (self.tp * self.pp)).max(1.0)
         } else {
             self.dp.max(1.0) * self.cp
         }
@@ -496,14 +500,14 @@ impl Inputs {
     fn weight_bytes(&self) -> f64 {
         let mut emb = self.embedding_params();
         if self.pp > 1.0 {
-            emb = emb.min(self.arch.vocab_size as f64 * self.arch.hidden_size as f64);
+            emb = emb.min(f64::from(self.arch.vocab_size) * f64::from(self.arch.hidden_size));
         }
         let linear = (self.params - self.embedding_params()).max(0.0) * self.stage_share();
         let mut bytes = linear * self.weight_bits() / 8.0 + emb * self.embedding_bytes();
         // The FP8 loader un-ties a tied LM head: Qwen3-4B FP8 measured one embedding copy over
         // (742 MiB, §4.1).
         if self.dtype == Dtype::Fp8 && self.arch.tied_embeddings {
-            bytes += self.arch.vocab_size as f64 * self.arch.hidden_size as f64 * 2.0;
+            bytes += f64::from(self.arch.vocab_size) * f64::from(self.arch.hidden_size) * 2.0;
         }
         bytes
     }
@@ -514,7 +518,7 @@ impl Inputs {
         if !self.dtype.is_bitsandbytes() {
             return 0.0;
         }
-        let largest = self.arch.hidden_size as f64 * self.arch.intermediate_size as f64;
+        let largest = f64::from(self.arch.hidden_size) * f64::from(self.arch.intermediate_size);
         BNB_STAGING + 2.0 * largest * 2.0 / self.tp
     }
 
@@ -535,17 +539,17 @@ impl Inputs {
     /// `r·(d_in + d_out)` per adapted matrix (§5 "S").
     fn adapter_params(&self) -> f64 {
         let a = &self.arch;
-        let h = a.hidden_size as f64;
-        let q = (a.attention_heads * a.head_dim) as f64;
-        let kv = (a.kv_heads * a.head_dim) as f64;
-        let ffn = a.intermediate_size as f64;
+        let h = f64::from(a.hidden_size);
+        let q = f64::from(a.attention_heads * a.head_dim);
+        let kv = f64::from(a.kv_heads * a.head_dim);
+        let ffn = f64::from(a.intermediate_size);
         let mlp_matrices = if a.intermediate_size == 4 * a.hidden_size {
             2.0
         } else {
             3.0
         };
         let attention = (h + q) * 2.0 + (h + kv) * 2.0;
-        self.lora_rank * (attention + mlp_matrices * (h + ffn)) * a.layers as f64
+        self.lora_rank * (attention + mlp_matrices * (h + ffn)) * f64::from(a.layers)
     }
 
     /// Gradients, master weights and optimizer state of what trains, per GPU, by ZeRO stage
@@ -617,9 +621,9 @@ impl Inputs {
         if !(self.zero3() || offloaded) {
             return 0.0;
         }
-        let layers = self.arch.layers.max(1) as f64;
+        let layers = f64::from(self.arch.layers.max(1));
         let block = (self.params - self.embedding_params()).max(0.0) / layers;
-        let emb = self.arch.vocab_size as f64 * self.arch.hidden_size as f64;
+        let emb = f64::from(self.arch.vocab_size) * f64::from(self.arch.hidden_size);
         if self.workload == Workload::Training && !offloaded {
             4.0 * block.max(emb) / self.tp
         } else if offloaded && !self.fsdp {
@@ -648,7 +652,7 @@ impl Inputs {
     /// Training activations (Korthikanti et al., §1.5, §5 "A"), per GPU.
     fn activations(&self) -> f64 {
         let a = &self.arch;
-        let (h, l) = (a.hidden_size as f64, a.layers as f64);
+        let (h, l) = (f64::from(a.hidden_size), f64::from(a.layers));
         // Context parallelism splits every sequence over `cp` GPUs (ring attention keeps the
         // local queries against streamed keys/values: scores stay local too).
         let (mut s, b) = (self.context / self.cp, self.batch);
@@ -658,7 +662,7 @@ impl Inputs {
             && encoder_positions > 0
             && !self.workload.is_training()
         {
-            s = encoder_positions as f64;
+            s = f64::from(encoder_positions);
         }
         if !self.workload.is_training() {
             // Inference saves nothing for backward. Without flash attention one layer's scores
@@ -666,7 +670,7 @@ impl Inputs {
             if self.flash {
                 return 0.0;
             }
-            let heads = (a.attention_heads as f64 / self.tp).max(1.0);
+            let heads = (f64::from(a.attention_heads) / self.tp).max(1.0);
             return heads * s * s * b * 6.0;
         }
         // Tensor parallel shards all but 10 of the 34 (§1.5 TP row); sequence parallelism
@@ -683,7 +687,7 @@ impl Inputs {
         } else {
             5.0
         };
-        let scores = per_score * (a.attention_heads as f64) * s / h / self.tp;
+        let scores = per_score * f64::from(a.attention_heads) * s / h / self.tp;
         let per_layer = |c: f64, with_scores: bool| {
             s * b * h * (sharded(c) + if with_scores { scores } else { 0.0 })
         };
@@ -718,7 +722,7 @@ impl Inputs {
     /// Logits: training materialises `s·b·V` with an fp32 upcast (§2.7); inference keeps only the
     /// last token's (`logits_to_keep`).
     fn logits(&self) -> f64 {
-        let v = self.arch.vocab_size as f64 / self.tp;
+        let v = f64::from(self.arch.vocab_size) / self.tp;
         if !self.workload.is_training() {
             return self.batch * self.beams * v * 4.0;
         }
@@ -741,8 +745,8 @@ impl Inputs {
     /// every encoder position, in each of the decoder's `layers/2` layers.
     fn kv_cache(&self, tokens: f64) -> f64 {
         let a = &self.arch;
-        let kv_per_gpu = (a.kv_heads as f64 / self.tp).floor().max(1.0);
-        let per_token_layer = 2.0 * kv_per_gpu * a.head_dim as f64 * self.kv_bytes;
+        let kv_per_gpu = (f64::from(a.kv_heads) / self.tp).floor().max(1.0);
+        let per_token_layer = 2.0 * kv_per_gpu * f64::from(a.head_dim) * self.kv_bytes;
         match self.kind {
             Kind::Encoder | Kind::Diffusion(_) => 0.0,
             Kind::EncoderDecoder {
@@ -759,8 +763,8 @@ impl Inputs {
                 } else {
                     seqs
                 };
-                let pick = |n: u32| if n > 0 { n as f64 } else { self.context };
-                let decoder_layers = (a.layers as f64 / 2.0).max(1.0);
+                let pick = |n: u32| if n > 0 { f64::from(n) } else { self.context };
+                let decoder_layers = (f64::from(a.layers) / 2.0).max(1.0);
                 decoder_layers
                     * per_token_layer
                     * (cross_seqs * pick(encoder_positions) + seqs * pick(decoder_positions))
@@ -770,7 +774,7 @@ impl Inputs {
                 // theoretical KV (Qwen-7B v1 README, gpu_poor: §2.8); the flash-attention /
                 // static-cache path does not.
                 let legacy = if self.legacy_cache { 2.0 } else { 1.0 };
-                legacy * a.layers as f64 * per_token_layer * tokens * self.beams
+                legacy * f64::from(a.layers) * per_token_layer * tokens * self.beams
             }
         }
     }
@@ -784,9 +788,9 @@ impl Inputs {
     /// for Llama-2-7B, §1.6).
     fn engine_profile_activations(&self) -> f64 {
         let a = &self.arch;
-        let per_token = 2.0 * (4.0 * a.hidden_size as f64 + 3.0 * a.intermediate_size as f64)
-            / self.tp
-            + 4.0 * a.vocab_size as f64;
+        let per_token =
+            2.0 * (4.0 * f64::from(a.hidden_size) + 3.0 * f64::from(a.intermediate_size)) / self.tp
+                + 4.0 * f64::from(a.vocab_size);
         2048.0 * per_token
     }
 }
@@ -798,9 +802,9 @@ const MAX_COMPONENT: f64 = (1u64 << 60) as f64;
 fn round(bytes: f64) -> u64 {
     // NaN (from absurd inputs) maps to the cap, not to zero: never under-reserve.
     if bytes.is_nan() {
-        return MAX_COMPONENT as u64;
+        return crate::convert::f64_to_u64(MAX_COMPONENT);
     }
-    bytes.clamp(0.0, MAX_COMPONENT).ceil() as u64
+    crate::convert::f64_to_u64(bytes.clamp(0.0, MAX_COMPONENT).ceil())
 }
 
 /// Appends a non-empty component.
@@ -833,7 +837,7 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
         transformer_components(&inp, has_shape, &mut tensor);
     }
     tensor("workspace", WORKSPACE);
-    finish(inp, components, gpu_total, assumed)
+    finish(&inp, components, gpu_total, assumed)
 }
 
 /// The tensors of a transformer (decoder, encoder, encoder-decoder) at its peak.
@@ -888,16 +892,16 @@ fn diffusion_peak(
 ) -> Vec<(&'static str, f64)> {
     let bytes = inp.weight_bits() / 8.0;
     let act_bytes = if inp.dtype == Dtype::Fp32 { 2.0 } else { 1.0 };
-    let image = spec.image_size.unwrap_or_else(|| {
+    let image = f64::from(spec.image_size.unwrap_or_else(|| {
         assumed.push(format!("image-size {}", d.default_image));
         d.default_image
-    }) as f64;
-    let images = spec.images.unwrap_or(1) as f64 * inp.batch;
+    }));
+    let images = f64::from(spec.images.unwrap_or(1)) * inp.batch;
     let guidance = spec.guidance.unwrap_or(d.guidance);
     let samples = images * if guidance { 2.0 } else { 1.0 };
-    let tokens = (image / d.pixels_per_token as f64).powi(2);
+    let tokens = (image / f64::from(d.pixels_per_token)).powi(2);
     let denoiser_act = if d.dit_hidden > 0 {
-        ACT_NONE * tokens * samples * d.dit_hidden as f64 * act_bytes
+        ACT_NONE * tokens * samples * f64::from(d.dit_hidden) * act_bytes
     } else {
         UNET_ACT_PER_TOKEN * tokens * samples * act_bytes
     };
@@ -905,7 +909,7 @@ fn diffusion_peak(
         .vae_decode
         .unwrap_or(super::annotations::VaeDecode::Full);
     let pixels = if vae.tiling() {
-        image.min(d.default_image as f64).powi(2)
+        image.min(f64::from(d.default_image)).powi(2)
     } else {
         image * image
     };
@@ -953,7 +957,7 @@ fn diffusion_peak(
 
 /// Slack, process-level memory and headroom on top of the tensors.
 fn finish(
-    inp: Inputs,
+    inp: &Inputs,
     mut components: Vec<Component>,
     gpu_total: u64,
     assumed: Vec<String>,
@@ -1252,7 +1256,7 @@ mod tests {
         assert_eq!(part(&paged, "optimizer"), 0.0);
         assert_eq!(part(&paged, "optimizer-paged"), p * 2.0);
         // NVML sees it either way, without the caching allocator's slack on it.
-        let slack_on_state = (p * 2.0 * (SLACK_TRAINING - 1.0)) as u64;
+        let slack_on_state = crate::convert::f64_to_u64(p * 2.0 * (SLACK_TRAINING - 1.0));
         assert!((paged.per_gpu_bytes + slack_on_state).abs_diff(eight.per_gpu_bytes) < 16);
         assert!(paged.reserved_bytes < eight.reserved_bytes);
         let z1 = with(&[("zero-stage", "1"), ("data-parallel", "8")]);
@@ -1335,7 +1339,7 @@ mod tests {
             ("workload", "lora"),
             ("context-tokens", "8192"),
         ]);
-        assert_eq!(part(&t, "logits"), 8192.0 * 128256.0 * 10.0);
+        assert_eq!(part(&t, "logits"), 8192.0 * 128_256.0 * 10.0);
         let tune = est(&[
             ("model", "llama-3.1-8b"),
             ("workload", "lora"),

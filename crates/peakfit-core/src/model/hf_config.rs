@@ -93,7 +93,7 @@ const GATED: &[&str] = &[
 fn uint(obj: &Map<String, Value>, names: &[&str]) -> Result<Option<u64>, ConfigError> {
     for name in names {
         match obj.get(*name) {
-            None | Some(Value::Null) => continue,
+            None | Some(Value::Null) => {}
             Some(v) => {
                 return v.as_u64().filter(|n| *n > 0).map(Some).ok_or_else(|| {
                     ConfigError::Invalid {
@@ -312,7 +312,10 @@ pub fn annotations(json: &str) -> Result<FromConfig, ConfigError> {
     put("vocab-size", vocab.to_string());
     put("intermediate-size", ffn.to_string());
     put("tied-embeddings", tied.to_string());
-    put("params", format!("{}", params.round() as u64));
+    put(
+        "params",
+        format!("{}", crate::convert::f64_to_u64(params.round())),
+    );
     if let Some(d) = dtype(root, cfg)? {
         put("dtype", d.into());
     }

@@ -243,22 +243,22 @@ pub static PRESETS: &[Preset] = &[
     transformer(
         "llama-3.1-8b",
         &["llama-3-8b", "llama3-8b", "llama3.1-8b"],
-        arch(8_030 * M, 32, 4096, 32, 8, 128, 14336, 128256, false),
+        arch(8_030 * M, 32, 4096, 32, 8, 128, 14336, 128_256, false),
     ),
     transformer(
         "llama-3.1-70b",
         &["llama-3-70b", "llama3-70b", "llama3.1-70b", "llama-3.3-70b"],
-        arch(70_550 * M, 80, 8192, 64, 8, 128, 28672, 128256, false),
+        arch(70_550 * M, 80, 8192, 64, 8, 128, 28672, 128_256, false),
     ),
     transformer(
         "llama-3.1-405b",
         &["llama3.1-405b"],
-        arch(405_850 * M, 126, 16384, 128, 8, 128, 53248, 128256, false),
+        arch(405_850 * M, 126, 16384, 128, 8, 128, 53248, 128_256, false),
     ),
     transformer(
         "llama-3.2-11b-vision",
         &["llama3.2-11b-vision"],
-        arch(10_600 * M, 40, 4096, 32, 8, 128, 14336, 128256, false),
+        arch(10_600 * M, 40, 4096, 32, 8, 128, 14336, 128_256, false),
     ),
     transformer(
         "mistral-7b",
@@ -268,57 +268,57 @@ pub static PRESETS: &[Preset] = &[
     transformer(
         "qwen3-0.6b",
         &[],
-        arch(600 * M, 28, 1024, 16, 8, 128, 3072, 151936, true),
+        arch(600 * M, 28, 1024, 16, 8, 128, 3072, 151_936, true),
     ),
     transformer(
         "qwen3-1.7b",
         &[],
-        arch(1_720 * M, 28, 2048, 16, 8, 128, 6144, 151936, true),
+        arch(1_720 * M, 28, 2048, 16, 8, 128, 6144, 151_936, true),
     ),
     transformer(
         "qwen3-4b",
         &[],
-        arch(4_020 * M, 36, 2560, 32, 8, 128, 9728, 151936, true),
+        arch(4_020 * M, 36, 2560, 32, 8, 128, 9728, 151_936, true),
     ),
     transformer(
         "qwen3-8b",
         &[],
-        arch(8_190 * M, 36, 4096, 32, 8, 128, 12288, 151936, false),
+        arch(8_190 * M, 36, 4096, 32, 8, 128, 12288, 151_936, false),
     ),
     transformer(
         "qwen3-14b",
         &[],
-        arch(14_770 * M, 40, 5120, 40, 8, 128, 17408, 151936, false),
+        arch(14_770 * M, 40, 5120, 40, 8, 128, 17408, 151_936, false),
     ),
     transformer(
         "qwen3-32b",
         &[],
-        arch(32_760 * M, 64, 5120, 64, 8, 128, 25600, 151936, false),
+        arch(32_760 * M, 64, 5120, 64, 8, 128, 25600, 151_936, false),
     ),
     transformer(
         "qwen2.5-7b",
         &[],
-        arch(7_620 * M, 28, 3584, 28, 4, 128, 18944, 152064, false),
+        arch(7_620 * M, 28, 3584, 28, 4, 128, 18944, 152_064, false),
     ),
     transformer(
         "qwen-1.8b-v1",
         &["qwen-1.8b"],
-        arch(1_840 * M, 24, 2048, 16, 16, 128, 5504, 151936, false),
+        arch(1_840 * M, 24, 2048, 16, 16, 128, 5504, 151_936, false),
     ),
     transformer(
         "qwen-7b-v1",
         &["qwen-7b"],
-        arch(7_720 * M, 32, 4096, 32, 32, 128, 11008, 151936, false),
+        arch(7_720 * M, 32, 4096, 32, 32, 128, 11008, 151_936, false),
     ),
     transformer(
         "qwen-14b-v1",
         &["qwen-14b"],
-        arch(14_170 * M, 40, 5120, 40, 40, 128, 13696, 152064, false),
+        arch(14_170 * M, 40, 5120, 40, 40, 128, 13696, 152_064, false),
     ),
     transformer(
         "qwen-72b-v1",
         &["qwen-72b"],
-        arch(72_290 * M, 80, 8192, 64, 64, 128, 24576, 152064, false),
+        arch(72_290 * M, 80, 8192, 64, 64, 128, 24576, 152_064, false),
     ),
     transformer(
         "falcon-7b",
@@ -353,7 +353,7 @@ pub static PRESETS: &[Preset] = &[
     transformer(
         "bloomz-7b1",
         &["bloom-7b1"],
-        arch(7_070 * M, 30, 4096, 32, 32, 128, 16384, 250880, true),
+        arch(7_070 * M, 30, 4096, 32, 32, 128, 16384, 250_880, true),
     ),
     transformer(
         "gpt2",
@@ -396,7 +396,7 @@ pub static PRESETS: &[Preset] = &[
         transformer(
             "mt0-xxl",
             &["mt5-xxl"],
-            arch(12_900 * M, 48, 4096, 64, 64, 64, 10240, 250112, false),
+            arch(12_900 * M, 48, 4096, 64, 64, 64, 10240, 250_112, false),
         ),
         T5,
     ),
@@ -693,12 +693,16 @@ mod tests {
         // formula ignores biases, norms and vision towers), or a typo slipped in.
         for p in PRESETS {
             let Some(a) = p.shape else { continue };
-            let (h, l, v) = (a.hidden_size as f64, a.layers as f64, a.vocab_size as f64);
-            let attn = h * (a.attention_heads * a.head_dim) as f64 * 2.0
-                + h * (a.kv_heads * a.head_dim) as f64 * 2.0;
+            let (h, l, v) = (
+                f64::from(a.hidden_size),
+                f64::from(a.layers),
+                f64::from(a.vocab_size),
+            );
+            let attn = h * f64::from(a.attention_heads * a.head_dim) * 2.0
+                + h * f64::from(a.kv_heads * a.head_dim) * 2.0;
             // Gated (SwiGLU) models list the per-branch width, which is not 4h.
             let gated = a.intermediate_size != 4 * a.hidden_size;
-            let ffn = h * a.intermediate_size as f64 * if gated { 3.0 } else { 2.0 };
+            let ffn = h * f64::from(a.intermediate_size) * if gated { 3.0 } else { 2.0 };
             let emb = v * h * if a.tied_embeddings { 1.0 } else { 2.0 };
             let implied = l * (attn + ffn) + emb;
             let ratio = implied / p.params as f64;

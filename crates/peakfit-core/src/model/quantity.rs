@@ -123,7 +123,7 @@ fn to_u64(value: f64, help: &'static str) -> Result<u64, QuantityError> {
     if !rounded.is_finite() || rounded >= u64::MAX as f64 {
         return Err(QuantityError::Overflow(help));
     }
-    Ok(rounded as u64)
+    Ok(crate::convert::f64_to_u64(rounded))
 }
 
 /// Bytes as GiB with two decimals, for tables and messages.
@@ -166,7 +166,7 @@ mod tests {
         ));
         assert!(matches!(
             parse_bytes("lots"),
-            Err(QuantityError::NotANumber(..)) | Err(QuantityError::UnknownSuffix(..))
+            Err(QuantityError::NotANumber(..) | QuantityError::UnknownSuffix(..))
         ));
         assert!(matches!(
             parse_bytes("1.2.3Gi"),

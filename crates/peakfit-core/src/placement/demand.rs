@@ -52,7 +52,8 @@ impl Demand {
         if self.gpu_fraction <= 0.0 {
             return self.fixed_bytes;
         }
-        let share = (self.gpu_fraction.min(1.0) * gpu_total as f64).floor() as u64;
+        let share =
+            crate::convert::f64_to_u64((self.gpu_fraction.min(1.0) * gpu_total as f64).floor());
         self.fixed_bytes.saturating_add(share.min(gpu_total))
     }
 

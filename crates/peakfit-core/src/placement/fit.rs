@@ -285,7 +285,8 @@ pub fn check_class(
         .gpus
         .iter()
         .filter(|g| class.accepts_model(&g.model))
-        .count() as u32;
+        .count();
+    let eligible = crate::convert::usize_to_u32(eligible);
     if eligible < needed {
         return Err(Rejection::TooFewGpus {
             needed,
@@ -311,7 +312,8 @@ pub fn check_class(
         .gpus
         .iter()
         .filter(|g| share_on(g, class, cfg).is_some())
-        .count() as u32;
+        .count();
+    let fitting = crate::convert::usize_to_u32(fitting);
     if fitting < needed {
         let usable: Vec<&GpuLedger> = node
             .gpus
@@ -327,7 +329,7 @@ pub fn check_class(
             margin_bytes: cfg.safety_margin_bytes,
             needed_gpus: needed,
             fitting_gpus: fitting,
-            gpus: usable.len() as u32,
+            gpus: crate::convert::usize_to_u32(usable.len()),
             best_free_bytes: best.free_bytes(),
             best_gpu_total_bytes: best.total_bytes,
         });

@@ -437,7 +437,7 @@ impl<'a> FragState<'a> {
                 );
                 reps.len() - 1
             });
-            group_of.push(g as u32);
+            group_of.push(crate::convert::usize_to_u32(g));
         }
         let mut state = Self {
             mix,

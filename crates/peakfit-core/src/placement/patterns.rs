@@ -151,7 +151,8 @@ pub fn units(bytes: u64, total: u64) -> u16 {
         return UNITS_PER_GPU;
     }
     let u = (u128::from(bytes) * u128::from(UNITS_PER_GPU)).div_ceil(u128::from(total));
-    u.min(u128::from(UNITS_PER_GPU)) as u16
+    // At most UNITS_PER_GPU, a u16.
+    u16::try_from(u.min(u128::from(UNITS_PER_GPU))).unwrap_or(UNITS_PER_GPU)
 }
 
 /// The sharing shares of a mix on a GPU of `total` bytes and this model: single-GPU classes that
@@ -194,7 +195,12 @@ impl PatternCache {
                 .find(|(t, m, _)| *t == total && (Arc::ptr_eq(m, model) || m == model))
                 .map(|k| k.2.clone())
         };
-        if let Some(p) = find(&self.by_kind.read().unwrap_or_else(|e| e.into_inner())) {
+        if let Some(p) = find(
+            &self
+                .by_kind
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        ) {
             return p;
         }
         // Solved outside the lock: two first readers may both solve; the answer is the same.
@@ -210,7 +216,10 @@ impl PatternCache {
                 .collect::<Vec<_>>(),
             "fill patterns (shares in thousandths of the GPU, GPUs per unit of mix weight)"
         );
-        let mut kinds = self.by_kind.write().unwrap_or_else(|e| e.into_inner());
+        let mut kinds = self
+            .by_kind
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(p) = find(&kinds) {
             return p;
         }
@@ -259,7 +268,7 @@ fn sub_multisets(sorted: &[u16]) -> Vec<Contents> {
     out
 }
 
-/// Gilmore–Gomory column generation for min Σ x_p subject to Σ_p a_ip x_p ≥ d_i, x ≥ 0, with
+/// Gilmore–Gomory column generation for `min Σ x_p` subject to `Σ_p a_ip x_p ≥ d_i`, `x ≥ 0`, with
 /// `sizes` sorted descending. Returns the patterns with x > 0 (counts per size) and their x.
 fn cutting_stock(sizes: &[u16], demand: &[f64]) -> Vec<(Vec<u16>, f64)> {
     let n = sizes.len();
@@ -325,7 +334,7 @@ fn best_pattern(sizes: &[u16], y: &[f64]) -> Option<Vec<u16>> {
     Some(counts)
 }
 
-/// The restricted master problem through its dual, max d·y subject to Σ_i a_ip y_i ≤ 1 for each
+/// The restricted master problem through its dual, `max d·y` subject to `Σ_i a_ip y_i ≤ 1` for each
 /// pattern p, y ≥ 0, whose slack basis is feasible from the start. Dense tableau, Bland's rule
 /// (no cycling; the problems have tens of rows). Returns the duals y and the primal x (the
 /// objective row under each pattern's slack).
@@ -461,7 +470,10 @@ mod tests {
     fn units_round_up_and_cap_at_one_gpu() {
         assert_eq!(units(810, 1000), 810);
         let t = 15_842_934_784u64;
-        assert_eq!(units((0.81 * t as f64).floor() as u64, t), 810);
+        assert_eq!(
+            units(crate::convert::f64_to_u64((0.81 * t as f64).floor()), t),
+            810
+        );
         assert_eq!(units(1, 3), 334);
         assert_eq!(units(5, 3), 1000);
         assert_eq!(units(5, 0), 1000);
@@ -472,6 +484,6 @@ mod tests {
         let subs = sub_multisets(&[1, 1, 2]);
         assert_eq!(subs.len(), 5); // {1}, {1,1}, {2}, {1,2}, {1,1,2}
         assert!(subs.contains(&set(&[1, 1, 2])));
-        assert!(!subs.iter().any(|s| s.is_empty()));
+        assert!(!subs.iter().any(smallvec::SmallVec::is_empty));
     }
 }

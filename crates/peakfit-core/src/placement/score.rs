@@ -436,7 +436,7 @@ pub fn score(
         ScoringPolicy::Peakfit | ScoringPolicy::Binpack => used,
         ScoringPolicy::Spread => 1.0 - used,
     };
-    (s * 10.0).round().clamp(0.0, 10.0) as u8
+    crate::convert::f64_to_u8((s * 10.0).round().clamp(0.0, 10.0))
 }
 
 /// Maps a batch of fine-grained scores (one per node, higher better) to kube-scheduler's
@@ -455,7 +455,7 @@ pub fn scores_0_to_10(scores: &[f64]) -> Vec<u8> {
             } else if s >= max - tie {
                 10
             } else {
-                ((s - min) / (max - min) * 10.0).floor().clamp(0.0, 9.0) as u8
+                crate::convert::f64_to_u8(((s - min) / (max - min) * 10.0).floor().clamp(0.0, 9.0))
             }
         })
         .collect()
