@@ -3,7 +3,7 @@
 //!
 //! - `flood`: bind and `/healthz` latency (median, p99, max) while 8 clients flood the extender
 //!   with filters of 5,000 nodes × 8 GPUs (file mode);
-//! - `rss`: the extender's peak RSS (VmHWM) and what it keeps (VmRSS) under 8 concurrent large
+//! - `rss`: the extender's peak RSS (`VmHWM`) and what it keeps (`VmRSS`) under 8 concurrent large
 //!   bodies, 250 MiB each (refused at the header, 413) and 30 MiB each (read, within the limits);
 //! - `sigterm`: seconds from SIGTERM to exit with a half-sent request open, at the default
 //!   `--shutdown-timeout` (10 s);
@@ -95,7 +95,7 @@ fn start(args: &[&std::ffi::OsStr], addr: SocketAddr) -> Running {
 fn extender(cluster: &Path, addr: SocketAddr, extra: &[&str]) -> Running {
     let mut args: Vec<&std::ffi::OsStr> = ["extender", "--prescore-interval", "0", "--from-file"]
         .iter()
-        .map(|s| s.as_ref())
+        .map(AsRef::as_ref)
         .collect();
     args.push(cluster.as_os_str());
     args.extend(extra.iter().map(|s| std::ffi::OsStr::new(*s)));
@@ -158,7 +158,7 @@ fn read_reply(r: &mut impl BufRead) -> (u16, Vec<u8>) {
 /// `q` (0..1) of `xs` in milliseconds.
 fn pct(xs: &mut [Duration], q: f64) -> f64 {
     xs.sort();
-    let i = ((q * xs.len() as f64) as usize).min(xs.len().saturating_sub(1));
+    let i = peakfit::convert::f64_to_usize(q * xs.len() as f64).min(xs.len().saturating_sub(1));
     xs.get(i).map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
 }
 

@@ -138,7 +138,7 @@ fn sigterm_with_a_half_sent_bind_exits_after_the_shutdown_deadline() {
 }
 
 /// The agent's listener had no header timeout and no shutdown deadline: a client that stopped
-/// half-way through its headers kept a SIGTERMed agent running for as long as it stayed
+/// half-way through its headers kept the agent running after SIGTERM for as long as it stayed
 /// connected. Only the shutdown deadline (1 s) can end it here.
 #[test]
 fn agent_sigterm_with_half_sent_headers_exits_after_the_shutdown_deadline() {
@@ -164,7 +164,7 @@ fn agent_half_sent_headers_are_dropped_after_the_idle_timeout() {
 }
 
 /// The webhook's listener: a client that connects and never completes its TLS handshake does
-/// not keep a SIGTERMed webhook alive past the shutdown deadline (1 s; the handshake's own
+/// not keep the webhook alive after SIGTERM past the shutdown deadline (1 s; the handshake's own
 /// timeout is 10 s).
 #[test]
 fn webhook_sigterm_with_a_silent_connection_exits_after_the_shutdown_deadline() {

@@ -1,7 +1,7 @@
 //! Fuzzing on stable Rust, as a habit: every verb's decoder (the wire types the routes decode
 //! with `serde_json`), the verbs themselves on what decodes, the annotation parser, the index's
 //! reading of a bound pod (`assigned-gpus`, `reserved-bytes`), and the webhook's decoder and
-//! decision (an AdmissionReview of a pod CREATE or UPDATE), over random bytes, random
+//! decision (an `AdmissionReview` of a pod CREATE or UPDATE), over random bytes, random
 //! protocol-shaped JSON and byte-mutated protocol requests. The property: nothing panics (the
 //! test profile keeps overflow checks on), and no GPU shows more free than it has.
 //!
@@ -104,7 +104,7 @@ fn pod_json(ann: &BTreeMap<String, String>, uid: &str, node: &str) -> serde_json
     })
 }
 
-/// An AdmissionReview of the pod, as the API server sends it to the webhook.
+/// An `AdmissionReview` of the pod, as the API server sends it to the webhook.
 fn review_json(pod: &serde_json::Value, update: bool) -> serde_json::Value {
     let mut request = serde_json::json!({
         "uid": "u", "operation": if update { "UPDATE" } else { "CREATE" },
@@ -120,7 +120,7 @@ fn review_json(pod: &serde_json::Value, update: bool) -> serde_json::Value {
 }
 
 /// A protocol-shaped request for any verb: the fields of all four, so each decoder finds its own;
-/// or an AdmissionReview for the webhook.
+/// or an `AdmissionReview` for the webhook.
 fn shaped() -> impl Strategy<Value = Vec<u8>> {
     (
         annotations(),

@@ -73,8 +73,8 @@ pub struct AgentArgs {
     )]
     pub gpu_memory_resource: String,
     /// The `/metrics` listener's limits, the extender's and webhook's flags: a scraper that
-    /// stalls mid-request or opens connections without end costs a bounded amount and never
-    /// keeps a SIGTERMed agent alive past `--shutdown-timeout`.
+    /// stalls mid-request or opens connections without end costs a bounded amount, and on
+    /// SIGTERM the agent exits within `--shutdown-timeout` whatever is still open.
     #[command(flatten)]
     pub serve: crate::serve::ServeArgs,
 }
