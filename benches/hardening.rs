@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+#[path = "../tests/webhook_support/mod.rs"]
+mod webhook_support;
+
 const NODES: usize = 5_000;
 const BINDS: usize = 400;
 const FLOODERS: usize = 8;
@@ -374,9 +377,8 @@ fn sigterm() {
 }
 
 fn webhook(n: usize) {
-    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
-    use tokio_rustls::rustls::{self, ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+    use tokio_rustls::rustls::pki_types::ServerName;
+    use tokio_rustls::rustls::{ClientConnection, StreamOwned};
 
     let tls = repo("tests/fixtures/webhook-tls");
     let addr = free_addr();
@@ -390,31 +392,9 @@ fn webhook(n: usize) {
         ],
         addr,
     );
-    let containers: Vec<_> = (0..n)
-        .map(|i| json!({"name": format!("c{i}"), "image": "i"}))
-        .collect();
-    let body = serde_json::to_vec(&json!({
-        "kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1",
-        "request": {"uid": "u", "operation": "CREATE", "namespace": "ml", "name": "big",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"}, "userInfo": {},
-            "object": {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "big", "namespace": "ml",
-                             "annotations": {"peakfit.io/vram": "10Gi"}},
-                "spec": {"containers": containers}}}
-    }))
-    .unwrap();
+    let body = serde_json::to_vec(&webhook_support::big_pod_review(n)).unwrap();
     let before = server.status_mib("VmRSS:");
-    let mut roots = RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_file(tls.join("a.crt")).unwrap())
-        .unwrap();
-    let config =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+    let config = webhook_support::client_config_trusting(&tls.join("a.crt"));
     let name = ServerName::try_from("localhost").unwrap();
     let conn = ClientConnection::new(Arc::new(config), name).unwrap();
     let tcp = TcpStream::connect(addr).unwrap();

@@ -8,6 +8,8 @@
 //! with a counting allocator, so it measures bytes, not time. It is alone in its binary: the
 //! allocator counts every thread.
 
+mod webhook_support;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -15,7 +17,6 @@ use axum::body::Body;
 use http::Request;
 use http_body_util::BodyExt as _;
 use peakfit::webhook::{Mutator, router};
-use serde_json::json;
 use tower::ServiceExt as _;
 
 struct Counting;
@@ -42,28 +43,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
-
-/// The probe's pod (`scripts/probe/webhook_rss.py`): `containers` containers with a name and an
-/// image, opted in by `peakfit.io/vram`.
-fn review(containers: usize) -> Vec<u8> {
-    let containers: Vec<_> = (0..containers)
-        .map(|i| json!({"name": format!("c{i}"), "image": "i"}))
-        .collect();
-    serde_json::to_vec(&json!({
-        "kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1",
-        "request": {
-            "uid": "u", "operation": "CREATE", "namespace": "ml", "name": "big",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "userInfo": {},
-            "object": {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "big", "namespace": "ml",
-                             "annotations": {"peakfit.io/vram": "10Gi"}},
-                "spec": {"containers": containers}},
-        }
-    }))
-    .unwrap()
-}
 
 /// Peak heap above what was held before, while the webhook answers `body`; and the reply.
 fn peak_while_answering(body: Vec<u8>) -> (usize, Vec<u8>) {
@@ -94,7 +73,7 @@ fn peak_while_answering(body: Vec<u8>) -> (usize, Vec<u8>) {
 #[test]
 fn a_pod_with_5000_containers_costs_a_few_kib_of_heap_per_container() {
     const N: usize = 5_000;
-    let body = review(N);
+    let body = serde_json::to_vec(&webhook_support::big_pod_review(N)).unwrap();
     let request_bytes = body.len();
     let (peak, reply) = peak_while_answering(body);
     // The reply carries a patch for every container (its env), so the work was really done.

@@ -1,6 +1,8 @@
 //! The webhook's TLS path end to end: rustls (ring) serving the router on a real socket, a client
 //! that trusts only the fixture certificate, and a certificate swapped on disk being picked up.
 
+mod webhook_support;
+
 use std::future::poll_fn;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -10,9 +12,7 @@ use peakfit::webhook::tls::ReloadingCert;
 use peakfit::webhook::{Mutator, router, serve};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::rustls::pki_types::pem::PemObject as _;
-use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 fn fixture(name: &str) -> PathBuf {
@@ -22,17 +22,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn client_trusting(cert: &Path) -> TlsConnector {
-    let mut roots = RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_file(cert).unwrap())
-        .unwrap();
-    let config =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    TlsConnector::from(Arc::new(config))
+    TlsConnector::from(Arc::new(webhook_support::client_config_trusting(cert)))
 }
 
 /// GET /healthz over TLS; the handshake fails unless the server presents the trusted certificate.
