@@ -1,5 +1,6 @@
 //! `peakfit estimate`: the scheduler's own prediction for a pod, from the same annotations it
-//! reads, so an ML engineer can check a pod before submitting it.
+//! reads, so an ML engineer can check a pod before submitting it. It reads files and prints; it
+//! may not touch a cluster (the arithmetic is `peakfit-core`'s).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -29,7 +30,9 @@ pub struct EstimateArgs {
     pub pod: Option<PathBuf>,
     /// The model's Hugging Face `config.json`: its layers, widths, heads, vocabulary, FFN,
     /// tied embeddings, dtype / quantisation, experts and vision tower become the shape
-    /// annotations (and a derived `params`); the pod's and `-a` values override them.
+    /// annotations (and a derived `params`); the pod's and `-a` values override them. In a
+    /// cluster the same file goes in a ConfigMap (key `config.json`, label
+    /// `peakfit.io/model-config: "true"`) named by the pod's `peakfit.io/model-config`.
     #[arg(long, value_name = "FILE", env = "PEAKFIT_MODEL_CONFIG")]
     pub model_config: Option<PathBuf>,
     /// Memory of the GPU the pod would run on. Engines that budget a fraction of the GPU (vLLM,

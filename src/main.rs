@@ -1,3 +1,5 @@
+//! The `peakfit` binary: parses the command line, sets up logging and runs one subcommand. Every
+//! behaviour lives in the library (`src/lib.rs`); nothing here but dispatch and the exit code.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;

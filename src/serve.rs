@@ -14,6 +14,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
+use crate::cli::parse_duration;
+
 /// The connection limits, shared by `peakfit extender`, `peakfit webhook` and the agent's `/metrics`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct ServeArgs {
@@ -47,15 +49,6 @@ impl Default for ServeArgs {
             max_connections: 512,
         }
     }
-}
-
-/// A duration such as `30s`, `2m` or `500ms`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d: jiff::SignedDuration = s
-        .trim()
-        .parse()
-        .map_err(|e| format!("{s:?}: not a duration such as 30s, 2m or 500ms ({e})"))?;
-    Duration::try_from(d).map_err(|_| format!("{s:?}: must not be negative"))
 }
 
 /// Serves `app` on every connection `listener` accepts (after `handshake`, e.g. TLS) until
@@ -199,10 +192,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("soon").is_err());
+    fn the_limits_parse_with_the_one_duration_syntax() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let cli =
+            Cli::try_parse_from(["t", "--idle-timeout", "30s", "--body-timeout", "500ms"]).unwrap();
+        assert_eq!(cli.serve.idle_timeout, Duration::from_secs(30));
+        assert_eq!(cli.serve.body_timeout, Duration::from_millis(500));
+        assert!(Cli::try_parse_from(["t", "--shutdown-timeout", "-1s"]).is_err());
+        assert!(Cli::try_parse_from(["t", "--shutdown-timeout", "soon"]).is_err());
     }
 }

@@ -3,13 +3,13 @@
 //!
 //! Needs the fake NVML (`cargo build -p fake-nvml`); without it the test fails, naming that command.
 
-mod agent_support;
+mod process_support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_support::{Running, fake_lib, free_port, request};
+use process_support::{Running, fake_nvml_lib, free_port, request};
 use serde_json::{Value, json};
 
 /// `peakfit agent --once --print` (YAML) for `node` with the fake configured by `config`.
@@ -90,7 +90,7 @@ const GIB: u64 = 1 << 30;
 
 #[test]
 fn agent_reports_drive_the_extenders_filter_and_bind() {
-    let lib = fake_lib();
+    let lib = fake_nvml_lib();
     let dir = tempfile::tempdir().unwrap();
     // gpu-node-1: two 80 GiB GPUs, one nearly full with a process of no pod.
     let node1 = agent_report(

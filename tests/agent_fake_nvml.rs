@@ -4,16 +4,16 @@
 //! The fake is a workspace cdylib, which `cargo test` does not build: run `cargo build -p fake-nvml`
 //! first (scripts/test does). Without it these tests fail, naming that command.
 
-mod agent_support;
+mod process_support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agent_support::{Running, fake_lib, free_port, request};
 use peakfit::cluster::NodeGpuReport;
 use peakfit::inventory::NodeGpuReportStatus;
+use process_support::{Running, fake_nvml_lib, free_port, request};
 
 const GIB: u64 = 1 << 30;
 const POD_A: &str = "8f5d1a52-3f43-4a8e-9f1e-0d3c1b2a4e01";
@@ -129,7 +129,7 @@ devices:
 
 #[test]
 fn reports_memory_pci_and_mig_instances_as_devices() {
-    let lib = fake_lib();
+    let lib = fake_nvml_lib();
     let scene = Scene::new(TWO_GPUS);
     let report = scene.read_once(&lib);
     assert_eq!(report.metadata.name.as_deref(), Some("gpu-node-1"));
@@ -198,7 +198,7 @@ fn reports_memory_pci_and_mig_instances_as_devices() {
 
 #[test]
 fn maps_processes_to_pods_through_the_proc_root() {
-    let lib = fake_lib();
+    let lib = fake_nvml_lib();
     let scene = Scene::new(TWO_GPUS);
     let pod_a_systemd = POD_A.replace('-', "_");
     scene.process(
@@ -243,7 +243,7 @@ fn maps_processes_to_pods_through_the_proc_root() {
 
 #[test]
 fn init_failures_report_zero_gpus_with_the_reason_and_exit_zero() {
-    let lib = fake_lib();
+    let lib = fake_nvml_lib();
     for (code, expect) in [
         ("DriverNotLoaded", "DriverNotLoaded"),
         ("NoPermission", "NoPermission"),
@@ -270,7 +270,7 @@ fn init_failures_report_zero_gpus_with_the_reason_and_exit_zero() {
 
 #[test]
 fn unsupported_fields_degrade_the_device_not_the_report() {
-    let lib = fake_lib();
+    let lib = fake_nvml_lib();
     let scene = Scene::new(
         r"
 devices:
@@ -312,7 +312,7 @@ devices:
 
 #[test]
 fn a_memory_change_shows_in_the_next_read() {
-    let lib = fake_lib();
+    let lib = fake_nvml_lib();
     let scene = Scene::new(TWO_GPUS);
     let before = scene.read_once(&lib);
     scene.set_config(&TWO_GPUS.replace("used: 21474836480", "used: 42949672960"));
@@ -323,7 +323,7 @@ fn a_memory_change_shows_in_the_next_read() {
 
 #[test]
 fn prints_yaml_by_default_and_needs_a_node_name_without_print() {
-    let lib = fake_lib();
+    let lib = fake_nvml_lib();
     let scene = Scene::new(TWO_GPUS);
     let out = scene
         .agent(&lib)
@@ -367,7 +367,7 @@ fn scrape_until(port: u16, want: &str) -> String {
 
 #[test]
 fn serves_metrics_follows_memory_and_stops_on_sigterm() {
-    let lib = fake_lib();
+    let lib = fake_nvml_lib();
     let scene = Scene::new(TWO_GPUS);
     scene.process(4242, &format!("0::/kubepods/burstable/pod{POD_A}/{CID}\n"));
     let port = free_port();

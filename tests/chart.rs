@@ -22,6 +22,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+mod tls_support;
+
 /// The oldest Kubernetes the chart supports (k8s-openapi feature `v1_33`).
 const KUBE_VERSION: &str = "1.33.0";
 const CHART: &str = "charts/peakfit";
@@ -224,6 +226,7 @@ fn helm_lint_strict_passes_with_default_values_and_every_feature() {
 fn bad_values_are_refused_at_render() {
     for bad in [
         &["--set", "agent.port=not-a-port"][..],
+        &["--set", "webhook.requireVram=sometimes"],
         &[
             "--set",
             "alerts.enabled=true",
@@ -425,6 +428,11 @@ fn the_default_render_holds_what_each_object_needs() {
     );
     assert!(of("", "pods").contains("patch"));
     assert!(of("peakfit.io", "nodegpureports").contains("watch"));
+    // Model-config ConfigMaps: listed and watched by label, never read one by one or written.
+    assert_eq!(
+        of("", "configmaps"),
+        BTreeSet::from(["list".to_owned(), "watch".to_owned()])
+    );
     assert!(
         !verbs.values().any(|v| v.contains("*")),
         "no wildcard verbs"
@@ -495,7 +503,15 @@ fn values_move_what_they_name() {
         "webhook.failurePolicy=Ignore",
         "--set",
         "extender.port=9999",
+        "--set",
+        "webhook.requireVram=fair",
     ]);
+    let hook_deploy: Deployment = one(&docs, "Deployment", Some("webhook"));
+    let hpod = pod_spec(hook_deploy.spec.as_ref().map(|s| &s.template));
+    assert_eq!(
+        env_value(container(hpod, "webhook"), "PEAKFIT_REQUIRE_VRAM"),
+        "fair"
+    );
     let deploy: Deployment = one(&docs, "Deployment", Some("scheduler"));
     let spod = pod_spec(deploy.spec.as_ref().map(|s| &s.template));
     let image = container(spod, "kube-scheduler").image.clone().unwrap();
@@ -774,12 +790,6 @@ fn rendered_objects_validate_against_kubernetes_and_their_operators() {
 #[tokio::test]
 async fn the_webhook_serves_tls_with_the_certificate_the_chart_generates() {
     use base64::Engine as _;
-    use peakfit::webhook::tls::ReloadingCert;
-    use peakfit::webhook::{Mutator, router, serve};
-    use tokio_rustls::rustls::pki_types::pem::PemObject as _;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
-    use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
-    use tokio_rustls::{TlsAcceptor, TlsConnector};
 
     let docs = render(&["-f", ALL_VALUES]);
     let secret: Secret = docs
@@ -804,37 +814,9 @@ async fn the_webhook_serves_tls_with_the_certificate_the_chart_generates() {
     for key in ["ca.crt", "tls.crt", "tls.key"] {
         std::fs::write(dir.path().join(key), &data[key].0).unwrap();
     }
-    let cert = std::sync::Arc::new(
-        ReloadingCert::load(&dir.path().join("tls.crt"), &dir.path().join("tls.key"))
-            .expect("the chart's pair loads"),
-    );
-    let acceptor = TlsAcceptor::from(std::sync::Arc::new(cert.server_config().unwrap()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = router(Mutator {
-        scheduler_name: "peakfit-scheduler".into(),
-        runtime_class_name: None,
-        gpu_memory_resource: None,
-    });
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, acceptor, app, async {
-        let _ = stopped.await;
-    }));
-
-    let mut roots = RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_file(dir.path().join("ca.crt")).unwrap())
-        .unwrap();
-    let config = ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut tls = TlsConnector::from(std::sync::Arc::new(config))
-        .connect(ServerName::try_from(server_name.clone()).unwrap(), tcp)
+    let webhook =
+        tls_support::Webhook::start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
+    let mut tls = tls_support::connect(webhook.addr, &dir.path().join("ca.crt"), &server_name)
         .await
         .unwrap_or_else(|e| panic!("TLS as {server_name}: {e}"));
 
@@ -856,9 +838,8 @@ async fn the_webhook_serves_tls_with_the_certificate_the_chart_generates() {
     )
     .into_bytes();
     request.extend_from_slice(&body);
-    let reply = exchange(&mut tls, &request).await;
-    let _ = stop.send(());
-    server.await.unwrap();
+    let reply = tls_support::exchange(&mut tls, &request).await.unwrap();
+    webhook.stop().await;
 
     let body = reply.split_once("\r\n\r\n").expect("an HTTP reply").1;
     // Chunked or not, the JSON object is the body's outermost braces.
@@ -883,36 +864,4 @@ async fn the_webhook_serves_tls_with_the_certificate_the_chart_generates() {
         paths.contains(&"/spec/schedulerName") && paths.contains(&"/spec/containers/0/env"),
         "{paths:?}"
     );
-}
-
-/// Writes `request` and reads until the server closes (tokio's io-util traits are not enabled in
-/// this crate, so the stream is polled directly).
-async fn exchange<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    s: &mut S,
-    mut request: &[u8],
-) -> String {
-    use std::future::poll_fn;
-    use std::pin::Pin;
-    while !request.is_empty() {
-        let n = poll_fn(|cx| Pin::new(&mut *s).poll_write(cx, request))
-            .await
-            .unwrap();
-        request = &request[n..];
-    }
-    poll_fn(|cx| Pin::new(&mut *s).poll_flush(cx))
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    loop {
-        let mut chunk = [0u8; 4096];
-        let mut buf = tokio::io::ReadBuf::new(&mut chunk);
-        poll_fn(|cx| Pin::new(&mut *s).poll_read(cx, &mut buf))
-            .await
-            .unwrap();
-        if buf.filled().is_empty() {
-            break;
-        }
-        out.extend_from_slice(buf.filled());
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

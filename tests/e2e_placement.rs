@@ -1,5 +1,6 @@
 //! peakfit behind a real kube-scheduler and kube-apiserver: pods of every kind are bound where
-//! the ledger says, with their annotations written; refusals reach the pods' events; a full node
+//! the ledger says, with their annotations written; a pod described by a model-config ConfigMap
+//! is sized from it; refusals (a missing ConfigMap included) reach the pods' events; a full node
 //! makes the next pod wait and a deletion lets it bind.
 //!
 //! Needs `../shared/tools/k8s` and the fake NVML library; fails, never skips, without them.
@@ -36,6 +37,7 @@ async fn pods_are_placed_by_peak_vram_behind_the_real_scheduler() {
     let ext = c.start_peakfit(&[]).await;
 
     Box::pin(annotated_pods_bind_where_the_ledger_says(&c)).await;
+    Box::pin(model_config_pods_are_sized_from_their_configmap(&c)).await;
     refusals_reach_the_events(&c).await;
     a_full_cluster_makes_the_next_pod_wait_until_one_is_deleted(&c).await;
     pods_created_back_to_back_bind_without_cache_misses(&c, &ext).await;
@@ -120,6 +122,73 @@ async fn annotated_pods_bind_where_the_ledger_says(c: &Cluster) {
     assert_eq!(assignment(&p), (vec![], 0, None));
 
     c.assert_no_overcommit().await;
+}
+
+/// The Llama-3.1-8B config.json fields that size it (tests/data/model-configs).
+fn llama_config() -> String {
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/model-configs/llama-3.1-8b.json"),
+    )
+    .unwrap()
+}
+
+async fn model_config_pods_are_sized_from_their_configmap(c: &Cluster) {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, PostParams};
+    let t = Duration::from_secs(30);
+    let maps: Api<ConfigMap> = Api::namespaced(c.client.clone(), NS);
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "llama-8b", "labels": {"peakfit.io/model-config": "true"}},
+        "data": {"config.json": llama_config()},
+    }))
+    .unwrap();
+    maps.create(&PostParams::default(), &cm).await.unwrap();
+    // The same estimate `peakfit estimate --model-config` gives, with the pod's annotations on top.
+    let pod_annotations = [
+        ("peakfit.io/model-config", "llama-8b"),
+        ("peakfit.io/workload", "lora"),
+    ];
+    let mut expected = peakfit::model::hf_config::annotations(&llama_config())
+        .unwrap()
+        .annotations
+        .into_iter()
+        .map(|(k, v)| (format!("peakfit.io/{k}"), v))
+        .collect::<std::collections::BTreeMap<_, _>>();
+    expected.insert("peakfit.io/workload".into(), "lora".into());
+    let want = peakfit::model::pod_request(&expected)
+        .unwrap()
+        .unwrap()
+        .demand
+        .fixed_bytes;
+    // The watch may see the ConfigMap a moment after it is created: a pod created before is
+    // refused until then, and kube-scheduler retries it.
+    c.create_pod(NS, "from-config", &pod_annotations).await;
+    let p = c
+        .wait_bound(NS, "from-config", Duration::from_secs(90))
+        .await;
+    let (gpus, reserved, _) = assignment(&p);
+    assert_eq!(gpus.len(), 1, "{:?}", p.annotations());
+    assert_eq!(reserved, want, "sized from the ConfigMap's config.json");
+
+    // A ConfigMap that does not exist: this pod waits with the reason, the others are placed.
+    c.create_pod(
+        NS,
+        "no-config",
+        &[("peakfit.io/model-config", "missing-config")],
+    )
+    .await;
+    let m = c.wait_event(NS, "no-config", "FailedScheduling", t).await;
+    assert!(
+        m.contains("peakfit.io/model-config") && m.contains("ml/missing-config"),
+        "the event names the annotation and the ConfigMap: {m}"
+    );
+    c.create_pod(NS, "beside-it", &[("peakfit.io/vram", "1Gi")])
+        .await;
+    c.wait_bound(NS, "beside-it", t).await;
+    for pod in ["from-config", "no-config", "beside-it"] {
+        c.delete_pod(NS, pod).await;
+    }
 }
 
 async fn refusals_reach_the_events(c: &Cluster) {

@@ -57,7 +57,7 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
             "--heartbeat",
             "2s",
             "--nvml-lib",
-            &fake_nvml().display().to_string(),
+            &fake_nvml_lib().display().to_string(),
             "--proc-root",
             &c.path("proc").display().to_string(),
             "--kubeconfig",

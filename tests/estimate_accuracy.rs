@@ -198,9 +198,11 @@ fn print_table(scored: &[&Row]) {
 /// above its floor (the signed median measured when it was listed, rounded down).
 const KNOWN_LOW: &[(&str, f64, &str)] = &[(
     "offload",
-    -30.0,
-    "DeepSpeed ZeRO-3 param+optimizer offload on one GPU (PEFT README, mt0-xxl / bloomz-7b1) \
-     keeps ~10-16 GiB more than weights-gone + live-parameter window; not yet explained",
+    -17.0,
+    "two scored rows: FSDP QLoRA with fsdp_offload_params on 2x24 GB (PEFT fsdp guide, -16.6 %) \
+     and DeepSpeed ZeRO-3 offload of bloomz-7b1 (PEFT README, -11.7 % with DeepSpeed's \
+     reduce bucket modelled); the 2-3 GiB still missing is not explained by a documented \
+     default (the seq2seq offload rows are unscored: their sequence length is not stated)",
 )];
 
 /// The bars of issue 13: median |error| <= 10 % overall, no category biased low by more than
@@ -229,11 +231,12 @@ fn assert_bars(scored: &[&Row], p90_bar: f64) {
     }
 }
 
-/// Issue 13 asks for p90 <= 20 %; the model does not reach it yet (see the printed table:
-/// whisper batched decoding, SD 1.5 on an older stack, torch.compile, torchtune's
-/// optimizer-in-backward and the offload rows are the misses). Held here at the level reached
-/// so that it cannot regress; lower it as rows are explained.
-const P90_BAR: f64 = 30.0;
+/// Issue 13 asks for p90 <= 20 %; the model does not reach it yet (21.7 % over both files:
+/// see the printed table: torchtune's compiled LoRA/QLoRA runs, faster-whisper's batched int8
+/// run, SD 1.5 and BERT on older stacks, torch.compile, ms-swift runs squeezed by the 80 GB
+/// ceiling and torchtitan's 2-D 70B run are the misses). Held here at the level reached so
+/// that it cannot regress; lower it as rows are explained.
+const P90_BAR: f64 = 22.0;
 
 fn ours() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/memory-measurements.csv")

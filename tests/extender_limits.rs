@@ -10,16 +10,13 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
+mod process_support;
+use process_support::Running;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+struct Server {
+    /// Killed on drop.
+    child: Running,
+    addr: SocketAddr,
 }
 
 fn start(extra: &[&str]) -> Server {
@@ -59,11 +56,14 @@ fn spawn(mut cmd: Command, extra: &[&str]) -> Server {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut server = Server { child, addr };
+    let mut server = Server {
+        child: Running(child),
+        addr,
+    };
     let start = Instant::now();
     while TcpStream::connect(addr).is_err() {
         assert!(
-            server.child.try_wait().unwrap().is_none(),
+            server.child.0.try_wait().unwrap().is_none(),
             "the server exited before listening"
         );
         assert!(start.elapsed() < Duration::from_secs(30), "never listened");
@@ -131,8 +131,8 @@ fn sigterm_with_a_half_sent_bind_exits_after_the_shutdown_deadline() {
     ]);
     let _hanging = half_sent_bind(server.addr);
     std::thread::sleep(Duration::from_millis(300));
-    sigterm(&server.child);
-    let status = wait_exit(&mut server.child, Duration::from_secs(20))
+    sigterm(&server.child.0);
+    let status = wait_exit(&mut server.child.0, Duration::from_secs(20))
         .expect("the extender still runs 20 s after SIGTERM with a half-sent request");
     assert!(status.success(), "{status}");
 }
@@ -145,8 +145,8 @@ fn agent_sigterm_with_half_sent_headers_exits_after_the_shutdown_deadline() {
     let mut server = start_agent(&["--shutdown-timeout", "1s", "--idle-timeout", "60s"]);
     let _hanging = half_sent_headers(server.addr);
     std::thread::sleep(Duration::from_millis(300));
-    sigterm(&server.child);
-    let status = wait_exit(&mut server.child, Duration::from_secs(20))
+    sigterm(&server.child.0);
+    let status = wait_exit(&mut server.child.0, Duration::from_secs(20))
         .expect("the agent still runs 20 s after SIGTERM with half-sent headers");
     assert!(status.success(), "{status}");
 }
@@ -180,8 +180,8 @@ fn webhook_sigterm_with_a_silent_connection_exits_after_the_shutdown_deadline() 
     // The start of a ClientHello, and no more.
     silent.write_all(&[0x16, 0x03, 0x01]).unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    sigterm(&server.child);
-    let status = wait_exit(&mut server.child, Duration::from_secs(8))
+    sigterm(&server.child.0);
+    let status = wait_exit(&mut server.child.0, Duration::from_secs(8))
         .expect("the webhook still runs 8 s after SIGTERM with a half-sent handshake");
     assert!(status.success(), "{status}");
 }

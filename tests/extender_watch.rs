@@ -1,6 +1,7 @@
-//! The extender's watches against kube's tower-test mock API server: the three initial lists
-//! (Nodes, Pods, `NodeGpuReports`) open `/readyz`, and watch events after that change the index
-//! one object at a time (a pod bound by another replica, a pod deleted).
+//! The extender's watches against kube's tower-test mock API server: the four initial lists
+//! (Nodes, Pods, `NodeGpuReports`, labelled model-config ConfigMaps) open `/readyz`, and watch
+//! events after that change the index one object at a time (a pod bound by another replica, a
+//! pod deleted). The ConfigMap list and watch ask for the label only.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -88,6 +89,13 @@ async fn serve(
     while let Some((req, send)) = handle.next_request().await {
         assert_eq!(req.method(), Method::GET, "the watches only read");
         let path = req.uri().path().to_owned();
+        if path == "/api/v1/configmaps" {
+            let query = req.uri().query().unwrap_or_default();
+            assert!(
+                query.contains("labelSelector=peakfit.io%2Fmodel-config%3Dtrue"),
+                "ConfigMaps are listed and watched by label only: {query}"
+            );
+        }
         let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
         match (watch, lists.get(path.as_str())) {
             (false, Some(body)) => respond(send, body.clone()),
@@ -116,6 +124,10 @@ async fn lists_open_readiness_and_watch_events_change_the_index() {
         (
             "/api/v1/pods",
             list("PodList", "v1", &[pod("a", "uid-a", "20", 10 * GIB)]),
+        ),
+        (
+            "/api/v1/configmaps",
+            list("ConfigMapList", "v1", &[model_config()]),
         ),
     ]);
     // After the lists: pod b is bound to the same GPU by another scheduler replica, then pod
@@ -153,4 +165,38 @@ async fn lists_open_readiness_and_watch_events_change_the_index() {
     }
     assert_eq!(index.pod_count(), 1);
     assert_eq!(free_on_gpu_a(&index), Some(80 * GIB - 30 * GIB));
+
+    // The listed ConfigMap sizes a pod that names it, as `--model-config` would.
+    assert_eq!(index.model_configs().len(), 1);
+    let pending: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ml",
+                     "annotations": {"peakfit.io/model-config": "llama-8b",
+                                     "peakfit.io/batch": "2"}},
+    }))
+    .unwrap();
+    let from_map = index.request_of(&pending).unwrap().unwrap();
+    let mut by_hand = peakfit::model::hf_config::annotations(LLAMA)
+        .unwrap()
+        .annotations
+        .into_iter()
+        .map(|(k, v)| (format!("peakfit.io/{k}"), v))
+        .collect::<std::collections::BTreeMap<_, _>>();
+    by_hand.insert("peakfit.io/batch".into(), "2".into());
+    assert_eq!(
+        from_map,
+        peakfit::model::pod_request(&by_hand).unwrap().unwrap()
+    );
+}
+
+const LLAMA: &str = r#"{"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "vocab_size": 128256, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}"#;
+
+fn model_config() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "llama-8b", "namespace": "ml", "resourceVersion": "12",
+                     "labels": {"peakfit.io/model-config": "true"}},
+        "data": {"config.json": LLAMA},
+    })
 }

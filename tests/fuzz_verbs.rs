@@ -218,6 +218,7 @@ fn webhook() -> &'static Mutator {
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: Some("nvidia".into()),
         gpu_memory_resource: Some("peakfit.io/gpu-memory-mib".into()),
+        require_vram: peakfit::webhook::RequireVram::Off,
     })
 }
 

@@ -14,6 +14,7 @@ fn app() -> axum::Router {
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: None,
         gpu_memory_resource: None,
+        require_vram: peakfit::webhook::RequireVram::Off,
     })
 }
 
@@ -292,6 +293,7 @@ async fn admitted_with_resource(annotations: Value, containers: Value) -> (Value
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: None,
         gpu_memory_resource: Some("peakfit.io/gpu-memory-mib".into()),
+        require_vram: peakfit::webhook::RequireVram::Off,
     });
     let body = review(&annotations, &containers, &json!([]));
     let request = Request::post("/mutate")
@@ -361,4 +363,76 @@ async fn the_least_gpu_memory_is_requested_as_an_extended_resource_on_the_first_
             .contains("1024"),
         "{out}"
     );
+}
+
+/// Posts a pod CREATE to a webhook running under `policy`; returns the `AdmissionReview` reply.
+async fn admit_under(policy: peakfit::webhook::RequireVram, annotations: Value) -> Value {
+    let app = router(Mutator {
+        scheduler_name: "peakfit-scheduler".into(),
+        runtime_class_name: None,
+        gpu_memory_resource: None,
+        require_vram: policy,
+    });
+    let body = review(
+        &annotations,
+        &json!([{"name": "c", "image": "i"}]),
+        &json!([]),
+    );
+    let request = Request::post("/mutate")
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test]
+async fn require_vram_refuses_kinds_below_the_class_and_names_the_annotation_and_why() {
+    use peakfit::model::confidence::{MEASURED, class};
+    use peakfit::webhook::RequireVram;
+    let qlora = json!({"peakfit.io/model": "llama-3.1-8b", "peakfit.io/workload": "qlora"});
+    let band = MEASURED.iter().find(|b| b.kind == "qlora").unwrap();
+    assert_ne!(
+        class(band),
+        "good",
+        "the test needs a kind below good: {band:?}"
+    );
+
+    let out = admit_under(RequireVram::Fair, qlora.clone()).await;
+    let response = &out["response"];
+    assert_eq!(response["allowed"], false, "{out}");
+    assert_eq!(response["status"]["code"], 400);
+    let message = response["status"]["message"].as_str().unwrap();
+    for needle in [
+        "peakfit.io/vram",
+        "qlora",
+        "--require-vram fair",
+        &format!("p90 {:.1}%", band.p90),
+        &format!("over {} rows", band.rows),
+    ] {
+        assert!(
+            message.contains(needle),
+            "{needle:?} missing from {message}"
+        );
+    }
+
+    // The same pod giving its own figure, a kind the model sizes well, and a laxer policy pass.
+    let mut given = qlora.clone();
+    given["peakfit.io/vram"] = json!("12Gi");
+    for (policy, annotations) in [
+        (RequireVram::Fair, given),
+        (
+            RequireVram::Fair,
+            json!({"peakfit.io/model": "llama-3.1-8b", "peakfit.io/workload": "inference"}),
+        ),
+        (RequireVram::Off, qlora.clone()),
+    ] {
+        let out = admit_under(policy, annotations).await;
+        assert_eq!(out["response"]["allowed"], true, "{policy:?}: {out}");
+    }
+    // `poor` refuses only kinds whose class is poor.
+    let out = admit_under(RequireVram::Poor, qlora).await;
+    assert_eq!(out["response"]["allowed"], class(band) != "poor", "{out}");
 }

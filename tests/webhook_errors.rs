@@ -17,6 +17,7 @@ async fn send(method: &str, path: &str, content_type: &str, body: Vec<u8>) -> (S
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: None,
         gpu_memory_resource: None,
+        require_vram: peakfit::webhook::RequireVram::Off,
     });
     let request = Request::builder()
         .method(method)

@@ -48,6 +48,7 @@ async fn admit(mut pod: Value) -> (Value, Vec<Value>) {
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: None,
         gpu_memory_resource: None,
+        require_vram: peakfit::webhook::RequireVram::Off,
     });
     let request = Request::post("/mutate")
         .header("content-type", "application/json")

@@ -54,6 +54,7 @@ fn peak_while_answering(body: Vec<u8>) -> (usize, Vec<u8>) {
         scheduler_name: "peakfit-scheduler".into(),
         runtime_class_name: Some("nvidia".into()),
         gpu_memory_resource: Some("peakfit.io/gpu-memory-mib".into()),
+        require_vram: peakfit::webhook::RequireVram::Off,
     });
     let request = Request::post("/mutate")
         .header("content-type", "application/json")

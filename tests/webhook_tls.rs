@@ -1,19 +1,12 @@
 //! The webhook's TLS path end to end: rustls (ring) serving the router on a real socket, a client
 //! that trusts only the fixture certificate, and a certificate swapped on disk being picked up.
 
-mod webhook_support;
-
-use std::future::poll_fn;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::sync::Arc;
 
 use peakfit::webhook::tls::ReloadingCert;
-use peakfit::webhook::{Mutator, router, serve};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::rustls::pki_types::ServerName;
-use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+mod tls_support;
+use tls_support::{Webhook, connect, exchange};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -21,34 +14,14 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn client_trusting(cert: &Path) -> TlsConnector {
-    TlsConnector::from(Arc::new(webhook_support::client_config_trusting(cert)))
-}
-
 /// GET /healthz over TLS; the handshake fails unless the server presents the trusted certificate.
 async fn healthz(addr: std::net::SocketAddr, trusted: &Path) -> std::io::Result<String> {
-    let tcp = TcpStream::connect(addr).await?;
-    let name = ServerName::try_from("localhost").unwrap();
-    let mut tls = client_trusting(trusted).connect(name, tcp).await?;
-    let mut request: &[u8] =
-        b"GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n";
-    // tokio's io-util extension traits are not enabled in this crate; poll the stream directly.
-    while !request.is_empty() {
-        let n = poll_fn(|cx| Pin::new(&mut tls).poll_write(cx, request)).await?;
-        request = &request[n..];
-    }
-    poll_fn(|cx| Pin::new(&mut tls).poll_flush(cx)).await?;
-    let mut out = Vec::new();
-    loop {
-        let mut chunk = [0u8; 4096];
-        let mut buf = ReadBuf::new(&mut chunk);
-        poll_fn(|cx| Pin::new(&mut tls).poll_read(cx, &mut buf)).await?;
-        if buf.filled().is_empty() {
-            break;
-        }
-        out.extend_from_slice(buf.filled());
-    }
-    Ok(String::from_utf8_lossy(&out).into_owned())
+    let mut tls = connect(addr, trusted, "localhost").await?;
+    exchange(
+        &mut tls,
+        b"GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n",
+    )
+    .await
 }
 
 #[tokio::test]
@@ -58,19 +31,8 @@ async fn serves_over_tls_and_picks_up_a_renewed_certificate() {
     std::fs::copy(fixture("a.crt"), &crt).unwrap();
     std::fs::copy(fixture("a.key"), &key).unwrap();
 
-    let cert = Arc::new(ReloadingCert::load(&crt, &key).expect("fixture pair loads"));
-    let acceptor = TlsAcceptor::from(Arc::new(cert.server_config().unwrap()));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = router(Mutator {
-        scheduler_name: "peakfit-scheduler".into(),
-        runtime_class_name: None,
-        gpu_memory_resource: None,
-    });
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, acceptor, app, async {
-        let _ = stopped.await;
-    }));
+    let webhook = Webhook::start(&crt, &key).await;
+    let (addr, cert) = (webhook.addr, webhook.cert.clone());
 
     let reply = healthz(addr, &fixture("a.crt"))
         .await
@@ -111,8 +73,7 @@ async fn serves_over_tls_and_picks_up_a_renewed_certificate() {
         .await
         .expect("still pair b after a mismatched update");
 
-    stop.send(()).unwrap();
-    server.await.unwrap();
+    webhook.stop().await;
 }
 
 #[test]

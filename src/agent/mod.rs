@@ -1,5 +1,6 @@
 //! `peakfit agent`: the `DaemonSet` process that reads the node's GPUs through NVML, maps their
-//! processes to pods, and publishes the node's `NodeGpuReport`.
+//! processes to pods, and publishes the node's `NodeGpuReport`. It writes only its own node (the
+//! report and, when asked, the node's advertised GPU memory) and may not read the extender's index.
 //!
 //! It must outlive a missing or broken driver: NVML failures become a report with zero GPUs and
 //! the reason (`peakfit_nvml_up 0`), the agent keeps serving `/metrics` and `/healthz` and

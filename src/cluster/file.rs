@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use serde_json::Value;
 
 use super::NodeGpuReport;
@@ -28,8 +28,9 @@ pub enum FileError {
     },
 }
 
-/// Loads every Node, Pod and `NodeGpuReport` of the file into `index`; other kinds (priority
-/// classes, namespaces …) are skipped. Returns how many objects were indexed.
+/// Loads every Node, Pod, `NodeGpuReport` and model-config ConfigMap (labelled
+/// `peakfit.io/model-config: "true"`, as in a cluster) of the file into `index`; other kinds
+/// (priority classes, namespaces …) are skipped. Returns how many objects were indexed.
 pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
     let p = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
@@ -44,11 +45,13 @@ pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
     for d in docs {
         flatten(d, &mut objects);
     }
-    // Nodes and reports first, so that pods land on known nodes (the order is not required).
+    // Nodes, reports and model configs first, so that pods land on known nodes and find
+    // their ConfigMaps.
     objects.sort_by_key(|o| match o.get("kind").and_then(Value::as_str) {
         Some("Node") => 0,
         Some("NodeGpuReport") => 1,
-        _ => 2,
+        Some("ConfigMap") => 2,
+        _ => 3,
     });
     let mut n = 0;
     for (i, obj) in objects.into_iter().enumerate() {
@@ -74,6 +77,9 @@ pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
             "Pod" => index.apply_pod(&serde_json::from_value::<Pod>(obj).map_err(err)?),
             "NodeGpuReport" => {
                 index.apply_report(&serde_json::from_value::<NodeGpuReport>(obj).map_err(err)?);
+            }
+            "ConfigMap" => {
+                index.apply_model_config(&serde_json::from_value::<ConfigMap>(obj).map_err(err)?);
             }
             other => {
                 tracing::debug!(kind = other, %name, "skipping an object peakfit does not index");

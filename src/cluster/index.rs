@@ -12,13 +12,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
 use crate::cluster::NodeGpuReport;
+use crate::cluster::model_config::{MODEL_CONFIG, ModelConfigs};
 use crate::metrics::extender::ReasonLabels;
 use crate::model::{self, AnnotationError, PodRequest};
 use crate::placement::ledger::shared_model;
@@ -54,6 +55,9 @@ pub struct PodEntry {
     pub assignment: Option<Assignment>,
     /// Recorded by our own bind before the watch shows the pod's new annotations.
     pub bound_here: bool,
+    /// A pod naming a `peakfit.io/model-config` ConfigMap keeps its `peakfit.io/` annotations,
+    /// so that its request is worked out again when that ConfigMap arrives, changes or goes.
+    pub model_config: Option<Box<BTreeMap<String, String>>>,
 }
 
 /// The key a pod is indexed under: its UID, or `namespace/name` for objects without one
@@ -69,10 +73,15 @@ pub fn pod_key(pod: &Pod) -> PodKey {
     }
 }
 
-/// The pod's own request, parsed from its annotations.
+/// The pod's own request, parsed from its annotations alone: a pod sized from a
+/// `peakfit.io/model-config` ConfigMap is refused here (see [`Index::request_of`]).
 pub fn pod_request_of(pod: &Pod) -> Result<Option<PodRequest>, AnnotationError> {
+    model::pod_request(annotations_of(pod))
+}
+
+fn annotations_of(pod: &Pod) -> &BTreeMap<String, String> {
     static EMPTY: BTreeMap<String, String> = BTreeMap::new();
-    model::pod_request(pod.metadata.annotations.as_ref().unwrap_or(&EMPTY))
+    pod.metadata.annotations.as_ref().unwrap_or(&EMPTY)
 }
 
 /// The largest `reserved-bytes` the index believes: the bound `peakfit.io/vram` has (1 EiB).
@@ -94,7 +103,8 @@ impl PodEntry {
         self.has_uid.then_some(self.key.as_str())
     }
 
-    pub fn from_pod(pod: &Pod) -> Self {
+    /// The entry of a pod whose request is `request` (see [`Index::request_of`]).
+    pub fn from_pod(pod: &Pod, request: Result<Option<PodRequest>, AnnotationError>) -> Self {
         let ann = pod.metadata.annotations.as_ref();
         let assignment = ann
             .and_then(|a| a.get(ASSIGNED_GPUS))
@@ -124,9 +134,17 @@ impl PodEntry {
                 .and_then(|s| s.node_name.clone())
                 .filter(|n| !n.is_empty()),
             priority: spec.and_then(|s| s.priority).unwrap_or(0),
-            request: pod_request_of(pod),
+            request,
             assignment,
             bound_here: false,
+            model_config: ann.filter(|a| a.contains_key(MODEL_CONFIG)).map(|a| {
+                Box::new(
+                    a.iter()
+                        .filter(|(k, _)| k.starts_with(model::PREFIX))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                )
+            }),
         }
     }
 }
@@ -284,6 +302,8 @@ pub struct Index {
     /// Cluster objects refused or repaired, by reason; exported as
     /// `peakfit_index_warnings_total` (`metrics::extender::ExtenderMetrics::with_index`).
     warnings: Family<ReasonLabels, Counter>,
+    /// The `peakfit.io/model-config` ConfigMaps the watch has seen, parsed.
+    model_configs: ModelConfigs,
 }
 
 impl std::fmt::Debug for Index {
@@ -298,6 +318,67 @@ impl std::fmt::Debug for Index {
 impl Index {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The labelled model-config ConfigMaps (fed by the ConfigMap watch).
+    pub fn model_configs(&self) -> &ModelConfigs {
+        &self.model_configs
+    }
+
+    /// A pod's request: its annotations over its `peakfit.io/model-config` ConfigMap's, if it
+    /// names one; a missing or unusable ConfigMap is this pod's error only.
+    pub fn request_of(&self, pod: &Pod) -> Result<Option<PodRequest>, AnnotationError> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        self.request_from(namespace, annotations_of(pod))
+    }
+
+    fn request_from(
+        &self,
+        namespace: &str,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<Option<PodRequest>, AnnotationError> {
+        match self.model_configs.resolve(namespace, annotations)? {
+            Some(merged) => model::pod_request(&merged),
+            None => model::pod_request(annotations),
+        }
+    }
+
+    /// Records a model-config ConfigMap (new, changed or unlabelled) and works out again the
+    /// request of every indexed pod that names it.
+    pub fn apply_model_config(&self, cm: &ConfigMap) {
+        self.model_configs.apply(cm);
+        self.reresolve(
+            cm.metadata.namespace.as_deref().unwrap_or_default(),
+            cm.metadata.name.as_deref().unwrap_or_default(),
+        );
+    }
+
+    pub fn delete_model_config(&self, namespace: &str, name: &str) {
+        self.model_configs.delete(namespace, name);
+        self.reresolve(namespace, name);
+    }
+
+    fn reresolve(&self, namespace: &str, name: &str) {
+        let naming: Vec<PodEntry> = self
+            .pods
+            .read()
+            .by_key
+            .values()
+            .filter(|e| {
+                e.namespace == namespace
+                    && e.model_config
+                        .as_ref()
+                        .and_then(|a| a.get(MODEL_CONFIG))
+                        .is_some_and(|v| v.trim() == name)
+            })
+            .map(|e| (**e).clone())
+            .collect();
+        for mut entry in naming {
+            if let Some(annotations) = entry.model_config.as_deref() {
+                entry.request = self.request_from(namespace, annotations);
+            }
+            self.upsert(entry);
+        }
     }
 
     /// From now on, remember which nodes change (see `take_changed`).
@@ -457,10 +538,11 @@ impl Index {
             self.delete_pod_key(&pod_key(pod));
             return;
         }
-        if let Some(Err(e)) = Some(pod_request_of(pod)).filter(std::result::Result::is_err) {
+        let request = self.request_of(pod);
+        if let Err(e) = &request {
             tracing::debug!(pod = ?pod.metadata.name, error = %e, "pod has an invalid peakfit annotation");
         }
-        let entry = PodEntry::from_pod(pod);
+        let entry = PodEntry::from_pod(pod, request);
         let raw = pod
             .metadata
             .annotations
@@ -756,6 +838,46 @@ pub(crate) mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_pods_request_follows_its_model_config_configmap() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let index = Index::new();
+        index.apply_pod(&mk_pod(
+            "m",
+            None,
+            &[
+                ("peakfit.io/model-config", "llama"),
+                ("peakfit.io/batch", "2"),
+            ],
+        ));
+        let request = |index: &Index| index.find_pod("m", "", "").unwrap().request;
+        let e = request(&index).unwrap_err().to_string();
+        assert!(e.contains("no ConfigMap ml/llama"), "{e}");
+        let cm = |json: &str| -> ConfigMap {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "llama", "namespace": "ml",
+                             "labels": {"peakfit.io/model-config": "true"}},
+                "data": {"config.json": json},
+            }))
+            .unwrap()
+        };
+        let llama = r#"{"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+            "vocab_size": 128256, "torch_dtype": "bfloat16"}"#;
+        // The ConfigMap arrives after the pod: the pod's entry is sized from it.
+        index.apply_model_config(&cm(llama));
+        let sized = request(&index).unwrap().unwrap();
+        assert!(sized.demand.fixed_bytes > 15 << 30, "{sized:?}");
+        // Broken, then gone: the entry says why, other pods are untouched.
+        index.apply_pod(&mk_pod("v", None, &[("peakfit.io/vram", "8Gi")]));
+        index.apply_model_config(&cm("{}"));
+        let e = request(&index).unwrap_err().to_string();
+        assert!(e.contains("ConfigMap ml/llama key config.json"), "{e}");
+        index.delete_model_config("ml", "llama");
+        assert!(request(&index).is_err());
+        assert!(index.find_pod("v", "", "").unwrap().request.is_ok());
     }
 
     /// One GPU: `(uuid, total, used, processes as (pod uid or "", bytes))`.

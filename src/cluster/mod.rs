@@ -5,6 +5,7 @@
 pub mod binding;
 pub mod file;
 pub mod index;
+pub mod model_config;
 pub mod report;
 pub mod watch;
 

@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use super::NodeGpuReport;
 use super::index::{Index, pod_key};
+use super::model_config;
 
 /// Ready once every watch has listed its objects (kubert's `Initialized` gate): until then the
 /// index could call a busy node free.
@@ -38,8 +39,9 @@ impl Readiness {
     }
 }
 
-/// How many watches must list before the extender is ready.
-pub const WATCHES: usize = 3;
+/// How many watches must list before the extender is ready: Nodes, Pods, `NodeGpuReports` and
+/// the model-config ConfigMaps (a pod naming one would be refused until they are listed).
+pub const WATCHES: usize = 4;
 
 /// How one kind of object enters and leaves the index.
 trait Indexed: Resource + Clone + std::fmt::Debug + Send + 'static {
@@ -84,6 +86,25 @@ impl Indexed for Pod {
     }
 }
 
+/// Labelled model-config ConfigMaps, keyed `namespace/name`.
+impl Indexed for ConfigMap {
+    fn key(&self) -> String {
+        format!(
+            "{}/{}",
+            self.metadata.namespace.as_deref().unwrap_or_default(),
+            self.name_any()
+        )
+    }
+    fn apply(index: &Index, obj: &Self) {
+        index.apply_model_config(obj);
+    }
+    fn delete(index: &Index, key: &str) {
+        if let Some((namespace, name)) = key.split_once('/') {
+            index.delete_model_config(namespace, name);
+        }
+    }
+}
+
 /// Applies one watcher event. A relist (`Init` … `InitDone`) deletes what it no longer lists;
 /// returns true on `InitDone`.
 fn handle<K: Indexed>(
@@ -124,7 +145,7 @@ fn handle<K: Indexed>(
     false
 }
 
-async fn run_watch<K>(api: Api<K>, index: Arc<Index>, readiness: Readiness)
+async fn run_watch<K>(api: Api<K>, config: watcher::Config, index: Arc<Index>, readiness: Readiness)
 where
     K: Indexed + serde::de::DeserializeOwned,
     K::DynamicType: Default,
@@ -132,7 +153,7 @@ where
     let mut known = HashSet::new();
     let mut relist = None;
     let mut synced = false;
-    let stream = watcher(api, watcher::Config::default().any_semantic())
+    let stream = watcher(api, config)
         .default_backoff()
         .modify(|o: &mut K| o.meta_mut().managed_fields = None);
     let mut stream = std::pin::pin!(stream);
@@ -152,20 +173,41 @@ where
     }
 }
 
-/// Starts the three watches, each in its own `watch` span naming its kind; `readiness` opens
-/// once each has listed.
+/// Starts the four watches, each in its own `watch` span naming its kind; `readiness` opens
+/// once each has listed. ConfigMaps are watched by label ([`model_config::label_selector`]):
+/// only those meant for peakfit are listed, sent and kept.
 pub fn spawn(client: Client, index: Arc<Index>, readiness: Readiness) {
     use tracing::Instrument as _;
+    let all = || watcher::Config::default().any_semantic();
     tokio::spawn(
-        run_watch::<Node>(Api::all(client.clone()), index.clone(), readiness.clone())
-            .instrument(tracing::info_span!("watch", kind = "Node")),
+        run_watch::<Node>(
+            Api::all(client.clone()),
+            all(),
+            index.clone(),
+            readiness.clone(),
+        )
+        .instrument(tracing::info_span!("watch", kind = "Node")),
     );
     tokio::spawn(
-        run_watch::<NodeGpuReport>(Api::all(client.clone()), index.clone(), readiness.clone())
-            .instrument(tracing::info_span!("watch", kind = "NodeGpuReport")),
+        run_watch::<NodeGpuReport>(
+            Api::all(client.clone()),
+            all(),
+            index.clone(),
+            readiness.clone(),
+        )
+        .instrument(tracing::info_span!("watch", kind = "NodeGpuReport")),
     );
     tokio::spawn(
-        run_watch::<Pod>(Api::all(client), index, readiness)
+        run_watch::<ConfigMap>(
+            Api::all(client.clone()),
+            all().labels(&model_config::label_selector()),
+            index.clone(),
+            readiness.clone(),
+        )
+        .instrument(tracing::info_span!("watch", kind = "ConfigMap")),
+    );
+    tokio::spawn(
+        run_watch::<Pod>(Api::all(client), all(), index, readiness)
             .instrument(tracing::info_span!("watch", kind = "Pod")),
     );
 }

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::Extender;
 use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
-use crate::cluster::index::{pod_key, pod_request_of};
+use crate::cluster::index::pod_key;
 use crate::metrics::extender::{DecisionLabels, ReasonLabels, ScoreSourceLabels};
 use crate::placement::fit::check_class;
 use crate::placement::{FitConfig, NodeLedger, PodClass, PodShape, Rejection};
@@ -153,7 +153,7 @@ impl Extender {
         let n = candidates.len();
         let mut failed = BTreeMap::new();
         let mut unresolvable = BTreeMap::new();
-        let keep: Vec<bool> = match pod_request_of(&pod) {
+        let keep: Vec<bool> = match self.index.request_of(&pod) {
             Ok(None) => {
                 self.count("filter", "pass_through");
                 let mut r = candidates.into_result(&vec![true; n]);

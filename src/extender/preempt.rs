@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use super::Extender;
 use super::wire::{ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims};
-use crate::cluster::index::pod_request_of;
 use crate::placement::fit::{FitConfig, fit};
 use crate::placement::{NodeLedger, PodShape};
 
@@ -97,7 +96,7 @@ impl Extender {
                         .collect(),
                 ),
             };
-        let shape = match pod_request_of(&pod) {
+        let shape = match self.index.request_of(&pod) {
             Ok(None) => {
                 self.count("preempt", "pass_through");
                 return answer(offered);

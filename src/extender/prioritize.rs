@@ -6,7 +6,7 @@ use super::Extender;
 
 use super::filter::Candidates;
 use super::wire::{ExtenderArgs, HostPriority, HostPriorityList, MAX_EXTENDER_PRIORITY};
-use crate::cluster::index::{NodeSlot, pod_request_of};
+use crate::cluster::index::NodeSlot;
 use crate::placement::fit::node_usable;
 use crate::placement::memo::MemoKey;
 use crate::placement::{PodClass, ShapeMix, place_score, scores_0_to_10};
@@ -34,7 +34,7 @@ impl Extender {
                 })
                 .collect()
         };
-        let Ok(Some(req)) = pod_request_of(&pod) else {
+        let Ok(Some(req)) = self.index.request_of(&pod) else {
             self.count("prioritize", "pass_through");
             return neutral(candidates);
         };

@@ -10,7 +10,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// GPU memory per openb model in MiB (`../shared/data/README.md`; G2 and G3 are assumed sizes).
+/// GPU memory per openb model in MiB: the totals nvidia-smi reports for these models (the trace,
+/// Alibaba's `cluster-trace-gpu-v2023`, names models, not sizes); G2 and G3 are assumed sizes.
 /// Only the peakfit policy's ledger uses them: the trace's `gpu_milli` is read as the same share
 /// of every GPU's memory, which keeps results comparable with the paper.
 pub fn model_memory_mib(model: &str) -> u64 {

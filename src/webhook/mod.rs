@@ -21,7 +21,7 @@ use kube::core::admission::AdmissionReview;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-pub use mutate::{Mutator, OptIn};
+pub use mutate::{Mutator, OptIn, RequireVram};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct WebhookArgs {
@@ -53,6 +53,12 @@ pub struct WebhookArgs {
         default_value = crate::agent::publish::DEFAULT_GPU_MEMORY_RESOURCE
     )]
     pub gpu_memory_resource: String,
+    /// Refuse modelled pods without `peakfit.io/vram` when the model does not cover their
+    /// workload kind (`uncovered`), or covers it with confidence `poor` (`poor`: uncovered and
+    /// poor), or anything short of `good` (`fair`); `off` lets the model size every pod. The
+    /// classes are the measured error bands `peakfit estimate` prints.
+    #[arg(long, env = "PEAKFIT_REQUIRE_VRAM", value_enum, default_value_t = RequireVram::Off)]
+    pub require_vram: RequireVram,
     #[command(flatten)]
     pub serve: crate::serve::ServeArgs,
 }
@@ -163,6 +169,7 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         runtime_class_name: Some(args.runtime_class_name).filter(|c| !c.is_empty()),
         gpu_memory_resource: Some(args.gpu_memory_resource.trim().to_owned())
             .filter(|r| !r.is_empty()),
+        require_vram: args.require_vram,
     };
     let app = router_with(mutator, args.serve.body_timeout);
     let listener = TcpListener::bind(args.listen)

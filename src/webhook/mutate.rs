@@ -32,6 +32,70 @@ pub struct Mutator {
     /// The extended resource the agents advertise node GPU memory as (MiB): the pod's least
     /// possible GPU memory is requested in it, so kube-scheduler's fit and preemption see it.
     pub gpu_memory_resource: Option<String>,
+    /// Which modelled pods must state `peakfit.io/vram` instead (`--require-vram`).
+    pub require_vram: RequireVram,
+}
+
+/// Which pods the webhook refuses unless they give `peakfit.io/vram`: those whose workload kind
+/// the peak-memory model does not cover, or covers with a confidence class at or below the one
+/// named (the bands `peakfit estimate` prints, measured on public data). A pod that gives
+/// `vram` is never refused by it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RequireVram {
+    /// The model sizes every pod that describes one.
+    #[default]
+    Off,
+    /// Kinds without public measurements.
+    Uncovered,
+    /// Those and kinds in class `poor`.
+    Poor,
+    /// Those and kinds in class `fair`: only `good` kinds may rely on the model.
+    Fair,
+}
+
+impl RequireVram {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Uncovered => "uncovered",
+            Self::Poor => "poor",
+            Self::Fair => "fair",
+        }
+    }
+
+    /// Why `spec` must give `vram` under this policy, or `None` when it need not.
+    pub fn refusal(self, spec: &model::Spec) -> Option<String> {
+        use model::confidence::{band_for, class, workload_kind};
+        if self == Self::Off || spec.vram.is_some() {
+            return None;
+        }
+        let kind = workload_kind(spec);
+        let why = match band_for(spec) {
+            None => format!("the peak-memory model has no public measurements of {kind} workloads"),
+            Some(b) => {
+                let c = class(b);
+                let refused = match self {
+                    Self::Off | Self::Uncovered => false,
+                    Self::Poor => c == "poor",
+                    Self::Fair => c != "good",
+                };
+                if !refused {
+                    return None;
+                }
+                format!(
+                    "the peak-memory model's error on public measurements of {kind} workloads is \
+                     median {:.1}%, p90 {:.1}%, signed median {:+.1}% over {} rows (confidence {c})",
+                    b.median, b.p90, b.signed_median, b.rows
+                )
+            }
+        };
+        Some(format!(
+            "annotation peakfit.io/vram is required for {kind} workloads in this cluster (webhook \
+             --require-vram {}): {why}; give the per-GPU peak your job was measured at, e.g. \
+             peakfit.io/vram: 24Gi",
+            self.name()
+        ))
+    }
 }
 
 /// What the decision reads of a pod's spec. The rest of each container is left in the request's
@@ -192,7 +256,7 @@ impl Mutator {
         // The API server has already decoded the pod, so this only fails on a hand-made request;
         // such a pod is not ours to judge. The spec is read from the request's tree in place: a
         // copy of the tree to decode a whole `Pod` from cost as much as the tree itself.
-        let spec = match object
+        let pod_spec = match object
             .data
             .get("spec")
             .map(SpecView::deserialize)
@@ -205,10 +269,25 @@ impl Mutator {
             }
         };
         let annotations = object.metadata.annotations.clone().unwrap_or_default();
-        let pod_request = match model::pod_request(&annotations) {
-            Ok(r) => r,
+        let spec = match model::Spec::parse(&annotations) {
+            Ok(spec) => spec,
             Err(e) => return Decision::Refuse(e.to_string()),
         };
+        // A model in a ConfigMap is sized by the extender, which reads it: the webhook decides
+        // from the review alone, so it checks the annotations and leaves the size open.
+        let deferred = spec.model_config.is_some() && spec.vram.is_none();
+        let pod_request = if deferred {
+            None
+        } else {
+            match model::pod_request(&annotations) {
+                Ok(r) => r,
+                Err(e) => return Decision::Refuse(e.to_string()),
+            }
+        };
+        let opted = pod_request.is_some() || deferred;
+        if opted && let Some(why) = self.require_vram.refusal(&spec) {
+            return Decision::Refuse(why);
+        }
         let mut ops = PatchWriter::default();
         let mut warnings = Vec::new();
         // Bind's output on a pod being created is forged or copied (a restored backup, a
@@ -227,16 +306,16 @@ impl Mutator {
                 carried.join(", ")
             ));
         }
-        if pod_request.is_none() && opt_in == OptIn::Annotation {
+        if !opted && opt_in == OptIn::Annotation {
             return if ops.is_empty() {
                 Decision::PassThrough
             } else {
                 Decision::Mutate { ops, warnings }
             };
         }
-        let fraction = pod_request.as_ref().is_some_and(|r| r.fraction_engine);
+        let fraction = matches!(spec.engine, Some(model::annotations::Engine::Fraction(_)));
 
-        match spec.scheduler_name.as_deref() {
+        match pod_spec.scheduler_name.as_deref() {
             Some(name) if name == self.scheduler_name => {}
             None => ops.add(&["spec", "schedulerName"], &self.scheduler_name),
             Some(name) if name.is_empty() || name == DEFAULT_SCHEDULER => {
@@ -246,23 +325,32 @@ impl Mutator {
                 "pod names scheduler {other:?}; peakfit leaves it, so its GPU memory is not reserved"
             )),
         }
-        if let (Some(class), None) = (&self.runtime_class_name, &spec.runtime_class_name) {
+        if let (Some(class), None) = (&self.runtime_class_name, &pod_spec.runtime_class_name) {
             ops.add(&["spec", "runtimeClassName"], class);
         }
         if let (Some(resource), Some(req)) = (&self.gpu_memory_resource, &pod_request) {
             let mib = least_gpu_memory_mib(req);
             if mib > 0 {
-                let containers = spec.containers.as_deref().unwrap_or_default();
+                let containers = pod_spec.containers.as_deref().unwrap_or_default();
                 resource_ops(resource, mib, containers, &mut ops, &mut warnings);
             }
         }
+        if let (Some(resource), true, Some(name)) =
+            (&self.gpu_memory_resource, deferred, &spec.model_config)
+        {
+            warnings.push(format!(
+                "peakfit.io/model-config: the extender sizes this pod from ConfigMap {name} when \
+                 it schedules it; {resource} is not requested, so kube-scheduler's own fit and \
+                 preemption do not see its GPU memory (give peakfit.io/vram for that)"
+            ));
+        }
         // A pod opted in only by its namespace and without a request is placed by the scheduler
         // but gets no GPU assignment: pinning it to an empty device list would hide its GPUs.
-        if pod_request.is_some() {
+        if opted {
             let wanted = downward_env(fraction);
             for (field, containers) in [
-                ("containers", &spec.containers),
-                ("initContainers", &spec.init_containers),
+                ("containers", &pod_spec.containers),
+                ("initContainers", &pod_spec.init_containers),
             ] {
                 let containers = containers.as_deref().unwrap_or_default();
                 for (index, container) in containers.iter().enumerate() {
@@ -540,6 +628,7 @@ mod tests {
             scheduler_name: "peakfit-scheduler".into(),
             runtime_class_name: None,
             gpu_memory_resource: None,
+            require_vram: RequireVram::Off,
         }
     }
 

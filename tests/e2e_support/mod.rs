@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,10 @@ use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
+
+#[path = "../process_support/mod.rs"]
+mod process_support;
+pub use process_support::{Running, fake_nvml_lib, free_port, http_get};
 
 pub const GIB: u64 = 1 << 30;
 pub const SCHEDULER_NAME: &str = "peakfit-scheduler";
@@ -44,20 +48,6 @@ pub fn control_plane_script() -> PathBuf {
         p.display()
     );
     p
-}
-
-/// The fake NVML library beside the test's `peakfit` binary (or `FAKE_NVML_LIB`).
-pub fn fake_nvml() -> PathBuf {
-    let lib = std::env::var_os("FAKE_NVML_LIB").map_or_else(
-        || Path::new(peakfit_bin()).with_file_name("libfake_nvml.so"),
-        PathBuf::from,
-    );
-    assert!(
-        lib.exists(),
-        "the e2e suite needs {}: build it with `cargo build -p fake-nvml`",
-        lib.display()
-    );
-    lib
 }
 
 /// helm on `PATH` or in `.tools/bin` (where `scripts/check-chart` installs it); installed there
@@ -128,18 +118,8 @@ pub fn render_chart(show_only: &str, sets: &[&str]) -> Vec<Value> {
         .collect()
 }
 
-/// A child process, killed when dropped.
-pub struct Proc {
-    pub child: Child,
-    pub name: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// A `peakfit` process of the cluster, killed when dropped.
+pub type Proc = Running;
 
 /// One fake GPU: its name, UUID and total memory.
 #[derive(Clone, Debug)]
@@ -233,30 +213,6 @@ impl Drop for Cluster {
             let _ = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap()).keep();
         }
     }
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A plain HTTP GET on loopback: status and body (`None` while nothing listens).
-pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.get(9..12)?.parse().ok()?;
-    Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
 }
 
 /// Polls `f` every 100 ms until it returns `Some`, or panics after `timeout` saying `what`.
@@ -398,10 +354,7 @@ impl Cluster {
         for (k, v) in envs {
             cmd.env(k, v);
         }
-        Proc {
-            child: cmd.spawn().unwrap(),
-            name: name.to_owned(),
-        }
+        Running(cmd.spawn().unwrap())
     }
 
     /// The last lines of a process's log (for assertion messages).
@@ -527,7 +480,7 @@ impl Cluster {
             "--heartbeat".into(),
             "2s".into(),
             "--nvml-lib".into(),
-            fake_nvml().display().to_string(),
+            fake_nvml_lib().display().to_string(),
             "--proc-root".into(),
             self.path("proc").display().to_string(),
             "--kubeconfig".into(),

@@ -13,6 +13,7 @@
 //! | `vram` | Kubernetes quantity per GPU, at most `1Ei` (`20Gi`, `20G`, `1.5Ti`, `1e9`); overrides the model | from the model |
 //! | `gpus` | 1–64 | `tensor-parallel`, else 1 |
 //! | `model` | a built-in preset (see the preset table), case-insensitive, checkpoint suffixes like `-Chat`, `-Int4`, `(v1)` ignored; any other name (at most 253 characters) is a label and then needs `params` or `layers` + `hidden-size` | none |
+//! | `model-config` | the name of a ConfigMap in the pod's namespace, labelled `peakfit.io/model-config: "true"`, whose key `config.json` (at most 1 MiB) holds the model's Hugging Face config: read by the extender into the shape annotations (the pod's own annotations override it); a missing or unreadable one fails the pod's scheduling with the ConfigMap and field named | none |
 //! | `architecture` | `decoder encoder encoder-decoder diffusion`; `diffusion` needs a diffusion preset | the preset's; `decoder` |
 //! | `params` | count: `8.03B`, `335M`, `1.1T`, `124000000` | the preset's |
 //! | `layers` | 1–1024 | the preset's |
@@ -28,14 +29,14 @@
 //! | `workload` | `inference training lora qlora` | `inference` |
 //! | `batch` | sequences per GPU per step, 1–1048576 | 1 |
 //! | `context-tokens` | tokens per sequence at the peak (`128K` allowed) | 256 inference, 256 training, 512 for a serving engine's smallest-GPU check |
-//! | `engine` | free-form; `vllm tgi sglang tensorrt-llm` budget a fraction of the GPU, anything else is a plain framework (`torchtune` and `ms-swift` change the logits term) | plain framework |
+//! | `engine` | free-form; `vllm tgi sglang tensorrt-llm` budget a fraction of the GPU, anything else is a plain framework (`torchtune` and `ms-swift` change the logits term; a one-GPU `torchtune` full fine-tune steps the optimizer in backward, so no full gradient set; `faster-whisper` with `batch` > 1 is its batched pipeline, whose decoder holds no previous-text prompt) | plain framework |
 //! | `gpu-memory-utilization` | (0, 1], only with a fraction engine | vLLM 0.92, TGI 1.0, SGLang 0.88, TensorRT-LLM 0.9 |
 //! | `tensor-parallel` | 1–64, a divisor of `gpus` | 1 |
 //! | `sequence-parallel` | `true` `false`: with `tensor-parallel`, the activations TP leaves whole (norms, dropout) are split too | `false` |
 //! | `pipeline-parallel` | stages, 1–256: a GPU holds its stage's layers and, under 1F1B, as many micro-batches in flight as there are stages | 1 |
 //! | `context-parallel` | 1–256: the sequence is split over this many GPUs (ring attention) | 1 |
 //! | `data-parallel` | 1–1048576 | 1 |
-//! | `zero-stage` | `0`–`3`, or FSDP's `no-shard` (0) `shard-grad-op` (2) `full-shard` (3) `hybrid-shard` (3 within the pod's GPUs) | 0 |
+//! | `zero-stage` | `0`–`3`, or FSDP's `no-shard` (0) `shard-grad-op` (2) `full-shard` (3) `hybrid-shard` (3 within the pod's GPUs); a numeric `3` outside torchtitan/torchtune/litgpt is DeepSpeed, which adds its 5e8-element gradient bucket | 0 |
 //! | `offload` | `none optimizer params optimizer+params activations sequential model`: what lives in CPU memory (ZeRO-Offload / FSDP `cpu_offload` / activation offloading / diffusers `enable_sequential_cpu_offload` / `enable_model_cpu_offload`) | `none` |
 //! | `image-size` | diffusion only: image side in pixels, 64–16384 | the preset's (512 SD 1.5, 1024 others) |
 //! | `images` | diffusion only: images per prompt, 1–1024 | 1 |
@@ -62,6 +63,7 @@ pub const INPUT_KEYS: &[&str] = &[
     "vram",
     "gpus",
     "model",
+    "model-config",
     "params",
     "layers",
     "hidden-size",
@@ -122,7 +124,7 @@ pub struct AnnotationError {
 }
 
 impl AnnotationError {
-    fn new(key: &str, value: &str, allowed: impl Into<String>) -> Self {
+    pub fn new(key: &str, value: &str, allowed: impl Into<String>) -> Self {
         Self {
             key: key.into(),
             value: value.into(),
@@ -393,6 +395,16 @@ impl VaeDecode {
 /// The longest model label accepted (a DNS subdomain's length: names are copied into events).
 const MAX_MODEL_LABEL: usize = 253;
 
+/// A Kubernetes object name of the DNS-subdomain kind (RFC 1123), as `ConfigMap` names are.
+pub fn is_dns_subdomain(name: &str) -> bool {
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !name.is_empty()
+        && name.len() <= 253
+        && name.starts_with(ok)
+        && name.ends_with(ok)
+        && name.chars().all(|c| ok(c) || c == '-' || c == '.')
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Checkpointing {
     None,
@@ -477,6 +489,9 @@ pub struct Spec {
     pub model: Option<&'static Preset>,
     /// A `model` value that names no preset: a label only, the shape annotations describe it.
     pub model_label: Option<String>,
+    /// `model-config`: the `ConfigMap` (pod's namespace, key `config.json`) the extender reads
+    /// the model's shape from. Only the extender resolves it; everywhere else it is a name.
+    pub model_config: Option<String>,
     pub architecture: Option<presets::Kind>,
     pub params: Option<u64>,
     pub layers: Option<u32>,
@@ -606,6 +621,17 @@ impl Spec {
                 self.vram = Some(bytes);
             }
             "gpus" => self.gpus = Some(int(key, v, 1, 64)?),
+            "model-config" => {
+                if !is_dns_subdomain(v) {
+                    return Err(AnnotationError::new(
+                        key,
+                        value,
+                        "the name of a ConfigMap in the pod's namespace (a DNS subdomain: \
+                         lowercase letters, digits, '-' and '.', at most 253 characters)",
+                    ));
+                }
+                self.model_config = Some(v.to_owned());
+            }
             "model" => match presets::find(v) {
                 Some(p) => self.model = Some(p),
                 None => {
@@ -773,6 +799,7 @@ impl Spec {
         let show = |n: Option<u32>| n.map(|n| n.to_string()).unwrap_or_default();
         if let Some(label) = &self.model_label
             && self.params.is_none()
+            && self.model_config.is_none()
         {
             // A name that is no preset says nothing about size: the fields must.
             let missing = match (self.layers, self.hidden_size) {
@@ -964,6 +991,17 @@ pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
             engine_fraction: None,
             fraction_engine: matches!(spec.engine, Some(Engine::Fraction(_))),
         });
+    }
+    if let Some(name) = &spec.model_config {
+        // Whoever resolves the ConfigMap (the extender) merges its config.json into the
+        // annotations and drops this key; reaching here means nobody did.
+        return Err(AnnotationError::new(
+            "model-config",
+            name,
+            "a ConfigMap only the extender reads, in a cluster; here describe the model with \
+             the other annotations (peakfit estimate: --model-config config.json) or give \
+             peakfit.io/vram",
+        ));
     }
     if !spec.describes_model() {
         let given = &spec.keys;

@@ -26,14 +26,14 @@ pub struct Band {
 pub const MEASURED: &[Band] = &[
     band("diffusion", 12, 5.3, 29.4, -4.9),
     band("encoder", 10, 2.2, 7.3, -2.5),
-    band("encoder-decoder", 9, 10.6, 67.2, 10.6),
+    band("encoder-decoder", 9, 10.2, 35.2, 10.2),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
     band("inference", 47, 0.5, 9.2, 0.0),
     band("lora", 15, 6.0, 33.4, 0.2),
-    band("offload", 4, 20.6, 26.3, -26.0),
+    band("offload", 2, 11.7, 16.6, -16.6),
     band("qlora", 14, 12.9, 51.0, -8.7),
-    band("sharded-training", 22, 4.4, 17.1, 0.6),
-    band("training", 2, 94.8, 103.5, 94.8),
+    band("sharded-training", 22, 4.4, 17.1, 2.2),
+    band("training", 2, 18.4, 51.8, 18.4),
 ];
 
 const fn band(kind: &'static str, rows: usize, median: f64, p90: f64, signed: f64) -> Band {

@@ -9,9 +9,9 @@
 //! `fraction x GPU total` plus what they allocate outside that budget, so their demand depends on
 //! the GPU they land on ([`Demand::gpu_fraction`]).
 //!
-//! Every constant cites the section of the project's memory-model research it comes from
-//! (`research/memory-model.md`, kept outside this repository beside the data sets). Defaults for
-//! unstated settings are listed on [`Defaults`].
+//! Every constant cites its primary source: the paper, the framework's source or docs, or the
+//! issue or pull request where the number was measured (`owner/repo#N` is a GitHub issue or pull
+//! request). Defaults for unstated settings are listed on [`Defaults`].
 //!
 //! ## Parallelism, sharding and offload, per term (per GPU)
 //!
@@ -23,13 +23,14 @@
 //! |---|---|---|
 //! | weights | `W/(t·p)`, `/N` more under ZeRO-3 / FSDP full-shard, frozen LoRA/QLoRA bases included; 0 with `offload: params`, `optimizer+params`, `sequential` | ZeRO paper §5 (Rajbhandari et al. 2019); FSDP `ShardingStrategy`; Megatron-LM places `1/p` of the layers per stage plus one embedding matrix |
 //! | gathered parameters | ZeRO-3/FSDP training: `4·largest layer` (DeepSpeed `largest_layer_memory`); frozen or offloaded: two blocks (running + prefetch) at compute width; DeepSpeed param offload: `max(2 blocks, min(1e9, W))` | DeepSpeed `estimate_zero3_model_states_mem_needs`, `stage3_max_live_parameters` default 1e9 |
-//! | gradients | `/N` from ZeRO-2 (`shard-grad-op`); 16-bit only with `offload: optimizer` | ZeRO paper; ZeRO-Offload (Ren et al. 2021) §3 |
+//! | gradients | `/N` from ZeRO-2 (`shard-grad-op`); 16-bit only with `offload: optimizer`; torchtune's single-device full fine-tune: the largest parameter's only | ZeRO paper; ZeRO-Offload (Ren et al. 2021) §3; torchtune `optimizer_in_bwd: True` in `*_full_single_device.yaml` |
+//! | DeepSpeed buckets | ZeRO-3 training sharded the DeepSpeed way (numeric stage, not torchtitan/torchtune/litgpt): `reduce_bucket_size` (default 5e8) elements at the parameters' width (4 B fp32, else 2 B), with or without offload | `deepspeed/runtime/zero/stage3.py` `__ipg_bucket_flat_buffer`, `contiguous_gradients` default on |
 //! | master weights, optimizer | `/N` from ZeRO-1; 0 with `offload: optimizer` | ZeRO paper; ZeRO-Offload |
 //! | pipeline | ZeRO-2/3 degrade to ZeRO-1 (weights and gradients unsharded across micro-batches); activations: the first stage holds `L/p` layers for `p` micro-batches in flight under 1F1B = `L` layers' worth | DeepSpeed pipeline engine (ZeRO-1 only); torchtitan `reshard_after_forward=False` under PP; Narayanan et al. 2021 §2.2, Korthikanti et al. 2022 §4.2.3 |
 //! | activations | `s/c` tokens per sequence; TP shards 24 of the 34 `sbh` bytes, sequence parallel all 34 (`34·sbh/t`) | Korthikanti et al. 2022, Table 2 |
 //! | activation offload | two layers' saved activations stay, the rest is on the CPU | torchtune activation offloading |
 //! | logits, KV cache | `/t` by vocabulary / kv heads, tokens `/c` | vLLM `get_num_kv_heads`; ring attention |
-//! | encoder-decoder cache | decoder layers (`L/2`) x per-sequence (self over the output + cross over every encoder position), sequences = batch x beams (CTranslate2: cross cache per input) | HF `_expand_inputs_for_generation`; openai/whisper `n_audio_ctx` 1500, `n_text_ctx` 448 |
+//! | encoder-decoder cache | decoder layers (`L/2`) x per-sequence (self over the output + cross over every encoder position), sequences = batch x beams (CTranslate2: cross cache per input); faster-whisper batched (batch > 1): self cache over `n_text_ctx/2` output + 4 start tokens (no previous-text prompt) | HF `_expand_inputs_for_generation`; openai/whisper `n_audio_ctx` 1500, `n_text_ctx` 448, `sample_len = n_ctx // 2`, prompt `[-(n_ctx // 2 - 1):]` |
 //! | encoder | no KV cache | — |
 //! | diffusion | largest of text encoding, denoising (`UNET_ACT_PER_TOKEN` or a DiT block `34·tokens·samples·hidden`) and VAE decode (`VAE_PER_PIXEL`) over the weights resident in that phase | fitted constants, see each |
 
@@ -43,46 +44,59 @@ use super::quantity::{GIB, MIB};
 use crate::placement::Demand;
 
 /// CUDA context per process per GPU on a CUDA >= 12.2 stack with lazy module loading: 274 MiB
-/// bare (PyTorch #86509) to ~430 MiB once cuBLAS/NCCL kernels load (unsloth-zoo #1053); the
-/// report's recommendation is 0.5 GiB (§2.1, §5 "ctx").
+/// bare (pytorch/pytorch#86509, `CUDA_MODULE_LOADING=LAZY`) to 426 MiB in nvidia-smi for a bare
+/// `mem_get_info()` on PyTorch 2.10+cu130 (unslothai/unsloth-zoo#1053) and "around 400MB if CUDA
+/// >= 11.7" (pytorch/pytorch#109888); 0.5 GiB leaves room for the kernels later libraries load.
 pub const CUDA_CONTEXT: f64 = 0.5 * GIB;
-/// cuBLAS workspace (32 MiB per handle on Hopper, §2.2) plus the small tensors every framework
-/// keeps: the near-constant 35-48 MiB residual of weights+KV against measured
-/// `max_memory_allocated` (§4.1).
+/// cuBLAS workspace (32 MiB per handle on Hopper: PyTorch's
+/// `aten/src/ATen/cuda/CublasHandlePool.cpp`, pytorch/pytorch#120925) plus the small tensors every framework keeps: the near-constant
+/// 35-48 MiB by which Qwen's measured `max_memory_allocated` exceeds weights + KV (Qwen3 BF16,
+/// HF + FA2: `QwenLM/Qwen2.5` `docs/source/getting_started/speed_benchmark.md`).
 pub const WORKSPACE: f64 = 40.0 * MIB;
-/// NCCL communicator buffers when the job spans GPUs: 0.5-2 GiB per GPU (§2.3); vLLM's
-/// non-torch memory grew 1.79 GiB from TP1 to TP2 (PR #10511). Outside the PyTorch allocator.
+/// NCCL communicator buffers when the job spans GPUs: ~1.6 GB for one communicator and an
+/// allreduce (NVIDIA/nccl#864), 4 MiB per channel per peer (`NCCL_BUFFSIZE`, NVIDIA/nccl#391);
+/// vLLM's non-torch memory grew 1.79 GiB from TP1 to TP2 (vllm-project/vllm#10511). Outside the
+/// PyTorch allocator.
 pub const NCCL: f64 = 1.0 * GIB;
-/// CUDA graphs captured after a serving engine sizes its budget: 0.13-0.21 GiB for small models,
-/// up to 3.3 GiB for large quantised ones (§2.5); 0.5 GiB is the report's "small models" upper end.
+/// CUDA graphs captured after a serving engine sizes its budget: 0.13-0.21 GiB for small models
+/// (vLLM's log for Llama-3.2-1B, vllm-project/vllm#11349), 3.34 GiB for a 49B GPTQ model
+/// (vllm-project/vllm#15664); 0.5 GiB covers the small and mid-sized models.
 pub const CUDA_GRAPHS: f64 = 0.5 * GIB;
-/// bitsandbytes quantise-on-load staging: the fixed ~0.6 GB litgpt NF4 runs show over the
-/// bits x params arithmetic (§4.1 "Model it as bits x params + ~0.5 GiB").
+/// bitsandbytes quantise-on-load staging: the fixed ~0.6 GB litgpt's NF4 runs show over the
+/// bits x params arithmetic (Llama-2-7B nf4 4.57 GB measured against 3.98 computed:
+/// `Lightning-AI/litgpt` `tutorials/resource-tables.md`).
 pub const BNB_STAGING: f64 = 0.35 * GIB;
-/// Allocator slack, reserved / allocated: ~1.05 for steady inference, 1.1-1.3 for fixed-shape
-/// fine-tuning (§2.4, §5 "frag").
+/// Allocator slack, reserved / allocated: ~1.05 for steady inference (13.73 GiB allocated,
+/// 0.72 GiB reserved but free in a vLLM OOM, kaito-project/kaito#976), 1.1-1.5 for fine-tuning
+/// (torchtune QLoRA 16.39 GiB reserved, 10.83 with `expandable_segments`:
+/// meta-pytorch/torchtune#1185).
 pub const SLACK_INFERENCE: f64 = 1.05;
 pub const SLACK_TRAINING: f64 = 1.15;
 /// Korthikanti et al. activation bytes per token per hidden unit per layer, 16-bit, no
-/// recomputation, attention scores excluded (flash attention): `34 s b h` (§1.5; 32-34 for
-/// Llama blocks).
+/// recomputation, attention scores excluded (flash attention): `34 s b h` (Korthikanti et al.
+/// 2022, "Reducing Activation Recomputation in Large Transformer Models", arXiv:2205.05198,
+/// Table 2; a Llama block's tensors count 32-34).
 pub const ACT_NONE: f64 = 34.0;
 /// Selective recomputation as torchtitan's op policy does it: back-solved ~23 s b h per layer
-/// including allocator slack (§4.3), i.e. ~20 before the training slack above.
+/// including allocator slack from torchtitan's Llama-3.1-8B runs on 8 and 128 H100s
+/// (`pytorch/torchtitan` `benchmarks/llama3_h100_202412_torchtitan.md`), i.e. ~20 before the
+/// training slack above.
 pub const ACT_SELECTIVE: f64 = 20.0;
-/// Full recomputation keeps each layer's input (`2 s b h`, §1.5) ...
+/// Full recomputation keeps each layer's input (`2 s b h`, Korthikanti et al. 2022, Table 2) ...
 pub const ACT_FULL: f64 = 2.0;
 /// ... plus one layer's full working set during its recomputation.
 pub const ACT_FULL_WORKING_LAYERS: f64 = 1.0;
 /// Logits and cross-entropy per token per vocabulary entry: bf16 logits + fp32 upcast + fp32
-/// softmax/grad ≈ 10 B in the HF default path (§2.7).
+/// softmax/grad ≈ 10 B in the HF default path (`ForCausalLMLoss` upcasts with `logits.float()`:
+/// huggingface/transformers#38452, #30860).
 pub const LOGITS_HF: f64 = 10.0;
-/// Chunked cross-entropy (torchtune) keeps 16-bit logits plus one fp32 chunk: 2-4 B (§5 "X").
+/// Chunked cross-entropy (torchtune's `CEWithChunkedOutputLoss`) keeps 16-bit logits plus one
+/// fp32 chunk: 2-4 B.
 pub const LOGITS_CHUNKED: f64 = 4.0;
 /// Attention scores under torch autocast (fp16 AMP) without a fused kernel, per Korthikanti's
 /// `a·s²·b` unit: `QKᵀ` in fp16 (2 B), the softmax autocast runs in fp32 (4 B), the dropout
 /// mask (1 B) and the dropped-out probabilities in fp16 (2 B) = 9, against 5 for pure 16-bit
-/// (§1.5's `5as²b` term, re-derived for autocast's fp32 softmax; not fitted).
+/// (Korthikanti et al. 2022's `5as²b` term, re-derived for autocast's fp32 softmax; not fitted).
 pub const SCORES_AMP: f64 = 9.0;
 /// Denoiser activations at inference per latent token per sample in the batch, 16-bit, for a
 /// UNet (SD 1.5, SDXL): its ResNet and attention blocks at several resolutions hold far more
@@ -105,8 +119,9 @@ pub const SEQUENTIAL_RESIDENT: f64 = 0.05;
 /// ms-swift's 2023 trainer: ~3x the HF path. Inferred, not read in its source: the trainer
 /// passes labels (the model computes its loss) and computes its own loss and token accuracy
 /// from the same logits, so the logits graph is held about three times over. Back-solved from
-/// ms-swift's published batch slope (§4.3 #49: +15.4 GiB per 2048-token Qwen-7B sample with
-/// checkpointing on, where layers account for < 1 GiB): a calibration on that source.
+/// ms-swift's published batch slope (+15.4 GiB per 2048-token Qwen-7B-chat sample with
+/// checkpointing on, where layers account for < 1 GiB: `modelscope/ms-swift`
+/// `docs/source_en/LLM/Benchmark.md`): a calibration on that source.
 pub const LOGITS_MS_SWIFT: f64 = 30.0;
 
 /// Settings used when a pod does not state them.
@@ -121,15 +136,18 @@ impl Defaults {
     /// A serving engine's `max_model_len` when unstated, for its smallest-GPU check only.
     pub const CONTEXT_ENGINE: u64 = 512;
     pub const LORA_RANK: u32 = 8;
-    /// vLLM's `gpu_memory_utilization`: 0.9 through v0.6, 0.92 in current releases (§1.6); the
-    /// larger keeps a co-located pod safe.
+    /// vLLM's `gpu_memory_utilization`: 0.9 through v0.6 (vllm-project/vllm#2162), 0.92 in
+    /// current releases (`vllm/config/cache.py`); the larger keeps a co-located pod safe.
     pub const UTIL_VLLM: f64 = 0.92;
-    /// TGI `--cuda-memory-fraction` (§1.7).
+    /// TGI `--cuda-memory-fraction` (`huggingface/text-generation-inference`
+    /// `docs/source/reference/launcher.md`).
     pub const UTIL_TGI: f64 = 1.0;
-    /// SGLang `mem_fraction_static` (§1.7: the built-in default is unverified; Qwen's
-    /// benchmarks use 0.85, 0.88 is SGLang's common large-GPU value).
+    /// SGLang `mem_fraction_static` (the built-in default is unverified; Qwen's benchmarks use
+    /// 0.85, `QwenLM/Qwen2.5` `docs/source/getting_started/speed_benchmark.md`; 0.88 is SGLang's
+    /// common large-GPU value).
     pub const UTIL_SGLANG: f64 = 0.88;
-    /// TensorRT-LLM `free_gpu_memory_fraction`: of the memory free after weights (§1.7).
+    /// TensorRT-LLM `free_gpu_memory_fraction`: of the memory free after weights
+    /// (`KvCacheConfig`, nvidia.github.io/TensorRT-LLM/examples/kvcacheconfig.html).
     pub const UTIL_TRTLLM: f64 = 0.9;
     /// A GPU size for displaying a fraction engine's split when none is given (80 GiB: A100/H100).
     pub const GPU_TOTAL: u64 = 80 << 30;
@@ -383,6 +401,22 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
 /// DeepSpeed's `stage3_max_live_parameters` default: gathered parameters kept resident.
 const DS_MAX_LIVE_PARAMETERS: f64 = 1e9;
 
+/// DeepSpeed's `reduce_bucket_size` default (5e8 elements). ZeRO-3 allocates its contiguous
+/// gradient bucket (`__ipg_bucket_flat_buffer` in `deepspeed/runtime/zero/stage3.py`) of this
+/// many elements, in the parameters' dtype, on the GPU when `contiguous_gradients` is on (its
+/// default), whatever share of the model trains and wherever the optimizer runs. accelerate's
+/// DeepSpeed plugin leaves the key unset unless a config file says `auto`, so the default holds
+/// for `accelerate launch` with a plugin config (PEFT's examples).
+const DS_REDUCE_BUCKET: f64 = 5e8;
+
+/// Engines whose sharding is PyTorch FSDP even when a pod names it as ZeRO stage 3: their
+/// memory has no DeepSpeed buffers.
+const FSDP_ENGINES: &[&str] = &["torchtitan", "torchtune", "litgpt"];
+
+/// Whisper's start-of-transcript sequence: `<|startoftranscript|>`, language, task and
+/// `<|notimestamps|>` (openai/whisper `sot_sequence_including_notimestamps`).
+const WHISPER_SOT_TOKENS: f64 = 4.0;
+
 /// Engines built on CTranslate2.
 const CTRANSLATE2: &[&str] = &["faster-whisper", "ctranslate2", "whisperx"];
 
@@ -393,6 +427,36 @@ const PEFT_ENGINES: &[&str] = &["hf", "hf-trainer", "peft", "ms-swift", "trl", "
 impl Inputs {
     fn engine_name(&self) -> &str {
         self.engine.as_ref().map_or("", Engine::name)
+    }
+
+    /// DeepSpeed ZeRO-3's gradient bucket ([`DS_REDUCE_BUCKET`]) in a training job sharded
+    /// the DeepSpeed way (a numeric stage, not an FSDP strategy or an FSDP-based engine); on one
+    /// GPU too, as ZeRO-Offload runs there. Elements are the parameters' width: fp32 models
+    /// keep fp32, mixed precision converts the model to 16 bits.
+    fn deepspeed_buckets(&self) -> f64 {
+        let deepspeed = !self.fsdp && !FSDP_ENGINES.contains(&self.engine_name());
+        if !(self.workload.is_training() && deepspeed && self.zero_stage() >= 3) {
+            return 0.0;
+        }
+        let bytes = if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 };
+        DS_REDUCE_BUCKET * bytes
+    }
+
+    /// torchtune's single-device full fine-tune recipe steps the optimizer inside backward
+    /// (`optimizer_in_bwd: True` in its `*_full_single_device.yaml` configs): each gradient is
+    /// applied and freed as soon as it is produced, so at most the largest parameter's gradient
+    /// exists, never the whole set.
+    fn optimizer_in_backward(&self) -> bool {
+        self.workload == Workload::Training
+            && self.engine_name() == "torchtune"
+            && !self.multi_gpu()
+    }
+
+    /// The largest single parameter tensor: the embedding (or head) or an MLP projection.
+    fn largest_parameter(&self) -> f64 {
+        let a = &self.arch;
+        let h = f64::from(a.hidden_size);
+        (f64::from(a.vocab_size) * h).max(h * f64::from(a.intermediate_size)) / self.tp
     }
 
     /// Embedding + LM-head parameters (one matrix when tied).
@@ -406,7 +470,9 @@ impl Inputs {
         both.min(self.params * 0.5)
     }
 
-    /// Bits per linear-layer weight, scales included (§2.6).
+    /// Bits per linear-layer weight, scales included: NF4 with double quantisation 4.127 and
+    /// plain NF4 4.5 (QLoRA, Dettmers et al. 2023, arXiv:2305.14314); GPTQ/AWQ int4 with
+    /// 128-wide groups 4 + (16 + 4)/128 (an fp16 scale and a 4-bit zero per group).
     fn weight_bits(&self) -> f64 {
         match self.dtype {
             Dtype::Fp32 => 32.0,
@@ -428,7 +494,9 @@ impl Inputs {
         }
     }
 
-    /// Quantised loaders keep embeddings and head in 16 bits (§2.6); fp32 models keep them fp32.
+    /// Quantised loaders keep embeddings and head in 16 bits (StarCoder's GPTQ-4bit checkpoint is
+    /// 30 % of bf16, not 26 %: `mayank-mishra/starcoder-GPTQ-8bit-128g`'s model card); fp32 models
+    /// keep them fp32.
     fn embedding_bytes(&self) -> f64 {
         self.weight_bits().clamp(16.0, 32.0) / 8.0
     }
@@ -478,7 +546,8 @@ impl Inputs {
         }
         let sharded = self.weight_bytes() / self.weight_shards();
         // litgpt's FSDP LoRA keeps the gathered frozen base next to its shard: its 2-GPU run
-        // measured 20.7 GiB per GPU against 19.8 on one GPU (§3.4 #36; Lightning's FSDP
+        // measured 20.7 GiB per GPU against 19.8 on one GPU (`Lightning-AI/litgpt`
+        // `tutorials/resource-tables.md`; Lightning's FSDP
         // strategy there does not reshard frozen parameters after forward). A framework
         // behaviour, so kept to that framework.
         if self.workload.is_adapter() && self.zero3() && self.engine_name() == "litgpt" {
@@ -505,7 +574,8 @@ impl Inputs {
         let linear = (self.params - self.embedding_params()).max(0.0) * self.stage_share();
         let mut bytes = linear * self.weight_bits() / 8.0 + emb * self.embedding_bytes();
         // The FP8 loader un-ties a tied LM head: Qwen3-4B FP8 measured one embedding copy over
-        // (742 MiB, §4.1).
+        // (742 MiB over weights + KV: `QwenLM/Qwen2.5`
+        // `docs/source/getting_started/speed_benchmark.md`).
         if self.dtype == Dtype::Fp8 && self.arch.tied_embeddings {
             bytes += f64::from(self.arch.vocab_size) * f64::from(self.arch.hidden_size) * 2.0;
         }
@@ -513,7 +583,8 @@ impl Inputs {
     }
 
     /// bitsandbytes runtime: staging plus two bf16 copies of the largest linear being
-    /// dequantised for its matmul (fits the litgpt NF4 rows, which grow with h x ffn: §4.1).
+    /// dequantised for its matmul (fits litgpt's NF4 rows in `tutorials/resource-tables.md`, which
+    /// grow with h x ffn).
     fn quantisation_overhead(&self) -> f64 {
         if !self.dtype.is_bitsandbytes() {
             return 0.0;
@@ -536,7 +607,7 @@ impl Inputs {
 
     /// LoRA adapters on every linear layer (the QLoRA paper's recipe, torchtune's and Qwen's
     /// `finetune.py` defaults; peft's q/v-only default trains fewer, so this errs high):
-    /// `r·(d_in + d_out)` per adapted matrix (§5 "S").
+    /// `r·(d_in + d_out)` per adapted matrix (LoRA, Hu et al. 2021, arXiv:2106.09685).
     fn adapter_params(&self) -> f64 {
         let a = &self.arch;
         let h = f64::from(a.hidden_size);
@@ -553,7 +624,9 @@ impl Inputs {
     }
 
     /// Gradients, master weights and optimizer state of what trains, per GPU, by ZeRO stage
-    /// (ZeRO paper accounting, §1.3; DeepSpeed's 18 B/param for mixed-precision Adam, §1.2).
+    /// (ZeRO, Rajbhandari et al. 2019, arXiv:1910.02054; DeepSpeed's 18 B/param for
+    /// mixed-precision Adam: `estimate_zero3_model_states_mem_needs` in
+    /// `deepspeed/runtime/zero/stage3.py`, docs `docs/code-docs/source/memory.rst`).
     fn trainable_state(&self) -> (f64, f64, f64) {
         match self.workload {
             Workload::Inference => (0.0, 0.0, 0.0),
@@ -587,17 +660,18 @@ impl Inputs {
                 let states = self.optimizer_bytes(param_bytes);
                 let dp = self.shards();
                 let shard = |stage: u8| if self.zero_stage() >= stage { dp } else { 1.0 };
-                // ZeRO-Offload (Ren et al. 2021, §3): fp32 master weights, optimizer state and
-                // the fp32 gradients live on the CPU, which runs the step; the GPU keeps the
-                // 16-bit gradients of its partition until they are copied out.
+                // ZeRO-Offload (Ren et al. 2021, arXiv:2101.06840, §3): fp32 master weights,
+                // optimizer state and the fp32 gradients live on the CPU, which runs the step;
+                // the GPU keeps the 16-bit gradients of its partition until they are copied out.
                 if self.offload.optimizer() {
                     return (p * 2.0 / shard(2), 0.0, 0.0);
                 }
-                (
-                    p * grad / shard(2),
-                    p * master / shard(1),
-                    p * states / shard(1),
-                )
+                let grads = if self.optimizer_in_backward() {
+                    self.largest_parameter() * grad
+                } else {
+                    p * grad / shard(2)
+                };
+                (grads, p * master / shard(1), p * states / shard(1))
             }
         }
     }
@@ -613,7 +687,8 @@ impl Inputs {
     }
 
     /// ZeRO-3 gathers a layer at a time: DeepSpeed's `largest_layer_memory = 4·largest_layer`
-    /// (§1.2), the largest layer being a transformer block or the embedding.
+    /// (`estimate_zero3_model_states_mem_needs`, `deepspeed/runtime/zero/stage3.py`), the largest
+    /// layer being a transformer block or the embedding.
     /// For adapters and for offloaded weights the gathered block is frozen: two of them (the
     /// one running and FSDP's prefetch) at the weights' own width.
     fn zero3_live_params(&self) -> f64 {
@@ -649,7 +724,7 @@ impl Inputs {
         self.batch * self.context / self.cp
     }
 
-    /// Training activations (Korthikanti et al., §1.5, §5 "A"), per GPU.
+    /// Training activations (Korthikanti et al. 2022, arXiv:2205.05198, Table 2), per GPU.
     fn activations(&self) -> f64 {
         let a = &self.arch;
         let (h, l) = (f64::from(a.hidden_size), f64::from(a.layers));
@@ -673,8 +748,9 @@ impl Inputs {
             let heads = (f64::from(a.attention_heads) / self.tp).max(1.0);
             return heads * s * s * b * 6.0;
         }
-        // Tensor parallel shards all but 10 of the 34 (§1.5 TP row); sequence parallelism
-        // splits those 10 (layer norms, dropout) along the sequence too: `34/t` (§1.5 SP row).
+        // Tensor parallel shards all but 10 of the 34 (Korthikanti et al. 2022, Table 2, the
+        // tensor-parallel row); sequence parallelism splits those 10 (layer norms, dropout) along
+        // the sequence too: `34/t` (the sequence-parallel row).
         let sharded = |c: f64| {
             if self.sp {
                 c / self.tp
@@ -711,7 +787,9 @@ impl Inputs {
                 saved(ACT_FULL) + ACT_FULL_WORKING_LAYERS * per_layer(ACT_NONE, !self.flash)
             }
         };
-        // fp32 training keeps fp32 activations: ~1.9x the 16-bit bytes (§5 "A").
+        // fp32 training keeps fp32 activations: ~1.9x the 16-bit bytes (checked against
+        // BERT-large's fp32 rows, nvml, in HF Transformers'
+        // `docs/source/en/perf_train_gpu_one.md`).
         if self.dtype == Dtype::Fp32 {
             bytes * 1.9
         } else {
@@ -719,7 +797,8 @@ impl Inputs {
         }
     }
 
-    /// Logits: training materialises `s·b·V` with an fp32 upcast (§2.7); inference keeps only the
+    /// Logits: training materialises `s·b·V` with an fp32 upcast
+    /// (huggingface/transformers#38452); inference keeps only the
     /// last token's (`logits_to_keep`).
     fn logits(&self) -> f64 {
         let v = f64::from(self.arch.vocab_size) / self.tp;
@@ -737,7 +816,8 @@ impl Inputs {
     }
 
     /// `2·L·kv_heads_per_gpu·head_dim·bytes·tokens`; kv heads are replicated, not split, when
-    /// fewer than the tensor-parallel degree (vLLM `get_num_kv_heads`, §1.6).
+    /// fewer than the tensor-parallel degree (vLLM `ModelConfig.get_num_kv_heads`:
+    /// `max(1, total_kv_heads // tp)`).
     ///
     /// Encoders keep no cache. Encoder-decoders keep, per sequence (each beam is one: HF
     /// `_expand_inputs_for_generation` and openai/whisper repeat the encoder output per beam),
@@ -764,15 +844,29 @@ impl Inputs {
                     seqs
                 };
                 let pick = |n: u32| if n > 0 { f64::from(n) } else { self.context };
+                // A decoder window of `n_text_ctx` holds at most half of it as prompt (the
+                // previous segment's text, openai/whisper `prompt_tokens[-(n_ctx // 2 - 1):]`)
+                // and half as output (`sample_len = n_ctx // 2`). faster-whisper's batched
+                // pipeline decodes chunks in parallel, so no chunk is conditioned on another's
+                // text: its sequences hold the start-of-transcript tokens and the output only.
+                let decoder = if decoder_positions > 0
+                    && self.batch > 1.0
+                    && CTRANSLATE2.contains(&self.engine_name())
+                {
+                    f64::from(decoder_positions / 2) + WHISPER_SOT_TOKENS
+                } else {
+                    pick(decoder_positions)
+                };
                 let decoder_layers = (f64::from(a.layers) / 2.0).max(1.0);
                 decoder_layers
                     * per_token_layer
-                    * (cross_seqs * pick(encoder_positions) + seqs * pick(decoder_positions))
+                    * (cross_seqs * pick(encoder_positions) + seqs * decoder)
             }
             Kind::Decoder => {
                 // The legacy HF cache (tuples grown by `torch.cat`) measured ~2x the
-                // theoretical KV (Qwen-7B v1 README, gpu_poor: §2.8); the flash-attention /
-                // static-cache path does not.
+                // theoretical KV (+1.04 MB per token against 0.52: `QwenLM/Qwen` `README.md`;
+                // `RahulSChand/gpu_poor` `README.md`: 1 GB against 500 MB per 1000 tokens); the
+                // flash-attention / static-cache path does not.
                 let legacy = if self.legacy_cache { 2.0 } else { 1.0 };
                 legacy * f64::from(a.layers) * per_token_layer * tokens * self.beams
             }
@@ -785,7 +879,7 @@ impl Inputs {
 
     /// One prefill of 2048 tokens through a layer plus its logits: the least a serving
     /// engine's profiling pass allocates besides weights (a lower bound: vLLM logged 2.38 GiB
-    /// for Llama-2-7B, §1.6).
+    /// for Llama-2-7B, kubernetes-sigs/gateway-api-inference-extension#550).
     fn engine_profile_activations(&self) -> f64 {
         let a = &self.arch;
         let per_token =
@@ -862,6 +956,7 @@ fn transformer_components(
         tensor("optimizer", optimizer);
     }
     tensor("zero3-live-params", inp.zero3_live_params());
+    tensor("deepspeed-buckets", inp.deepspeed_buckets());
     if has_shape {
         tensor("activations", inp.activations());
         tensor("logits", inp.logits());
@@ -1018,7 +1113,9 @@ fn finish(
 }
 
 /// Engines that size themselves to a fraction of the GPU: the budget holds weights,
-/// activations and a KV pool that grows to fill it (§1.6-1.7, §4.4).
+/// activations and a KV pool that grows to fill it (vLLM `vllm/v1/worker/gpu_worker.py`
+/// `determine_available_memory`; TGI's launcher docs; a Llama-2-7B under vLLM takes ~71 GiB of
+/// an H100 by design, kubernetes-sigs/gateway-api-inference-extension#550).
 fn fraction_engine(
     spec: &Spec,
     inp: &Inputs,
@@ -1563,5 +1660,102 @@ mod tests {
         let b = est(&[("model", "llama-2-7b"), ("headroom", "0.1")]);
         let ratio = b.per_gpu_bytes as f64 / a.per_gpu_bytes as f64;
         assert!((ratio - 1.1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn deepspeed_zero3_keeps_its_reduce_bucket_fsdp_does_not() {
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = vec![
+                ("model", "bloomz-7b1"),
+                ("workload", "lora"),
+                ("dtype", "fp32"),
+                ("offload", "optimizer+params"),
+            ];
+            v.extend_from_slice(extra);
+            est(&v)
+        };
+        // 5e8 fp32 elements, on one GPU too (ZeRO-Offload).
+        assert_eq!(
+            part(&with(&[("zero-stage", "3")]), "deepspeed-buckets"),
+            2e9
+        );
+        assert_eq!(
+            part(&with(&[("zero-stage", "2")]), "deepspeed-buckets"),
+            0.0
+        );
+        assert_eq!(
+            part(&with(&[("zero-stage", "full-shard")]), "deepspeed-buckets"),
+            0.0
+        );
+        assert_eq!(
+            part(
+                &with(&[("zero-stage", "3"), ("engine", "torchtitan")]),
+                "deepspeed-buckets"
+            ),
+            0.0
+        );
+        // Mixed precision: the model is 16-bit under DeepSpeed, and so is the bucket.
+        let amp = est(&[
+            ("model", "llama-2-70b"),
+            ("workload", "lora"),
+            ("dtype", "fp16-amp"),
+            ("zero-stage", "3"),
+            ("data-parallel", "8"),
+        ]);
+        assert_eq!(part(&amp, "deepspeed-buckets"), 1e9);
+    }
+
+    #[test]
+    fn torchtune_single_device_full_finetune_steps_in_backward() {
+        let base = [
+            ("model", "llama-3.1-8b"),
+            ("workload", "training"),
+            ("dtype", "bf16"),
+            ("batch", "2"),
+            ("context-tokens", "2048"),
+        ];
+        let hf = est(&base);
+        assert_eq!(part(&hf, "gradients"), 8.03e9 * 2.0);
+        let mut tt = base.to_vec();
+        tt.push(("engine", "torchtune"));
+        // Only the largest parameter's gradient: the 128256 x 4096 embedding, bf16.
+        assert_eq!(part(&est(&tt), "gradients"), 128_256.0 * 4096.0 * 2.0);
+        // Its distributed recipe keeps whole gradients (FSDP shards them).
+        tt.push(("data-parallel", "2"));
+        assert!(part(&est(&tt), "gradients") > 8e9);
+    }
+
+    #[test]
+    fn batched_faster_whisper_holds_no_previous_text_in_its_decoder_cache() {
+        let run = |engine: &'static str, batch: &'static str| {
+            part(
+                &est(&[
+                    ("model", "whisper-large-v2"),
+                    ("dtype", "fp16"),
+                    ("engine", engine),
+                    ("beams", "5"),
+                    ("batch", batch),
+                ]),
+                "kv-cache",
+            )
+        };
+        // 32 decoder layers x 2 x 20 heads x 64 x 2 B per token.
+        let per_token = 32.0 * 2.0 * 20.0 * 64.0 * 2.0;
+        // Sequential: cross over 1500 positions once per input, self over the whole 448-token
+        // window per beam.
+        assert_eq!(
+            run("faster-whisper", "1"),
+            per_token * (1500.0 + 5.0 * 448.0)
+        );
+        // Batched: 224 output + 4 start tokens per beam.
+        assert_eq!(
+            run("faster-whisper", "8"),
+            per_token * 8.0 * (1500.0 + 5.0 * 228.0)
+        );
+        // openai/whisper conditions on previous text whatever the batch.
+        assert_eq!(
+            run("openai-whisper", "2"),
+            per_token * 2.0 * 5.0 * (1500.0 + 448.0)
+        );
     }
 }

@@ -1,9 +1,7 @@
 //! Built-in architecture presets, selected with `peakfit.io/model`.
 //!
-//! Numbers are the HF `config.json` values (collected in the project's memory-model research, §3.1,
-//! which lives outside this repository; params
-//! computed from the shapes there); the families that table lacks (Qwen v1 1.8B/14B/72B, Llama 3.1
-//! 405B, Llama 3.2 Vision, BLOOMZ, mT0) are from their published configs. Every field can be
+//! Numbers are each model's `config.json` on the Hugging Face Hub (`huggingface.co/<org>/<model>`),
+//! params computed from the shapes. Every field can be
 //! overridden by its own annotation, so a fine-tune with a resized vocabulary needs only
 //! `peakfit.io/vocab-size`.
 //!

@@ -1,5 +1,7 @@
-//! What the agent's integration tests share: finding the fake NVML, a child process that dies
-//! with the test, and a tiny HTTP/1.1 client for loopback.
+//! What every test that runs the real `peakfit` binary on loopback shares: the fake NVML library,
+//! a child process killed on drop, a free port and a tiny HTTP/1.1 client. `agent_support` and
+//! `e2e_support` re-export it, so the harnesses cannot drift apart; nothing here talks to a
+//! cluster.
 #![allow(dead_code)] // each test crate uses a different part
 
 use std::io::{Read, Write};
@@ -10,7 +12,7 @@ use std::time::Duration;
 /// The fake library beside the `peakfit` test binary, or `FAKE_NVML_LIB`. Panics (the test fails,
 /// it never passes without running) when it has not been built: `cargo test` does not build a
 /// workspace cdylib, so run `cargo build -p fake-nvml` first (`scripts/test` does).
-pub fn fake_lib() -> PathBuf {
+pub fn fake_nvml_lib() -> PathBuf {
     let lib = std::env::var_os("FAKE_NVML_LIB").map_or_else(
         || Path::new(env!("CARGO_BIN_EXE_peakfit")).with_file_name("libfake_nvml.so"),
         PathBuf::from,
@@ -33,6 +35,7 @@ impl Drop for Running {
     }
 }
 
+/// A loopback port nothing listens on (the OS's pick, released again for the test to use).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -58,4 +61,9 @@ pub fn request(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, 
     let code = text.get(9..12)?.parse().ok()?;
     let body = text.split_once("\r\n\r\n")?.1.to_string();
     Some((code, body))
+}
+
+/// A plain HTTP GET on loopback: status and body (`None` while nothing listens).
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    request(port, "GET", path, "")
 }
