@@ -16,7 +16,7 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::cli::parse_duration;
 
-/// The connection limits, shared by `peakfit extender` and `peakfit webhook`.
+/// The connection limits, shared by `peakfit extender`, `peakfit webhook` and the agent's `/metrics`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct ServeArgs {
     /// How long a connection may take to send a request's headers, counted from the end of the

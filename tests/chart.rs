@@ -350,6 +350,10 @@ fn the_default_render_holds_what_each_object_needs() {
     assert_eq!(vol.host_path.as_ref().unwrap().path, "/proc");
     assert_eq!(env_value(agent, "NVIDIA_VISIBLE_DEVICES"), "all");
     assert_eq!(env_value(agent, "NVIDIA_DRIVER_CAPABILITIES"), "utility");
+    // The /metrics listener's limits, as the extender's (issue 11).
+    assert_eq!(env_value(agent, "PEAKFIT_IDLE_TIMEOUT"), "60s");
+    assert_eq!(env_value(agent, "PEAKFIT_SHUTDOWN_TIMEOUT"), "10s");
+    assert_eq!(env_value(agent, "PEAKFIT_MAX_CONNECTIONS"), "64");
     let res = agent.resources.as_ref().unwrap();
     assert!(
         res.limits.is_some() && res.requests.is_some(),

@@ -82,3 +82,24 @@ fn simulate_clamps_jobs_to_the_cores() {
     assert!(out.status.success(), "{e}");
     assert!(e.contains("--jobs clamped to the number of cores"), "{e}");
 }
+
+/// File mode ignores `--max-report-age` (a file is a snapshot); `--help` says so, and the flags
+/// that bound what a client costs are listed for every server, the agent's `/metrics` included.
+#[test]
+fn help_says_what_file_mode_ignores_and_lists_the_connection_limits() {
+    let out = peakfit(&["extender", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Ignored with --from-file"), "{help}");
+    for cmd in ["extender", "webhook", "agent"] {
+        let out = peakfit(&[cmd, "--help"]);
+        let help = String::from_utf8_lossy(&out.stdout);
+        for flag in [
+            "--idle-timeout",
+            "--body-timeout",
+            "--shutdown-timeout",
+            "--max-connections",
+        ] {
+            assert!(help.contains(flag), "peakfit {cmd} --help lacks {flag}");
+        }
+    }
+}

@@ -302,3 +302,93 @@ proptest! {
         });
     }
 }
+
+/// Requests wait for room in `--max-body-bytes-in-flight`, up to the body timeout, then get a
+/// JSON 503: 8 concurrent 250 MiB bodies once took the extender to 2.2 GB.
+#[tokio::test]
+async fn a_request_without_room_in_the_bytes_in_flight_budget_gets_a_json_503() {
+    let ext = Arc::new(
+        peakfit::extender::Extender::new(
+            Arc::new(Index::new()),
+            Arc::new(peakfit::metrics::extender::ExtenderMetrics::new()),
+            Arc::new(peakfit::cluster::binding::MemoryBinder::default()),
+        )
+        .with_body_limits(peakfit::extender::BodyLimits::new(
+            1024,
+            1024,
+            std::time::Duration::from_millis(300),
+        )),
+    );
+    let router = peakfit::extender::routes::router(ext.clone());
+    let held = ext.body.reserve(1024).await;
+    let (s, r) = call(&router, "POST", "/filter", b"{}".to_vec()).await;
+    assert_eq!(s, 503);
+    let v = json(&r);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("--max-body-bytes-in-flight"),
+        "{v}"
+    );
+    assert_eq!(v["verb"], "filter");
+    // Room again: the same request is read and answered.
+    drop(held);
+    let (s, _) = call(&router, "POST", "/filter", b"{}".to_vec()).await;
+    assert_eq!(s, 200);
+}
+
+/// The filter's work is held here until the test opens it (the extender reads its clock while
+/// it decides), so the test can see which thread it blocks.
+static GATE: (std::sync::Mutex<bool>, std::sync::Condvar) =
+    (std::sync::Mutex::new(false), std::sync::Condvar::new());
+
+fn gated_clock() -> i64 {
+    let (open, cv) = &GATE;
+    let mut open = open.lock().unwrap();
+    while !*open {
+        open = cv.wait(open).unwrap();
+    }
+    capture_clock()
+}
+
+/// Decoding and filter's work run on the blocking pool: with the runtime's only async worker
+/// free, `/healthz` answers while a filter is stuck mid-decision. Run on that worker (before
+/// the fix), the filter held it, and `/healthz` (and bind) waited behind every filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn healthz_answers_while_a_filter_is_busy() {
+    let dir = capture_dir();
+    let index = fixture_index(&dir, &node_cache_uids());
+    let ext = Arc::new(
+        peakfit::extender::Extender::new(
+            index,
+            Arc::new(peakfit::metrics::extender::ExtenderMetrics::new()),
+            Arc::new(peakfit::cluster::binding::MemoryBinder::default()),
+        )
+        .with_clock(gated_clock),
+    );
+    let router = peakfit::extender::routes::router(ext);
+    let body = std::fs::read(dir.join("node-cache/001-filter-request.json")).unwrap();
+    let filter = tokio::spawn({
+        let router = router.clone();
+        async move { call(&router, "POST", "/filter", body).await }
+    });
+    // Let the filter reach the gate.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (tx, rx) = std::sync::mpsc::channel();
+    tokio::spawn(async move {
+        let _ = tx.send(call(&router, "GET", "/healthz", vec![]).await.0);
+    });
+    // A blocking wait on this (non-worker) thread: if the worker is stuck, nothing answers.
+    let healthz = rx.recv_timeout(std::time::Duration::from_secs(20));
+    let (open, cv) = &GATE;
+    *open.lock().unwrap() = true;
+    cv.notify_all();
+    assert_eq!(
+        healthz.ok().map(|s| s.as_u16()),
+        Some(200),
+        "/healthz did not answer while a filter was busy"
+    );
+    let (s, _) = filter.await.unwrap();
+    assert_eq!(s, 200);
+}

@@ -389,3 +389,46 @@ async fn a_repeated_bind_is_idempotent_and_another_node_is_refused() {
         assert!(text.contains(line), "{line}\n{text}");
     }
 }
+
+/// The probe's reproduction: 32 concurrent binds of one pod, half to each of two nodes. Before
+/// the fix all 32 succeeded and the reservation moved; now the pod is bound once, every bind to
+/// that node answers success (the first binds, the rest are idempotent repeats), and every bind
+/// to the other node is refused (before: a conflict if it did not fit; after: bound elsewhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_binds_of_one_pod_to_two_nodes_bind_it_once() {
+    let dir = capture_dir();
+    let index = fixture_index(&dir, &node_cache_uids());
+    let binder = Arc::new(MemoryBinder::default());
+    let h = harness_with(index.clone(), binder.clone(), binder.clone());
+    let request: Value = serde_json::from_slice(&bind_request(&dir)).unwrap();
+    let calls: Vec<_> = (0..32)
+        .map(|i| {
+            let mut r = request.clone();
+            let node = if i % 2 == 0 { "gpu-a" } else { "gpu-b" };
+            r["Node"] = node.into();
+            let router = h.router.clone();
+            tokio::spawn(async move {
+                let (code, reply) =
+                    call(&router, "POST", "/bind", serde_json::to_vec(&r).unwrap()).await;
+                assert_eq!(code, 200);
+                let error = json(&reply)["Error"].as_str().unwrap().to_owned();
+                (node, error)
+            })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for c in calls {
+        replies.push(c.await.unwrap());
+    }
+    let bindings = binder.bindings.lock();
+    assert_eq!(bindings.len(), 1, "bound once: {:?}", bindings.len());
+    let winner = bindings[0].0.node.clone();
+    drop(bindings);
+    for (node, error) in &replies {
+        if *node == winner {
+            assert_eq!(error, "", "a bind to {node}, where the pod is bound");
+        } else {
+            assert!(!error.is_empty(), "a bind to {node} succeeded too");
+        }
+    }
+}

@@ -1,6 +1,8 @@
-//! The real `peakfit extender` binary under clients that misbehave at the connection level:
-//! half-sent bodies, silent connections, too many connections, SIGTERM while a request hangs.
-//! Each test starts the binary in file mode on the example cluster, on a loopback port.
+//! The real `peakfit extender` binary, and the agent's `/metrics` listener, under clients that
+//! misbehave at the connection level: half-sent bodies, silent connections, too many
+//! connections, SIGTERM while a request hangs. Each extender test starts the binary in file mode
+//! on the example cluster, on a loopback port; each agent test starts `peakfit agent --print`
+//! without an NVML library (it keeps serving with zero GPUs).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -18,16 +20,37 @@ struct Server {
 }
 
 fn start(extra: &[&str]) -> Server {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/cluster.yaml");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_peakfit"));
+    cmd.args(["extender", "--prescore-interval", "0", "--from-file"])
+        .arg(example);
+    spawn(cmd, extra)
+}
+
+/// `peakfit agent` serving `/metrics` and `/healthz`, with no NVML library to find.
+fn start_agent(extra: &[&str]) -> Server {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_peakfit"));
+    cmd.args([
+        "agent",
+        "--print",
+        "--node-name",
+        "n1",
+        "--poll-interval",
+        "1s",
+    ])
+    .args(["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
+    spawn(cmd, extra)
+}
+
+/// Starts `cmd` with `--listen` on a free loopback port and waits until it accepts.
+fn spawn(mut cmd: Command, extra: &[&str]) -> Server {
     let addr = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/cluster.yaml");
-    let child = Command::new(env!("CARGO_BIN_EXE_peakfit"))
-        .args(["extender", "--prescore-interval", "0", "--listen"])
+    let child = cmd
+        .arg("--listen")
         .arg(addr.to_string())
-        .arg("--from-file")
-        .arg(example)
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -41,7 +64,7 @@ fn start(extra: &[&str]) -> Server {
     while TcpStream::connect(addr).is_err() {
         assert!(
             server.child.0.try_wait().unwrap().is_none(),
-            "the extender exited before listening"
+            "the server exited before listening"
         );
         assert!(start.elapsed() < Duration::from_secs(30), "never listened");
         std::thread::sleep(Duration::from_millis(20));
@@ -86,6 +109,14 @@ fn read_all(s: &mut TcpStream, bound: Duration) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Sends a request's first header line and nothing more.
+fn half_sent_headers(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    s
+}
+
 /// The probe found the extender still running 65 s after SIGTERM with such a request open: the
 /// body and idle timeouts are a minute here, so only the shutdown deadline (1 s) can end it.
 #[test]
@@ -103,6 +134,55 @@ fn sigterm_with_a_half_sent_bind_exits_after_the_shutdown_deadline() {
     sigterm(&server.child.0);
     let status = wait_exit(&mut server.child.0, Duration::from_secs(20))
         .expect("the extender still runs 20 s after SIGTERM with a half-sent request");
+    assert!(status.success(), "{status}");
+}
+
+/// The agent's listener had no header timeout and no shutdown deadline: a client that stopped
+/// half-way through its headers kept the agent running after SIGTERM for as long as it stayed
+/// connected. Only the shutdown deadline (1 s) can end it here.
+#[test]
+fn agent_sigterm_with_half_sent_headers_exits_after_the_shutdown_deadline() {
+    let mut server = start_agent(&["--shutdown-timeout", "1s", "--idle-timeout", "60s"]);
+    let _hanging = half_sent_headers(server.addr);
+    std::thread::sleep(Duration::from_millis(300));
+    sigterm(&server.child.0);
+    let status = wait_exit(&mut server.child.0, Duration::from_secs(20))
+        .expect("the agent still runs 20 s after SIGTERM with half-sent headers");
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn agent_half_sent_headers_are_dropped_after_the_idle_timeout() {
+    let server = start_agent(&["--idle-timeout", "1s"]);
+    let mut s = half_sent_headers(server.addr);
+    let start = Instant::now();
+    let reply = read_all(&mut s, Duration::from_secs(20));
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "the half-sent request was held open: {reply:?}"
+    );
+}
+
+/// The webhook's listener: a client that connects and never completes its TLS handshake does
+/// not keep the webhook alive after SIGTERM past the shutdown deadline (1 s; the handshake's own
+/// timeout is 10 s).
+#[test]
+fn webhook_sigterm_with_a_silent_connection_exits_after_the_shutdown_deadline() {
+    let tls = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/webhook-tls");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_peakfit"));
+    cmd.arg("webhook")
+        .arg("--tls-cert")
+        .arg(tls.join("a.crt"))
+        .arg("--tls-key")
+        .arg(tls.join("a.key"));
+    let mut server = spawn(cmd, &["--shutdown-timeout", "1s", "--idle-timeout", "60s"]);
+    let mut silent = TcpStream::connect(server.addr).unwrap();
+    // The start of a ClientHello, and no more.
+    silent.write_all(&[0x16, 0x03, 0x01]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    sigterm(&server.child.0);
+    let status = wait_exit(&mut server.child.0, Duration::from_secs(8))
+        .expect("the webhook still runs 8 s after SIGTERM with a half-sent handshake");
     assert!(status.success(), "{status}");
 }
 
@@ -144,7 +224,20 @@ fn a_silent_connection_is_closed_after_the_idle_timeout() {
 
 #[test]
 fn connections_beyond_the_cap_wait_for_a_slot() {
-    let server = start(&["--max-connections", "2", "--idle-timeout", "60s"]);
+    connections_beyond_the_cap_wait(&start(&["--max-connections", "2", "--idle-timeout", "60s"]));
+}
+
+#[test]
+fn agent_connections_beyond_the_cap_wait_for_a_slot() {
+    connections_beyond_the_cap_wait(&start_agent(&[
+        "--max-connections",
+        "2",
+        "--idle-timeout",
+        "60s",
+    ]));
+}
+
+fn connections_beyond_the_cap_wait(server: &Server) {
     let held: Vec<TcpStream> = (0..2)
         .map(|_| TcpStream::connect(server.addr).unwrap())
         .collect();

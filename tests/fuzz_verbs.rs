@@ -1,8 +1,12 @@
 //! Fuzzing on stable Rust, as a habit: every verb's decoder (the wire types the routes decode
-//! with `serde_json`), the verbs themselves on what decodes, the annotation parser, and the
-//! index's reading of a bound pod (`assigned-gpus`, `reserved-bytes`), over random bytes, random
+//! with `serde_json`), the verbs themselves on what decodes, the annotation parser, the index's
+//! reading of a bound pod (`assigned-gpus`, `reserved-bytes`), and the webhook's decoder and
+//! decision (an `AdmissionReview` of a pod CREATE or UPDATE), over random bytes, random
 //! protocol-shaped JSON and byte-mutated protocol requests. The property: nothing panics (the
 //! test profile keeps overflow checks on), and no GPU shows more free than it has.
+//!
+//! The extender, its index and a runtime are built once per thread, not per case, so a case costs
+//! only its decoding and the verbs' work.
 //!
 //! CI runs a smoke of a few hundred cases (seconds). The long run raises the count:
 //!
@@ -15,24 +19,30 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::core::DynamicObject;
+use kube::core::admission::AdmissionReview;
 use peakfit::cluster::binding::MemoryBinder;
 use peakfit::cluster::index::{ASSIGNED_GPUS, Index, RESERVED_BYTES, pod_request_of};
 use peakfit::extender::Extender;
 use peakfit::extender::wire::{ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs};
 use peakfit::metrics::extender::ExtenderMetrics;
 use peakfit::model::Spec;
+use peakfit::webhook::{Mutator, OptIn};
 use proptest::prelude::*;
 
 fn cases() -> u32 {
-    std::env::var("PEAKFIT_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(400)
+    static CASES: OnceLock<u32> = OnceLock::new();
+    *CASES.get_or_init(|| {
+        std::env::var("PEAKFIT_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(400)
+    })
 }
 
 const NODES: [&str; 4] = ["h100-0", "a100-0", "l4-0", "ghost"];
@@ -94,7 +104,23 @@ fn pod_json(ann: &BTreeMap<String, String>, uid: &str, node: &str) -> serde_json
     })
 }
 
-/// A protocol-shaped request for any verb: the fields of all four, so each decoder finds its own.
+/// An `AdmissionReview` of the pod, as the API server sends it to the webhook.
+fn review_json(pod: &serde_json::Value, update: bool) -> serde_json::Value {
+    let mut request = serde_json::json!({
+        "uid": "u", "operation": if update { "UPDATE" } else { "CREATE" },
+        "namespace": "ml", "name": "p",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "userInfo": {}, "object": pod,
+    });
+    if update {
+        request["oldObject"] = pod.clone();
+    }
+    serde_json::json!({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": request})
+}
+
+/// A protocol-shaped request for any verb: the fields of all four, so each decoder finds its own;
+/// or an `AdmissionReview` for the webhook.
 fn shaped() -> impl Strategy<Value = Vec<u8>> {
     (
         annotations(),
@@ -102,9 +128,13 @@ fn shaped() -> impl Strategy<Value = Vec<u8>> {
         prop::sample::select(&NODES[..]),
         prop::collection::vec(prop::sample::select(&NODES[..]), 0..5),
         any::<bool>(),
+        0u8..8,
     )
-        .prop_map(|(ann, uid, node, names, full)| {
+        .prop_map(|(ann, uid, node, names, full, kind)| {
             let pod = pod_json(&ann, uid, node);
+            if kind < 2 {
+                return serde_json::to_vec(&review_json(&pod, kind == 1)).unwrap();
+            }
             let nodes = names
                 .iter()
                 .map(|n| serde_json::json!({"metadata": {"name": n}}))
@@ -152,17 +182,18 @@ fn input() -> impl Strategy<Value = Vec<u8>> {
 }
 
 /// Decodes `bytes` with every verb's decoder and runs the verbs on what decodes; parses the
-/// pod's annotations and applies it to the index as a bound pod.
+/// pod's annotations and applies it to the index as a bound pod; and answers it as the webhook.
 fn exercise(ext: &Extender, rt: &tokio::runtime::Runtime, bytes: &[u8]) {
+    // filter and prioritize decode the same type: decoded once, run on a copy.
     if let Ok(args) = serde_json::from_slice::<ExtenderArgs>(bytes) {
         if let Some(pod) = &args.pod {
-            let _ = Spec::parse(&pod.metadata.annotations.clone().unwrap_or_default());
+            if let Some(annotations) = &pod.metadata.annotations {
+                let _ = Spec::parse(annotations);
+            }
             let _ = pod_request_of(pod);
             ext.index.apply_pod(pod);
         }
-        let _ = ext.filter(args);
-    }
-    if let Ok(args) = serde_json::from_slice::<ExtenderArgs>(bytes) {
+        let _ = ext.filter(args.clone());
         let _ = ext.prioritize(args);
     }
     if let Ok(args) = serde_json::from_slice::<ExtenderPreemptionArgs>(bytes) {
@@ -174,6 +205,21 @@ fn exercise(ext: &Extender, rt: &tokio::runtime::Runtime, bytes: &[u8]) {
     if let Ok(pod) = serde_json::from_slice::<Pod>(bytes) {
         ext.index.apply_pod(&pod);
     }
+    if let Ok(review) = serde_json::from_slice::<AdmissionReview<DynamicObject>>(bytes) {
+        for opt_in in [OptIn::Annotation, OptIn::Namespace] {
+            let _ = webhook().review(review.clone(), opt_in);
+        }
+    }
+}
+
+fn webhook() -> &'static Mutator {
+    static MUTATOR: OnceLock<Mutator> = OnceLock::new();
+    MUTATOR.get_or_init(|| Mutator {
+        scheduler_name: "peakfit-scheduler".into(),
+        runtime_class_name: Some("nvidia".into()),
+        gpu_memory_resource: Some("peakfit.io/gpu-memory-mib".into()),
+        require_vram: peakfit::webhook::RequireVram::Off,
+    })
 }
 
 static RUN: AtomicU64 = AtomicU64::new(0);

@@ -2,12 +2,14 @@
 //! the status axum used to give as plain text or an empty body; and a pod with 5,000 containers
 //! answered with a base64 patch.
 
+mod webhook_support;
+
 use axum::body::Body;
 use base64::Engine as _;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt as _;
 use peakfit::webhook::{Mutator, router};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tower::ServiceExt as _;
 
 async fn send(method: &str, path: &str, content_type: &str, body: Vec<u8>) -> (StatusCode, Value) {
@@ -65,23 +67,7 @@ async fn every_error_reply_is_json() {
 /// a JSON array of numbers first is what took 132 MiB).
 #[tokio::test]
 async fn a_pod_with_5000_containers_gets_a_base64_patch() {
-    let containers: Vec<Value> = (0..5000)
-        .map(|i| json!({"name": format!("c{i}"), "image": "i"}))
-        .collect();
-    let review = json!({
-        "kind": "AdmissionReview",
-        "apiVersion": "admission.k8s.io/v1",
-        "request": {
-            "uid": "u", "operation": "CREATE", "namespace": "ml", "name": "big",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "userInfo": {},
-            "object": {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "big", "namespace": "ml",
-                             "annotations": {"peakfit.io/vram": "10Gi"}},
-                "spec": {"containers": containers}},
-        }
-    });
+    let review = webhook_support::big_pod_review(5000);
     let (status, v) = send(
         "POST",
         "/mutate",

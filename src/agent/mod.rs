@@ -73,6 +73,11 @@ pub struct AgentArgs {
         default_value = publish::DEFAULT_GPU_MEMORY_RESOURCE
     )]
     pub gpu_memory_resource: String,
+    /// The `/metrics` listener's limits, the extender's and webhook's flags: a scraper that
+    /// stalls mid-request or opens connections without end costs a bounded amount, and on
+    /// SIGTERM the agent exits within `--shutdown-timeout` whatever is still open.
+    #[command(flatten)]
+    pub serve: crate::serve::ServeArgs,
 }
 
 /// One poll: read the GPUs, attribute processes to pods, build the status.
@@ -204,7 +209,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         crate::shutdown::signal().await;
         let _ = stop_tx.send(true);
     });
-    let server = tokio::spawn(serve(listener, router(&metrics), stop_rx.clone()));
+    let server = tokio::spawn(serve(
+        listener,
+        router(&metrics),
+        args.serve.clone(),
+        stop_rx.clone(),
+    ));
 
     let mut gate = PublishGate::new(args.heartbeat);
     let mut stop = stop_rx;
@@ -239,7 +249,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         }
     }
     tracing::info!("stopping");
-    server.await??;
+    server.await?;
     Ok(())
 }
 
@@ -261,13 +271,13 @@ fn router(metrics: &AgentMetrics) -> Router {
 async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
+    args: crate::serve::ServeArgs,
     mut stop: watch::Receiver<bool>,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|s| *s).await;
-        })
-        .await
+) {
+    let stopped = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    crate::serve::serve(listener, crate::serve::plain, router, &args, stopped).await;
 }
 
 #[cfg(test)]

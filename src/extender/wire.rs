@@ -23,7 +23,7 @@ use serde_json::value::RawValue;
 pub const MAX_EXTENDER_PRIORITY: i64 = 10;
 
 /// Arguments of filter and prioritize.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ExtenderArgs {
     /// The pod being scheduled (managedFields stripped, no apiVersion/kind).
     #[serde(rename = "Pod", alias = "pod", default)]
@@ -42,7 +42,7 @@ pub struct ExtenderArgs {
 }
 
 /// A `v1.NodeList` as kube-scheduler writes it: `{"metadata":{},"items":[...]}`.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct NodeList {
     /// Always `{}` from the scheduler; kept verbatim.
     #[serde(default = "empty_object")]

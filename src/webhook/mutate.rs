@@ -2,10 +2,10 @@
 //! JSON patch. Pure: no I/O, so every branch is tested with `AdmissionReview` JSON alone.
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
-use k8s_openapi::api::core::v1::{Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod};
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, ResourceRequirements};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::model;
@@ -98,15 +98,109 @@ impl RequireVram {
     }
 }
 
+/// What the decision reads of a pod's spec. The rest of each container is left in the request's
+/// tree: a whole `k8s_openapi` `Container` is ~2 KiB (probes, security context, ...), and a pod
+/// with 5,000 containers decoded as `PodSpec` took ~20 MiB (~30 MiB while its `Vec` grew).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecView {
+    scheduler_name: Option<String>,
+    runtime_class_name: Option<String>,
+    containers: Option<Vec<ContainerView>>,
+    init_containers: Option<Vec<ContainerView>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ContainerView {
+    #[serde(default)]
+    name: String,
+    env: Option<Vec<EnvVar>>,
+    resources: Option<ResourceRequirements>,
+}
+
 /// The outcome before it is wrapped in an `AdmissionResponse`.
 #[derive(Debug, PartialEq)]
 enum Decision {
     PassThrough,
     Refuse(String),
     Mutate {
-        ops: Vec<PatchOperation>,
+        ops: PatchWriter,
         warnings: Vec<String>,
     },
+}
+
+/// A JSON Patch (RFC 6902) written straight to the bytes the API server receives. A pod with
+/// 5,000 containers gets 5,000 operations: held as `json_patch::PatchOperation`s, each value a
+/// `serde_json::Value` tree, they took ~20 MiB before the patch was even serialised and the
+/// webhook peaked near its 128 Mi limit. Written as bytes, an operation costs its ~230 bytes.
+#[derive(Debug, Default, PartialEq)]
+struct PatchWriter {
+    bytes: Vec<u8>,
+    ops: usize,
+    /// The first value that would not serialise; the patch is then refused, not sent half-made.
+    error: Option<String>,
+}
+
+impl PatchWriter {
+    fn add(&mut self, path: &[&str], value: &impl Serialize) {
+        self.op("add", path, Some(value));
+    }
+
+    fn replace(&mut self, path: &[&str], value: &impl Serialize) {
+        self.op("replace", path, Some(value));
+    }
+
+    fn remove(&mut self, path: &[&str]) {
+        self.op::<()>("remove", path, None);
+    }
+
+    fn op<T: Serialize>(&mut self, op: &str, path: &[&str], value: Option<&T>) {
+        let start = self.bytes.len();
+        self.bytes.push(if self.ops == 0 { b'[' } else { b',' });
+        self.bytes.extend_from_slice(b"{\"op\":\"");
+        self.bytes.extend_from_slice(op.as_bytes());
+        self.bytes.extend_from_slice(b"\",\"path\":");
+        // PointerBuf escapes `~` and `/` in a token (annotation keys have slashes).
+        let pointer = PointerBuf::from_tokens(path.iter().copied());
+        let written =
+            serde_json::to_writer(&mut self.bytes, pointer.as_str()).and_then(|()| match value {
+                Some(v) => {
+                    self.bytes.extend_from_slice(b",\"value\":");
+                    serde_json::to_writer(&mut self.bytes, v)
+                }
+                None => Ok(()),
+            });
+        match written {
+            Ok(()) => {
+                self.bytes.push(b'}');
+                self.ops += 1;
+            }
+            Err(e) => {
+                self.bytes.truncate(start);
+                self.error.get_or_insert_with(|| format!("{pointer}: {e}"));
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ops == 0 && self.error.is_none()
+    }
+
+    fn len(&self) -> usize {
+        self.ops
+    }
+
+    /// The patch's JSON, or why a value would not serialise.
+    fn finish(mut self) -> Result<Vec<u8>, String> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if self.ops == 0 {
+            self.bytes.push(b'[');
+        }
+        self.bytes.push(b']');
+        Ok(self.bytes)
+    }
 }
 
 impl Mutator {
@@ -114,7 +208,7 @@ impl Mutator {
     pub fn review(&self, review: AdmissionReview<DynamicObject>, opt_in: OptIn) -> Value {
         let request: AdmissionRequest<DynamicObject> = match review.try_into() {
             Ok(request) => request,
-            Err(e) => return encode(AdmissionResponse::invalid(e)),
+            Err(e) => return encode(AdmissionResponse::invalid(e), None),
         };
         let response = AdmissionResponse::from(&request);
         let response = match self.decide(&request, opt_in) {
@@ -128,20 +222,22 @@ impl Mutator {
             }
             Decision::Mutate { ops, warnings } => {
                 tracing::debug!(namespace = ?request.namespace, name = %request.name, ops = ops.len(), "opted in");
-                let mut response = match response.clone().with_patch(Patch(ops)) {
-                    Ok(patched) => patched,
+                match ops.finish() {
+                    Ok(patch) => {
+                        let mut response = response;
+                        if !warnings.is_empty() {
+                            response.warnings = Some(warnings);
+                        }
+                        return encode(response, Some(patch));
+                    }
                     Err(e) => {
                         tracing::error!(error = %e, "could not encode the patch");
                         response.deny(format!("peakfit webhook could not encode its patch: {e}"))
                     }
-                };
-                if !warnings.is_empty() {
-                    response.warnings = Some(warnings);
                 }
-                response
             }
         };
-        encode(response)
+        encode(response, None)
     }
 
     fn decide(&self, request: &AdmissionRequest<DynamicObject>, opt_in: OptIn) -> Decision {
@@ -158,15 +254,21 @@ impl Mutator {
             return Decision::PassThrough;
         };
         // The API server has already decoded the pod, so this only fails on a hand-made request;
-        // such a pod is not ours to judge.
-        let pod: Pod = match serde_json::to_value(object).and_then(serde_json::from_value) {
-            Ok(pod) => pod,
+        // such a pod is not ours to judge. The spec is read from the request's tree in place: a
+        // copy of the tree to decode a whole `Pod` from cost as much as the tree itself.
+        let pod_spec = match object
+            .data
+            .get("spec")
+            .map(SpecView::deserialize)
+            .transpose()
+        {
+            Ok(spec) => spec.unwrap_or_default(),
             Err(e) => {
                 tracing::warn!(error = %e, "request object is not a readable Pod; passing it through");
                 return Decision::PassThrough;
             }
         };
-        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        let annotations = object.metadata.annotations.clone().unwrap_or_default();
         let spec = match model::Spec::parse(&annotations) {
             Ok(spec) => spec,
             Err(e) => return Decision::Refuse(e.to_string()),
@@ -186,7 +288,7 @@ impl Mutator {
         if opted && let Some(why) = self.require_vram.refusal(&spec) {
             return Decision::Refuse(why);
         }
-        let mut ops = Vec::new();
+        let mut ops = PatchWriter::default();
         let mut warnings = Vec::new();
         // Bind's output on a pod being created is forged or copied (a restored backup, a
         // template that kept them): the extender's index would believe it and count memory
@@ -197,7 +299,7 @@ impl Mutator {
             .collect();
         if !carried.is_empty() {
             for key in &carried {
-                ops.push(remove(&["metadata", "annotations", key]));
+                ops.remove(&["metadata", "annotations", key]);
             }
             warnings.push(format!(
                 "removed {}: only peakfit's bind writes them, when it places the pod",
@@ -212,26 +314,25 @@ impl Mutator {
             };
         }
         let fraction = matches!(spec.engine, Some(model::annotations::Engine::Fraction(_)));
-        let pod_spec = pod.spec.unwrap_or_default();
 
         match pod_spec.scheduler_name.as_deref() {
             Some(name) if name == self.scheduler_name => {}
-            None => ops.push(add(&["spec", "schedulerName"], self.scheduler_name.clone().into())),
-            Some(name) if name.is_empty() || name == DEFAULT_SCHEDULER => ops.push(replace(
-                &["spec", "schedulerName"],
-                self.scheduler_name.clone().into(),
-            )),
+            None => ops.add(&["spec", "schedulerName"], &self.scheduler_name),
+            Some(name) if name.is_empty() || name == DEFAULT_SCHEDULER => {
+                ops.replace(&["spec", "schedulerName"], &self.scheduler_name);
+            }
             Some(other) => warnings.push(format!(
                 "pod names scheduler {other:?}; peakfit leaves it, so its GPU memory is not reserved"
             )),
         }
         if let (Some(class), None) = (&self.runtime_class_name, &pod_spec.runtime_class_name) {
-            ops.push(add(&["spec", "runtimeClassName"], class.clone().into()));
+            ops.add(&["spec", "runtimeClassName"], class);
         }
         if let (Some(resource), Some(req)) = (&self.gpu_memory_resource, &pod_request) {
             let mib = least_gpu_memory_mib(req);
             if mib > 0 {
-                resource_ops(resource, mib, &pod_spec.containers, &mut ops, &mut warnings);
+                let containers = pod_spec.containers.as_deref().unwrap_or_default();
+                resource_ops(resource, mib, containers, &mut ops, &mut warnings);
             }
         }
         if let (Some(resource), true, Some(name)) =
@@ -249,11 +350,9 @@ impl Mutator {
             let wanted = downward_env(fraction);
             for (field, containers) in [
                 ("containers", &pod_spec.containers),
-                (
-                    "initContainers",
-                    pod_spec.init_containers.as_ref().unwrap_or(&Vec::new()),
-                ),
+                ("initContainers", &pod_spec.init_containers),
             ] {
+                let containers = containers.as_deref().unwrap_or_default();
                 for (index, container) in containers.iter().enumerate() {
                     env_ops(field, index, container, &wanted, &mut ops, &mut warnings);
                 }
@@ -329,8 +428,8 @@ pub fn least_gpu_memory_mib(req: &model::PodRequest) -> u64 {
 fn resource_ops(
     resource: &str,
     mib: u64,
-    containers: &[Container],
-    ops: &mut Vec<PatchOperation>,
+    containers: &[ContainerView],
+    ops: &mut PatchWriter,
     warnings: &mut Vec<String>,
 ) {
     let Some(first) = containers.first() else {
@@ -346,20 +445,20 @@ fn resource_ops(
         };
         match map.as_ref().map(|m| m.get(resource)) {
             None if first.resources.is_none() && field == "requests" => {
-                ops.push(add(
+                ops.add(
                     &["spec", "containers", "0", "resources"],
-                    serde_json::json!({"requests": {resource: value}, "limits": {resource: value}}),
-                ));
+                    &serde_json::json!({"requests": {resource: value}, "limits": {resource: value}}),
+                );
                 return;
             }
-            None => ops.push(add(
+            None => ops.add(
                 &["spec", "containers", "0", "resources", field],
-                serde_json::json!({resource: value}),
-            )),
-            Some(None) => ops.push(add(
+                &serde_json::json!({resource: value}),
+            ),
+            Some(None) => ops.add(
                 &["spec", "containers", "0", "resources", field, resource],
-                value.clone(),
-            )),
+                &value,
+            ),
             Some(Some(q)) if *q == wanted => {}
             Some(Some(q)) => {
                 warnings.push(format!(
@@ -367,10 +466,10 @@ fn resource_ops(
                      pod's least GPU memory)",
                     first.name, q.0
                 ));
-                ops.push(replace(
+                ops.replace(
                     &["spec", "containers", "0", "resources", field, resource],
-                    value.clone(),
-                ));
+                    &value,
+                );
             }
         }
     }
@@ -410,9 +509,9 @@ fn from_annotation(name: &str, annotation: &str) -> EnvVar {
 fn env_ops(
     field: &str,
     index: usize,
-    container: &Container,
+    container: &ContainerView,
     wanted: &[EnvVar],
-    ops: &mut Vec<PatchOperation>,
+    ops: &mut PatchWriter,
     warnings: &mut Vec<String>,
 ) {
     let existing = container.env.as_deref().unwrap_or_default();
@@ -436,51 +535,24 @@ fn env_ops(
     }
     let index = index.to_string();
     if existing.is_empty() {
-        let value = serde_json::to_value(&missing).unwrap_or(Value::Null);
-        ops.push(add(&["spec", field, &index, "env"], value));
+        ops.add(&["spec", field, &index, "env"], &missing);
     } else {
         for env in missing {
-            let value = serde_json::to_value(env).unwrap_or(Value::Null);
-            ops.push(add(&["spec", field, &index, "env", "-"], value));
+            ops.add(&["spec", field, &index, "env", "-"], env);
         }
     }
 }
 
-fn add(path: &[&str], value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation {
-        path: PointerBuf::from_tokens(path.iter().copied()),
-        value,
-    })
-}
-
-fn remove(path: &[&str]) -> PatchOperation {
-    PatchOperation::Remove(RemoveOperation {
-        path: PointerBuf::from_tokens(path.iter().copied()),
-    })
-}
-
-fn replace(path: &[&str], value: Value) -> PatchOperation {
-    PatchOperation::Replace(ReplaceOperation {
-        path: PointerBuf::from_tokens(path.iter().copied()),
-        value,
-    })
-}
-
-/// `AdmissionResponse` serialises its patch as a JSON array of numbers; the API documents `patch` as
-/// base64 (Go's `[]byte`), so it is written in that form here. The patch is taken out before the
-/// rest is serialised: as a `Value` array each patch byte took ~40 bytes of memory, and a pod with
-/// 5,000 containers (a 164 KB request) took the webhook past its 128 Mi limit.
-fn encode(mut response: AdmissionResponse) -> Value {
+/// The review around `response`, with `patch` as the API documents it: base64 (Go's `[]byte`)
+/// and `patchType: JSONPatch`. `AdmissionResponse` would serialise a patch as a JSON array of
+/// numbers (~40 bytes of memory per patch byte as a `Value`), so the patch never goes through it.
+fn encode(response: AdmissionResponse, patch: Option<Vec<u8>>) -> Value {
     use base64::Engine as _;
-    let patch = response.patch.take();
     let mut review = serde_json::to_value(response.into_review()).unwrap_or(Value::Null);
     if let (Some(patch), Some(Value::Object(r))) = (patch, review.get_mut("response")) {
-        r.insert(
-            "patch".into(),
-            base64::engine::general_purpose::STANDARD
-                .encode(patch)
-                .into(),
-        );
+        let patch = base64::engine::general_purpose::STANDARD.encode(patch);
+        r.insert("patch".into(), patch.into());
+        r.insert("patchType".into(), "JSONPatch".into());
     }
     review
 }
@@ -488,7 +560,68 @@ fn encode(mut response: AdmissionResponse) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation};
     use serde_json::json;
+
+    impl PatchWriter {
+        /// The operations as the API server reads them.
+        fn decoded(self) -> Vec<PatchOperation> {
+            let bytes = self.finish().expect("the patch serialises");
+            serde_json::from_slice::<json_patch::Patch>(&bytes)
+                .expect("the patch is a JSON Patch")
+                .0
+        }
+    }
+
+    fn add(path: &[&str], value: Value) -> PatchOperation {
+        PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(path.iter().copied()),
+            value,
+        })
+    }
+
+    fn remove(path: &[&str]) -> PatchOperation {
+        PatchOperation::Remove(RemoveOperation {
+            path: PointerBuf::from_tokens(path.iter().copied()),
+        })
+    }
+
+    fn replace(path: &[&str], value: Value) -> PatchOperation {
+        PatchOperation::Replace(ReplaceOperation {
+            path: PointerBuf::from_tokens(path.iter().copied()),
+            value,
+        })
+    }
+
+    #[test]
+    fn the_written_patch_is_the_json_patch_of_its_operations() {
+        let mut w = PatchWriter::default();
+        assert_eq!(PatchWriter::default().finish().unwrap(), b"[]");
+        w.add(&["spec", "schedulerName"], &"s");
+        w.remove(&["metadata", "annotations", "a/b~c"]);
+        w.replace(&["spec", "x"], &json!({"k": [1, "\"q\""]}));
+        assert_eq!(w.len(), 3);
+        assert_eq!(
+            w.decoded(),
+            [
+                add(&["spec", "schedulerName"], "s".into()),
+                remove(&["metadata", "annotations", "a/b~c"]),
+                replace(&["spec", "x"], json!({"k": [1, "\"q\""]})),
+            ]
+        );
+    }
+
+    /// A value that will not serialise (a map with non-string keys) refuses the whole patch
+    /// rather than sending a half-written one.
+    #[test]
+    fn a_value_that_will_not_serialise_refuses_the_patch() {
+        let mut w = PatchWriter::default();
+        w.add(&["a"], &1);
+        w.add(&["b"], &std::collections::BTreeMap::from([((1, 2), 3)]));
+        assert!(!w.is_empty());
+        let e = w.finish().unwrap_err();
+        assert!(e.contains("/b"), "{e}");
+    }
 
     fn mutator() -> Mutator {
         Mutator {
@@ -544,6 +677,7 @@ mod tests {
             panic!("expected a patch, got {d:?}")
         };
         let paths: Vec<String> = ops
+            .decoded()
             .iter()
             .map(|op| match op {
                 PatchOperation::Add(a) => a.path.to_string(),
@@ -591,7 +725,7 @@ mod tests {
             panic!("expected a patch, got {d:?}")
         };
         assert_eq!(
-            ops,
+            ops.decoded(),
             [replace(
                 &["spec", "schedulerName"],
                 "peakfit-scheduler".into()
@@ -613,6 +747,7 @@ mod tests {
         let Decision::Mutate { ops, warnings } = d else {
             panic!("expected a patch, got {d:?}")
         };
+        let ops = ops.decoded();
         assert_eq!(
             ops,
             [
@@ -653,7 +788,7 @@ mod tests {
         let Decision::Mutate { ops, .. } = d else {
             panic!("expected a patch, got {d:?}")
         };
-        let text = serde_json::to_string(&ops).unwrap();
+        let text = String::from_utf8(ops.finish().unwrap()).unwrap();
         assert!(text.contains("PEAKFIT_GPU_MEMORY_FRACTION"), "{text}");
     }
 
@@ -714,7 +849,10 @@ mod tests {
         else {
             panic!("expected a patch")
         };
-        assert!(ops.contains(&add(&["spec", "runtimeClassName"], "nvidia".into())));
+        assert!(
+            ops.decoded()
+                .contains(&add(&["spec", "runtimeClassName"], "nvidia".into()))
+        );
         let mut p = p;
         p["spec"]["runtimeClassName"] = "kata".into();
         let review = review_of(&p, "CREATE");
@@ -723,7 +861,7 @@ mod tests {
             panic!("expected a patch")
         };
         assert!(
-            !ops.iter().any(
+            !ops.decoded().iter().any(
                 |op| matches!(op, PatchOperation::Add(a) if a.path == "/spec/runtimeClassName")
             )
         );
