@@ -245,8 +245,9 @@ fn bad_values_are_refused_at_render() {
 
 /// Leaves of values.yaml, dotted; maps the chart passes through whole count as one value.
 fn leaves(v: &Value, prefix: &str, out: &mut Vec<String>) {
-    const OPAQUE: [&str; 5] = [
+    const OPAQUE: [&str; 6] = [
         "affinity",
+        "scheduler.profile",
         "securityContext",
         "resources",
         "updateStrategy",
@@ -645,6 +646,47 @@ fn the_scheduler_config_snippet_has_what_the_chart_configures() {
             "{verb}"
         );
     }
+}
+
+/// The simulator models kube-scheduler as the chart deploys it (`sim::via_extender`): the
+/// extender's weight and the score plugins the peakfit profile turns off. The snippet for
+/// operators with their own scheduler turns off the same ones.
+#[test]
+fn the_simulator_models_the_profile_the_chart_renders() {
+    use peakfit::sim::via_extender::{DISABLED_SCORE_PLUGINS, EXTENDER_WEIGHT};
+    let disabled = |profile: &Value| -> Vec<String> {
+        profile["plugins"]["score"]["disabled"]
+            .as_array()
+            .expect("plugins.score.disabled")
+            .iter()
+            .map(|p| p["name"].as_str().expect("a plugin name").to_owned())
+            .collect()
+    };
+    let config = scheduler_config(&render(&[]));
+    let profile = &config["profiles"][0];
+    assert_eq!(disabled(profile), DISABLED_SCORE_PLUGINS);
+    assert!(
+        profile["plugins"]["score"]["enabled"].is_null(),
+        "the sim models no extra score plugin"
+    );
+    assert_eq!(config["extenders"][0]["weight"], EXTENDER_WEIGHT);
+    // A value set beside the default keeps it (Helm merges maps).
+    let config = scheduler_config(&render(&[
+        "--set",
+        "scheduler.profile.percentageOfNodesToScore=100",
+    ]));
+    assert_eq!(disabled(&config["profiles"][0]), DISABLED_SCORE_PLUGINS);
+    let snippet: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(root().join("deploy/scheduler-config-snippet.yaml")).unwrap(),
+    )
+    .unwrap();
+    let peakfit = snippet["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["schedulerName"] == "peakfit-scheduler")
+        .expect("the snippet's peakfit profile");
+    assert_eq!(disabled(peakfit), DISABLED_SCORE_PLUGINS);
 }
 
 /// The fields of the non-core kinds the chart renders; anything else in them is a mistake the

@@ -16,7 +16,9 @@ use peakfit::extender::Extender;
 use peakfit::extender::wire::{ExtenderArgs, ExtenderBindingArgs};
 use peakfit::inventory::{GpuDevice, NodeGpuReportStatus, NvmlStatus};
 use peakfit::metrics::extender::ExtenderMetrics;
-use peakfit::placement::{FitConfig, PodClass, place_score, scores_0_to_10};
+use peakfit::placement::{
+    FitConfig, PodClass, place_score, scores_0_to_10_unique, stable_name_hash, used_share,
+};
 
 const NODES: usize = 12;
 const GPUS: usize = 4;
@@ -88,7 +90,16 @@ fn from_scratch(ext: &Extender, index: &Index, pod: &Pod) -> Vec<u8> {
                 .unwrap_or(f64::NAN)
         })
         .collect();
-    scores_0_to_10(&raw)
+    // One node at 10: among the tied, the fuller, then the highest name hash.
+    let key = |n: usize| {
+        let slot = index.node(&node_name(n)).unwrap();
+        let used = used_share(&slot.read().ledger);
+        (used, stable_name_hash(&node_name(n)))
+    };
+    scores_0_to_10_unique(&raw, |a, b| {
+        let (ka, kb) = (key(a), key(b));
+        ka.0.total_cmp(&kb.0).then(ka.1.cmp(&kb.1))
+    })
 }
 
 fn cluster() -> Arc<Index> {

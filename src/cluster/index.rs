@@ -20,6 +20,7 @@ use prometheus_client::metrics::family::Family;
 
 use crate::cluster::NodeGpuReport;
 use crate::cluster::model_config::{MODEL_CONFIG, ModelConfigs};
+use crate::cluster::resources::{HostRequest, allocatable_of, host_request_of};
 use crate::metrics::extender::ReasonLabels;
 use crate::model::{self, AnnotationError, PodRequest};
 use crate::placement::ledger::shared_model;
@@ -55,6 +56,8 @@ pub struct PodEntry {
     pub assignment: Option<Assignment>,
     /// Recorded by our own bind before the watch shows the pod's new annotations.
     pub bound_here: bool,
+    /// CPU, memory and GPU products it asks of its node, as kube-scheduler counts them.
+    pub host: HostRequest,
     /// A pod naming a `peakfit.io/model-config` ConfigMap keeps its `peakfit.io/` annotations,
     /// so that its request is worked out again when that ConfigMap arrives, changes or goes.
     pub model_config: Option<Box<BTreeMap<String, String>>>,
@@ -137,6 +140,7 @@ impl PodEntry {
             request,
             assignment,
             bound_here: false,
+            host: host_request_of(pod),
             model_config: ann.filter(|a| a.contains_key(MODEL_CONFIG)).map(|a| {
                 Box::new(
                     a.iter()
@@ -231,6 +235,8 @@ impl ReportView {
 #[derive(Debug)]
 pub struct NodeState {
     pub node_known: bool,
+    /// The Node's allocatable (CPU millicores, memory bytes), once its object was seen.
+    allocatable: (Option<u64>, Option<u64>),
     report: Option<ReportView>,
     pods: BTreeSet<PodKey>,
     pub ledger: NodeLedger,
@@ -258,6 +264,7 @@ impl NodeSlot {
             bind_lock: tokio::sync::Mutex::new(()),
             state: RwLock::new(NodeState {
                 node_known: false,
+                allocatable: (None, None),
                 report: None,
                 pods: BTreeSet::new(),
                 ledger: NodeLedger::new(name),
@@ -299,6 +306,9 @@ pub struct Index {
     /// rescore only those. `None` until someone asks (`track_changes`), so that without a
     /// consumer it does not grow.
     changed: Mutex<Option<HashSet<String>>>,
+    /// GPUs per model over every node's ledger, and a counter bumped whenever it changes, so
+    /// the shape mix's model pressure follows the cluster's capacity.
+    gpu_capacity: Mutex<(u64, BTreeMap<String, u64>)>,
     /// Cluster objects refused or repaired, by reason; exported as
     /// `peakfit_index_warnings_total` (`metrics::extender::ExtenderMetrics::with_index`).
     warnings: Family<ReasonLabels, Counter>,
@@ -481,7 +491,25 @@ impl Index {
             return;
         };
         let slot = self.slot(name);
-        slot.state.write().node_known = true;
+        let allocatable = allocatable_of(node);
+        let pods = self.pods.read();
+        let mut st = slot.state.write();
+        st.node_known = true;
+        if st.allocatable != allocatable {
+            st.allocatable = allocatable;
+            self.rebuild(&mut st, &pods.by_key);
+        }
+    }
+
+    /// GPUs per model in the cluster (by `GpuLedger::model`) and the counter that changes with
+    /// them.
+    pub fn gpu_capacity(&self) -> (u64, BTreeMap<String, u64>) {
+        self.gpu_capacity.lock().clone()
+    }
+
+    /// The counter of `gpu_capacity` alone, cheap enough for every request.
+    pub fn gpu_capacity_generation(&self) -> u64 {
+        self.gpu_capacity.lock().0
     }
 
     pub fn delete_node(&self, name: &str) {
@@ -698,6 +726,13 @@ impl Index {
     fn rebuild(&self, st: &mut NodeState, pods: &HashMap<PodKey, Box<PodEntry>>) {
         let name = st.ledger.name.clone();
         let mut ledger = NodeLedger::new(name.clone());
+        ledger.cpu_capacity_milli = st.allocatable.0;
+        ledger.memory_capacity_bytes = st.allocatable.1;
+        for key in &st.pods {
+            if let Some(pod) = pods.get(key) {
+                ledger.reserve_host(key, pod.host.cpu_milli, pod.host.memory_bytes);
+            }
+        }
         if let Some(report) = &st.report {
             ledger.observed_at_unix = report.observed_at_unix;
             ledger.condition = match &report.nvml_down {
@@ -764,6 +799,19 @@ impl Index {
                 );
             }
         }
+        if gpu_models_of(&st.ledger) != gpu_models_of(&ledger) {
+            let mut cap = self.gpu_capacity.lock();
+            for g in &st.ledger.gpus {
+                if let Some(n) = cap.1.get_mut(&*g.model) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            for g in &ledger.gpus {
+                *cap.1.entry(g.model.to_string()).or_default() += 1;
+            }
+            cap.1.retain(|_, n| *n > 0);
+            cap.0 += 1;
+        }
         st.ledger = ledger;
         st.version = fresh_id();
         if let Some(changed) = self.changed.lock().as_mut() {
@@ -797,6 +845,13 @@ fn reserve_for(gpu: &mut GpuLedger, key: &str, pod: &PodEntry, a: &Assignment) {
         _ => 0,
     });
     gpu.reserve(key, predicted);
+}
+
+/// A ledger's GPU models, sorted: the capacity per model changes only when these do.
+fn gpu_models_of(l: &NodeLedger) -> Vec<&str> {
+    let mut m: Vec<&str> = l.gpus.iter().map(|g| &*g.model).collect();
+    m.sort_unstable();
+    m
 }
 
 #[cfg(test)]
@@ -1247,6 +1302,47 @@ pub(crate) mod tests {
         index.apply_pod(&mk_pod("u1", Some("n1"), &ann));
         assert_eq!(index.pod_count(), 1);
         assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 70 * GIB);
+    }
+
+    #[test]
+    fn node_allocatable_and_every_bound_pods_requests_fill_the_cpu_ledger() {
+        use k8s_openapi::api::core::v1::{Container, NodeStatus, ResourceRequirements};
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let index = Index::new();
+        let mut node = mk_node("n1");
+        node.status = Some(NodeStatus {
+            allocatable: Some(BTreeMap::from([
+                ("cpu".into(), Quantity("16".into())),
+                ("memory".into(), Quantity("64Gi".into())),
+            ])),
+            ..Default::default()
+        });
+        index.apply_report(&mk_report("n1", &[("GPU-a", 80 << 30, 0, &[])]));
+        index.apply_node(&node);
+        let with_cpu = |uid: &str, cpu: &str, ann: &[(&str, &str)]| {
+            let mut p = mk_pod(uid, Some("n1"), ann);
+            p.spec.as_mut().unwrap().containers = vec![Container {
+                name: "c".into(),
+                resources: Some(ResourceRequirements {
+                    requests: Some(BTreeMap::from([
+                        ("cpu".into(), Quantity(cpu.into())),
+                        ("memory".into(), Quantity("1Gi".into())),
+                    ])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }];
+            p
+        };
+        // A GPU pod and a pod peakfit does not place: kube-scheduler counts both.
+        index.apply_pod(&with_cpu("g", "4", &[("peakfit.io/vram", "20Gi")]));
+        index.apply_pod(&with_cpu("plain", "1500m", &[]));
+        let l = ledger(&index, "n1");
+        assert_eq!(l.cpu_free_milli(), Some(16_000 - 5_500));
+        assert_eq!(l.memory_free_bytes(), Some(62 << 30));
+        assert_eq!(index.gpu_capacity().1.values().sum::<u64>(), 1);
+        index.delete_pod_key("plain");
+        assert_eq!(ledger(&index, "n1").cpu_free_milli(), Some(12_000));
     }
 
     #[test]

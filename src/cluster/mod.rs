@@ -7,6 +7,7 @@ pub mod file;
 pub mod index;
 pub mod model_config;
 pub mod report;
+pub mod resources;
 pub mod watch;
 
 pub use report::{NodeGpuReport, NodeGpuReportSpec};

@@ -13,7 +13,7 @@ use super::Extender;
 use super::wire::{ExtenderBindingArgs, ExtenderBindingResult};
 use crate::cluster::binding::{BindError, BindTarget};
 use crate::cluster::index::{ASSIGNED_GPUS, Assignment, GPU_MEMORY_FRACTION, RESERVED_BYTES};
-use crate::placement::{PodClass, place};
+use crate::placement::place;
 
 /// How a bind ended; its label is the `outcome` of `peakfit_extender_decisions_total{verb="bind"}`.
 #[derive(Debug, thiserror::Error)]
@@ -235,7 +235,7 @@ impl Extender {
             self.index.record_binding(&entry.key, &args.node, None);
             return Ok(Bound::Bound);
         };
-        let class = PodClass::from(request.shape());
+        let class = self.class_of(&request, &entry.host);
         let mix = self.shapes.lock().mix();
         let (annotations, assignment) = {
             let _held = slot.bind_lock.lock().await;

@@ -8,9 +8,10 @@ use k8s_openapi::api::core::v1::Pod;
 use super::Extender;
 use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
 use crate::cluster::index::pod_key;
+use crate::cluster::resources::host_request_of;
 use crate::metrics::extender::{DecisionLabels, ReasonLabels, ScoreSourceLabels};
 use crate::placement::fit::check_class;
-use crate::placement::{FitConfig, NodeLedger, PodClass, PodShape, Rejection};
+use crate::placement::{FitConfig, NodeLedger, PodShape, Rejection};
 
 /// The candidate nodes of a request, in whichever mode the scheduler uses.
 pub enum Candidates {
@@ -177,8 +178,8 @@ impl Extender {
             }
             Ok(Some(req)) => {
                 let shape = req.shape();
-                let class = PodClass::from(shape);
-                self.shapes.lock().observe(&class);
+                let class = self.class_of(&req, &host_request_of(&pod));
+                self.learn(&key, &class);
                 let now = self.now();
                 let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
                 let names: Vec<&str> = candidates.names().collect();

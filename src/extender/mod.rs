@@ -26,7 +26,7 @@ use crate::cluster::index::Index;
 pub use crate::cluster::watch::Readiness;
 use crate::metrics::extender::{ExtenderMetrics, ReasonLabels};
 use crate::placement::memo::ClassIds;
-use crate::placement::{FitConfig, PodKey, ScoringPolicy, ShapeStats};
+use crate::placement::{FitConfig, PodClass, PodKey, ScoringPolicy, ShapeStats};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct ExtenderArgs {
@@ -260,6 +260,49 @@ impl Extender {
 
     pub fn now(&self) -> i64 {
         (self.clock)()
+    }
+
+    /// The class placement sees for a pod: its GPU shape, the CPU kube-scheduler counts for it
+    /// (so CPU balance scores as in the simulation), and the GPU models its product selector
+    /// allows, named as the agents report them. Filter, prioritize and bind all build it here,
+    /// so the three agree and the memo's class ids are stable.
+    pub(crate) fn class_of(
+        &self,
+        req: &crate::model::PodRequest,
+        host: &crate::cluster::resources::HostRequest,
+    ) -> PodClass {
+        let mut class = PodClass::from(req.shape());
+        class.cpu_milli = host.cpu_milli;
+        if !host.gpu_products.is_empty() {
+            let (_, models) = self.index.gpu_capacity();
+            class.gpu_models = host
+                .gpu_products
+                .iter()
+                .map(|p| {
+                    models
+                        .keys()
+                        .find(|m| crate::cluster::resources::product_matches(p, m))
+                        .cloned()
+                        .unwrap_or_else(|| p.clone())
+                })
+                .collect();
+        }
+        class
+    }
+
+    /// Counts a pod in the shape mix once (by its key, however often it is filtered), after
+    /// telling the mix the cluster's GPUs per model if they changed.
+    pub(crate) fn learn(&self, key: &str, class: &PodClass) {
+        let generation = self.index.gpu_capacity_generation();
+        let mut shapes = self.shapes.lock();
+        shapes.sync_capacity(generation, || {
+            self.index
+                .gpu_capacity()
+                .1
+                .into_iter()
+                .map(|(m, n)| (m, n as f64))
+        });
+        shapes.observe_pod(key, class);
     }
 
     fn set_pending(&self, key: &str, reason: Option<&'static str>) {

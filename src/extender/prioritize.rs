@@ -7,9 +7,12 @@ use super::Extender;
 use super::filter::Candidates;
 use super::wire::{ExtenderArgs, HostPriority, HostPriorityList, MAX_EXTENDER_PRIORITY};
 use crate::cluster::index::NodeSlot;
+use crate::cluster::resources::host_request_of;
 use crate::placement::fit::node_usable;
 use crate::placement::memo::MemoKey;
-use crate::placement::{PodClass, ShapeMix, place_score, scores_0_to_10};
+use crate::placement::{
+    PodClass, ShapeMix, place_score, scores_0_to_10_unique, stable_name_hash, used_share,
+};
 
 /// The score of every node for pods peakfit does not place: the same for all, so it changes
 /// nothing in the scheduler's ranking.
@@ -38,7 +41,7 @@ impl Extender {
             self.count("prioritize", "pass_through");
             return neutral(candidates);
         };
-        let class = PodClass::from(req.shape());
+        let class = self.class_of(&req, &host_request_of(&pod));
         let mix = self.shapes.lock().mix();
         let class_id = self.class_ids.lock().id(&class);
         let now = self.now();
@@ -62,11 +65,27 @@ impl Extender {
         self.count_scores("computed", computed.into_inner());
         self.count_scores("memo", remembered.into_inner());
         // Placement ranks the nodes against each other: the best gets 10, a node the pod does
-        // not fit 0.
+        // not fit 0. Exactly one node gets 10 (kube-scheduler would pick at random among equal
+        // totals and scatter pods over identical empty nodes): among equally good nodes the
+        // fuller, then the one whose name hashes highest.
+        let mut keys: Vec<Option<(f64, u64)>> = vec![None; names.len()];
+        let mut key = |i: usize| {
+            *keys[i].get_or_insert_with(|| {
+                let used = self
+                    .index
+                    .node(names[i])
+                    .map_or(0.0, |slot| used_share(&slot.read().ledger));
+                (used, stable_name_hash(names[i]))
+            })
+        };
+        let ints = scores_0_to_10_unique(&raw, |a, b| {
+            let (ka, kb) = (key(a), key(b));
+            ka.0.total_cmp(&kb.0).then(ka.1.cmp(&kb.1))
+        });
         candidates
             .into_names()
             .into_iter()
-            .zip(scores_0_to_10(&raw))
+            .zip(ints)
             .map(|(host, score)| HostPriority {
                 host,
                 score: i64::from(score).clamp(0, MAX_EXTENDER_PRIORITY),

@@ -11,6 +11,7 @@ pub mod openb;
 pub mod profiles;
 pub mod replay;
 pub mod svg;
+pub mod via_extender;
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;

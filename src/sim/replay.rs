@@ -1,10 +1,11 @@
 //! One run of the paper's experiment: pods arrive one at a time onto the GPU nodes and never
 //! leave; each policy picks a node and GPU(s) for each pod or leaves it unplaced.
 //!
-//! The baselines are the authors' scoring formulas; `peakfit` is the extender's own code
-//! (`placement::fit`, `placement::score`, `NodeLedger::reserve`) on a ledger kept beside the
-//! milli-GPU state. CPU, host memory and GPU type are the hard constraints kube-scheduler
-//! itself enforces before any extender is asked.
+//! The baselines are the authors' scoring formulas, given the workload's typical pods up front
+//! as the paper gives them; `peakfit` is the deployed extender itself, asked by a model of
+//! kube-scheduler (`via_extender`), learning its mix from the pods as they arrive. CPU, host
+//! memory and GPU type are the hard constraints kube-scheduler itself enforces before any
+//! extender is asked.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -12,10 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::frag::{self, GpuChange, Shape, ShapeStat};
 use super::openb::{NodeSpec, PodSpec, model_memory_mib};
-use crate::placement::{
-    self, Demand, FitConfig, GpuLedger, NodeLedger, Placement, PodClass, PodShape, ScoringPolicy,
-    ShapeMix,
-};
+use super::via_extender::{ExtenderPath, ExtenderStats};
 
 /// The scheduling policies the simulator compares.
 #[derive(
@@ -129,7 +127,7 @@ enum Choice {
     Share(usize),
     /// The first `num_gpu` fully free GPUs by index (every baseline's choice for whole GPUs).
     Whole,
-    /// peakfit's own choice, held in `Replay::peakfit_choice`.
+    /// The GPUs the extender's bind chose, held in `Replay::peakfit_gpus`.
     Ledger,
 }
 
@@ -160,6 +158,9 @@ pub struct RunResult {
     pub curve: Vec<CurvePoint>,
     pub pods_arrived: usize,
     pub pods_placed: usize,
+    /// peakfit only: the extender's memo and latency over the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extender: Option<ExtenderStats>,
 }
 
 /// The state of one run.
@@ -168,21 +169,8 @@ pub struct Replay<'a> {
     pods: &'a [PodSpec],
     nodes: Vec<Node>,
     shapes: Vec<Shape>,
-    ledgers: Vec<NodeLedger>,
-    /// peakfit: each pod as the extender sees it, and the typical mix of the workload (the same
-    /// knowledge FGD's typical pods give it).
-    classes: Vec<PodClass>,
-    /// Index of each pod's class in `class_cache`.
-    class_of_pod: Vec<usize>,
-    /// `placement::place` is pure in (ledger, class, mix), and a pod changes one node's ledger:
-    /// each class keeps every node's last answer until that node changes.
-    #[expect(
-        clippy::option_option,
-        reason = "outer None: not computed yet; Some(None): computed, and the class fits nowhere on the node"
-    )]
-    class_cache: Vec<Vec<Option<Option<placement::Scored>>>>,
-    mix: ShapeMix,
-    fit_cfg: FitConfig,
+    /// peakfit: the extender and its cluster.
+    extender: Option<ExtenderPath>,
     rng: ChaCha8Rng,
     capacity_milli: u64,
     used_milli: u64,
@@ -190,8 +178,8 @@ pub struct Replay<'a> {
     frag_total: f64,
     placed: usize,
     candidates: Vec<(usize, i64, Choice)>,
-    peakfit_choice: Vec<(usize, Placement)>,
-    peakfit_scores: Vec<f64>,
+    peakfit_gpus: Vec<usize>,
+    arrived: usize,
     model_allowed: Vec<Vec<bool>>,
     rank: Vec<u32>,
 }
@@ -220,12 +208,9 @@ impl<'a> Replay<'a> {
             policy,
             pods,
             nodes: Vec::with_capacity(nodes.len()),
-            ledgers: Vec::new(),
-            classes: Vec::new(),
-            class_of_pod: Vec::new(),
-            class_cache: Vec::new(),
-            mix: ShapeMix::default(),
-            fit_cfg: FitConfig::simulation(),
+            extender: (policy == Policy::Peakfit).then(|| {
+                ExtenderPath::new(nodes, |m| (model_memory_mib(m) << 20) / 1000 * 1000, seed)
+            }),
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x0005_eed0_ff6d),
             capacity_milli: 0,
             used_milli: 0,
@@ -233,8 +218,8 @@ impl<'a> Replay<'a> {
             frag_total: 0.0,
             placed: 0,
             candidates: Vec::with_capacity(nodes.len()),
-            peakfit_choice: Vec::new(),
-            peakfit_scores: Vec::new(),
+            peakfit_gpus: Vec::new(),
+            arrived: 0,
             model_allowed,
             rank: filter_order(nodes.len()),
             shapes,
@@ -263,27 +248,22 @@ impl<'a> Replay<'a> {
             state.frag_total += node.frag;
             state.capacity_milli += u64::from(spec.gpus) * u64::from(MILLI);
             state.nodes.push(node);
-            if policy == Policy::Peakfit {
-                state.ledgers.push(ledger_for(spec));
-            }
-        }
-        if policy == Policy::Peakfit {
-            let mut ids: std::collections::HashMap<PodClass, usize> =
-                std::collections::HashMap::default();
-            for pod in pods {
-                let class = openb_class(pod);
-                let next = ids.len();
-                let id = *ids.entry(class.clone()).or_insert(next);
-                state.class_of_pod.push(id);
-                state.classes.push(class);
-            }
-            state.class_cache = vec![vec![None; nodes.len()]; ids.len()];
-            // The mix knows how many GPUs of each model the cluster has, so the peakfit policy can
-            // keep unconstrained pods off the models that constrained pods will need.
-            state.mix = ShapeMix::typical(arrivals.iter().map(|&i| state.classes[i].clone()), 0.95)
-                .with_cluster(&state.ledgers);
         }
         state
+    }
+
+    /// The extender's memo and latency so far (peakfit only).
+    pub fn extender_stats(&self) -> Option<ExtenderStats> {
+        self.extender.as_ref().map(ExtenderPath::stats)
+    }
+
+    /// Turns kube-scheduler's default resource score plugins off (peakfit only): the extender
+    /// alone ranks, as with a profile that disables them.
+    pub fn without_default_plugins(mut self) -> Self {
+        if let Some(e) = &mut self.extender {
+            e.default_plugins = false;
+        }
+        self
     }
 
     pub fn capacity_milli(&self) -> u64 {
@@ -298,9 +278,12 @@ impl<'a> Replay<'a> {
     pub fn arrive(&mut self, pod_index: usize) -> Sample {
         let pods = self.pods;
         self.arrived_milli += pods[pod_index].total_gpu_milli();
+        self.arrived += 1;
         self.candidates.clear();
-        self.peakfit_choice.clear();
-        self.peakfit_scores.clear();
+        if self.policy == Policy::Peakfit {
+            self.arrive_via_extender(pod_index);
+            return self.sample();
+        }
         for n in 0..self.nodes.len() {
             if !self.feasible(n, pod_index) {
                 continue;
@@ -312,13 +295,6 @@ impl<'a> Replay<'a> {
         if self.policy == Policy::Bestfit {
             normalize(&mut self.candidates);
         }
-        if self.policy == Policy::Peakfit {
-            // The extender's prioritize: the batch onto 0..=10, only the best node(s) at 10.
-            let tens = placement::scores_0_to_10(&self.peakfit_scores);
-            for (c, t) in self.candidates.iter_mut().zip(tens) {
-                c.1 = i64::from(t);
-            }
-        }
         let pick = if self.policy == Policy::Random {
             pick_max(&self.candidates, &mut self.rng)
         } else {
@@ -328,10 +304,35 @@ impl<'a> Replay<'a> {
             let (n, _, choice) = self.candidates[pick];
             self.place(n, pod_index, choice);
         }
+        self.sample()
+    }
+
+    fn sample(&self) -> Sample {
         Sample {
             arrived_milli: self.arrived_milli,
             used_milli: self.used_milli,
             frag_milli: self.frag_total,
+        }
+    }
+
+    /// kube-scheduler's filters here, then the extender's filter, prioritize and bind.
+    fn arrive_via_extender(&mut self, p: usize) {
+        // The GPU-share check of `feasible` drops only nodes the extender's filter refuses too
+        // (the mirror and the ledger hold the same shares); it spares the refusal texts.
+        let mut feasible: Vec<usize> = (0..self.nodes.len())
+            .filter(|&n| self.feasible(n, p))
+            .collect();
+        feasible.sort_by_key(|&n| self.rank[n]);
+        let nodes = &self.nodes;
+        let Some(ext) = self.extender.as_mut() else {
+            return;
+        };
+        let chosen = ext.schedule(self.arrived, &self.pods[p], &feasible, |n| {
+            (nodes[n].cpu_left, nodes[n].mem_left)
+        });
+        if let Some((n, gpus)) = chosen {
+            self.peakfit_gpus = gpus;
+            self.place(n, p, Choice::Ledger);
         }
     }
 
@@ -399,7 +400,7 @@ impl<'a> Replay<'a> {
             Policy::Packing => (packing_score(node, pod), default_choice),
             Policy::Clustering => (clustering_score(node, pod), default_choice),
             Policy::Fgd => self.fgd_score(n, p),
-            Policy::Peakfit => return self.peakfit_score(n, p),
+            Policy::Peakfit => return None,
         })
     }
 
@@ -464,31 +465,6 @@ impl<'a> Replay<'a> {
         (score_of(&changes, pod.total_gpu_milli()), Choice::Whole)
     }
 
-    /// The extender's filter and prioritize: `placement::place` under the peakfit policy.
-    fn peakfit_score(&mut self, n: usize, p: usize) -> Option<(i64, Choice)> {
-        let c = self.class_of_pod[p];
-        let cached = match &self.class_cache[c][n] {
-            Some(answer) => answer.clone(),
-            None => {
-                let answer = placement::place(
-                    &self.ledgers[n],
-                    &self.classes[p],
-                    ScoringPolicy::Peakfit,
-                    &self.mix,
-                    &self.fit_cfg,
-                    0,
-                )
-                .ok();
-                self.class_cache[c][n] = Some(answer.clone());
-                answer
-            }
-        };
-        let scored = cached?;
-        self.peakfit_choice.push((n, scored.placement));
-        self.peakfit_scores.push(scored.score);
-        Some((0, Choice::Ledger))
-    }
-
     fn place(&mut self, n: usize, p: usize, choice: Choice) {
         let pods = self.pods;
         let pod = &pods[p];
@@ -515,19 +491,7 @@ impl<'a> Replay<'a> {
                 }
             }
             Choice::Ledger => {
-                // Bind: the placement prioritize computed on this unchanged ledger.
-                let Some((_, placement)) = self.peakfit_choice.iter().find(|(m, _)| *m == n) else {
-                    return;
-                };
-                self.ledgers[n].reserve_placement(
-                    &format!("pod-{}", self.placed),
-                    placement,
-                    &self.classes[p],
-                );
-                for per_class in &mut self.class_cache {
-                    per_class[n] = None;
-                }
-                for &i in &placement.gpu_indices {
+                for &i in &self.peakfit_gpus {
                     take(node, i, pod.gpu_milli);
                 }
             }
@@ -553,42 +517,6 @@ impl<'a> Replay<'a> {
         node.frag = new_frag;
         self.used_milli += pod.total_gpu_milli();
         self.placed += 1;
-    }
-}
-
-/// peakfit's ledger for an openb node: each GPU's memory from its model, no driver reserve.
-/// The total is rounded to a multiple of 1000 bytes so that a `gpu_milli` share is a whole
-/// number of bytes (see `openb_shape`).
-fn ledger_for(spec: &NodeSpec) -> NodeLedger {
-    let total = (model_memory_mib(&spec.model) << 20) / 1000 * 1000;
-    let model: std::sync::Arc<str> = spec.model.as_str().into();
-    NodeLedger::with_gpus(
-        spec.name.clone(),
-        (0..spec.gpus)
-            .map(|i| {
-                GpuLedger::new(format!("{}-gpu{i}", spec.name), total).with_model(model.clone())
-            })
-            .collect(),
-    )
-    .with_cpu_milli(spec.cpu_milli)
-}
-
-/// An openb pod as the extender sees it: `gpu_milli` as the same share of each GPU's memory,
-/// its CPU and its allowed GPU models (`Demand::bytes_on` rounds down, so shares summing to
-/// exactly 1000 milli fit one GPU, as in the paper).
-fn openb_class(pod: &PodSpec) -> PodClass {
-    PodClass {
-        shape: PodShape {
-            gpus: pod.num_gpu,
-            demand: Demand::fraction(f64::from(pod.gpu_milli) / 1000.0),
-        },
-        cpu_milli: pod.cpu_milli,
-        gpu_models: pod
-            .gpu_spec
-            .split('|')
-            .filter(|m| !m.is_empty())
-            .map(str::to_owned)
-            .collect(),
     }
 }
 
@@ -823,6 +751,7 @@ pub fn run_one(
         curve,
         pods_arrived: arrivals.len(),
         pods_placed: replay.placed(),
+        extender: replay.extender_stats(),
     }
 }
 
@@ -880,8 +809,14 @@ mod tests {
             for n in &r.nodes {
                 assert!(n.cpu_left >= 0 && n.mem_left >= 0, "{policy}");
             }
-            if policy == Policy::Peakfit {
-                for (n, l) in r.nodes.iter().zip(&r.ledgers) {
+            if let Some(ext) = &r.extender {
+                let stats = ext.stats();
+                assert!(stats.scores_computed > 0, "{stats:?}");
+                for (i, n) in r.nodes.iter().enumerate() {
+                    // The extender's index, fed only Nodes, reports and Pods, holds what the
+                    // mirror holds: CPU from the pods' requests, GPUs from bind's choices.
+                    let l = ext.ledger(i);
+                    assert_eq!(l.cpu_free_milli(), Some(n.cpu_left.cast_unsigned()));
                     for (f, g) in n.gpu_free.iter().zip(&l.gpus) {
                         // The ledger and the milli state agree on what is taken (to a byte of
                         // rounding per share).

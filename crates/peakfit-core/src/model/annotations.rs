@@ -11,6 +11,7 @@
 //! | annotation (`peakfit.io/…`) | accepted values | default |
 //! |---|---|---|
 //! | `vram` | Kubernetes quantity per GPU, at most `1Ei` (`20Gi`, `20G`, `1.5Ti`, `1e9`); overrides the model | from the model |
+//! | `gpu-share` | share of each GPU, above 0 up to 1 (`0.25`), as GPU-sharing schedulers count it (openb's `gpu_milli` / 1000); overrides `vram` and the model | none |
 //! | `gpus` | 1–64 | `tensor-parallel`, else 1 |
 //! | `model` | a built-in preset (see the preset table), case-insensitive, checkpoint suffixes like `-Chat`, `-Int4`, `(v1)` ignored; any other name (at most 253 characters) is a label and then needs `params` or `layers` + `hidden-size` | none |
 //! | `model-config` | the name of a ConfigMap in the pod's namespace, labelled `peakfit.io/model-config: "true"`, whose key `config.json` (at most 1 MiB) holds the model's Hugging Face config: read by the extender into the shape annotations (the pod's own annotations override it); a missing or unreadable one fails the pod's scheduling with the ConfigMap and field named | none |
@@ -61,6 +62,7 @@ pub const PREFIX: &str = "peakfit.io/";
 /// Input annotations; the README's annotation reference documents each (`tests/readme_docs.rs`).
 pub const INPUT_KEYS: &[&str] = &[
     "vram",
+    "gpu-share",
     "gpus",
     "model",
     "model-config",
@@ -485,6 +487,7 @@ pub struct Spec {
     /// The input keys present, without the prefix: a spec with none means "not a peakfit pod".
     pub keys: Vec<&'static str>,
     pub vram: Option<u64>,
+    pub gpu_share: Option<f64>,
     pub gpus: Option<u32>,
     pub model: Option<&'static Preset>,
     /// A `model` value that names no preset: a label only, the shape annotations describe it.
@@ -620,6 +623,7 @@ impl Spec {
                 }
                 self.vram = Some(bytes);
             }
+            "gpu-share" => self.gpu_share = Some(fraction(key, v, true, 1.0)?),
             "gpus" => self.gpus = Some(int(key, v, 1, 64)?),
             "model-config" => {
                 if !is_dns_subdomain(v) {
@@ -980,6 +984,15 @@ pub fn pod_request(
 
 /// The request for an already parsed, non-empty spec.
 pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
+    if let Some(share) = spec.gpu_share {
+        // A share of whatever GPU the pod lands on, nothing fixed: the openb trace's pods.
+        return Ok(PodRequest {
+            gpus: spec.gpus.or(spec.tensor_parallel).unwrap_or(1),
+            demand: Demand::fraction(share),
+            engine_fraction: None,
+            fraction_engine: false,
+        });
+    }
     if let Some(vram) = spec.vram {
         // An explicit per-GPU figure overrides the model; headroom still applies, and the GPU
         // count defaults as it does for a modelled pod (a tensor-parallel job spans its group).
@@ -1214,6 +1227,17 @@ mod tests {
         let e = err(&[("batch", "4"), ("workload", "training")]);
         assert_eq!(e.key, "vram");
         assert!(e.allowed.contains("peakfit.io/batch"), "{e}");
+    }
+
+    #[test]
+    fn a_gpu_share_is_a_pure_fraction_of_each_gpu() {
+        let r = pod_request(&ann(&[("gpu-share", "0.35"), ("gpus", "2")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.gpus, 2);
+        assert_eq!(r.demand, Demand::fraction(0.35));
+        assert_eq!(err(&[("gpu-share", "0")]).key, "gpu-share");
+        assert_eq!(err(&[("gpu-share", "1.5")]).key, "gpu-share");
     }
 
     #[test]

@@ -241,6 +241,9 @@ pub struct ShapeStatsConfig {
     /// `refresh_every` pods. Set above the share noise of a steady workload (estimated in
     /// `docs/tuning.md`).
     pub refresh_tolerance: f64,
+    /// Pods remembered by key so that each counts once however often it is filtered (a pod in
+    /// backoff is asked about again and again); the oldest key is forgotten first.
+    pub remembered_pods: usize,
 }
 
 impl Default for ShapeStatsConfig {
@@ -251,6 +254,7 @@ impl Default for ShapeStatsConfig {
             max_classes: 256,
             refresh_every: 64,
             refresh_tolerance: 0.05,
+            remembered_pods: 1 << 17,
         }
     }
 }
@@ -269,6 +273,12 @@ pub struct ShapeStats {
     seen: usize,
     since_refresh: u32,
     mix: std::sync::Arc<ShapeMix>,
+    /// GPUs per model, for the mix's model pressure (`ShapeMix::with_capacity`); empty when
+    /// unknown. `capacity_generation` is the caller's counter it came with.
+    capacity: Vec<(String, f64)>,
+    capacity_generation: Option<u64>,
+    seen_pods: std::collections::HashSet<String>,
+    seen_order: std::collections::VecDeque<String>,
 }
 
 impl ShapeStats {
@@ -282,6 +292,46 @@ impl ShapeStats {
             seen: 0,
             since_refresh: 0,
             mix: std::sync::Arc::new(ShapeMix::default()),
+            capacity: Vec::new(),
+            capacity_generation: None,
+            seen_pods: std::collections::HashSet::default(),
+            seen_order: std::collections::VecDeque::default(),
+        }
+    }
+
+    /// `observe`, once per pod: a key seen before (among the last `remembered_pods`) counts
+    /// nothing. Returns whether it counted.
+    pub fn observe_pod(&mut self, key: &str, class: &PodClass) -> bool {
+        if self.seen_pods.contains(key) {
+            return false;
+        }
+        if self.seen_order.len() >= self.cfg.remembered_pods.max(1)
+            && let Some(old) = self.seen_order.pop_front()
+        {
+            self.seen_pods.remove(&old);
+        }
+        self.seen_pods.insert(key.to_owned());
+        self.seen_order.push_back(key.to_owned());
+        self.observe(class);
+        true
+    }
+
+    /// The cluster's GPUs per model, tagged with the caller's counter: the mix is rebuilt with
+    /// the new capacity only when the counter moved (`fetch` is not called otherwise).
+    pub fn sync_capacity<I>(&mut self, generation: u64, fetch: impl FnOnce() -> I)
+    where
+        I: IntoIterator<Item = (String, f64)>,
+    {
+        if self.capacity_generation == Some(generation) {
+            return;
+        }
+        self.capacity_generation = Some(generation);
+        let capacity: Vec<(String, f64)> = fetch().into_iter().collect();
+        if capacity != self.capacity {
+            self.capacity = capacity;
+            if !self.weights.is_empty() {
+                self.refresh();
+            }
         }
     }
 
@@ -328,7 +378,10 @@ impl ShapeStats {
             .iter()
             .map(|(c, &(w, first))| (c.clone(), w, first))
             .collect();
-        let mix = ShapeMix::covering(&mut counted, self.cfg.coverage);
+        let mut mix = ShapeMix::covering(&mut counted, self.cfg.coverage);
+        if !self.capacity.is_empty() {
+            mix = mix.with_capacity(self.capacity.iter().cloned());
+        }
         if !mix.close_to(&self.mix, self.cfg.refresh_tolerance) {
             self.mix = std::sync::Arc::new(mix);
         }
@@ -695,5 +748,68 @@ mod tests {
         let mix = stats.mix();
         assert_eq!(mix.shapes().len(), 1);
         assert_eq!(mix.shapes()[0].0, share(1000, 1));
+    }
+
+    #[test]
+    fn a_pod_filtered_again_counts_once() {
+        let mut stats = ShapeStats::default();
+        for _ in 0..50 {
+            stats.observe_pod("uid-a", &share(500, 1));
+        }
+        assert!(stats.observe_pod("uid-b", &share(1000, 1)));
+        assert!(!stats.observe_pod("uid-b", &share(1000, 1)));
+        stats.refresh();
+        let shares: Vec<f64> = stats.mix().shapes().iter().map(|s| s.1).collect();
+        assert_eq!(shares.len(), 2);
+        assert!(shares.iter().all(|p| (p - 0.5).abs() < 1e-3), "{shares:?}");
+    }
+
+    /// How fast the default mix follows a workload that changes all at once: after a long run
+    /// of one class, count the pods of a new class until the published mix gives it the
+    /// larger share, and until the old class leaves the mix (below the 5 % coverage edge).
+    /// With a half-life of 2,000 pods: about 2,000 and about 8,600 (2,000 × log2(20)).
+    #[test]
+    fn the_default_mix_follows_a_changed_workload_within_a_half_life() {
+        let mut stats = ShapeStats::default();
+        for i in 0..20_000 {
+            stats.observe_pod(&format!("old-{i}"), &share(500, 1));
+        }
+        let (mut majority, mut gone) = (None, None);
+        for n in 1..=20_000u32 {
+            stats.observe_pod(&format!("new-{n}"), &share(250, 1));
+            let mix = stats.mix();
+            let share_of =
+                |c: &PodClass| mix.shapes().iter().find(|s| &s.0 == c).map_or(0.0, |s| s.1);
+            if majority.is_none() && share_of(&share(250, 1)) > 0.5 {
+                majority = Some(n);
+            }
+            if gone.is_none() && share_of(&share(500, 1)) == 0.0 {
+                gone = Some(n);
+                break;
+            }
+        }
+        let (majority, gone) = (majority.unwrap(), gone.unwrap());
+        assert!(
+            (1_900..=2_400).contains(&majority),
+            "majority after {majority} pods"
+        );
+        assert!(
+            (8_000..=9_200).contains(&gone),
+            "old class gone after {gone} pods"
+        );
+    }
+
+    #[test]
+    fn capacity_gives_the_learned_mix_model_pressure() {
+        let mut stats = ShapeStats::default();
+        let mut t4_only = share(500, 1);
+        t4_only.gpu_models = vec!["T4".into()];
+        stats.observe_pod("a", &t4_only);
+        stats.observe_pod("b", &share(500, 1));
+        assert_eq!(stats.mix().model_pressure("T4"), 0.0);
+        stats.sync_capacity(1, || [("T4".to_owned(), 10.0), ("V100".to_owned(), 90.0)]);
+        assert!(stats.mix().model_pressure("T4") > 1.0);
+        // The same counter again: nothing fetched.
+        stats.sync_capacity(1, || -> Vec<(String, f64)> { unreachable!() });
     }
 }

@@ -229,11 +229,18 @@ pub struct NodeLedger {
     /// report whose time did not parse), which a fit with a staleness limit treats as stale.
     pub observed_at_unix: Option<i64>,
     pub condition: NodeCondition,
-    /// CPU the node can give pods, when placement should account for it (the openb
-    /// simulation); `None` in the extender, where kube-scheduler checks CPU itself.
+    /// CPU the node can give pods (the Node's `status.allocatable` in the extender, the trace's
+    /// node in the openb simulation); `None` when unknown, and then CPU is not accounted.
     pub cpu_capacity_milli: Option<u64>,
+    /// Host memory the node can give pods, as `cpu_capacity_milli`. Tracked so the ledger holds
+    /// what kube-scheduler's `NodeResourcesFit` sees; placement does not score it.
+    #[serde(default)]
+    pub memory_capacity_bytes: Option<u64>,
     cpu_used_milli: u64,
-    cpu_by_pod: BTreeMap<PodKey, u64>,
+    #[serde(default)]
+    memory_used_bytes: u64,
+    /// Per pod: (CPU millicores, memory bytes) it requested on this node.
+    cpu_by_pod: BTreeMap<PodKey, (u64, u64)>,
 }
 
 /// One node at a glance, for metrics and the filter's words.
@@ -262,7 +269,9 @@ impl NodeLedger {
             observed_at_unix: None,
             condition: NodeCondition::NoReport,
             cpu_capacity_milli: None,
+            memory_capacity_bytes: None,
             cpu_used_milli: 0,
+            memory_used_bytes: 0,
             cpu_by_pod: BTreeMap::new(),
         }
     }
@@ -294,20 +303,36 @@ impl NodeLedger {
         }
     }
 
+    pub fn with_memory_bytes(mut self, capacity: u64) -> Self {
+        self.memory_capacity_bytes = Some(capacity);
+        self
+    }
+
     /// Bind's commit for a pod class: its GPUs, and its CPU where the node tracks CPU.
     pub fn reserve_placement(&mut self, pod: &str, placement: &Placement, class: &PodClass) {
         self.reserve(pod, &placement.gpu_indices, &placement.per_gpu_bytes);
+        self.reserve_host(pod, class.cpu_milli, 0);
+    }
+
+    /// Records what a pod requested of the node's CPU and host memory (any pod bound there,
+    /// with or without GPUs: kube-scheduler counts them all). Replaces an earlier record of it.
+    /// Nothing is kept for a node that tracks neither.
+    pub fn reserve_host(&mut self, pod: &str, cpu_milli: u64, memory_bytes: u64) {
         self.release_cpu(pod);
-        if self.cpu_capacity_milli.is_some() && class.cpu_milli > 0 {
-            self.cpu_used_milli += class.cpu_milli;
-            self.cpu_by_pod.insert(pod.to_owned(), class.cpu_milli);
+        let tracked = self.cpu_capacity_milli.is_some() || self.memory_capacity_bytes.is_some();
+        if tracked && (cpu_milli > 0 || memory_bytes > 0) {
+            self.cpu_used_milli = self.cpu_used_milli.saturating_add(cpu_milli);
+            self.memory_used_bytes = self.memory_used_bytes.saturating_add(memory_bytes);
+            self.cpu_by_pod
+                .insert(pod.to_owned(), (cpu_milli, memory_bytes));
         }
     }
 
     fn release_cpu(&mut self, pod: &str) -> bool {
         match self.cpu_by_pod.remove(pod) {
-            Some(c) => {
-                self.cpu_used_milli -= c;
+            Some((c, m)) => {
+                self.cpu_used_milli = self.cpu_used_milli.saturating_sub(c);
+                self.memory_used_bytes = self.memory_used_bytes.saturating_sub(m);
                 true
             }
             None => false,
@@ -327,6 +352,12 @@ impl NodeLedger {
     pub fn cpu_free_milli(&self) -> Option<u64> {
         self.cpu_capacity_milli
             .map(|c| c.saturating_sub(self.cpu_used_milli))
+    }
+
+    /// Host memory still free for pods; `None` when the node does not track it.
+    pub fn memory_free_bytes(&self) -> Option<u64> {
+        self.memory_capacity_bytes
+            .map(|c| c.saturating_sub(self.memory_used_bytes))
     }
 
     pub fn free_bytes(&self) -> u64 {

@@ -21,6 +21,7 @@ pub use ledger::{
 };
 pub use score::{
     Scored, ScoringPolicy, Tuning, place, place_score, place_tuned, score, scores_0_to_10,
+    scores_0_to_10_unique, stable_name_hash, used_share,
 };
 
 #[cfg(test)]

@@ -272,6 +272,33 @@ proptest! {
         }
     }
 
+    /// With a tie-break, exactly one node gets 10 (when any score is finite), it is one of the
+    /// best, and a better node never gets less than a worse one.
+    #[test]
+    fn one_node_at_10_and_the_order_kept(
+        scores in prop::collection::vec(prop::sample::select(vec![-2.0f64, 0.0, 0.5, 1.0, f64::NAN]), 1..40),
+    ) {
+        let ints = scores_0_to_10_unique(&scores, |a, b| b.cmp(&a));
+        let finite = scores.iter().any(|s| s.is_finite());
+        let tens: usize = ints.iter().map(|&i| usize::from(i == 10)).sum();
+        prop_assert_eq!(tens, usize::from(finite));
+        let plain = scores_0_to_10(&scores);
+        for (i, (&u, &p)) in ints.iter().zip(&plain).enumerate() {
+            prop_assert!(u == p || (p == 10 && u == 9), "{} {} {}", i, u, p);
+        }
+        // The lowest index among the tied wins (`prefer` orders later indices first).
+        if let Some(w) = ints.iter().position(|&i| i == 10) {
+            prop_assert_eq!(plain.iter().position(|&i| i == 10), Some(w));
+        }
+        for (a, ia) in scores.iter().zip(&ints) {
+            for (b, ib) in scores.iter().zip(&ints) {
+                if a < b {
+                    prop_assert!(ia <= ib);
+                }
+            }
+        }
+    }
+
     /// MIG parents come from the agent's report but are never offered to pods.
     #[test]
     fn mig_parents_are_never_chosen(

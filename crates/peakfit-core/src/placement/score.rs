@@ -80,7 +80,8 @@ pub struct Tuning {
     /// Weight of the change in GPUs stranded for lack of CPU: free GPUs beyond what the node's
     /// free CPU can feed at the mix's CPU-per-GPU ratio. FGD sees CPU only when it drops below
     /// one typical pod's need; this keeps CPU-poor nodes for CPU-light pods and sends GPU-less,
-    /// CPU-heavy pods to CPU-rich nodes. Inactive where nodes do not track CPU (the extender).
+    /// CPU-heavy pods to CPU-rich nodes. Inactive where nodes do not track CPU (the extender
+    /// before it has seen the Node's allocatable).
     pub cpu_balance_weight: f64,
     /// Share of `cpu_balance_weight` credited when a placement strands fewer GPUs than before
     /// (a CPU-light pod on a CPU-poor node). Crediting it in full spreads CPU-light pods over
@@ -461,6 +462,50 @@ pub fn scores_0_to_10(scores: &[f64]) -> Vec<u8> {
         .collect()
 }
 
+/// `scores_0_to_10` with exactly one node at 10: among the nodes tied at the top, the one
+/// `prefer` orders last (the greatest); the other tied nodes get 9, so the ranking of the rest
+/// is kept.
+///
+/// kube-scheduler picks uniformly at random among the nodes with the highest total. Early in
+/// a run and on uniform clusters, dozens of identical empty nodes tie; a random pick among them
+/// puts each pod on another empty node and scatters the workload. One winner, chosen from the
+/// nodes' state, makes the next equal pod follow the first onto the same node.
+pub fn scores_0_to_10_unique(
+    scores: &[f64],
+    mut prefer: impl FnMut(usize, usize) -> std::cmp::Ordering,
+) -> Vec<u8> {
+    let mut ints = scores_0_to_10(scores);
+    let mut best: Option<usize> = None;
+    for i in 0..ints.len() {
+        if ints[i] != 10 {
+            continue;
+        }
+        match best {
+            Some(b) if prefer(i, b).is_le() => ints[i] = 9,
+            Some(b) => {
+                ints[b] = 9;
+                best = Some(i);
+            }
+            None => best = Some(i),
+        }
+    }
+    ints
+}
+
+/// Used share of a node's GPUs (each GPU counting 1), the first tie-break among nodes equally
+/// good for a pod: the fuller node takes it.
+pub fn used_share(node: &NodeLedger) -> f64 {
+    packing_after(node, &[])
+}
+
+/// A hash of a node's name that is the same in every process and release (FNV-1a), the last
+/// tie-break among equally good, equally full nodes.
+pub fn stable_name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -656,5 +701,25 @@ mod tests {
         assert_eq!(scores_0_to_10(&[-1.0, -1.0]), [10, 10]);
         assert_eq!(scores_0_to_10(&[0.0, 0.999, 1.0, f64::NAN]), [0, 9, 10, 0]);
         assert_eq!(scores_0_to_10(&[-3.0, -2.0, -1.0]), [0, 5, 10]);
+    }
+
+    #[test]
+    fn one_node_at_10_chosen_by_the_tie_break() {
+        let by_key = |keys: &'static [u64]| move |a: usize, b: usize| keys[a].cmp(&keys[b]);
+        assert_eq!(
+            scores_0_to_10_unique(&[1.0, 1.0, 0.0, 1.0], by_key(&[3, 7, 9, 5])),
+            [9, 10, 0, 9]
+        );
+        assert_eq!(
+            scores_0_to_10_unique(&[-1.0, -1.0], by_key(&[2, 1])),
+            [10, 9]
+        );
+        assert_eq!(
+            scores_0_to_10_unique(&[f64::NAN, 0.2], by_key(&[9, 0])),
+            [0, 10]
+        );
+        assert_eq!(scores_0_to_10_unique(&[], by_key(&[])), Vec::<u8>::new());
+        assert_eq!(stable_name_hash("node-1"), stable_name_hash("node-1"));
+        assert_ne!(stable_name_hash("node-1"), stable_name_hash("node-2"));
     }
 }
