@@ -1259,6 +1259,15 @@ mod tests {
         estimate(&spec(pairs), Defaults::GPU_TOTAL)
     }
 
+    fn est_with(
+        base: &[(&'static str, &'static str)],
+        extra: &[(&'static str, &'static str)],
+    ) -> Estimate {
+        let mut v = base.to_vec();
+        v.extend_from_slice(extra);
+        est(&v)
+    }
+
     fn part(e: &Estimate, name: &str) -> f64 {
         e.components
             .iter()
@@ -1683,14 +1692,15 @@ mod tests {
     #[test]
     fn deepspeed_zero3_keeps_its_reduce_bucket_fsdp_does_not() {
         let with = |extra: &[(&'static str, &'static str)]| {
-            let mut v = vec![
-                ("model", "bloomz-7b1"),
-                ("workload", "lora"),
-                ("dtype", "fp32"),
-                ("offload", "optimizer+params"),
-            ];
-            v.extend_from_slice(extra);
-            est(&v)
+            est_with(
+                &[
+                    ("model", "bloomz-7b1"),
+                    ("workload", "lora"),
+                    ("dtype", "fp32"),
+                    ("offload", "optimizer+params"),
+                ],
+                extra,
+            )
         };
         // 5e8 fp32 elements, on one GPU too (ZeRO-Offload).
         assert_eq!(
@@ -1726,14 +1736,15 @@ mod tests {
     #[test]
     fn fsdp_keeps_its_root_unit_gathered_deepspeed_and_torchtitan_do_not() {
         let with = |extra: &[(&'static str, &'static str)]| {
-            let mut v = vec![
-                ("model", "llama-2-70b"),
-                ("workload", "qlora"),
-                ("dtype", "nf4-dq"),
-                ("data-parallel", "2"),
-            ];
-            v.extend_from_slice(extra);
-            est(&v)
+            est_with(
+                &[
+                    ("model", "llama-2-70b"),
+                    ("workload", "qlora"),
+                    ("dtype", "nf4-dq"),
+                    ("data-parallel", "2"),
+                ],
+                extra,
+            )
         };
         // Embedding + untied head (2 x 32000 x 8192) at bf16, unsharded, offloaded or not.
         let root = 2.0 * 32_000.0 * 8192.0 * 2.0;
