@@ -30,9 +30,9 @@ pub const MEASURED: &[Band] = &[
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
     band("inference", 47, 0.5, 9.2, 0.0),
     band("lora", 15, 6.0, 33.4, 0.2),
-    band("offload", 2, 11.7, 16.6, -16.6),
+    band("offload", 2, 10.9, 11.7, -11.7),
     band("qlora", 14, 12.9, 51.0, -8.7),
-    band("sharded-training", 22, 4.4, 17.1, 2.2),
+    band("sharded-training", 22, 5.6, 17.1, 2.2),
     band("training", 2, 18.4, 51.8, 18.4),
 ];
 

@@ -24,6 +24,7 @@
 //! | weights | `W/(t·p)`, `/N` more under ZeRO-3 / FSDP full-shard, frozen LoRA/QLoRA bases included; 0 with `offload: params`, `optimizer+params`, `sequential` | ZeRO paper §5 (Rajbhandari et al. 2019); FSDP `ShardingStrategy`; Megatron-LM places `1/p` of the layers per stage plus one embedding matrix |
 //! | gathered parameters | ZeRO-3/FSDP training: `4·largest layer` (DeepSpeed `largest_layer_memory`); frozen or offloaded: two blocks (running + prefetch) at compute width; DeepSpeed param offload: `max(2 blocks, min(1e9, W))` | DeepSpeed `estimate_zero3_model_states_mem_needs`, `stage3_max_live_parameters` default 1e9 |
 //! | gradients | `/N` from ZeRO-2 (`shard-grad-op`); 16-bit only with `offload: optimizer`; torchtune's single-device full fine-tune: the largest parameter's only | ZeRO paper; ZeRO-Offload (Ren et al. 2021) §3; torchtune `optimizer_in_bwd: True` in `*_full_single_device.yaml` |
+//! | FSDP root unit | FSDP full-/hybrid-shard with accelerate's transformer-layer wrap: embedding + head gathered at compute width (`/t`) from forward through backward, offloaded or not | FSDP1 `_post_forward_reshard` (root not resharded), FSDP2 `fully_shard` `reshard_after_forward` docs |
 //! | DeepSpeed buckets | ZeRO-3 training sharded the DeepSpeed way (numeric stage, not torchtitan/torchtune/litgpt): `reduce_bucket_size` (default 5e8) elements at the parameters' width (4 B fp32, else 2 B), with or without offload | `deepspeed/runtime/zero/stage3.py` `__ipg_bucket_flat_buffer`, `contiguous_gradients` default on |
 //! | master weights, optimizer | `/N` from ZeRO-1; 0 with `offload: optimizer` | ZeRO paper; ZeRO-Offload |
 //! | pipeline | ZeRO-2/3 degrade to ZeRO-1 (weights and gradients unsharded across micro-batches); activations: the first stage holds `L/p` layers for `p` micro-batches in flight under 1F1B = `L` layers' worth | DeepSpeed pipeline engine (ZeRO-1 only); torchtitan `reshard_after_forward=False` under PP; Narayanan et al. 2021 §2.2, Korthikanti et al. 2022 §4.2.3 |
@@ -720,6 +721,22 @@ impl Inputs {
         }
     }
 
+    /// FSDP does not reshard the root unit after forward, as its parameters are needed again at
+    /// once in backward: FSDP1 `_post_forward_reshard` frees only non-root handles
+    /// (`torch/distributed/fsdp/_runtime_utils.py`), FSDP2 `fully_shard` documents that "the root
+    /// FSDP state has its value specially set to False" for `reshard_after_forward`. With
+    /// accelerate's transformer-layer auto-wrap (the decoder blocks are the units) the root holds
+    /// the embedding and head, so they stay gathered at the compute width from forward through
+    /// backward, with CPU offload too (offloading moves only the shard). torchtitan, torchtune
+    /// and litgpt wrap differently and are left to their own terms.
+    fn fsdp_root_params(&self) -> f64 {
+        if !(self.fsdp && self.zero3()) || FSDP_ENGINES.contains(&self.engine_name()) {
+            return 0.0;
+        }
+        let bytes = if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 };
+        self.embedding_params() * bytes / self.tp
+    }
+
     fn tokens(&self) -> f64 {
         self.batch * self.context / self.cp
     }
@@ -957,6 +974,7 @@ fn transformer_components(
     }
     tensor("zero3-live-params", inp.zero3_live_params());
     tensor("deepspeed-buckets", inp.deepspeed_buckets());
+    tensor("fsdp-root-params", inp.fsdp_root_params());
     if has_shape {
         tensor("activations", inp.activations());
         tensor("logits", inp.logits());
@@ -1239,6 +1257,15 @@ mod tests {
 
     fn est(pairs: &[(&str, &str)]) -> Estimate {
         estimate(&spec(pairs), Defaults::GPU_TOTAL)
+    }
+
+    fn est_with(
+        base: &[(&'static str, &'static str)],
+        extra: &[(&'static str, &'static str)],
+    ) -> Estimate {
+        let mut v = base.to_vec();
+        v.extend_from_slice(extra);
+        est(&v)
     }
 
     fn part(e: &Estimate, name: &str) -> f64 {
@@ -1665,14 +1692,15 @@ mod tests {
     #[test]
     fn deepspeed_zero3_keeps_its_reduce_bucket_fsdp_does_not() {
         let with = |extra: &[(&'static str, &'static str)]| {
-            let mut v = vec![
-                ("model", "bloomz-7b1"),
-                ("workload", "lora"),
-                ("dtype", "fp32"),
-                ("offload", "optimizer+params"),
-            ];
-            v.extend_from_slice(extra);
-            est(&v)
+            est_with(
+                &[
+                    ("model", "bloomz-7b1"),
+                    ("workload", "lora"),
+                    ("dtype", "fp32"),
+                    ("offload", "optimizer+params"),
+                ],
+                extra,
+            )
         };
         // 5e8 fp32 elements, on one GPU too (ZeRO-Offload).
         assert_eq!(
@@ -1703,6 +1731,38 @@ mod tests {
             ("data-parallel", "8"),
         ]);
         assert_eq!(part(&amp, "deepspeed-buckets"), 1e9);
+    }
+
+    #[test]
+    fn fsdp_keeps_its_root_unit_gathered_deepspeed_and_torchtitan_do_not() {
+        let with = |extra: &[(&'static str, &'static str)]| {
+            est_with(
+                &[
+                    ("model", "llama-2-70b"),
+                    ("workload", "qlora"),
+                    ("dtype", "nf4-dq"),
+                    ("data-parallel", "2"),
+                ],
+                extra,
+            )
+        };
+        // Embedding + untied head (2 x 32000 x 8192) at bf16, unsharded, offloaded or not.
+        let root = 2.0 * 32_000.0 * 8192.0 * 2.0;
+        let fsdp = with(&[("zero-stage", "full-shard")]);
+        assert_eq!(part(&fsdp, "fsdp-root-params"), root);
+        let offloaded = with(&[
+            ("zero-stage", "full-shard"),
+            ("offload", "optimizer+params"),
+        ]);
+        assert_eq!(part(&offloaded, "fsdp-root-params"), root);
+        assert_eq!(part(&offloaded, "weights"), 0.0);
+        for other in [
+            with(&[("zero-stage", "3")]),
+            with(&[("zero-stage", "shard-grad-op")]),
+            with(&[("zero-stage", "full-shard"), ("engine", "torchtitan")]),
+        ] {
+            assert_eq!(part(&other, "fsdp-root-params"), 0.0);
+        }
     }
 
     #[test]
