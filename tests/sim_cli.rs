@@ -89,3 +89,20 @@ fn bad_flags_name_the_value_and_what_is_allowed() {
         .to_string();
     assert!(e.contains("--nodes"), "{e}");
 }
+
+#[test]
+fn a_misspelt_deployment_switch_is_refused_naming_it() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_peakfit"))
+        .args(["simulate", "--jobs", "1"])
+        .env("PEAKFIT_SIM_GPULESS", "default-schedular")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("PEAKFIT_SIM_GPULESS")
+            && err.contains("default-schedular")
+            && err.contains("default-scheduler"),
+        "{err}"
+    );
+}

@@ -110,6 +110,7 @@ pub fn parse_policies(s: &str) -> Result<Policies, String> {
 }
 
 pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
+    via_extender::check_switches().map_err(anyhow::Error::msg)?;
     if let Some(asked) = args.jobs {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let jobs = asked.clamp(1, cores);

@@ -47,6 +47,30 @@ use crate::inventory::{GpuDevice, NodeGpuReportStatus, NvmlStatus};
 use crate::metrics::extender::{ExtenderMetrics, ScoreSourceLabels};
 use crate::placement::{FitConfig, ScoringPolicy};
 
+/// The simulator's two deployment switches and the values each takes. They are environment
+/// variables (not flags) because they model profiles other than the chart's, for
+/// docs/simulate.md; a misspelt value would otherwise measure the chart's profile silently.
+const SWITCHES: [(&str, &[&str]); 2] = [
+    ("PEAKFIT_SIM_DEFAULT_PLUGINS", &["on", "off"]),
+    ("PEAKFIT_SIM_GPULESS", &["peakfit", "default-scheduler"]),
+];
+
+/// Refuses a switch set to a value it does not take, naming the variable, the value and what
+/// is allowed, before any run starts.
+pub fn check_switches() -> Result<(), String> {
+    for (var, allowed) in SWITCHES {
+        if let Ok(value) = std::env::var(var)
+            && !allowed.contains(&value.as_str())
+        {
+            return Err(format!(
+                "{var}={value:?}: allowed values are {}",
+                allowed.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The chart's `extender.weight`.
 pub const EXTENDER_WEIGHT: i64 = 5;
 /// The score plugins the chart's peakfit profile turns off (`scheduler.profile`).
