@@ -92,6 +92,7 @@ fn bad_flags_name_the_value_and_what_is_allowed() {
 
 #[test]
 fn a_misspelt_deployment_switch_is_refused_naming_it() {
+    // Through the environment variable (the fallback), before any run starts.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_peakfit"))
         .args(["simulate", "--jobs", "1"])
         .env("PEAKFIT_SIM_GPULESS", "default-schedular")
@@ -101,8 +102,60 @@ fn a_misspelt_deployment_switch_is_refused_naming_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("PEAKFIT_SIM_GPULESS")
+            && err.contains("--gpuless-pods")
             && err.contains("default-schedular")
             && err.contains("default-scheduler"),
         "{err}"
     );
+    // Through the flag.
+    let e = Cli::try_parse_from(["simulate", "--scheduler-profile", "charts"])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("--scheduler-profile")
+            && e.contains("charts")
+            && e.contains("chart, default-plugins"),
+        "{e}"
+    );
+}
+
+#[test]
+fn deployment_flags_default_to_the_charts_and_take_the_old_switch_values() {
+    use peakfit::sim::{
+        GpulessPods, SchedulerProfile, parse_gpuless_pods, parse_scheduler_profile,
+    };
+    let d = args(&[]).deployment();
+    assert_eq!(d.profile, SchedulerProfile::Chart);
+    assert_eq!(d.gpuless, GpulessPods::Peakfit);
+    let d = args(&[
+        "--scheduler-profile",
+        "default-plugins",
+        "--gpuless-pods",
+        "default-scheduler",
+    ])
+    .deployment();
+    assert_eq!(d.profile, SchedulerProfile::DefaultPlugins);
+    assert_eq!(d.gpuless, GpulessPods::DefaultScheduler);
+    // `PEAKFIT_SIM_DEFAULT_PLUGINS` took on|off before the flag existed.
+    assert_eq!(
+        parse_scheduler_profile("on"),
+        Ok(SchedulerProfile::DefaultPlugins)
+    );
+    assert_eq!(parse_scheduler_profile("off"), Ok(SchedulerProfile::Chart));
+    assert!(parse_gpuless_pods("on").is_err());
+    // Both flags name their environment fallback in --help.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_peakfit"))
+        .args(["simulate", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for s in [
+        "--scheduler-profile",
+        "PEAKFIT_SIM_DEFAULT_PLUGINS",
+        "--gpuless-pods",
+        "PEAKFIT_SIM_GPULESS",
+    ] {
+        assert!(help.contains(s), "{s} missing from --help:\n{help}");
+    }
 }

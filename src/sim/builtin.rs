@@ -16,10 +16,10 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::dynamic::{self, Accounting, DynNode, DynPod, DynamicResult};
+use super::dynamic::{self, Accounting, DynNode, DynPod, DynamicResult, KindWaits};
 use super::openb::{NodeSpec, PodSpec, model_memory_mib};
 use super::profiles::{self, Kind, Profile};
-use super::{Policy, RunResult, SimulateArgs, run_one, svg};
+use super::{CUT_STOCK_LEGEND, Policy, RunResult, SimulateArgs, mean, run_deployed, svg};
 use crate::model;
 use crate::placement::Demand;
 
@@ -413,7 +413,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         .par_iter()
         .map(|&(policy, seed)| {
             let pods = packing_pods(&resolved, 4 * capacity_gpus as usize, seed);
-            let r = run_one("builtin", &nodes, &pods, policy, seed);
+            let r = run_deployed("builtin", &nodes, &pods, policy, seed, args.deployment());
             bar.inc(1);
             r
         })
@@ -486,78 +486,163 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn mean(v: impl Iterator<Item = f64>) -> f64 {
-    let (s, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
-    if n == 0 { f64::NAN } else { s / n as f64 }
+/// Mean and population standard deviation, printed as `mean ± sd`.
+fn mean_sd(v: &[f64], decimals: usize) -> String {
+    let m = mean(v.iter().copied());
+    let var = mean(v.iter().map(|x| (x - m) * (x - m)));
+    format!("{m:.decimals$} ± {:.decimals$}", var.sqrt())
 }
+
+/// The legend of the tables' spread, printed once above them.
+const SPREAD: &str = "± is the population standard deviation over the seeds";
 
 fn builtin_table(packing: &[RunResult], dynamic: &[DynamicRun], seeds: usize) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "Built-in cluster: {}\n\n",
+        "Built-in cluster: {}; {seeds} seed(s), {SPREAD}\n\n",
         CLUSTER
             .iter()
             .map(|t| format!("{} x {} {}", t.count, t.gpus, t.model))
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    out.push_str(&format!(
-        "Packing (pods stay; mean of {seeds} seed(s)): unallocated GPU % at arrived = 100 %\n"
-    ));
-    let mut policies: Vec<Policy> = packing.iter().map(|r| r.policy).collect();
-    policies.sort();
-    policies.dedup();
-    for p in policies {
-        let u = mean(
-            packing
-                .iter()
-                .filter(|r| r.policy == p)
-                .filter_map(|r| r.unallocated_at_100),
-        );
-        out.push_str(&format!("  {:<11}{u:>7.2}\n", p.name()));
+    out.push_str(&packing_table(packing));
+    out.push_str(&dynamic_table(dynamic));
+    out
+}
+
+/// Unallocated % per policy, best first, and the cutting-stock reference of the same pods.
+fn packing_table(packing: &[RunResult]) -> String {
+    let mut out = format!(
+        "Packing (pods stay): unallocated GPU % at arrived = 100 % (peakfit: the extender, \
+         asked by kube-scheduler with the chart's profile)\n{CUT_STOCK_LEGEND}\n"
+    );
+    let mut policies: Vec<(f64, Policy, Vec<f64>)> = Vec::new();
+    for p in Policy::ALL {
+        let v: Vec<f64> = packing
+            .iter()
+            .filter(|r| r.policy == p)
+            .filter_map(|r| r.unallocated_at_100)
+            .collect();
+        if !v.is_empty() {
+            policies.push((mean(v.iter().copied()), p, v));
+        }
     }
-    out.push_str(&format!(
-        "\nPods come and go for 24 h, memory follows profiles (mean of {seeds} seed(s)):\n\
-         placed = started at least once (later OOM-killed or not); clean = never OOM-killed or \
-         failed at start; waiting = queued when the 24 h end (never started, or killed and queued \
-         again)\n  {:<11}{:>6}{:>8}{:>7}{:>10}{:>7}{:>8}{:>9}{:>8}{:>8}{:>9}{:>9}{:>10}\n",
-        "accounting",
-        "pods",
-        "placed",
-        "clean",
-        "completed",
-        "clean",
-        "waiting",
-        "OOMs",
-        "killed",
-        "failed",
-        "lost h",
-        "pending",
-        "mem used"
-    ));
-    for a in Accounting::ALL {
-        let rs: Vec<&DynamicResult> = dynamic
+    policies.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    for (_, p, v) in &policies {
+        out.push_str(&format!("  {:<14}{:>15}\n", p.name(), mean_sd(v, 2)));
+    }
+    // One figure per seed: every policy of a seed sees the same pods.
+    let cut: BTreeMap<u64, f64> = packing
+        .iter()
+        .filter_map(|r| Some((r.seed, r.cutting_stock_pct?)))
+        .collect();
+    if !cut.is_empty() {
+        let v: Vec<f64> = cut.into_values().collect();
+        out.push_str(&format!(
+            "  {:<14}{:>15}\n",
+            "cut-stock ref",
+            mean_sd(&v, 2)
+        ));
+    }
+    out
+}
+
+/// A row of the dynamic table: its name, decimals and value in one run.
+type Measure = (&'static str, usize, fn(&DynamicResult) -> f64);
+
+/// One row per measure, one column per accounting, then who waits per pod kind.
+fn dynamic_table(dynamic: &[DynamicRun]) -> String {
+    let runs = |a: Accounting| -> Vec<&DynamicResult> {
+        dynamic
             .iter()
             .filter(|d| d.result.accounting == a.name())
             .map(|d| &d.result)
-            .collect();
-        let m = |f: &dyn Fn(&DynamicResult) -> f64| mean(rs.iter().map(|r| f(r)));
-        out.push_str(&format!(
-            "  {:<11}{:>6.0}{:>8.0}{:>7.0}{:>10.0}{:>7.0}{:>8.1}{:>9.1}{:>8.1}{:>8.1}{:>9.0}{:>5.0} min{:>9.1}%\n",
-            a.name(),
-            m(&|r| r.pods as f64),
-            m(&|r| r.pods_placed as f64),
-            m(&|r| r.pods_placed_never_killed as f64),
-            m(&|r| r.pods_completed as f64),
-            m(&|r| r.pods_completed_without_kill as f64),
-            m(&|r| r.pods_pending_at_end as f64),
-            m(&|r| r.oom_events as f64),
-            m(&|r| r.pods_oom_killed as f64),
-            m(&|r| r.pods_failed_at_start as f64),
-            m(&|r| r.gpu_hours_lost),
-            m(&|r| r.mean_pending_min),
-            m(&|r| r.mean_memory_used_pct),
-        ));
+            .collect()
+    };
+    let mut out = format!(
+        "\nPods come and go for 24 h, memory follows profiles. started = at least once (later \
+         OOM-killed or not); clean = never OOM-killed or failed at start; queued = waiting when \
+         the 24 h end (never started, or killed and queued again); wait = arrival (or kill) to \
+         start, per start\n  {:<26}",
+        "accounting"
+    );
+    for a in Accounting::ALL {
+        out.push_str(&format!("{:>17}", a.name()));
+    }
+    out.push('\n');
+    let measures: [Measure; 13] = [
+        ("pods", 0, |r| r.pods as f64),
+        ("started", 0, |r| r.pods_placed as f64),
+        ("started, clean", 0, |r| r.pods_placed_never_killed as f64),
+        ("completed", 0, |r| r.pods_completed as f64),
+        ("completed, clean", 0, |r| {
+            r.pods_completed_without_kill as f64
+        }),
+        ("queued at 24 h", 1, |r| r.pods_pending_at_end as f64),
+        ("OOM events", 1, |r| r.oom_events as f64),
+        ("pods OOM-killed", 1, |r| r.pods_oom_killed as f64),
+        ("pods failed at start", 1, |r| r.pods_failed_at_start as f64),
+        ("GPU-hours lost", 0, |r| r.gpu_hours_lost),
+        ("wait, mean (min)", 1, |r| r.mean_pending_min),
+        ("wait, p95 (min)", 0, |r| r.p95_pending_min),
+        ("memory used (%)", 1, |r| r.mean_memory_used_pct),
+    ];
+    for (name, decimals, f) in measures {
+        out.push_str(&format!("  {name:<26}"));
+        for a in Accounting::ALL {
+            let v: Vec<f64> = runs(a).into_iter().map(f).collect();
+            out.push_str(&format!("{:>17}", mean_sd(&v, decimals)));
+        }
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "\nWho waits, per pod kind: wait p95 / mean (min, per start) and pods queued at 24 h, \
+         mean over seeds of each seed's figure\n  {:<24}",
+        "kind"
+    ));
+    for a in Accounting::ALL {
+        out.push_str(&format!("{:>22}", format!("{} p95/mean/q", a.name())));
+    }
+    out.push('\n');
+    let mut kinds: Vec<&str> = Vec::new();
+    for d in dynamic {
+        for k in &d.result.by_kind {
+            if !kinds.contains(&k.kind.as_str()) {
+                kinds.push(&k.kind);
+            }
+        }
+    }
+    for kind in kinds {
+        out.push_str(&format!("  {kind:<24}"));
+        for a in Accounting::ALL {
+            // Waits over the seeds where the kind started at all; queued over every seed.
+            let of = |f: fn(&KindWaits) -> f64, started_only: bool| {
+                mean(
+                    runs(a)
+                        .iter()
+                        .filter_map(|r| r.by_kind.iter().find(|k| k.kind == kind))
+                        .filter(|k| !started_only || k.starts > 0)
+                        .map(f),
+                )
+            };
+            let wait = |f: fn(&KindWaits) -> f64| {
+                let m = of(f, true);
+                if m.is_nan() {
+                    "-".to_owned()
+                } else {
+                    format!("{m:.0}")
+                }
+            };
+            let cell = format!(
+                "{} / {} / {:.1}",
+                wait(|k| k.p95_pending_min),
+                wait(|k| k.mean_pending_min),
+                of(|k| k.waiting_at_end as f64, false)
+            );
+            out.push_str(&format!("{cell:>22}"));
+        }
+        out.push('\n');
     }
     out
 }
@@ -641,6 +726,78 @@ mod tests {
         for p in &pods {
             assert!(p.gpu_spec.split('|').count() < CLUSTER.len(), "{p:?}");
         }
+    }
+
+    #[test]
+    fn the_tables_print_the_spread_the_reference_and_who_waits() {
+        let run = |policy, seed, u| RunResult {
+            trace: "builtin".into(),
+            policy,
+            seed,
+            unallocated_at_100: Some(u),
+            curve: Vec::new(),
+            pods_arrived: 10,
+            pods_placed: 9,
+            cutting_stock_pct: Some(if seed == 1 { 10.0 } else { 12.0 }),
+            extender: None,
+        };
+        let packing = [
+            run(Policy::Fgd, 1, 20.0),
+            run(Policy::Fgd, 2, 22.0),
+            run(Policy::Peakfit, 1, 15.0),
+            run(Policy::Peakfit, 2, 15.0),
+        ];
+        let table = packing_table(&packing);
+        let rows: Vec<Vec<&str>> = table
+            .lines()
+            .skip(2)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        // Best first, each mean with its population standard deviation over the seeds.
+        assert_eq!(rows[0], ["peakfit", "15.00", "±", "0.00"], "{table}");
+        assert_eq!(rows[1], ["fgd", "21.00", "±", "1.00"], "{table}");
+        assert_eq!(
+            rows[2],
+            ["cut-stock", "ref", "11.00", "±", "1.00"],
+            "{table}"
+        );
+        assert!(table.contains(CUT_STOCK_LEGEND));
+
+        let waits = |kind: &str, starts, p95, queued| KindWaits {
+            kind: kind.into(),
+            starts,
+            mean_pending_min: p95 / 2.0,
+            p95_pending_min: p95,
+            waiting_at_end: queued,
+        };
+        let dynamic: Vec<DynamicRun> = [(1, 40.0), (2, 60.0)]
+            .into_iter()
+            .flat_map(|(seed, p95)| {
+                Accounting::ALL.map(|a| DynamicRun {
+                    seed,
+                    result: DynamicResult {
+                        accounting: a.name().into(),
+                        p95_pending_min: p95,
+                        by_kind: vec![waits("big", 3, p95, 2), waits("never", 0, 0.0, 4)],
+                        ..Default::default()
+                    },
+                })
+            })
+            .collect();
+        let table = dynamic_table(&dynamic);
+        let p95 = table.lines().find(|l| l.contains("wait, p95")).unwrap();
+        assert_eq!(p95.matches("50 ± 10").count(), 3, "{table}");
+        let big = table
+            .lines()
+            .find(|l| l.trim_start().starts_with("big"))
+            .unwrap();
+        assert_eq!(big.matches("50 / 25 / 2.0").count(), 3, "{table}");
+        // A kind that never started has no wait to show, only its queue.
+        let never = table
+            .lines()
+            .find(|l| l.trim_start().starts_with("never"))
+            .unwrap();
+        assert_eq!(never.matches("- / - / 4.0").count(), 3, "{table}");
     }
 
     #[test]

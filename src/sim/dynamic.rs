@@ -23,6 +23,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use super::nearest_rank;
 use super::profiles::Profile;
 use crate::placement::{
     self, Demand, FitConfig, GpuLedger, NodeLedger, PodClass, PodShape, ScoringPolicy, ShapeStats,
@@ -111,6 +112,61 @@ pub struct DynamicResult {
     pub mean_memory_used_pct: f64,
     /// Mean over samples of memory the scheduler counts as taken, % of capacity.
     pub mean_memory_committed_pct: f64,
+    /// 95th percentile (nearest rank) of the same waits as `mean_pending_min`.
+    #[serde(default)]
+    pub p95_pending_min: f64,
+    /// Who waits: the same figures per pod kind, in the order the kinds first arrive.
+    #[serde(default)]
+    pub by_kind: Vec<KindWaits>,
+}
+
+/// The waits of one pod kind: each start's minutes from arrival (or from the kill that queued
+/// it again) to the start, and the pods of the kind still queued when the run ends, which have
+/// no start to count.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KindWaits {
+    pub kind: String,
+    pub starts: usize,
+    pub mean_pending_min: f64,
+    pub p95_pending_min: f64,
+    pub waiting_at_end: usize,
+}
+
+/// Per kind (in first-arrival order), the waits of its starts and its pods still queued.
+fn waits_by_kind(
+    pods: &[DynPod],
+    order: &[usize],
+    waits: &[(usize, u64)],
+    queued: &[usize],
+) -> Vec<KindWaits> {
+    let mut kinds: Vec<&str> = Vec::new();
+    for &p in order {
+        if !kinds.contains(&pods[p].kind.as_str()) {
+            kinds.push(&pods[p].kind);
+        }
+    }
+    kinds
+        .into_iter()
+        .map(|kind| {
+            let mut w: Vec<u64> = waits
+                .iter()
+                .filter(|(p, _)| pods[*p].kind == kind)
+                .map(|w| w.1)
+                .collect();
+            let mean = if w.is_empty() {
+                0.0
+            } else {
+                w.iter().sum::<u64>() as f64 / w.len() as f64
+            };
+            KindWaits {
+                kind: kind.to_owned(),
+                starts: w.len(),
+                mean_pending_min: mean,
+                p95_pending_min: nearest_rank(&mut w, 0.95),
+                waiting_at_end: queued.iter().filter(|&&p| pods[p].kind == kind).count(),
+            }
+        })
+        .collect()
 }
 
 #[derive(Clone, Debug)]
@@ -166,8 +222,8 @@ pub fn simulate(
         pods: pods.len(),
         ..Default::default()
     };
-    let mut pending_total = 0.0;
-    let mut pending_count = 0usize;
+    let mut waits: Vec<(usize, u64)> = Vec::new();
+    let pods_keys: Vec<String> = (0..pods.len()).map(|p| format!("pod-{p}")).collect();
     let mut used_sum = 0.0;
     let mut committed_sum = 0.0;
     let mut starts = 0u64;
@@ -191,10 +247,18 @@ pub fn simulate(
             next_arrival += 1;
         }
         // Scheduling, in arrival order; a pod that fits nowhere does not block the others.
+        // The mix counts each pod once, however often it is tried, as the extender does. A
+        // class that fitted nowhere fits nowhere until something is placed (no ledger changes
+        // in between, and a refusal draws nothing from the RNG), so it is not tried again.
         let mut still = VecDeque::with_capacity(pending.len());
+        let mut refused: Vec<PodClass> = Vec::new();
         while let Some((p, arrived)) = pending.pop_front() {
             let class = class_of(&pods[p], accounting);
-            stats.observe(&class);
+            stats.observe_pod(&pods_keys[p], &class);
+            if refused.contains(&class) {
+                still.push_back((p, arrived));
+                continue;
+            }
             match place(&ledgers, &class, &stats, &cfg, &mut rng) {
                 Some((n, placement)) => {
                     let pod = &pods[p];
@@ -233,10 +297,13 @@ pub fn simulate(
                         peak_bytes,
                         key,
                     });
-                    pending_total += (minute - arrived) as f64;
-                    pending_count += 1;
+                    waits.push((p, minute - arrived));
+                    refused.clear();
                 }
-                None => still.push_back((p, arrived)),
+                None => {
+                    refused.push(class);
+                    still.push_back((p, arrived));
+                }
             }
         }
         pending = still;
@@ -306,11 +373,14 @@ pub fn simulate(
         .filter(|&p| started[p] && !killed[p] && !failed_at_start[p])
         .count();
     out.gpu_hours_lost = gpu_minutes_lost as f64 / 60.0;
-    out.mean_pending_min = if pending_count > 0 {
-        pending_total / pending_count as f64
-    } else {
+    out.mean_pending_min = if waits.is_empty() {
         0.0
+    } else {
+        waits.iter().map(|w| w.1).sum::<u64>() as f64 / waits.len() as f64
     };
+    out.p95_pending_min = nearest_rank(&mut waits.iter().map(|w| w.1).collect::<Vec<_>>(), 0.95);
+    let queued: Vec<usize> = pending.iter().map(|q| q.0).collect();
+    out.by_kind = waits_by_kind(pods, &order, &waits, &queued);
     out.mean_memory_used_pct = 100.0 * used_sum / horizon_min.max(1) as f64;
     out.mean_memory_committed_pct = 100.0 * committed_sum / horizon_min.max(1) as f64;
     out
@@ -407,6 +477,54 @@ mod tests {
         assert_eq!(peak.pods_placed_never_killed, peak.pods_placed);
         assert_eq!(peak.pods_completed_without_kill, peak.pods_completed);
         assert_eq!(peak.gpu_hours_lost, 0.0);
+    }
+
+    #[test]
+    fn waits_per_kind_count_each_start_and_the_pods_left_queued() {
+        // One 40 GiB GPU, 30 GiB pods of 10 minutes that never grow, all arriving at 0: they run
+        // one after another in arrival order, so the waits are 0, 10, 20, ... minutes.
+        let nodes = vec![DynNode {
+            name: "n".into(),
+            gpu_bytes: vec![40 * GI],
+        }];
+        let pod = |kind: &str| DynPod {
+            kind: kind.into(),
+            duration_min: 10,
+            profile: Profile {
+                minutes: vec![1.0; 10],
+            },
+            ..growing_pod(0)
+        };
+        // a, a, b, a, b, then three more a that cannot start within 55 minutes.
+        let kinds = ["a", "a", "b", "a", "b", "a", "a", "a"];
+        let pods: Vec<DynPod> = kinds.iter().map(|k| pod(k)).collect();
+        let r = simulate(&nodes, &pods, Accounting::Peakfit, 55, 1);
+        // Starts at 0, 10, 20, 30, 40, 50: a waits 0, 10, 30, 50; b waits 20, 40.
+        assert_eq!(r.pods_placed, 6, "{r:?}");
+        assert_eq!(r.mean_pending_min, 25.0);
+        assert_eq!(r.p95_pending_min, 50.0);
+        let a = &r.by_kind[0];
+        let b = &r.by_kind[1];
+        assert_eq!((a.kind.as_str(), b.kind.as_str()), ("a", "b"));
+        assert_eq!(
+            (a.starts, a.mean_pending_min, a.p95_pending_min),
+            (4, 22.5, 50.0)
+        );
+        assert_eq!(
+            (b.starts, b.mean_pending_min, b.p95_pending_min),
+            (2, 30.0, 40.0)
+        );
+        assert_eq!((a.waiting_at_end, b.waiting_at_end), (2, 0));
+        assert_eq!(r.pods_pending_at_end, 2);
+    }
+
+    #[test]
+    fn nearest_rank_takes_the_ceiling_rank() {
+        let mut v: Vec<u64> = (1..=20).rev().collect();
+        assert_eq!(super::nearest_rank(&mut v, 0.95), 19.0);
+        assert_eq!(super::nearest_rank(&mut v, 1.0), 20.0);
+        assert_eq!(super::nearest_rank(&mut [7], 0.95), 7.0);
+        assert_eq!(super::nearest_rank(&mut [], 0.95), 0.0);
     }
 
     #[test]

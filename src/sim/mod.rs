@@ -4,6 +4,7 @@
 //! Kubernetes or the extender: it drives the core's placement directly, as the extender does.
 
 pub mod builtin;
+pub mod cutstock;
 pub mod dynamic;
 pub mod expected;
 pub mod frag;
@@ -21,7 +22,7 @@ use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 
-pub use replay::{CurvePoint, Policy, RunResult, run_one};
+pub use replay::{CurvePoint, Policy, RunResult, run_deployed, run_one};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct SimulateArgs {
@@ -57,6 +58,92 @@ pub struct SimulateArgs {
     /// the dynamic mode's serving pods; without it they follow generated curves.
     #[arg(long, env = "PEAKFIT_SIM_USAGE_PROFILES")]
     pub usage_profiles: Option<PathBuf>,
+    /// kube-scheduler's profile for peakfit's pods (the peakfit policy): `chart`, the chart's,
+    /// which turns off the scores of `NodeResourcesFit` and `NodeResourcesBalancedAllocation` so
+    /// that the extender alone ranks; or `default-plugins`, a profile that keeps them. The
+    /// environment variable also takes `off` (= chart) and `on` (= default-plugins).
+    #[arg(
+        long,
+        env = "PEAKFIT_SIM_DEFAULT_PLUGINS",
+        default_value = "chart",
+        value_name = "PROFILE",
+        value_parser = parse_scheduler_profile
+    )]
+    pub scheduler_profile: SchedulerProfile,
+    /// Who schedules GPU-less pods in the peakfit policy: `peakfit` (they go through peakfit's
+    /// profile, and the extender passes them through with a neutral score, as in the trace,
+    /// where one scheduler places every pod) or `default-scheduler` (the default profile's
+    /// `LeastAllocated` + `BalancedAllocation`, as in a cluster where only annotated pods name
+    /// peakfit's scheduler).
+    #[arg(
+        long,
+        env = "PEAKFIT_SIM_GPULESS",
+        default_value = "peakfit",
+        value_name = "WHO",
+        value_parser = parse_gpuless_pods
+    )]
+    pub gpuless_pods: GpulessPods,
+}
+
+/// kube-scheduler's profile for peakfit's pods (`--scheduler-profile`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SchedulerProfile {
+    /// The chart's: the resource score plugins off, the extender alone ranks.
+    #[default]
+    Chart,
+    /// `NodeResourcesFit` (`LeastAllocated`) and `NodeResourcesBalancedAllocation` score too.
+    DefaultPlugins,
+}
+
+/// Who schedules GPU-less pods (`--gpuless-pods`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GpulessPods {
+    /// peakfit's profile; the extender passes them through.
+    #[default]
+    Peakfit,
+    /// The default scheduler's profile.
+    DefaultScheduler,
+}
+
+/// How the peakfit policy is deployed: the two choices a cluster makes that the chart fixes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Deployment {
+    pub profile: SchedulerProfile,
+    pub gpuless: GpulessPods,
+}
+
+impl SimulateArgs {
+    pub fn deployment(&self) -> Deployment {
+        Deployment {
+            profile: self.scheduler_profile,
+            gpuless: self.gpuless_pods,
+        }
+    }
+}
+
+/// `chart` or `default-plugins`; `off` and `on` too, the values `PEAKFIT_SIM_DEFAULT_PLUGINS`
+/// took before the flag existed. A misspelt value would otherwise measure a profile silently.
+pub fn parse_scheduler_profile(s: &str) -> Result<SchedulerProfile, String> {
+    match s.trim() {
+        "chart" | "off" => Ok(SchedulerProfile::Chart),
+        "default-plugins" | "on" => Ok(SchedulerProfile::DefaultPlugins),
+        other => Err(format!(
+            "--scheduler-profile (or PEAKFIT_SIM_DEFAULT_PLUGINS) {other:?}: allowed values are \
+             chart, default-plugins (the variable also takes off = chart, on = default-plugins)"
+        )),
+    }
+}
+
+/// `peakfit` or `default-scheduler`.
+pub fn parse_gpuless_pods(s: &str) -> Result<GpulessPods, String> {
+    match s.trim() {
+        "peakfit" => Ok(GpulessPods::Peakfit),
+        "default-scheduler" => Ok(GpulessPods::DefaultScheduler),
+        other => Err(format!(
+            "--gpuless-pods (or PEAKFIT_SIM_GPULESS) {other:?}: allowed values are peakfit, \
+             default-scheduler"
+        )),
+    }
 }
 
 /// The seeds of a sweep.
@@ -110,7 +197,6 @@ pub fn parse_policies(s: &str) -> Result<Policies, String> {
 }
 
 pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
-    via_extender::check_switches().map_err(anyhow::Error::msg)?;
     if let Some(asked) = args.jobs {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let jobs = asked.clamp(1, cores);
@@ -159,10 +245,11 @@ fn run_openb(args: &SimulateArgs) -> anyhow::Result<()> {
         .collect();
     let bar = progress(jobs.len() as u64, "openb");
     let started = std::time::Instant::now();
+    let deployment = args.deployment();
     let results: Vec<RunResult> = jobs
         .par_iter()
         .map(|&(t, policy, seed)| {
-            let r = run_one(&traces[t].0, &nodes, &traces[t].1, policy, seed);
+            let r = run_deployed(&traces[t].0, &nodes, &traces[t].1, policy, seed, deployment);
             bar.inc(1);
             r
         })
@@ -238,15 +325,22 @@ pub fn openb_table(
     let mut traces: Vec<&str> = results.iter().map(|r| r.trace.as_str()).collect();
     traces.sort_unstable();
     traces.dedup();
+    let mut cut: BTreeMap<&str, BTreeMap<u64, f64>> = BTreeMap::new();
+    for r in results {
+        if let Some(c) = r.cutting_stock_pct {
+            cut.entry(&r.trace).or_default().insert(r.seed, c);
+        }
+    }
     let mut out = format!(
-        "unallocated GPU % at arrived = 100 % (mean over {} seed(s); paper's mean in brackets)\n{:<14}",
+        "unallocated GPU % at arrived = 100 % (mean over {} seed(s); paper's mean in brackets)\n\
+         {CUT_STOCK_LEGEND}\n{:<14}",
         seeds.len(),
         "trace"
     );
     for p in &policies {
         out.push_str(&format!("{:>17}", p.name()));
     }
-    out.push('\n');
+    out.push_str(&format!("{:>17}\n", "cut-stock ref"));
     for t in traces {
         out.push_str(&format!("{t:<14}"));
         for &p in &policies {
@@ -263,9 +357,34 @@ pub fn openb_table(
             };
             out.push_str(&format!("{cell:>17}"));
         }
-        out.push('\n');
+        let reference = cut
+            .get(t)
+            .map_or(f64::NAN, |by_seed| mean(by_seed.values().copied()));
+        out.push_str(&format!("{reference:>17.2}\n"));
     }
     out
+}
+
+/// What the `cut-stock ref` column is, printed above every table that has it.
+pub const CUT_STOCK_LEGEND: &str = "cut-stock ref = GPU % an offline cutting-stock LP leaves \
+     unused when it cuts the sharing pods arrived by 100 % into GPUs: a reference, not a strict \
+     bound (it knows every pod in advance and ignores nodes, CPU, memory and GPU models; \
+     docs/simulate.md)";
+
+/// The nearest-rank percentile `q` (0..=1) of `v` (sorted here), 0 for none.
+pub fn nearest_rank(v: &mut [u64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_unstable();
+    let i = crate::convert::f64_to_usize((v.len() as f64 * q).ceil()).clamp(1, v.len()) - 1;
+    v[i] as f64
+}
+
+/// The mean, NaN for none.
+pub fn mean(v: impl Iterator<Item = f64>) -> f64 {
+    let (s, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 { f64::NAN } else { s / n as f64 }
 }
 
 fn write_openb_report(out: &Path, results: &[RunResult]) -> anyhow::Result<()> {
@@ -331,6 +450,36 @@ mod tests {
         assert_eq!(parse_seeds("1,5").unwrap().0, vec![1, 5]);
         let e = parse_seeds("x").unwrap_err();
         assert!(e.contains("\"x\"") && e.contains("42..51"), "{e}");
+    }
+
+    #[test]
+    fn the_openb_table_has_the_cutting_stock_reference_per_trace() {
+        let run = |policy, seed, u, cut| RunResult {
+            trace: "default".into(),
+            policy,
+            seed,
+            unallocated_at_100: Some(u),
+            curve: Vec::new(),
+            pods_arrived: 10,
+            pods_placed: 9,
+            cutting_stock_pct: Some(cut),
+            extender: None,
+        };
+        let results = [
+            run(Policy::Fgd, 1, 5.0, 3.0),
+            run(Policy::Peakfit, 1, 4.0, 3.0),
+            run(Policy::Fgd, 2, 6.0, 3.5),
+            run(Policy::Peakfit, 2, 4.5, 3.5),
+        ];
+        let table = openb_table(&results, &[1, 2], None);
+        assert!(table.contains(CUT_STOCK_LEGEND), "{table}");
+        assert!(table.contains("not a strict"), "{table}");
+        let header = table.lines().nth(2).unwrap();
+        assert!(header.trim_end().ends_with("cut-stock ref"), "{table}");
+        let row: Vec<&str> = table.lines().nth(3).unwrap().split_whitespace().collect();
+        // The reference is per seed (every policy of a seed sees the same pods): the mean of
+        // the two seeds, beside each policy's mean.
+        assert_eq!(row, ["default", "5.50", "4.25", "3.25"], "{table}");
     }
 
     #[test]

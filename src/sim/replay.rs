@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::frag::{self, GpuChange, Shape, ShapeStat};
 use super::openb::{NodeSpec, PodSpec, model_memory_mib};
 use super::via_extender::{ExtenderPath, ExtenderStats};
+use super::{Deployment, GpulessPods, SchedulerProfile};
 
 /// The scheduling policies the simulator compares.
 #[derive(
@@ -158,6 +159,11 @@ pub struct RunResult {
     pub curve: Vec<CurvePoint>,
     pub pods_arrived: usize,
     pub pods_placed: usize,
+    /// The offline cutting-stock figure for the sharing pods arrived by 100 % (`cutstock`): a
+    /// reference for `unallocated_at_100`, not a strict bound. The same for every policy of a
+    /// (trace, seed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cutting_stock_pct: Option<f64>,
     /// peakfit only: the extender's memo and latency over the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extender: Option<ExtenderStats>,
@@ -257,11 +263,11 @@ impl<'a> Replay<'a> {
         self.extender.as_ref().map(ExtenderPath::stats)
     }
 
-    /// Turns kube-scheduler's default resource score plugins off (peakfit only): the extender
-    /// alone ranks, as with a profile that disables them.
-    pub fn without_default_plugins(mut self) -> Self {
+    /// Deploys the peakfit policy's extender as `d` says (peakfit only; the chart's otherwise).
+    pub fn deployed(mut self, d: Deployment) -> Self {
         if let Some(e) = &mut self.extender {
-            e.default_plugins = false;
+            e.default_plugins = d.profile == SchedulerProfile::DefaultPlugins;
+            e.gpuless_via_peakfit = d.gpuless == GpulessPods::Peakfit;
         }
         self
     }
@@ -726,7 +732,7 @@ pub fn curve(samples: &[Sample], capacity_milli: u64) -> Vec<CurvePoint> {
         .collect()
 }
 
-/// Runs one (trace, policy, seed) of the experiment.
+/// Runs one (trace, policy, seed) of the experiment, peakfit deployed as the chart deploys it.
 pub fn run_one(
     trace: &str,
     nodes: &[NodeSpec],
@@ -734,9 +740,21 @@ pub fn run_one(
     policy: Policy,
     seed: u64,
 ) -> RunResult {
+    run_deployed(trace, nodes, pods, policy, seed, Deployment::default())
+}
+
+/// [`run_one`] with peakfit deployed as `deployment` says.
+pub fn run_deployed(
+    trace: &str,
+    nodes: &[NodeSpec],
+    pods: &[PodSpec],
+    policy: Policy,
+    seed: u64,
+    deployment: Deployment,
+) -> RunResult {
     let capacity: u64 = nodes.iter().map(|n| u64::from(n.gpus) * 1000).sum();
     let arrivals = super::openb::arrival_order(pods, capacity, seed, 1.3);
-    let mut replay = Replay::new(policy, nodes, pods, &arrivals, seed);
+    let mut replay = Replay::new(policy, nodes, pods, &arrivals, seed).deployed(deployment);
     let samples: Vec<Sample> = arrivals.iter().map(|&p| replay.arrive(p)).collect();
     let curve = curve(&samples, replay.capacity_milli());
     let unallocated_at_100 = curve
@@ -751,6 +769,7 @@ pub fn run_one(
         curve,
         pods_arrived: arrivals.len(),
         pods_placed: replay.placed(),
+        cutting_stock_pct: Some(super::cutstock::reference_pct(pods, &arrivals, capacity)),
         extender: replay.extender_stats(),
     }
 }

@@ -12,7 +12,7 @@
 //! checks the rendered profile against it), so each node's total is the extender's 0-10 score ×
 //! its weight (the chart's 5) × 10 (`MaxNodeScore` / `MaxExtenderPriority`) plus what the other
 //! default plugins give, which is the same for every node of this experiment (no taints,
-//! preferred affinities, spread constraints or images). `PEAKFIT_SIM_DEFAULT_PLUGINS=on` models
+//! preferred affinities, spread constraints or images). `--scheduler-profile default-plugins` models
 //! a profile that keeps the two resource plugins (`LeastAllocated` over CPU and memory, weight 1,
 //! and `BalancedAllocation`, weight 1). Among the nodes with the highest total, `selectHost` keeps
 //! one by reservoir sampling (each of k tied nodes with probability 1/k); here from a `ChaCha8`
@@ -40,36 +40,12 @@ use crate::cluster::binding::MemoryBinder;
 use crate::cluster::index::Index;
 use crate::cluster::resources::GPU_PRODUCT_LABEL;
 use crate::cluster::{NodeGpuReport, NodeGpuReportSpec};
-use crate::convert::{f64_to_i64, f64_to_usize, u64_to_i64};
+use crate::convert::{f64_to_i64, u64_to_i64};
 use crate::extender::Extender;
 use crate::extender::wire::{ExtenderArgs, ExtenderBindingArgs, MAX_EXTENDER_PRIORITY};
 use crate::inventory::{GpuDevice, NodeGpuReportStatus, NvmlStatus};
 use crate::metrics::extender::{ExtenderMetrics, ScoreSourceLabels};
 use crate::placement::{FitConfig, ScoringPolicy};
-
-/// The simulator's two deployment switches and the values each takes. They are environment
-/// variables (not flags) because they model profiles other than the chart's, for
-/// docs/simulate.md; a misspelt value would otherwise measure the chart's profile silently.
-const SWITCHES: [(&str, &[&str]); 2] = [
-    ("PEAKFIT_SIM_DEFAULT_PLUGINS", &["on", "off"]),
-    ("PEAKFIT_SIM_GPULESS", &["peakfit", "default-scheduler"]),
-];
-
-/// Refuses a switch set to a value it does not take, naming the variable, the value and what
-/// is allowed, before any run starts.
-pub fn check_switches() -> Result<(), String> {
-    for (var, allowed) in SWITCHES {
-        if let Ok(value) = std::env::var(var)
-            && !allowed.contains(&value.as_str())
-        {
-            return Err(format!(
-                "{var}={value:?}: allowed values are {}",
-                allowed.join(", ")
-            ));
-        }
-    }
-    Ok(())
-}
 
 /// The chart's `extender.weight`.
 pub const EXTENDER_WEIGHT: i64 = 5;
@@ -106,7 +82,7 @@ pub struct ExtenderPath {
     pub default_plugins: bool,
     /// GPU-less pods go through peakfit's profile (the extender passes them through with a
     /// neutral score, so kube-scheduler picks among the feasible nodes at random), as in the
-    /// trace, where one scheduler places every pod. `PEAKFIT_SIM_GPULESS=default-scheduler`
+    /// trace, where one scheduler places every pod. `--gpuless-pods default-scheduler`
     /// leaves them to the default scheduler's profile instead (`LeastAllocated` +
     /// `BalancedAllocation`), as in a cluster where only annotated pods name peakfit's scheduler.
     pub gpuless_via_peakfit: bool,
@@ -141,11 +117,9 @@ impl ExtenderPath {
             metrics,
             names: nodes.iter().map(|n| n.name.clone()).collect(),
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x005e_1ec7_4057),
-            // `PEAKFIT_SIM_DEFAULT_PLUGINS=on`: a profile that keeps the resource score plugins
-            // (the chart's turns them off, so the extender alone ranks).
-            default_plugins: std::env::var("PEAKFIT_SIM_DEFAULT_PLUGINS").as_deref() == Ok("on"),
-            gpuless_via_peakfit: std::env::var("PEAKFIT_SIM_GPULESS").as_deref()
-                != Ok("default-scheduler"),
+            // The chart's profile until `Replay::deployed` says otherwise.
+            default_plugins: false,
+            gpuless_via_peakfit: true,
             filter_ns: Vec::new(),
             prioritize_ns: Vec::new(),
             allocatable: nodes
@@ -343,13 +317,7 @@ fn resource_scores(cpu: (i64, i64), mem: (i64, i64)) -> i64 {
 }
 
 fn percentile(ns: &[u64], q: f64) -> f64 {
-    if ns.is_empty() {
-        return 0.0;
-    }
-    let mut v = ns.to_vec();
-    v.sort_unstable();
-    let i = f64_to_usize((v.len() as f64 * q).ceil()).clamp(1, v.len()) - 1;
-    v[i] as f64 / 1e6
+    super::nearest_rank(&mut ns.to_vec(), q) / 1e6
 }
 
 fn node_object(spec: &NodeSpec) -> Node {
