@@ -223,6 +223,8 @@ pub fn simulate(
         ..Default::default()
     };
     let mut waits: Vec<(usize, u64)> = Vec::new();
+    // Classes refused since every GPU last had the free memory recorded beside them.
+    let mut refused: (Vec<PodClass>, Vec<u64>) = (Vec::new(), Vec::new());
     let pods_keys: Vec<String> = (0..pods.len()).map(|p| format!("pod-{p}")).collect();
     let mut used_sum = 0.0;
     let mut committed_sum = 0.0;
@@ -248,14 +250,17 @@ pub fn simulate(
         }
         // Scheduling, in arrival order; a pod that fits nowhere does not block the others.
         // The mix counts each pod once, however often it is tried, as the extender does. A
-        // class that fitted nowhere fits nowhere until something is placed (no ledger changes
-        // in between, and a refusal draws nothing from the RNG), so it is not tried again.
+        // class that fitted nowhere fits nowhere while every GPU's free memory stays as it was
+        // (the fit reads nothing else here, and a refusal draws nothing from the RNG), so it is
+        // not tried again until then: most minutes change nothing for the queue.
+        if refused.1 != free_now(&ledgers) {
+            refused.0.clear();
+        }
         let mut still = VecDeque::with_capacity(pending.len());
-        let mut refused: Vec<PodClass> = Vec::new();
         while let Some((p, arrived)) = pending.pop_front() {
             let class = class_of(&pods[p], accounting);
             stats.observe_pod(&pods_keys[p], &class);
-            if refused.contains(&class) {
+            if refused.0.contains(&class) {
                 still.push_back((p, arrived));
                 continue;
             }
@@ -298,10 +303,13 @@ pub fn simulate(
                         key,
                     });
                     waits.push((p, minute - arrived));
-                    refused.clear();
+                    refused.0.clear();
                 }
                 None => {
-                    refused.push(class);
+                    if refused.0.is_empty() {
+                        refused.1 = free_now(&ledgers);
+                    }
+                    refused.0.push(class);
                     still.push_back((p, arrived));
                 }
             }
@@ -384,6 +392,14 @@ pub fn simulate(
     out.mean_memory_used_pct = 100.0 * used_sum / horizon_min.max(1) as f64;
     out.mean_memory_committed_pct = 100.0 * committed_sum / horizon_min.max(1) as f64;
     out
+}
+
+/// Every GPU's free memory as the fit sees it.
+fn free_now(ledgers: &[NodeLedger]) -> Vec<u64> {
+    ledgers
+        .iter()
+        .flat_map(|l| l.gpus.iter().map(GpuLedger::free_bytes))
+        .collect()
 }
 
 /// The pod as each accounting's scheduler is asked to place it.
