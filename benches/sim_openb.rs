@@ -4,7 +4,11 @@
 //! ```text
 //! cargo bench --bench sim_openb                          # every policy, seed 42, `default`
 //! PEAKFIT_BENCH_POLICIES=fgd,peakfit cargo bench --bench sim_openb
+//! PEAKFIT_BENCH_POLICIES=random cargo bench --bench sim_openb   # mostly the cutting-stock line
 //! ```
+//!
+//! It also times the offline cutting-stock reference every run prints (`sim::cutstock`), on
+//! every pod list of the trace, seed 42: each run pays it once.
 //!
 //! Each run is timed on one thread, wall clock and this process's CPU time (the machine may be
 //! shared: wall minus CPU is time spent waiting for a core).
@@ -12,7 +16,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use peakfit::sim::{Policy, openb, parse_policies, run_one};
+use peakfit::sim::{Policy, cutstock, openb, parse_policies, run_one};
 
 fn cpu_seconds() -> f64 {
     // utime + stime of this process, in clock ticks (100 Hz on Linux).
@@ -52,6 +56,26 @@ fn main() {
             cpu_seconds() - cpu,
             r.pods_arrived,
             r.unallocated_at_100.unwrap_or(f64::NAN)
+        );
+    }
+    let capacity: u64 = nodes.iter().map(|n| u64::from(n.gpus) * 1000).sum();
+    println!("cutting-stock reference, seed 42 (median of 21 solves, each list):");
+    for list in openb::pod_lists_in(&dir).unwrap() {
+        let pods = openb::load_pods(&list).unwrap();
+        let arrivals = openb::arrival_order(&pods, capacity, 42, 1.3);
+        let mut ms: Vec<f64> = (0..21)
+            .map(|_| {
+                let t = Instant::now();
+                std::hint::black_box(cutstock::reference_pct(&pods, &arrivals, capacity));
+                t.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        println!(
+            "  {:<12} {:>7.3} ms  ({:.2} %)",
+            openb::trace_name(&list),
+            ms[10],
+            cutstock::reference_pct(&pods, &arrivals, capacity)
         );
     }
 }
