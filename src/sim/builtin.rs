@@ -779,16 +779,9 @@ mod tests {
 
     #[test]
     fn the_tables_print_the_spread_the_reference_and_who_waits() {
-        let run = |policy, seed, u| RunResult {
-            trace: "builtin".into(),
-            policy,
-            seed,
-            unallocated_at_100: Some(u),
-            curve: Vec::new(),
-            pods_arrived: 10,
-            pods_placed: 9,
-            cutting_stock_pct: Some(if seed == 1 { 10.0 } else { 12.0 }),
-            extender: None,
+        let run = |policy, seed, u| {
+            let cut = if seed == 1 { 10.0 } else { 12.0 };
+            crate::sim::table_run("builtin", policy, seed, u, cut)
         };
         let packing = [
             run(Policy::Fgd, 1, 20.0),

@@ -439,6 +439,22 @@ pub fn mean_unallocated_series<'a>(
         .collect()
 }
 
+/// A run with only what the tables read: unallocated % and the cutting-stock reference.
+#[cfg(test)]
+pub(crate) fn table_run(trace: &str, policy: Policy, seed: u64, u: f64, cut: f64) -> RunResult {
+    RunResult {
+        trace: trace.into(),
+        policy,
+        seed,
+        unallocated_at_100: Some(u),
+        curve: Vec::new(),
+        pods_arrived: 10,
+        pods_placed: 9,
+        cutting_stock_pct: Some(cut),
+        extender: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,17 +470,7 @@ mod tests {
 
     #[test]
     fn the_openb_table_has_the_cutting_stock_reference_per_trace() {
-        let run = |policy, seed, u, cut| RunResult {
-            trace: "default".into(),
-            policy,
-            seed,
-            unallocated_at_100: Some(u),
-            curve: Vec::new(),
-            pods_arrived: 10,
-            pods_placed: 9,
-            cutting_stock_pct: Some(cut),
-            extender: None,
-        };
+        let run = |policy, seed, u, cut| table_run("default", policy, seed, u, cut);
         let results = [
             run(Policy::Fgd, 1, 5.0, 3.0),
             run(Policy::Peakfit, 1, 4.0, 3.0),
