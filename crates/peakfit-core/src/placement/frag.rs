@@ -21,7 +21,7 @@ use smallvec::SmallVec;
 use super::demand::PodClass;
 use super::fit::FitConfig;
 use super::ledger::{GpuLedger, NodeLedger};
-use super::patterns::{FillPatterns, PatternCache};
+use super::patterns::{FillPatterns, PatternCache, PatternsRef};
 
 /// A probability distribution over pod classes: what the cluster expects to be asked next.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -32,8 +32,10 @@ pub struct ShapeMix {
     shapes: Vec<(PodClass, f64)>,
     /// Per GPU model: how much of its capacity the expected model-restricted pods need, as a
     /// multiple of the average load (see `with_capacity`). Empty when no capacity is known.
+    /// Hashed with foldhash: scoring looks a model up for every node of a request, and the keys
+    /// are the cluster's own model names.
     #[serde(default)]
-    model_pressure: HashMap<String, f64>,
+    model_pressure: HashMap<String, f64, foldhash::fast::FixedState>,
     /// Changes whenever the mix does, so callers can cache fragmentation per (node, mix).
     #[serde(skip)]
     generation: u64,
@@ -68,7 +70,7 @@ impl ShapeMix {
         Self {
             patterns: PatternCache::default(),
             shapes,
-            model_pressure: HashMap::new(),
+            model_pressure: HashMap::default(),
             generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
         }
     }
@@ -115,7 +117,7 @@ impl ShapeMix {
                 })
                 .collect()
         } else {
-            HashMap::new()
+            HashMap::default()
         };
         self.generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
         self
@@ -169,7 +171,7 @@ impl ShapeMix {
     }
 
     /// The fill patterns of this mix's sharing pods on a GPU of this size and model.
-    pub fn fill_patterns(&self, gpu: &GpuLedger) -> Arc<FillPatterns> {
+    pub fn fill_patterns(&self, gpu: &GpuLedger) -> PatternsRef<'_> {
         self.patterns.get_or_solve(gpu.total_bytes, &gpu.model, || {
             FillPatterns::solve(&super::patterns::mix_items(
                 &self.shapes,
