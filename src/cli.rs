@@ -124,6 +124,27 @@ mod tests {
     }
 
     #[test]
+    fn the_model_config_watch_is_on_unless_turned_off_by_name() {
+        let watch = |extra: &[&str]| {
+            let cli = Cli::try_parse_from(["peakfit", "extender"].iter().chain(extra)).unwrap();
+            let Command::Extender(args) = cli.command else {
+                panic!("not the extender")
+            };
+            args.model_config_watch
+        };
+        assert!(watch(&[]));
+        assert!(!watch(&["--model-config-watch", "false"]));
+        let err = Cli::try_parse_from(["peakfit", "extender", "--model-config-watch", "off"])
+            .err()
+            .expect("only true or false")
+            .to_string();
+        assert!(
+            err.contains("--model-config-watch") && err.contains("off"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn the_extender_takes_durations_with_units() {
         let cli = Cli::try_parse_from([
             "peakfit",

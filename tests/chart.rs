@@ -907,3 +907,29 @@ async fn the_webhook_serves_tls_with_the_certificate_the_chart_generates() {
         "{paths:?}"
     );
 }
+
+/// `extender.modelConfigWatch: false` turns the extender's ConfigMap watch off and drops its
+/// access to ConfigMaps; the default keeps both.
+#[test]
+fn the_model_config_watch_can_be_turned_off_with_its_rbac() {
+    for (set, watched) in [
+        (None, true),
+        (Some("extender.modelConfigWatch=false"), false),
+    ] {
+        let args: Vec<&str> = set.map(|s| vec!["--set", s]).unwrap_or_default();
+        let docs = render(&args);
+        let deploy: Deployment = one(&docs, "Deployment", Some("scheduler"));
+        let spod = pod_spec(deploy.spec.as_ref().map(|s| &s.template));
+        assert_eq!(
+            env_value(container(spod, "extender"), "PEAKFIT_MODEL_CONFIG_WATCH"),
+            watched.to_string()
+        );
+        let role: ClusterRole = named(&docs, "ClusterRole", "-extender");
+        let configmaps = role
+            .rules
+            .iter()
+            .flatten()
+            .any(|r| r.resources.iter().flatten().any(|x| x == "configmaps"));
+        assert_eq!(configmaps, watched, "{set:?}");
+    }
+}

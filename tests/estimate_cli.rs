@@ -249,7 +249,25 @@ fn estimates_carry_the_measured_confidence_of_their_kind() {
         "--json",
     ]));
     assert_eq!(v["confidence"]["kind"], "offload");
-    assert_ne!(v["confidence"]["class"], "good");
+    let measured = |kind: &str| {
+        let band = peakfit::model::confidence::MEASURED
+            .iter()
+            .find(|b| b.kind == kind)
+            .unwrap();
+        peakfit::model::confidence::class(band)
+    };
+    assert_eq!(v["confidence"]["class"], measured("offload"));
+    // A kind the model sizes less well says so.
+    let v = json(&peakfit(&[
+        "-a",
+        "model=llama-3.1-8b",
+        "-a",
+        "workload=qlora",
+        "--json",
+    ]));
+    assert_eq!(v["confidence"]["kind"], "qlora");
+    assert_eq!(measured("qlora"), "fair");
+    assert_eq!(v["confidence"]["class"], "fair");
     let table = peakfit(&["-a", "model=sdxl"]);
     let out = String::from_utf8_lossy(&table.stdout);
     assert!(

@@ -84,11 +84,13 @@ async fn serve(
     lists: HashMap<&'static str, Vec<u8>>,
     pod_events: Vec<u8>,
     held: Arc<parking_lot::Mutex<Vec<Pending>>>,
+    asked: Arc<parking_lot::Mutex<Vec<String>>>,
 ) {
     let mut pod_events = Some(pod_events);
     while let Some((req, send)) = handle.next_request().await {
         assert_eq!(req.method(), Method::GET, "the watches only read");
         let path = req.uri().path().to_owned();
+        asked.lock().push(path.clone());
         if path == "/api/v1/configmaps" {
             let query = req.uri().query().unwrap_or_default();
             assert!(
@@ -108,14 +110,10 @@ async fn serve(
     }
 }
 
-#[tokio::test]
-async fn lists_open_readiness_and_watch_events_change_the_index() {
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(svc, "default");
-    let index = Arc::new(Index::new());
-    let readiness = Readiness::waiting_for(peakfit::cluster::watch::WATCHES);
-
-    let lists = HashMap::from([
+/// The mock API server's lists: one node with its report and pod a; the labelled ConfigMap
+/// when `model_configs`.
+fn lists(model_configs: bool) -> HashMap<&'static str, Vec<u8>> {
+    let mut lists = HashMap::from([
         ("/api/v1/nodes", list("NodeList", "v1", &[node()])),
         (
             "/apis/peakfit.io/v1alpha1/nodegpureports",
@@ -125,11 +123,41 @@ async fn lists_open_readiness_and_watch_events_change_the_index() {
             "/api/v1/pods",
             list("PodList", "v1", &[pod("a", "uid-a", "20", 10 * GIB)]),
         ),
-        (
+    ]);
+    if model_configs {
+        lists.insert(
             "/api/v1/configmaps",
             list("ConfigMapList", "v1", &[model_config()]),
-        ),
-    ]);
+        );
+    }
+    lists
+}
+
+/// A pending pod of namespace `ml` naming the `llama-8b` ConfigMap.
+fn naming_the_configmap() -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ml",
+                     "annotations": {"peakfit.io/model-config": "llama-8b",
+                                     "peakfit.io/batch": "2"}},
+    }))
+    .unwrap()
+}
+
+async fn until_ready(readiness: &Readiness) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !readiness.is_ready() {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn lists_open_readiness_and_watch_events_change_the_index() {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(svc, "default");
+    let index = Arc::new(Index::new());
+    let readiness = Readiness::waiting_for(peakfit::cluster::watch::WATCHES);
+    let lists = lists(true);
     // After the lists: pod b is bound to the same GPU by another scheduler replica, then pod
     // a finishes and is deleted.
     let mut events = Vec::new();
@@ -141,15 +169,13 @@ async fn lists_open_readiness_and_watch_events_change_the_index() {
         events.push(b'\n');
     }
     let held = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    tokio::spawn(serve(handle, lists, events, held.clone()));
+    let asked = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    tokio::spawn(serve(handle, lists, events, held.clone(), asked));
 
-    peakfit::cluster::watch::spawn(client, index.clone(), readiness.clone());
+    peakfit::cluster::watch::spawn(client, index.clone(), readiness.clone(), true);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    // Ready once all three lists arrived, and the listed pod holds its 10 GiB.
-    while !readiness.is_ready() {
-        assert!(tokio::time::Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // Ready once all four lists arrived, and the listed pod holds its 10 GiB.
+    until_ready(&readiness).await;
     // Then the watch events: b's 30 GiB in, a's 10 GiB out.
     loop {
         if index.contains_pod("uid-b") && !index.contains_pod("uid-a") {
@@ -168,13 +194,7 @@ async fn lists_open_readiness_and_watch_events_change_the_index() {
 
     // The listed ConfigMap sizes a pod that names it, as `--model-config` would.
     assert_eq!(index.model_configs().len(), 1);
-    let pending: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
-        "metadata": {"name": "p", "namespace": "ml",
-                     "annotations": {"peakfit.io/model-config": "llama-8b",
-                                     "peakfit.io/batch": "2"}},
-    }))
-    .unwrap();
-    let from_map = index.request_of(&pending).unwrap().unwrap();
+    let from_map = index.request_of(&naming_the_configmap()).unwrap().unwrap();
     let mut by_hand = peakfit::model::hf_config::annotations(LLAMA)
         .unwrap()
         .annotations
@@ -186,6 +206,30 @@ async fn lists_open_readiness_and_watch_events_change_the_index() {
         from_map,
         peakfit::model::pod_request(&by_hand).unwrap().unwrap()
     );
+}
+
+/// `--model-config-watch false`: no ConfigMap is listed or watched, readiness opens after the
+/// other three lists, and a pod naming a ConfigMap is refused naming the switch.
+#[tokio::test]
+async fn without_the_configmap_watch_no_configmap_is_asked_for() {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(svc, "default");
+    let index = Arc::new(Index::new());
+    let readiness = Readiness::waiting_for(peakfit::cluster::watch::watches(false));
+    let held = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let asked = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    tokio::spawn(serve(handle, lists(false), Vec::new(), held, asked.clone()));
+    peakfit::cluster::watch::spawn(client, index.clone(), readiness.clone(), false);
+    until_ready(&readiness).await;
+    assert!(index.contains_pod("uid-a"));
+    let asked = asked.lock().clone();
+    assert!(
+        !asked.iter().any(|p| p.contains("configmaps")),
+        "no ConfigMap request: {asked:?}"
+    );
+    let e = index.request_of(&naming_the_configmap()).unwrap_err();
+    assert_eq!(e.key, "model-config");
+    assert!(e.allowed.contains("--model-config-watch"), "{e}");
 }
 
 const LLAMA: &str = r#"{"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,

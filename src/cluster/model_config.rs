@@ -11,9 +11,11 @@
 //! A pod naming a ConfigMap that is missing, unlabelled, lacks `config.json`, is larger than
 //! [`MAX_CONFIG_BYTES`] or cannot be read is refused by filter with that reason; other pods are
 //! untouched. A bound pod keeps what bind reserved (`reserved-bytes`) when its ConfigMap later
-//! changes or goes.
+//! changes or goes. `--model-config-watch false` (chart `extender.modelConfigWatch`) starts no
+//! watch: every pod naming a ConfigMap is then refused with the switch named.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use parking_lot::RwLock;
@@ -40,6 +42,9 @@ type Parsed = Result<BTreeMap<String, String>, String>;
 #[derive(Debug, Default)]
 pub struct ModelConfigs {
     by_name: RwLock<HashMap<(String, String), Parsed>>,
+    /// The extender runs without the ConfigMap watch (`--model-config-watch false`): no
+    /// ConfigMap will ever be known, so a pod naming one is told why at once.
+    off: AtomicBool,
 }
 
 /// What a ConfigMap's `config.json` says, prefixed, or why it cannot be used.
@@ -103,6 +108,12 @@ impl ModelConfigs {
             .remove(&(namespace.to_owned(), name.to_owned()));
     }
 
+    /// The ConfigMap watch is off: every pod naming a ConfigMap (and giving no `vram`) is
+    /// refused with the switch named, rather than as if its ConfigMap were missing.
+    pub fn turn_off(&self) {
+        self.off.store(true, Ordering::Release);
+    }
+
     pub fn len(&self) -> usize {
         self.by_name.read().len()
     }
@@ -126,6 +137,14 @@ impl ModelConfigs {
         let given = |k: &str| annotations.contains_key(&format!("{PREFIX}{k}"));
         let mut merged = if given("vram") {
             BTreeMap::new()
+        } else if self.off.load(Ordering::Acquire) {
+            return Err(AnnotationError::new(
+                "model-config",
+                name,
+                "nothing while the extender's ConfigMap watch is off (--model-config-watch \
+                 false, chart value extender.modelConfigWatch): describe the model with the \
+                 other peakfit.io annotations or give peakfit.io/vram",
+            ));
         } else {
             let table = self.by_name.read();
             match table.get(&(namespace.to_owned(), name.to_owned())) {
@@ -260,5 +279,34 @@ mod tests {
         configs.apply(&cm("llama", true, Some(LLAMA)));
         configs.delete("ml", "llama");
         assert!(configs.is_empty());
+    }
+
+    #[test]
+    fn with_the_watch_off_a_pod_naming_a_configmap_is_told_so() {
+        let configs = ModelConfigs::default();
+        configs.apply(&cm("llama", true, Some(LLAMA)));
+        configs.turn_off();
+        let e = configs
+            .resolve("ml", &pod(&[("model-config", "llama")]))
+            .unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("model-config", "llama")
+        );
+        assert!(e.allowed.contains("--model-config-watch"), "{e}");
+        assert!(e.allowed.contains("extender.modelConfigWatch"), "{e}");
+        // A pod giving vram needs no config, and one naming none is untouched.
+        assert!(
+            configs
+                .resolve("ml", &pod(&[("model-config", "llama"), ("vram", "10Gi")]))
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            configs
+                .resolve("ml", &pod(&[("vram", "10Gi")]))
+                .unwrap()
+                .is_none()
+        );
     }
 }

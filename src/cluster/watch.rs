@@ -43,6 +43,11 @@ impl Readiness {
 /// the model-config ConfigMaps (a pod naming one would be refused until they are listed).
 pub const WATCHES: usize = 4;
 
+/// [`WATCHES`], less the ConfigMap watch when it is off.
+pub const fn watches(model_configs: bool) -> usize {
+    if model_configs { WATCHES } else { WATCHES - 1 }
+}
+
 /// How one kind of object enters and leaves the index.
 trait Indexed: Resource + Clone + std::fmt::Debug + Send + 'static {
     fn key(&self) -> String;
@@ -174,9 +179,11 @@ where
 }
 
 /// Starts the four watches, each in its own `watch` span naming its kind; `readiness` opens
-/// once each has listed. ConfigMaps are watched by label ([`model_config::label_selector`]):
-/// only those meant for peakfit are listed, sent and kept.
-pub fn spawn(client: Client, index: Arc<Index>, readiness: Readiness) {
+/// once each has listed ([`watches`]`(model_configs)` of them). ConfigMaps are watched by label
+/// ([`model_config::label_selector`]): only those meant for peakfit are listed, sent and kept;
+/// with `model_configs` false they are not watched at all (the extender then needs no RBAC on
+/// ConfigMaps) and a pod naming one is refused saying so.
+pub fn spawn(client: Client, index: Arc<Index>, readiness: Readiness, model_configs: bool) {
     use tracing::Instrument as _;
     let all = || watcher::Config::default().any_semantic();
     tokio::spawn(
@@ -197,15 +204,20 @@ pub fn spawn(client: Client, index: Arc<Index>, readiness: Readiness) {
         )
         .instrument(tracing::info_span!("watch", kind = "NodeGpuReport")),
     );
-    tokio::spawn(
-        run_watch::<ConfigMap>(
-            Api::all(client.clone()),
-            all().labels(&model_config::label_selector()),
-            index.clone(),
-            readiness.clone(),
-        )
-        .instrument(tracing::info_span!("watch", kind = "ConfigMap")),
-    );
+    if model_configs {
+        tokio::spawn(
+            run_watch::<ConfigMap>(
+                Api::all(client.clone()),
+                all().labels(&model_config::label_selector()),
+                index.clone(),
+                readiness.clone(),
+            )
+            .instrument(tracing::info_span!("watch", kind = "ConfigMap")),
+        );
+    } else {
+        index.model_configs().turn_off();
+        tracing::info!("model-config ConfigMap watch off (--model-config-watch false)");
+    }
     tokio::spawn(
         run_watch::<Pod>(Api::all(client), all(), index, readiness)
             .instrument(tracing::info_span!("watch", kind = "Pod")),

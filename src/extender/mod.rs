@@ -43,6 +43,17 @@ pub struct ExtenderArgs {
     /// YAML) instead of a cluster; bind then records in memory and logs.
     #[arg(long, env = "PEAKFIT_FROM_FILE")]
     pub from_file: Option<PathBuf>,
+    /// Watch ConfigMaps labelled `peakfit.io/model-config: "true"` so that pods can name one
+    /// in `peakfit.io/model-config` (`true`/`false`). `false` starts no such watch (the
+    /// extender then needs no access to ConfigMaps) and refuses pods naming a ConfigMap with
+    /// this flag named. Cluster mode only: `--from-file` reads the ConfigMaps in its file.
+    #[arg(
+        long,
+        env = "PEAKFIT_MODEL_CONFIG_WATCH",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub model_config_watch: bool,
     /// How prioritize ranks the nodes that fit.
     #[arg(
         long,
@@ -374,8 +385,14 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         }
         None => {
             let client = args.client.client().await?;
-            let readiness = Readiness::waiting_for(crate::cluster::watch::WATCHES);
-            crate::cluster::watch::spawn(client.clone(), index.clone(), readiness.clone());
+            let readiness =
+                Readiness::waiting_for(crate::cluster::watch::watches(args.model_config_watch));
+            crate::cluster::watch::spawn(
+                client.clone(),
+                index.clone(),
+                readiness.clone(),
+                args.model_config_watch,
+            );
             nudge_client = Some(client.clone());
             (Arc::new(KubeBinder::new(client)), readiness)
         }

@@ -48,6 +48,7 @@
 //! | `gradient-checkpointing` | `none selective full` | `none` (`full` for torchtune) |
 //! | `flash-attention` | `true` `false` | `true` (`false` for fp32) |
 //! | `lora-rank` | 1–65536, only with lora/qlora | 8 (adapters on every linear layer) |
+//! | `lora-dropout` | LoRA's dropout probability, 0 up to (not) 1, only with lora/qlora: above 0 each adapted layer saves a dropped-out copy of its input and the mask | 0 (PEFT's `LoraConfig` default); 0.05 with `engine: litgpt` (its `finetune/lora.py` default) |
 //! | `headroom` | extra fraction, 0–10, on the whole estimate (on the part outside a fraction engine's budget) | 0 |
 
 use std::collections::BTreeMap;
@@ -99,6 +100,7 @@ pub const INPUT_KEYS: &[&str] = &[
     "gradient-checkpointing",
     "flash-attention",
     "lora-rank",
+    "lora-dropout",
     "headroom",
 ];
 
@@ -535,6 +537,8 @@ pub struct Spec {
     pub gradient_checkpointing: Option<Checkpointing>,
     pub flash_attention: Option<bool>,
     pub lora_rank: Option<u32>,
+    /// LoRA's dropout probability on each adapter's input.
+    pub lora_dropout: Option<f64>,
     pub headroom: Option<f64>,
 }
 
@@ -775,6 +779,17 @@ impl Spec {
             }
             "flash-attention" => self.flash_attention = Some(boolean(key, v)?),
             "lora-rank" => self.lora_rank = Some(int(key, v, 1, 65536)?),
+            "lora-dropout" => {
+                let p = fraction(key, v, false, 1.0)?;
+                if p >= 1.0 {
+                    return Err(AnnotationError::new(
+                        key,
+                        v,
+                        "a probability from 0 up to, not including, 1 (1 drops every input)",
+                    ));
+                }
+                self.lora_dropout = Some(p);
+            }
             "headroom" => self.headroom = Some(fraction(key, v, false, 10.0)?),
             k if OUTPUT_KEYS
                 .iter()
@@ -892,6 +907,13 @@ impl Spec {
             return Err(AnnotationError::new(
                 "lora-rank",
                 &show(self.lora_rank),
+                "only with peakfit.io/workload lora or qlora",
+            ));
+        }
+        if self.lora_dropout.is_some() && !self.workload.is_some_and(Workload::is_adapter) {
+            return Err(AnnotationError::new(
+                "lora-dropout",
+                &self.lora_dropout.map(|p| p.to_string()).unwrap_or_default(),
                 "only with peakfit.io/workload lora or qlora",
             ));
         }
@@ -1268,5 +1290,31 @@ mod tests {
         assert_eq!(spec.flash_attention, Some(true));
         assert_eq!(spec.engine, Some(Engine::Fraction(FractionEngine::Vllm)));
         assert_eq!(spec.context_tokens, Some(128_000));
+    }
+
+    #[test]
+    fn lora_dropout_is_a_probability_for_adapters_only() {
+        let lora = [("model", "llama-3.1-8b"), ("workload", "lora")];
+        let spec = |extra: (&'static str, &'static str)| {
+            let mut v = lora.to_vec();
+            v.push(extra);
+            Spec::parse(&ann(&v))
+        };
+        assert_eq!(
+            spec(("lora-dropout", "0.05")).unwrap().lora_dropout,
+            Some(0.05)
+        );
+        assert_eq!(spec(("lora-dropout", "0")).unwrap().lora_dropout, Some(0.0));
+        for bad in ["1", "1.5", "-0.1", "often"] {
+            let e = spec(("lora-dropout", bad)).unwrap_err();
+            assert_eq!(
+                (e.key.as_str(), e.value.as_str()),
+                ("lora-dropout", bad),
+                "{e}"
+            );
+        }
+        let e = err(&[("model", "llama-3.1-8b"), ("lora-dropout", "0.1")]);
+        assert_eq!(e.key, "lora-dropout");
+        assert!(e.allowed.contains("lora or qlora"), "{e}");
     }
 }

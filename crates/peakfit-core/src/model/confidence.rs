@@ -26,13 +26,13 @@ pub struct Band {
 pub const MEASURED: &[Band] = &[
     band("diffusion", 12, 5.3, 29.4, -4.9),
     band("encoder", 10, 2.2, 7.3, -2.5),
-    band("encoder-decoder", 9, 10.2, 35.2, 10.2),
+    band("encoder-decoder", 9, 8.7, 26.2, 6.8),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
-    band("inference", 47, 0.5, 9.2, 0.0),
+    band("inference", 47, 0.5, 7.2, 0.0),
     band("lora", 15, 6.0, 33.4, 0.2),
-    band("offload", 2, 10.9, 11.7, -11.7),
+    band("offload", 2, 3.9, 5.5, -5.5),
     band("qlora", 14, 12.9, 51.0, -8.7),
-    band("sharded-training", 22, 5.6, 17.1, 2.2),
+    band("sharded-training", 22, 4.9, 16.1, 3.0),
     band("training", 2, 18.4, 51.8, 18.4),
 ];
 

@@ -21,16 +21,20 @@
 //!
 //! | term | formula | source |
 //! |---|---|---|
-//! | weights | `W/(t·p)`, `/N` more under ZeRO-3 / FSDP full-shard, frozen LoRA/QLoRA bases included; 0 with `offload: params`, `optimizer+params`, `sequential` | ZeRO paper §5 (Rajbhandari et al. 2019); FSDP `ShardingStrategy`; Megatron-LM places `1/p` of the layers per stage plus one embedding matrix |
+//! | weights | `W/(t·p)`, `/N` more under ZeRO-3 / FSDP full-shard, frozen LoRA/QLoRA bases included; 0 with `offload: params`, `optimizer+params`, `sequential`; an fp32-loaded LoRA base under `fp16-amp` stays fp32 (FSDP, autocast) but is 16-bit under DeepSpeed | ZeRO paper §5 (Rajbhandari et al. 2019); FSDP `ShardingStrategy`; Megatron-LM places `1/p` of the layers per stage plus one embedding matrix; DeepSpeed `_configure_distributed_model` (`module.half()` / `module.bfloat16()`) |
+//! | bitsandbytes quant state | nf4 / nf4-dq under ZeRO-3 / FSDP full-shard or parameter offload: the absmax blocks (`weight bits - 4` per linear weight) whole on every GPU, not sharded or offloaded | AnswerDotAI/fsdp_qlora#4 (state not synced: not a parameter or buffer); bitsandbytes `fix_4bit_weight_quant_state_from_module` |
+//! | fp32 upcast | peft's `prepare_model_for_kbit_training` casts the 16-bit embeddings/head of a bnb model to fp32 (`2·V·h` more), skipped by TRL for sharded QLoRA | peft `prepare_model_for_kbit_training`; TRL `sft_trainer.py` `is_sharded_qlora` |
+//! | quantisation | bitsandbytes (int8, nf4): `BNB_STAGING` + two 16-bit copies of the largest linear being dequantised; none for CTranslate2's own int8 (faster-whisper) | litgpt `tutorials/resource-tables.md`; CTranslate2 `src/ops/quantize.cc` (per-row int8 scales) |
 //! | gathered parameters | ZeRO-3/FSDP training: `4·largest layer` (DeepSpeed `largest_layer_memory`); frozen or offloaded: two blocks (running + prefetch) at compute width; DeepSpeed param offload: `max(2 blocks, min(1e9, W))` | DeepSpeed `estimate_zero3_model_states_mem_needs`, `stage3_max_live_parameters` default 1e9 |
 //! | gradients | `/N` from ZeRO-2 (`shard-grad-op`); 16-bit only with `offload: optimizer`; torchtune's single-device full fine-tune: the largest parameter's only | ZeRO paper; ZeRO-Offload (Ren et al. 2021) §3; torchtune `optimizer_in_bwd: True` in `*_full_single_device.yaml` |
 //! | FSDP root unit | FSDP full-/hybrid-shard with accelerate's transformer-layer wrap: embedding + head gathered at compute width (`/t`) from forward through backward, offloaded or not | FSDP1 `_post_forward_reshard` (root not resharded), FSDP2 `fully_shard` `reshard_after_forward` docs |
 //! | DeepSpeed buckets | ZeRO-3 training sharded the DeepSpeed way (numeric stage, not torchtitan/torchtune/litgpt): `reduce_bucket_size` (default 5e8) elements at the parameters' width (4 B fp32, else 2 B), with or without offload | `deepspeed/runtime/zero/stage3.py` `__ipg_bucket_flat_buffer`, `contiguous_gradients` default on |
 //! | master weights, optimizer | `/N` from ZeRO-1; 0 with `offload: optimizer` | ZeRO paper; ZeRO-Offload |
 //! | pipeline | ZeRO-2/3 degrade to ZeRO-1 (weights and gradients unsharded across micro-batches); activations: the first stage holds `L/p` layers for `p` micro-batches in flight under 1F1B = `L` layers' worth | DeepSpeed pipeline engine (ZeRO-1 only); torchtitan `reshard_after_forward=False` under PP; Narayanan et al. 2021 §2.2, Korthikanti et al. 2022 §4.2.3 |
-//! | activations | `s/c` tokens per sequence; TP shards 24 of the 34 `sbh` bytes, sequence parallel all 34 (`34·sbh/t`) | Korthikanti et al. 2022, Table 2 |
+//! | activations | `s/c` tokens per sequence; TP shards 24 of the 34 `sbh` bytes, sequence parallel all 34 (`34·sbh/t`); torchtitan's DTensor sequence parallelism keeps the gathered attention and MLP inputs (4 of them) whole in every layer holding its full working set | Korthikanti et al. 2022, Table 2 and §4.2.2; torchtitan `parallelize_llama.py` `apply_tp` (`PrepareModuleInput(..., desired_input_layouts=Replicate())`) |
+//! | LoRA dropout | with `lora-dropout` > 0 (litgpt: 0.05 unless stated) each adapted linear's dropped-out input (activation width) and mask (1 B) per token, in every layer without recomputation, in the recomputed one with it; all linears (q, k, v, o, MLP), litgpt its fused QKV input only | peft `lora.Linear.forward`; litgpt `LoRAQKVLinear.forward`, `finetune/lora.py` defaults |
 //! | activation offload | two layers' saved activations stay, the rest is on the CPU | torchtune activation offloading |
-//! | logits, KV cache | `/t` by vocabulary / kv heads, tokens `/c` | vLLM `get_num_kv_heads`; ring attention |
+//! | logits, KV cache | `/t` by vocabulary / kv heads, tokens `/c`; HF `generate` over tuple caches (no flash path stated, or Qwen v1's own code) holds two | vLLM `get_num_kv_heads`; ring attention; `QwenLM/Qwen` `README.md` (+1.04 MB per token against 0.52) |
 //! | encoder-decoder cache | decoder layers (`L/2`) x per-sequence (self over the output + cross over every encoder position), sequences = batch x beams (CTranslate2: cross cache per input); faster-whisper batched (batch > 1): self cache over `n_text_ctx/2` output + 4 start tokens (no previous-text prompt) | HF `_expand_inputs_for_generation`; openai/whisper `n_audio_ctx` 1500, `n_text_ctx` 448, `sample_len = n_ctx // 2`, prompt `[-(n_ctx // 2 - 1):]` |
 //! | encoder | no KV cache | — |
 //! | diffusion | largest of text encoding, denoising (`UNET_ACT_PER_TOKEN` or a DiT block `34·tokens·samples·hidden`) and VAE decode (`VAE_PER_PIXEL`) over the weights resident in that phase | fitted constants, see each |
@@ -116,6 +120,10 @@ pub const VAE_PER_PIXEL: f64 = 3.5 * GIB / 1_048_576.0;
 /// and the one being fetched, taken as 5 % of the largest component (a UNet or DiT block,
 /// the T5 encoder's largest layer). An assumption, not fitted.
 pub const SEQUENTIAL_RESIDENT: f64 = 0.05;
+
+/// litgpt's LoRA dropout when a pod does not state one: `lora_dropout: float = 0.05` in
+/// `litgpt/finetune/lora.py` (with LoRA on the query and value of the fused QKV projection only).
+pub const LITGPT_LORA_DROPOUT: f64 = 0.05;
 
 /// ms-swift's 2023 trainer: ~3x the HF path. Inferred, not read in its source: the trainer
 /// passes labels (the model computes its loss) and computes its own loss and token accuracy
@@ -229,7 +237,10 @@ struct Inputs {
     checkpointing: Checkpointing,
     flash: bool,
     lora_rank: f64,
-    /// HF `generate` with the legacy concatenating cache (no flash-attention path stated).
+    /// LoRA's dropout probability (0: PEFT's identity, no copies).
+    lora_dropout: f64,
+    /// HF `generate` with the legacy concatenating cache (no flash-attention path stated, or a
+    /// model whose own code keeps tuples: [`super::presets::Preset::tuple_cache`]).
     legacy_cache: bool,
     headroom: f64,
     engine: Option<Engine>,
@@ -390,9 +401,17 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         ),
         // Flash-attention kernels exist for 16-bit inputs only: fp32 runs use eager attention.
         flash: spec.flash_attention.unwrap_or(dtype != Dtype::Fp32),
-        legacy_cache: spec.flash_attention != Some(true)
+        legacy_cache: (spec.flash_attention != Some(true)
+            || spec.model.is_some_and(|p| p.tuple_cache))
             && spec.engine.as_ref().is_some_and(|e| e.name() == "hf"),
         lora_rank: f64::from(spec.lora_rank.unwrap_or(Defaults::LORA_RANK)),
+        lora_dropout: spec.lora_dropout.unwrap_or(
+            if spec.engine.as_ref().is_some_and(|e| e.name() == "litgpt") {
+                LITGPT_LORA_DROPOUT
+            } else {
+                0.0
+            },
+        ),
         headroom: spec.headroom.unwrap_or(0.0),
         engine: spec.engine.clone(),
         optimizer_paged: spec.optimizer_paged,
@@ -435,12 +454,20 @@ impl Inputs {
     /// GPU too, as ZeRO-Offload runs there. Elements are the parameters' width: fp32 models
     /// keep fp32, mixed precision converts the model to 16 bits.
     fn deepspeed_buckets(&self) -> f64 {
-        let deepspeed = !self.fsdp && !FSDP_ENGINES.contains(&self.engine_name());
-        if !(self.workload.is_training() && deepspeed && self.zero_stage() >= 3) {
+        if !(self.deepspeed() && self.zero_stage() >= 3) {
             return 0.0;
         }
         let bytes = if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 };
         DS_REDUCE_BUCKET * bytes
+    }
+
+    /// A training job run by DeepSpeed: a numeric ZeRO stage (1-3) named outside the FSDP-based
+    /// engines and not as an FSDP strategy.
+    fn deepspeed(&self) -> bool {
+        self.workload.is_training()
+            && self.zero >= 1
+            && !self.fsdp
+            && !FSDP_ENGINES.contains(&self.engine_name())
     }
 
     /// torchtune's single-device full fine-tune recipe steps the optimizer inside backward
@@ -480,7 +507,11 @@ impl Inputs {
             // Autocast / FSDP mixed precision over an fp32-loaded base: LoRA's frozen weights
             // stay fp32 in storage and are cast to 16 bits as each layer runs (PEFT's
             // examples/sft/train.py loads `torch_dtype=float32` without quantisation).
-            Dtype::Fp16Amp if self.workload.is_adapter() => 32.0,
+            // DeepSpeed instead casts the whole module to 16 bits when fp16 or bf16 is enabled
+            // (`module.half()` / `module.bfloat16()` in `DeepSpeedEngine._configure_distributed_model`,
+            // `deepspeed/runtime/engine.py`), frozen base included; fp32 master copies exist only
+            // for what trains.
+            Dtype::Fp16Amp if self.workload.is_adapter() && !self.deepspeed() => 32.0,
             Dtype::Fp16 | Dtype::Bf16 | Dtype::Fp16Amp => 16.0,
             // e4m3 with per-tensor or 128x128 block scales: scales negligible.
             Dtype::Fp8 => 8.0,
@@ -545,7 +576,8 @@ impl Inputs {
         if self.offload.params() || self.offload == Offload::Sequential {
             return 0.0;
         }
-        let sharded = self.weight_bytes() / self.weight_shards();
+        let whole = self.replicated_quant_state();
+        let sharded = (self.weight_bytes() - whole).max(0.0) / self.weight_shards();
         // litgpt's FSDP LoRA keeps the gathered frozen base next to its shard: its 2-GPU run
         // measured 20.7 GiB per GPU against 19.8 on one GPU (`Lightning-AI/litgpt`
         // `tutorials/resource-tables.md`; Lightning's FSDP
@@ -556,6 +588,26 @@ impl Inputs {
         } else {
             sharded
         }
+    }
+
+    /// bitsandbytes' 4-bit quantisation state (each 64-weight block's absmax, double-quantised
+    /// or not, with its code tables) of one tensor-parallel rank's linear weights, when ZeRO-3 /
+    /// FSDP shard the weights or offload them: then it is held whole on every GPU. The state is
+    /// an attribute of `Params4bit` / `Linear4bit`, not a parameter or buffer, so neither
+    /// framework partitions or offloads it: FSDP's `sync_module_states` "only supports syncing
+    /// parameters and buffers" and the state stays "attached to all rank's `Linear4bit` layers"
+    /// (`AnswerDotAI/fsdp_qlora#4`), bitsandbytes recovers it from the module after FSDP converts
+    /// the parameter (`fix_4bit_weight_quant_state_from_module`, `bitsandbytes/nn/modules.py`),
+    /// and `Params4bit.to` moves it with the module to the GPU. Its size is what
+    /// [`Inputs::weight_bits`] adds over the 4-bit codes.
+    fn replicated_quant_state(&self) -> f64 {
+        let sharded_or_offloaded =
+            self.zero3() || (self.workload.is_training() && self.offload.params());
+        if !(sharded_or_offloaded && matches!(self.dtype, Dtype::Nf4 | Dtype::Nf4Dq)) {
+            return 0.0;
+        }
+        let linear = (self.params - self.embedding_params()).max(0.0) * self.stage_share();
+        linear * (self.weight_bits() - 4.0) / 8.0
     }
 
     /// Share of the layers on the busiest pipeline stage.
@@ -587,18 +639,27 @@ impl Inputs {
     /// dequantised for its matmul (fits litgpt's NF4 rows in `tutorials/resource-tables.md`, which
     /// grow with h x ffn).
     fn quantisation_overhead(&self) -> f64 {
-        if !self.dtype.is_bitsandbytes() {
+        // CTranslate2 quantises int8 weights itself, one float scale per row (`Quantize`,
+        // `src/ops/quantize.cc`), and runs int8 GEMMs on them: no bitsandbytes, so no staging
+        // and no dequantised copies.
+        if !self.dtype.is_bitsandbytes() || CTRANSLATE2.contains(&self.engine_name()) {
             return 0.0;
         }
         let largest = f64::from(self.arch.hidden_size) * f64::from(self.arch.intermediate_size);
         BNB_STAGING + 2.0 * largest * 2.0 / self.tp
     }
 
-    /// peft's kbit preparation upcasts the 16-bit embeddings/head of bnb models to fp32.
+    /// peft's kbit preparation upcasts the 16-bit embeddings/head of bnb models to fp32. TRL's
+    /// `SFTTrainer` skips it for sharded QLoRA ("one should never call
+    /// `peft_module_casting_to_bf16` or `prepare_model_for_kbit_training` when doing QLoRA + FSDP /
+    /// DS-Zero3": `is_sharded_qlora` in `trl/trainer/sft_trainer.py`), so under ZeRO-3 / FSDP
+    /// full-shard the embeddings stay in their 16-bit storage.
     fn kbit_upcast(&self) -> f64 {
+        let trl_sharded = self.engine_name() == "trl" && self.zero3();
         let applies = self.workload == Workload::Qlora
             && self.dtype.is_bitsandbytes()
-            && PEFT_ENGINES.contains(&self.engine_name());
+            && PEFT_ENGINES.contains(&self.engine_name())
+            && !trl_sharded;
         if applies {
             self.embedding_params() * 2.0 / self.tp
         } else {
@@ -737,6 +798,57 @@ impl Inputs {
         self.embedding_params() * bytes / self.tp
     }
 
+    /// Bytes per `s·b·h` per layer that PyTorch's `DTensor` sequence parallelism keeps whole where
+    /// Korthikanti's sequence-parallel row (`34/t`) shards them. Megatron-LM saves only the
+    /// sequence-sharded input of its column-parallel linears and all-gathers it again in
+    /// backward (Korthikanti et al. 2022, §4.2.2); torchtitan's plan instead all-gathers the
+    /// attention and feed-forward inputs to `Replicate()` at the module boundary
+    /// (`PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())` before
+    /// the `ColwiseParallel` wq/wk/wv and w1/w3, `torchtitan/models/llama/parallelize_llama.py`
+    /// `apply_tp`), and autograd saves that gathered tensor for the weight gradients: two
+    /// 16-bit `s·b·h` inputs, 4 bytes, of which the `34/t` row already counts `4/t`.
+    fn dtensor_sp_gathered(&self) -> f64 {
+        if self.sp && self.tp > 1.0 && self.engine_name() == "torchtitan" {
+            4.0 * (1.0 - 1.0 / self.tp)
+        } else {
+            0.0
+        }
+    }
+
+    /// Bytes per `s·b·h` per layer that LoRA's dropout saves besides the layer's own
+    /// activations. With a dropout above 0 each adapted linear runs its input through its own
+    /// dropout before `lora_A` (PEFT `lora.Linear.forward`: `lora_B(lora_A(dropout(x)))`, one
+    /// `nn.Dropout` per adapted module; `nn.Identity` at 0, PEFT's default), and backward keeps
+    /// the dropped-out copy (for `lora_A`'s weight gradient, at the activations' width) and
+    /// dropout's boolean mask (1 B). With adapters on every linear layer (the assumption of
+    /// [`Inputs::adapter_params`]) the inputs are q, k and v's (`3h`), o's (heads x head dim),
+    /// the MLP's first one or two (`h` each) and its down projection's (the FFN width); litgpt's
+    /// default adapts only the fused QKV projection, whose one dropout sees the block input
+    /// (`LoRAQKVLinear.forward`: `F.linear(self.lora_dropout(x), self.lora_A)`, `litgpt/lora.py`).
+    /// The probability itself does not change the bytes, only whether the copy exists.
+    fn lora_dropout_saved(&self) -> f64 {
+        if !(self.workload.is_adapter() && self.lora_dropout > 0.0) {
+            return 0.0;
+        }
+        let a = &self.arch;
+        let h = f64::from(a.hidden_size);
+        let inputs = if self.engine_name() == "litgpt" {
+            h
+        } else {
+            let mlp_first = if a.intermediate_size == 4 * a.hidden_size {
+                h
+            } else {
+                2.0 * h
+            };
+            3.0 * h
+                + f64::from(a.attention_heads * a.head_dim)
+                + mlp_first
+                + f64::from(a.intermediate_size)
+        };
+        let width = if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 };
+        (width + 1.0) * inputs / h
+    }
+
     fn tokens(&self) -> f64 {
         self.batch * self.context / self.cp
     }
@@ -793,24 +905,34 @@ impl Inputs {
             Offload::Activations => 2.0 * per_layer(c, false),
             _ => l * per_layer(c, false),
         };
+        // A layer's whole working set, with what DTensor sequence parallelism keeps unsharded.
+        let working = |with_scores: bool| {
+            per_layer(ACT_NONE, with_scores) + s * b * h * self.dtensor_sp_gathered()
+        };
         let bytes = match self.checkpointing {
             Checkpointing::None if self.offload == Offload::Activations => {
-                saved(ACT_NONE) + ACT_FULL_WORKING_LAYERS * per_layer(ACT_NONE, !self.flash)
+                saved(ACT_NONE) + ACT_FULL_WORKING_LAYERS * working(!self.flash)
             }
-            Checkpointing::None => l * per_layer(ACT_NONE, !self.flash),
+            Checkpointing::None => l * working(!self.flash),
             // Selective recomputation drops the attention scores by definition.
             Checkpointing::Selective => saved(ACT_SELECTIVE),
-            Checkpointing::Full => {
-                saved(ACT_FULL) + ACT_FULL_WORKING_LAYERS * per_layer(ACT_NONE, !self.flash)
-            }
+            Checkpointing::Full => saved(ACT_FULL) + ACT_FULL_WORKING_LAYERS * working(!self.flash),
         };
+        // LoRA's dropout copies live as long as the layer's other saved tensors: in every
+        // layer without recomputation, in the one being recomputed with it.
+        let dropout_layers = match self.checkpointing {
+            Checkpointing::Full => ACT_FULL_WORKING_LAYERS,
+            _ if self.offload == Offload::Activations => 2.0 + ACT_FULL_WORKING_LAYERS,
+            _ => l,
+        };
+        let dropout = dropout_layers * s * b * h * self.lora_dropout_saved();
         // fp32 training keeps fp32 activations: ~1.9x the 16-bit bytes (checked against
         // BERT-large's fp32 rows, nvml, in HF Transformers'
         // `docs/source/en/perf_train_gpu_one.md`).
         if self.dtype == Dtype::Fp32 {
-            bytes * 1.9
+            bytes * 1.9 + dropout
         } else {
-            bytes
+            bytes + dropout
         }
     }
 
@@ -882,8 +1004,11 @@ impl Inputs {
             Kind::Decoder => {
                 // The legacy HF cache (tuples grown by `torch.cat`) measured ~2x the
                 // theoretical KV (+1.04 MB per token against 0.52: `QwenLM/Qwen` `README.md`;
-                // `RahulSChand/gpu_poor` `README.md`: 1 GB against 500 MB per 1000 tokens); the
-                // flash-attention / static-cache path does not.
+                // `RahulSChand/gpu_poor` `README.md`: 1 GB against 500 MB per 1000 tokens): the
+                // step's new tuple is built while `generate` still holds the previous one. The
+                // flash-attention / static-cache path of current models does not; Qwen v1's own
+                // code keeps tuples on its flash path too (its README's FA2 rows sit one cache
+                // below the 1x figure).
                 let legacy = if self.legacy_cache { 2.0 } else { 1.0 };
                 legacy * f64::from(a.layers) * per_token_layer * tokens * self.beams
             }
@@ -958,6 +1083,7 @@ fn transformer_components(
     tensor: &mut impl FnMut(&'static str, f64),
 ) {
     tensor("weights", inp.weights());
+    tensor("quant-state", inp.replicated_quant_state() / inp.tp);
     tensor("quantisation", inp.quantisation_overhead());
     tensor("fp32-upcast", inp.kbit_upcast());
     let (grads, master, optimizer) = inp.trainable_state();
@@ -1817,5 +1943,203 @@ mod tests {
             run("openai-whisper", "2"),
             per_token * 2.0 * 5.0 * (1500.0 + 448.0)
         );
+    }
+
+    /// Llama-2-70B's embedding + untied head, and its linear-layer parameters.
+    fn llama70b() -> (f64, f64) {
+        let params = super::super::presets::find("llama-2-70b").unwrap().params as f64;
+        let emb = 2.0 * 32_000.0 * 8192.0;
+        (emb, params - emb)
+    }
+
+    #[test]
+    fn deepspeed_casts_a_frozen_fp32_base_to_16_bits_fsdp_keeps_it_fp32() {
+        let run = |zero: &'static str| {
+            est(&[
+                ("model", "llama-2-70b"),
+                ("workload", "lora"),
+                ("dtype", "fp16-amp"),
+                ("data-parallel", "8"),
+                ("zero-stage", zero),
+            ])
+        };
+        let (emb, linear) = llama70b();
+        let all = emb + linear;
+        // DeepSpeed (a numeric stage): `module.bfloat16()`, 2 B, sharded over 8.
+        assert_eq!(part(&run("3"), "weights"), (all * 2.0 / 8.0).ceil());
+        // FSDP mixed precision keeps the fp32-loaded storage, 4 B.
+        assert_eq!(
+            part(&run("full-shard"), "weights"),
+            (all * 4.0 / 8.0).ceil()
+        );
+    }
+
+    #[test]
+    fn bitsandbytes_quant_state_stays_whole_when_weights_are_sharded_or_offloaded() {
+        let with = |extra: &[(&'static str, &'static str)]| {
+            est_with(
+                &[
+                    ("model", "llama-2-70b"),
+                    ("workload", "qlora"),
+                    ("dtype", "nf4-dq"),
+                    ("engine", "peft"),
+                ],
+                extra,
+            )
+        };
+        let (emb, linear) = llama70b();
+        // nf4-dq: an 8-bit absmax per 64 weights, an fp32 one per 256 of those.
+        let state = linear * (8.0 / 64.0 + 32.0 / (64.0 * 256.0)) / 8.0;
+        let codes = linear * 4.0 / 8.0 + emb * 2.0;
+        let sharded = with(&[("data-parallel", "2"), ("zero-stage", "full-shard")]);
+        assert_eq!(part(&sharded, "quant-state"), state.ceil());
+        assert_eq!(part(&sharded, "weights"), (codes / 2.0).ceil());
+        let deepspeed = with(&[("data-parallel", "2"), ("zero-stage", "3")]);
+        assert_eq!(part(&deepspeed, "quant-state"), state.ceil());
+        let offloaded = with(&[
+            ("data-parallel", "2"),
+            ("zero-stage", "full-shard"),
+            ("offload", "optimizer+params"),
+        ]);
+        assert_eq!(part(&offloaded, "quant-state"), state.ceil());
+        assert_eq!(part(&offloaded, "weights"), 0.0);
+        // On one GPU the state is part of the whole weights.
+        let single = with(&[]);
+        assert_eq!(part(&single, "quant-state"), 0.0);
+        assert_eq!(part(&single, "weights"), (codes + state).ceil());
+    }
+
+    #[test]
+    fn trl_skips_the_fp32_upcast_for_sharded_qlora_only() {
+        let run = |engine: &'static str, extra: &[(&'static str, &'static str)]| {
+            let mut v = vec![
+                ("model", "llama-2-70b"),
+                ("workload", "qlora"),
+                ("dtype", "nf4-dq"),
+                ("engine", engine),
+            ];
+            v.extend_from_slice(extra);
+            part(&est(&v), "fp32-upcast")
+        };
+        let (emb, _) = llama70b();
+        let sharded = [("data-parallel", "2"), ("zero-stage", "full-shard")];
+        assert_eq!(run("trl", &[]), emb * 2.0);
+        assert_eq!(run("trl", &sharded), 0.0);
+        assert_eq!(
+            run("trl", &[("data-parallel", "2"), ("zero-stage", "3")]),
+            0.0
+        );
+        // ZeRO-2 leaves the parameters whole on every GPU: TRL prepares them.
+        assert_eq!(
+            run("trl", &[("data-parallel", "2"), ("zero-stage", "2")]),
+            emb * 2.0
+        );
+        // Other peft-based trainers prepare the model whatever the sharding.
+        assert_eq!(run("peft", &sharded), emb * 2.0);
+    }
+
+    #[test]
+    fn lora_dropout_saves_a_copy_of_every_adapted_input() {
+        let activations = |extra: &[(&'static str, &'static str)]| {
+            part(
+                &est_with(
+                    &[
+                        ("model", "llama-3.1-8b"),
+                        ("workload", "lora"),
+                        ("dtype", "bf16"),
+                        ("batch", "2"),
+                        ("context-tokens", "1000"),
+                        ("gradient-checkpointing", "none"),
+                    ],
+                    extra,
+                ),
+                "activations",
+            )
+        };
+        let base = activations(&[]);
+        assert_eq!(activations(&[("lora-dropout", "0")]), base);
+        // Per layer and token: q, k, v (3 x 4096), o (32 x 128), gate and up (2 x 4096), down
+        // (14336) inputs, each a bf16 copy plus a 1-byte mask.
+        let inputs = 3.0 * 4096.0 + 4096.0 + 2.0 * 4096.0 + 14_336.0;
+        let per_layer = 2.0 * 1000.0 * inputs * 3.0;
+        assert!((activations(&[("lora-dropout", "0.1")]) - base - 32.0 * per_layer).abs() <= 2.0);
+        // Recomputed layers keep nothing; the one being recomputed does.
+        let full = |extra: &[(&'static str, &'static str)]| {
+            let mut v = vec![("gradient-checkpointing", "full")];
+            v.extend_from_slice(extra);
+            activations(&v)
+        };
+        assert!((full(&[("lora-dropout", "0.05")]) - full(&[]) - per_layer).abs() <= 2.0);
+        // litgpt drops out only the fused QKV input, by default (0.05).
+        let litgpt = |extra: &[(&'static str, &'static str)]| {
+            let mut v = vec![("engine", "litgpt")];
+            v.extend_from_slice(extra);
+            activations(&v)
+        };
+        let qkv_input = 32.0 * 2.0 * 1000.0 * 4096.0 * 3.0;
+        assert!((litgpt(&[]) - litgpt(&[("lora-dropout", "0")]) - qkv_input).abs() <= 2.0);
+    }
+
+    #[test]
+    fn torchtitan_sequence_parallel_keeps_the_gathered_linear_inputs_whole() {
+        let run = |engine: &'static str, sp: &'static str| {
+            part(
+                &est(&[
+                    ("model", "llama-3.1-70b"),
+                    ("workload", "training"),
+                    ("dtype", "fp16-amp"),
+                    ("engine", engine),
+                    ("tensor-parallel", "8"),
+                    ("data-parallel", "32"),
+                    ("zero-stage", "3"),
+                    ("gradient-checkpointing", "full"),
+                    ("sequence-parallel", sp),
+                    ("batch", "16"),
+                    ("context-tokens", "8192"),
+                ]),
+                "activations",
+            )
+        };
+        // One layer being recomputed: its attention and MLP inputs, 2 B each, whole instead of
+        // an eighth.
+        let gathered = 16.0 * 8192.0 * 8192.0 * 4.0 * (1.0 - 1.0 / 8.0);
+        assert!((run("torchtitan", "true") - run("megatron", "true") - gathered).abs() <= 2.0);
+        assert_eq!(run("torchtitan", "false"), run("megatron", "false"));
+    }
+
+    #[test]
+    fn ctranslate2_int8_carries_no_bitsandbytes_overhead() {
+        let run = |engine: &'static str| {
+            part(
+                &est(&[
+                    ("model", "whisper-large-v2"),
+                    ("dtype", "int8"),
+                    ("engine", engine),
+                ]),
+                "quantisation",
+            )
+        };
+        assert_eq!(run("faster-whisper"), 0.0);
+        assert!(run("hf") > BNB_STAGING);
+    }
+
+    #[test]
+    fn qwen_v1_keeps_a_tuple_cache_on_its_flash_path() {
+        let kv = |model: &'static str, flash: &'static str| {
+            part(
+                &est(&[
+                    ("model", model),
+                    ("engine", "hf"),
+                    ("flash-attention", flash),
+                    ("context-tokens", "2049"),
+                ]),
+                "kv-cache",
+            )
+        };
+        // 32 layers x 2 x 32 kv heads x 128 x 2 B per token, both models.
+        let one = 32.0 * 2.0 * 32.0 * 128.0 * 2.0 * 2049.0;
+        assert_eq!(kv("llama-2-7b", "true"), one);
+        assert_eq!(kv("llama-2-7b", "false"), 2.0 * one);
+        assert_eq!(kv("qwen-7b-v1", "true"), 2.0 * one);
     }
 }

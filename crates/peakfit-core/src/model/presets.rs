@@ -73,6 +73,10 @@ pub struct Preset {
     pub shape: Option<Architecture>,
     pub params: u64,
     pub kind: Kind,
+    /// The model's own (remote) modelling code keeps its KV cache as tuples grown by
+    /// `torch.cat` whatever the attention kernel, so `generate` holds the previous step's cache
+    /// next to the new one (see `Inputs::kv_cache` in `estimate.rs`).
+    pub tuple_cache: bool,
 }
 
 /// How a model's layers are arranged, which decides its activation and cache terms.
@@ -184,6 +188,17 @@ const fn transformer(
         shape: Some(shape),
         params: shape.params,
         kind: Kind::Decoder,
+        tuple_cache: false,
+    }
+}
+
+/// Qwen v1 runs on its remote `modeling_qwen.py`, which concatenates `layer_past` tuples
+/// (`key = torch.cat((past_key, key), dim=1)`, `present = (key, value)` in
+/// `QWenAttention.forward`) on the flash-attention path too.
+const fn qwen_v1(p: Preset) -> Preset {
+    Preset {
+        tuple_cache: true,
+        ..p
     }
 }
 
@@ -198,6 +213,7 @@ const fn diffusion(name: &'static str, aliases: &'static [&'static str], d: Diff
         shape: None,
         params: d.denoiser_params + d.text_encoder_params + d.vae_params,
         kind: Kind::Diffusion(d),
+        tuple_cache: false,
     }
 }
 
@@ -298,26 +314,26 @@ pub static PRESETS: &[Preset] = &[
         &[],
         arch(7_620 * M, 28, 3584, 28, 4, 128, 18944, 152_064, false),
     ),
-    transformer(
+    qwen_v1(transformer(
         "qwen-1.8b-v1",
         &["qwen-1.8b"],
         arch(1_840 * M, 24, 2048, 16, 16, 128, 5504, 151_936, false),
-    ),
-    transformer(
+    )),
+    qwen_v1(transformer(
         "qwen-7b-v1",
         &["qwen-7b"],
         arch(7_720 * M, 32, 4096, 32, 32, 128, 11008, 151_936, false),
-    ),
-    transformer(
+    )),
+    qwen_v1(transformer(
         "qwen-14b-v1",
         &["qwen-14b"],
         arch(14_170 * M, 40, 5120, 40, 40, 128, 13696, 152_064, false),
-    ),
-    transformer(
+    )),
+    qwen_v1(transformer(
         "qwen-72b-v1",
         &["qwen-72b"],
         arch(72_290 * M, 80, 8192, 64, 64, 128, 24576, 152_064, false),
-    ),
+    )),
     transformer(
         "falcon-7b",
         &[],
