@@ -198,9 +198,6 @@ pub struct Extender {
     class_ids: Mutex<ClassIds>,
     /// What the prescorer's last pass kept warm.
     warmed: Mutex<prescore::Warmed>,
-    /// Prioritize requests running now: the prescorer waits between nodes while any is, so it
-    /// never takes a core from one (after a new mix it has every node to score).
-    scoring_requests: std::sync::atomic::AtomicUsize,
     pending: Mutex<HashMap<PodKey, Pending>>,
     /// One bind at a time per pod.
     bind_locks: bind::PodLocks,
@@ -229,7 +226,6 @@ impl Extender {
             shapes: Mutex::new(ShapeStats::default()),
             class_ids: Mutex::new(ClassIds::default()),
             warmed: Mutex::new(prescore::Warmed::default()),
-            scoring_requests: std::sync::atomic::AtomicUsize::new(0),
             pending: Mutex::new(HashMap::new()),
             bind_locks: bind::PodLocks::default(),
             clock: now_unix,

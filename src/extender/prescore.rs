@@ -74,7 +74,6 @@ impl Extender {
         let now = self.now();
         let mut computed = 0;
         for slot in slots {
-            self.yield_to_requests();
             for &(class, class_id) in &classes {
                 match self.node_score(&slot, class, class_id, &mix, now) {
                     None => break, // the node takes no pod now: nothing to keep warm

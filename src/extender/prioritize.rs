@@ -1,6 +1,6 @@
 //! Prioritize: among the nodes that fit, which wastes least (placement's scoring, 0-10).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Extender;
 
@@ -26,7 +26,6 @@ impl Extender {
     /// prioritize failures anyway).
     #[tracing::instrument(skip_all, fields(verb = "prioritize", pod))]
     pub fn prioritize(&self, args: ExtenderArgs) -> HostPriorityList {
-        let _scoring = ScoringRequest::new(&self.scoring_requests);
         let Ok((pod, candidates)) = Candidates::from_args(args) else {
             self.count("prioritize", "error");
             return Vec::new();
@@ -139,39 +138,6 @@ fn gpuless_class(cpu_milli: u64) -> PodClass {
         gpu_models: Vec::new(),
     }
 }
-
-/// Counts a prioritize request as running until dropped (see `Extender::scoring_requests`).
-struct ScoringRequest<'a>(&'a AtomicUsize);
-
-impl<'a> ScoringRequest<'a> {
-    fn new(running: &'a AtomicUsize) -> Self {
-        running.fetch_add(1, Ordering::AcqRel);
-        Self(running)
-    }
-}
-
-impl Drop for ScoringRequest<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl Extender {
-    /// Waits while a prioritize request runs, at most `PRESCORE_YIELD_LIMIT`: the prescorer's
-    /// work can wait, a request's cannot.
-    pub(crate) fn yield_to_requests(&self) {
-        let start = std::time::Instant::now();
-        while self.scoring_requests.load(Ordering::Acquire) > 0
-            && start.elapsed() < PRESCORE_YIELD_LIMIT
-        {
-            std::thread::sleep(std::time::Duration::from_micros(100));
-        }
-    }
-}
-
-/// The longest the prescorer waits for requests before each node, so that a queue that never
-/// empties still gets its memos warmed.
-const PRESCORE_YIELD_LIMIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Where a node's score came from.
 pub(crate) enum Scored {
