@@ -4,19 +4,22 @@
 //! percentiles: criterion reports means and medians, the targets are p99s.
 //!
 //! `cargo bench --bench extender` (env `PEAKFIT_BENCH_ITERS`, default 2000 per measurement;
-//! `PEAKFIT_BENCH_ONLY=repeat,http,stream,cold,criterion` to run some of them; `criterion` adds
+//! `PEAKFIT_BENCH_ONLY=repeat,http,stream,cold,mixchange,criterion` to run some of them; `criterion` adds
 //! criterion's estimates for the in-process calls).
 //!
-//! Three workloads: one pod asked about again and again (every node's memo answers), a stream
+//! Four workloads: one pod asked about again and again (every node's memo answers), a stream
 //! of pods in runs of one shape with a bind and a finished pod per request (what a scheduler
-//! sees: one or two nodes change per pod), and a new class on every request (no memo answers).
+//! sees: one or two nodes change per pod), a new class on every request (no memo answers), and
+//! the first pods after the shape mix changed (no memo answers either, new fill patterns).
+//! Nodes have allocatable CPU and pods request it, so CPU-aware scoring is on throughout.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, Node, NodeStatus, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ObjectMeta;
 use peakfit::cluster::binding::MemoryBinder;
 use peakfit::cluster::index::{ASSIGNED_GPUS, Index, RESERVED_BYTES};
@@ -35,6 +38,8 @@ const GPUS: usize = 8;
 const PODS: usize = 150_000;
 const GIB: u64 = 1 << 30;
 const H100: u64 = 81_559 << 20;
+/// Allocatable CPU of every node; the indexed pods take 1-4 cores each (about 75 of them).
+const NODE_CPU: &str = "128";
 
 /// Resident set size in bytes, from /proc/self/statm (pages × page size).
 fn rss_bytes() -> u64 {
@@ -60,11 +65,22 @@ fn pod_uid(i: usize) -> String {
 fn build(index: &Index) {
     for n in 0..NODES {
         let name = format!("gpu-node-{n:05}");
+        // Allocatable CPU and memory: the ledgers track CPU, so scoring's CPU balance is on.
         index.apply_node(&Node {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 ..Default::default()
             },
+            status: Some(NodeStatus {
+                allocatable: Some(
+                    [
+                        ("cpu".to_owned(), Quantity(NODE_CPU.into())),
+                        ("memory".to_owned(), Quantity("1Ti".into())),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            }),
             ..Default::default()
         });
     }
@@ -143,6 +159,16 @@ fn build(index: &Index) {
             },
             spec: Some(PodSpec {
                 node_name: Some(format!("gpu-node-{n:05}")),
+                containers: vec![Container {
+                    name: "c".into(),
+                    resources: Some(ResourceRequirements {
+                        requests: Some(
+                            [("cpu".to_owned(), Quantity(format!("{}", 1 + i % 4)))].into(),
+                        ),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
                 ..Default::default()
             }),
             ..Default::default()
@@ -157,10 +183,21 @@ fn request_for(pod: &serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({"Pod": pod, "Nodes": null, "NodeNames": names})).unwrap()
 }
 
+/// A pod asking 4 cores per GPU (`peakfit.io/gpus`, else 1), so CPU balance scores it.
 fn pod_json(name: &str, uid: &str, annotations: &serde_json::Value) -> serde_json::Value {
+    let gpus: u32 = annotations["peakfit.io/gpus"]
+        .as_str()
+        .map_or(1, |g| g.parse().unwrap());
     serde_json::json!({
         "metadata": {"name": name, "namespace": "ml", "uid": uid, "annotations": annotations},
-        "spec": {"containers": [{"name": "c", "image": "x"}], "schedulerName": "peakfit-scheduler"},
+        "spec": {
+            "containers": [{
+                "name": "c",
+                "image": "x",
+                "resources": {"requests": {"cpu": format!("{}", 4 * gpus)}},
+            }],
+            "schedulerName": "peakfit-scheduler",
+        },
     })
 }
 
@@ -282,6 +319,72 @@ fn workload_stream(
         }
     }
     (Stats(f), Stats(p))
+}
+
+/// Pods timed from each shape mix change on: the one whose filter changed it and the next ones.
+const AFTER_CHANGE: usize = 3;
+
+/// Pods of one weighting of the stream's shapes before the workload moves to the next (the
+/// weights rotate by one shape).
+const PHASE_PODS: usize = 512;
+
+/// The first pods after the shape mix changed: every node's memo was keyed by the old mix, so
+/// none answers, and the new mix's fill patterns are solved on first use. The workload drifts
+/// from one weighting of the stream's shapes to the next; filter learns each pod (as it does in
+/// a cluster), and whenever that gives a new mix, the filter that did it and prioritize of that
+/// pod and the next `AFTER_CHANGE - 1` are timed. The prescorer runs as in the other scenarios.
+/// Returns filter and prioritize latencies and how many mix changes they cover.
+fn mix_change(ext: &Extender, iters: usize) -> (Stats, Stats, usize) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let total: u32 = STREAM_SHAPES.iter().map(|s| s.2).sum();
+    let (mut f, mut p) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
+    let mut generation = ext.mix().generation();
+    let (mut left, mut changes) = (0usize, 0usize);
+    let warmup = iters / 10;
+    let mut i = 0usize;
+    while p.len() < warmup + iters {
+        let phase = i / PHASE_PODS;
+        let mut pick = rng.random_range(0..total);
+        let shape = (0..STREAM_SHAPES.len())
+            .find(|k| {
+                let w = STREAM_SHAPES[(k + phase) % STREAM_SHAPES.len()].2;
+                let hit = pick < w;
+                pick = pick.saturating_sub(w);
+                hit
+            })
+            .unwrap();
+        let (vram, gpus, _) = STREAM_SHAPES[shape];
+        let annotations =
+            serde_json::json!({"peakfit.io/vram": vram, "peakfit.io/gpus": gpus.to_string()});
+        let body = request_for(&pod_json(
+            &format!("drift-{i:06}"),
+            &format!("00000000-0000-4000-a000-{i:012x}"),
+            &annotations,
+        ));
+        i += 1;
+        let t = Instant::now();
+        let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
+        std::hint::black_box(to_go_json(&ext.filter(args)).unwrap());
+        let tf = t.elapsed();
+        let now = ext.mix().generation();
+        if now != generation {
+            generation = now;
+            left = AFTER_CHANGE;
+            changes += 1;
+        }
+        if left == 0 {
+            continue;
+        }
+        left -= 1;
+        let t = Instant::now();
+        let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
+        std::hint::black_box(to_go_json(&ext.prioritize(args)).unwrap());
+        f.push(tf);
+        p.push(t.elapsed());
+    }
+    let skip = |v: Vec<Duration>| Stats(v[warmup..].to_vec());
+    (skip(f), skip(p), changes)
 }
 
 /// Every request a class no request had before: no node's memo can answer, the worst case.
@@ -502,6 +605,15 @@ fn main() {
     if wanted("cold") {
         let c = cold(&ext, iters);
         println!("{}", c.line("prioritize, a new class every request"));
+    }
+    if wanted("mixchange") {
+        let (f, p, changes) = mix_change(&ext, iters);
+        println!(
+            "after a shape mix change ({changes} changes; the filter that changed it and the next {} pods):",
+            AFTER_CHANGE - 1
+        );
+        println!("{}", f.line("  filter, in process"));
+        println!("{}", p.line("  prioritize, in process"));
     }
     if wanted("criterion") {
         criterion_estimates(&ext, &body);

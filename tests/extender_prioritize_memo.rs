@@ -239,3 +239,82 @@ fn the_prescorer_fills_every_memo_once_and_then_only_what_changed() {
         assert_eq!(answered, from_scratch(&ext, &index, &p));
     }
 }
+
+/// A pod without peakfit annotations takes no GPU memory, but the CPU it takes on a GPU node can
+/// leave that node's free GPUs without the CPU the GPU pods ask for. Prioritize sends it where
+/// that strands the fewest GPUs, and to a node without GPUs before any.
+#[test]
+fn a_gpuless_pod_goes_where_its_cpu_strands_fewest_gpus() {
+    let index = Arc::new(Index::new());
+    let with_cpu = |name: &str, cores: &str| Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        status: Some(k8s_openapi::api::core::v1::NodeStatus {
+            allocatable: Some(std::collections::BTreeMap::from([(
+                "cpu".to_owned(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(cores.to_owned()),
+            )])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    // Four GPUs each; 48 cores is what four typical pods below ask, 160 far more.
+    index.apply_node(&with_cpu("node-00", "48"));
+    index.apply_node(&with_cpu("node-01", "160"));
+    index.apply_report(&report(0, 0));
+    index.apply_report(&report(1, 0));
+    let ext = extender(&index);
+    let pod_of = |name: &str, cores: &str, annotations: serde_json::Value| -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                         "annotations": annotations},
+            "spec": {"containers": [{"name": "c", "image": "x",
+                                     "resources": {"requests": {"cpu": cores}}}]},
+        }))
+        .unwrap()
+    };
+    let ask = |p: &Pod, nodes: &[&str]| -> Vec<i64> {
+        ext.prioritize(ExtenderArgs {
+            pod: Some(p.clone()),
+            node_names: Some(nodes.iter().map(|n| (*n).to_owned()).collect()),
+            ..Default::default()
+        })
+        .iter()
+        .map(|h| h.score)
+        .collect()
+    };
+    // The workload: whole-GPU pods of 12 cores each, learned by filter.
+    for i in 0..4 {
+        let p = pod_of(
+            &format!("gpu-{i}"),
+            "12",
+            serde_json::json!({"peakfit.io/gpus": "1", "peakfit.io/gpu-share": "1"}),
+        );
+        index.apply_pod(&p);
+        ext.filter(ExtenderArgs {
+            pod: Some(p),
+            node_names: Some(vec!["node-00".into(), "node-01".into()]),
+            ..Default::default()
+        });
+    }
+    let cpu_only = pod_of("cpu-only", "16", serde_json::json!({}));
+    index.apply_pod(&cpu_only);
+    // 16 of node-00's 48 cores leave its 4 free GPUs CPU for only 2 such pods.
+    assert_eq!(ask(&cpu_only, &["node-00", "node-01"]), [0, 10]);
+    assert_eq!(ask(&cpu_only, &["node-01", "node-00"]), [10, 0]);
+    // A node peakfit sees no GPUs on (a CPU node without an agent) strands nothing at all.
+    index.apply_node(&with_cpu("cpu-node", "32"));
+    assert_eq!(
+        ask(&cpu_only, &["node-00", "cpu-node", "node-01"]),
+        [0, 10, 9]
+    );
+    // Only GPU-less pods prefer it: a GPU pod cannot go there.
+    let gpu_pod = pod_of(
+        "gpu-x",
+        "12",
+        serde_json::json!({"peakfit.io/gpus": "1", "peakfit.io/gpu-share": "1"}),
+    );
+    assert_eq!(ask(&gpu_pod, &["cpu-node"]), [0]);
+}

@@ -99,12 +99,13 @@ fn baselines_reproduce_the_authors_results_on_default() {
 
 /// peakfit as deployed (the real Extender, learning its mix online, asked by the model of
 /// kube-scheduler with the chart's profile: resource score plugins off, one node at 10) on
-/// `default`. Measured (release, seeds 42-51): 5.67 % against FGD's 4.77 % (seeds 42-44: 5.89,
-/// 5.89, 5.39 against 5.03, 4.72, 4.78). Issue 12's goal (below FGD, at most 4.0 %) is NOT met on
-/// `default`; this test holds what is true, so that a regression shows, and says the gap.
+/// `default`. Measured (release, seeds 42-51): 3.92 % against FGD's 4.77 % (seeds 42-44: 3.92,
+/// 3.96, 3.96 against 5.03, 4.72, 4.78), once GPU-less pods were scored by the GPUs their CPU
+/// strands and the learned mix stopped keeping its first 64 pods' classes (issue 12's goal:
+/// below FGD, at most 4.0 %).
 #[test]
 #[ignore = "needs ../shared/data"]
-fn peakfit_through_the_extender_on_default_stays_where_measured() {
+fn peakfit_through_the_extender_on_default_beats_fgd() {
     let DefaultTrace {
         nodes, pods, seeds, ..
     } = default_trace();
@@ -115,9 +116,9 @@ fn peakfit_through_the_extender_on_default_stays_where_measured() {
     };
     let (ours, fgd) = (mean(Policy::Peakfit), mean(Policy::Fgd));
     eprintln!("peakfit {ours:.2}  fgd {fgd:.2} (seeds {seeds:?})");
-    assert!(ours <= 6.2, "peakfit leaves {ours:.2} % unallocated");
+    assert!(ours <= 4.1, "peakfit leaves {ours:.2} % unallocated");
     assert!(
-        ours < fgd + 1.2,
-        "peakfit {ours:.2} % is further behind FGD's {fgd:.2} % than measured"
+        ours < fgd - 0.5,
+        "peakfit {ours:.2} % is not clearly below FGD's {fgd:.2} %"
     );
 }

@@ -11,16 +11,19 @@ use crate::cluster::resources::host_request_of;
 use crate::placement::fit::node_usable;
 use crate::placement::memo::MemoKey;
 use crate::placement::{
-    PodClass, ShapeMix, place_score, scores_0_to_10_unique, stable_name_hash, used_share,
+    Demand, PodClass, PodShape, ShapeMix, place_score, scores_0_to_10_unique, stable_name_hash,
+    used_share,
 };
 
-/// The score of every node for pods peakfit does not place: the same for all, so it changes
-/// nothing in the scheduler's ranking.
+/// The score of every node for a pod whose annotations do not parse: the same for all, so it
+/// changes nothing in the scheduler's ranking.
 pub const NEUTRAL_SCORE: i64 = 0;
 
 impl Extender {
-    /// Scores every candidate; a node the pod does not fit gets 0. A request without a pod or
-    /// candidates gets an empty list (the scheduler ignores prioritize failures anyway).
+    /// Scores every candidate; a node the pod does not fit gets 0. A pod without peakfit
+    /// annotations (no GPU of peakfit's) is scored by its CPU alone, nodes without usable GPUs
+    /// first. A request without a pod or candidates gets an empty list (the scheduler ignores
+    /// prioritize failures anyway).
     #[tracing::instrument(skip_all, fields(verb = "prioritize", pod))]
     pub fn prioritize(&self, args: ExtenderArgs) -> HostPriorityList {
         let Ok((pod, candidates)) = Candidates::from_args(args) else {
@@ -37,21 +40,37 @@ impl Extender {
                 })
                 .collect()
         };
-        let Ok(Some(req)) = self.index.request_of(&pod) else {
-            self.count("prioritize", "pass_through");
-            return neutral(candidates);
+        let host = host_request_of(&pod);
+        let (class, gpuless) = match self.index.request_of(&pod) {
+            Ok(Some(req)) => (self.class_of(&req, &host), false),
+            // Not peakfit's to place on a GPU, but the CPU it takes on a GPU node can leave that
+            // node's free GPUs without the CPU the pods that need them ask for.
+            Ok(None) => (gpuless_class(host.cpu_milli), true),
+            Err(_) => {
+                self.count("prioritize", "pass_through");
+                return neutral(candidates);
+            }
         };
-        let class = self.class_of(&req, &host_request_of(&pod));
         let mix = self.shapes.lock().mix();
         let class_id = self.class_ids.lock().id(&class);
         let now = self.now();
-        self.count("prioritize", "scored");
+        self.count(
+            "prioritize",
+            if gpuless { "scored_gpuless" } else { "scored" },
+        );
         let names: Vec<&str> = candidates.names().collect();
         let (remembered, computed) = (AtomicU64::new(0), AtomicU64::new(0));
-        let raw = self.index.map_slots(&names, |slot| {
-            let Some(slot) = slot else { return f64::NAN };
+        // A node without usable GPUs (unknown to peakfit, no or a stale report, NVML down, no
+        // GPUs at all): no GPU pod can be placed there now, so a GPU-less pod strands nothing
+        // by taking its CPU. Marked here, ranked above every GPU node below.
+        let no_gpus = if gpuless { f64::INFINITY } else { f64::NAN };
+        let mut raw = self.index.map_slots(&names, |slot| {
+            let Some(slot) = slot else { return no_gpus };
+            if gpuless && slot.read().ledger.gpus.is_empty() {
+                return no_gpus;
+            }
             match self.node_score(slot, &class, class_id, &mix, now) {
-                None => f64::NAN,
+                None => no_gpus,
                 Some(Scored::Remembered(score)) => {
                     remembered.fetch_add(1, Ordering::Relaxed);
                     score
@@ -62,6 +81,18 @@ impl Extender {
                 }
             }
         });
+        if gpuless {
+            // Just above the best GPU node, so the GPU nodes keep their spread of 0-9.
+            let best = raw
+                .iter()
+                .copied()
+                .filter(|s| s.is_finite())
+                .fold(f64::NEG_INFINITY, f64::max);
+            let above = if best.is_finite() { best + 1e-3 } else { 0.0 };
+            for s in raw.iter_mut().filter(|s| **s == f64::INFINITY) {
+                *s = above;
+            }
+        }
         self.count_scores("computed", computed.into_inner());
         self.count_scores("memo", remembered.into_inner());
         // Placement ranks the nodes against each other: the best gets 10, a node the pod does
@@ -91,6 +122,20 @@ impl Extender {
                 score: i64::from(score).clamp(0, MAX_EXTENDER_PRIORITY),
             })
             .collect()
+    }
+}
+
+/// The class of a pod peakfit reserves no GPU memory for: only its CPU counts (placement's CPU
+/// balance and fragmentation terms). Not learned into the shape mix: such pods strand no GPU
+/// memory themselves, and counting them in the mix made openb placements worse (issue 12).
+fn gpuless_class(cpu_milli: u64) -> PodClass {
+    PodClass {
+        shape: PodShape {
+            gpus: 0,
+            demand: Demand::default(),
+        },
+        cpu_milli,
+        gpu_models: Vec::new(),
     }
 }
 

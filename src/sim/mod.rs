@@ -71,7 +71,7 @@ pub struct SimulateArgs {
     )]
     pub scheduler_profile: SchedulerProfile,
     /// Who schedules GPU-less pods in the peakfit policy: `peakfit` (they go through peakfit's
-    /// profile, and the extender passes them through with a neutral score, as in the trace,
+    /// profile, and the extender scores them by the GPUs their CPU strands, as in the trace,
     /// where one scheduler places every pod) or `default-scheduler` (the default profile's
     /// `LeastAllocated` + `BalancedAllocation`, as in a cluster where only annotated pods name
     /// peakfit's scheduler).

@@ -80,9 +80,9 @@ pub struct ExtenderPath {
     /// kube-scheduler's resource score plugins on in peakfit's profile (the chart turns them
     /// off).
     pub default_plugins: bool,
-    /// GPU-less pods go through peakfit's profile (the extender passes them through with a
-    /// neutral score, so kube-scheduler picks among the feasible nodes at random), as in the
-    /// trace, where one scheduler places every pod. `--gpuless-pods default-scheduler`
+    /// GPU-less pods go through peakfit's profile (the extender scores them by the GPUs their
+    /// CPU strands), as in the trace, where one scheduler places every pod.
+    /// `--gpuless-pods default-scheduler`
     /// leaves them to the default scheduler's profile instead (`LeastAllocated` +
     /// `BalancedAllocation`), as in a cluster where only annotated pods name peakfit's scheduler.
     pub gpuless_via_peakfit: bool,
@@ -372,7 +372,7 @@ fn report_object(spec: &NodeSpec, total: u64) -> NodeGpuReport {
 /// An openb pod as its owner would submit it: CPU and memory requests, the GPU models of its
 /// `gpu_spec` as a required node affinity on the GPU product label, and its GPUs as peakfit
 /// annotations (`gpus`, and `gpu-share` = `gpu_milli` / 1000). A GPU-less pod has no
-/// peakfit annotation: the extender passes it through.
+/// peakfit annotation: the extender's filter passes it through and prioritize scores its CPU.
 fn pod_object(k: usize, spec: &PodSpec) -> Pod {
     let mut annotations = BTreeMap::new();
     if spec.num_gpu > 0 {

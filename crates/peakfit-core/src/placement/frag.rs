@@ -21,7 +21,7 @@ use smallvec::SmallVec;
 use super::demand::PodClass;
 use super::fit::FitConfig;
 use super::ledger::{GpuLedger, NodeLedger};
-use super::patterns::{FillPatterns, PatternCache};
+use super::patterns::{FillPatterns, PatternCache, PatternsRef};
 
 /// A probability distribution over pod classes: what the cluster expects to be asked next.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -32,8 +32,10 @@ pub struct ShapeMix {
     shapes: Vec<(PodClass, f64)>,
     /// Per GPU model: how much of its capacity the expected model-restricted pods need, as a
     /// multiple of the average load (see `with_capacity`). Empty when no capacity is known.
+    /// Hashed with foldhash: scoring looks a model up for every node of a request, and the keys
+    /// are the cluster's own model names.
     #[serde(default)]
-    model_pressure: HashMap<String, f64>,
+    model_pressure: HashMap<String, f64, foldhash::fast::FixedState>,
     /// Changes whenever the mix does, so callers can cache fragmentation per (node, mix).
     #[serde(skip)]
     generation: u64,
@@ -68,7 +70,7 @@ impl ShapeMix {
         Self {
             patterns: PatternCache::default(),
             shapes,
-            model_pressure: HashMap::new(),
+            model_pressure: HashMap::default(),
             generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
         }
     }
@@ -115,7 +117,7 @@ impl ShapeMix {
                 })
                 .collect()
         } else {
-            HashMap::new()
+            HashMap::default()
         };
         self.generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
         self
@@ -169,7 +171,7 @@ impl ShapeMix {
     }
 
     /// The fill patterns of this mix's sharing pods on a GPU of this size and model.
-    pub fn fill_patterns(&self, gpu: &GpuLedger) -> Arc<FillPatterns> {
+    pub fn fill_patterns(&self, gpu: &GpuLedger) -> PatternsRef<'_> {
         self.patterns.get_or_solve(gpu.total_bytes, &gpu.model, || {
             FillPatterns::solve(&super::patterns::mix_items(
                 &self.shapes,
@@ -238,8 +240,9 @@ pub struct ShapeStatsConfig {
     /// A rebuilt mix none of whose shares moved by more than this (a class entering or leaving
     /// at the coverage edge moves by its share) replaces nothing: a steady workload keeps one
     /// mix, and every score remembered under it, instead of invalidating every node's memo each
-    /// `refresh_every` pods. Set above the share noise of a steady workload (estimated in
-    /// `docs/tuning.md`).
+    /// `refresh_every` pods. Below the share of a typical class of a mix of many: a class
+    /// missing from the first pods seen must bring it in when it shows up, or the mix of the
+    /// first `refresh_every` pods stays for good (`docs/tuning.md`).
     pub refresh_tolerance: f64,
     /// Pods remembered by key so that each counts once however often it is filtered (a pod in
     /// backoff is asked about again and again); the oldest key is forgotten first.
@@ -253,7 +256,7 @@ impl Default for ShapeStatsConfig {
             coverage: 0.95,
             max_classes: 256,
             refresh_every: 64,
-            refresh_tolerance: 0.05,
+            refresh_tolerance: 0.01,
             remembered_pods: 1 << 17,
         }
     }
@@ -728,6 +731,30 @@ mod tests {
             stats.observe(&share(1000, 1));
         }
         assert_ne!(stats.mix().generation(), three.generation());
+    }
+
+    /// A workload of 40 equally common classes whose first 64 pods show only 32 of them: no
+    /// class's share ever moves by much (1/32 to 1/40, 0 to 1/40), yet the 8 missing classes are
+    /// a fifth of the workload and must enter the mix.
+    #[test]
+    fn classes_missing_from_the_first_pods_enter_the_mix() {
+        let class = |k: u32| share(100 + 20 * k, 1);
+        let mut stats = ShapeStats::default();
+        for i in 0..64u32 {
+            stats.observe(&class(i % 32));
+        }
+        for i in 0..2_000u32 {
+            stats.observe(&class(i % 40));
+        }
+        let mix = stats.mix();
+        let missing: Vec<u32> = (32..40)
+            .filter(|&k| !mix.shapes().iter().any(|s| s.0 == class(k)))
+            .collect();
+        assert!(
+            missing.len() <= 2,
+            "classes {missing:?} are still outside the mix ({} classes)",
+            mix.shapes().len()
+        );
     }
 
     #[test]

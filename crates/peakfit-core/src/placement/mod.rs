@@ -27,4 +27,6 @@ pub use score::{
 #[cfg(test)]
 mod properties;
 #[cfg(test)]
+mod score_reference;
+#[cfg(test)]
 mod test_support;

@@ -17,7 +17,7 @@
 //! same pods (`docs/tuning.md`, `docs/simulate.md`).
 
 use std::collections::HashSet;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use smallvec::SmallVec;
 
@@ -174,13 +174,52 @@ pub fn mix_items(shapes: &[(PodClass, f64)], total: u64, model: &str) -> Vec<(u1
 /// kind is scored. Shared by every reader of the mix; a new mix starts empty. A list, not a
 /// map: a cluster has a handful of GPU kinds, and a scan compares the shared model strings by
 /// pointer without allocating a key.
-#[derive(Debug, Default)]
+///
+/// The first `INLINE_KINDS` kinds are read without a lock and lent by reference: prioritize
+/// looks the patterns up for every node of a request from every core at once, and a shared lock
+/// and reference count per node (atomics every core writes) cost more than the scoring around
+/// them. Slots fill in order, under `filling`, so a reader may stop at the first empty one.
+#[derive(Debug)]
 pub struct PatternCache {
-    by_kind: RwLock<Vec<KindPatterns>>,
+    kinds: [OnceLock<(u64, Arc<str>, FillPatterns)>; INLINE_KINDS],
+    filling: Mutex<()>,
+    /// Kinds beyond the inline ones, behind a lock as before.
+    more: RwLock<Vec<KindPatterns>>,
+}
+
+/// GPU kinds whose patterns are read without a lock; a cluster with more pays a lock for the rest.
+const INLINE_KINDS: usize = 16;
+
+impl Default for PatternCache {
+    fn default() -> Self {
+        Self {
+            kinds: [const { OnceLock::new() }; INLINE_KINDS],
+            filling: Mutex::new(()),
+            more: RwLock::new(Vec::new()),
+        }
+    }
 }
 
 /// A GPU size in bytes, its model, and the patterns for that kind.
 type KindPatterns = (u64, Arc<str>, Arc<FillPatterns>);
+
+/// The patterns of one GPU kind: lent from the cache's inline slots, or shared beyond them.
+#[derive(Clone, Debug)]
+pub enum PatternsRef<'a> {
+    Lent(&'a FillPatterns),
+    Shared(Arc<FillPatterns>),
+}
+
+impl std::ops::Deref for PatternsRef<'_> {
+    type Target = FillPatterns;
+
+    fn deref(&self) -> &FillPatterns {
+        match self {
+            Self::Lent(p) => p,
+            Self::Shared(p) => p,
+        }
+    }
+}
 
 impl PatternCache {
     pub fn get_or_solve(
@@ -188,23 +227,34 @@ impl PatternCache {
         total: u64,
         model: &Arc<str>,
         solve: impl FnOnce() -> FillPatterns,
-    ) -> Arc<FillPatterns> {
-        let find = |kinds: &[KindPatterns]| {
+    ) -> PatternsRef<'_> {
+        let same = |t: u64, m: &Arc<str>| t == total && (Arc::ptr_eq(m, model) || m == model);
+        let inline = || {
+            self.kinds
+                .iter()
+                .map_while(OnceLock::get)
+                .find(|(t, m, _)| same(*t, m))
+                .map(|k| PatternsRef::Lent(&k.2))
+        };
+        let more = |kinds: &[KindPatterns]| {
             kinds
                 .iter()
-                .find(|(t, m, _)| *t == total && (Arc::ptr_eq(m, model) || m == model))
-                .map(|k| k.2.clone())
+                .find(|(t, m, _)| same(*t, m))
+                .map(|k| PatternsRef::Shared(k.2.clone()))
         };
-        if let Some(p) = find(
-            &self
-                .by_kind
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        ) {
+        let read_more = || {
+            more(
+                &self
+                    .more
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            )
+        };
+        if let Some(p) = inline().or_else(read_more) {
             return p;
         }
         // Solved outside the lock: two first readers may both solve; the answer is the same.
-        let solved = Arc::new(solve());
+        let solved = solve();
         // Operators asking why two pods share a GPU (`--log info,peakfit::placement=debug`).
         tracing::debug!(
             gpu_total_bytes = total,
@@ -216,15 +266,23 @@ impl PatternCache {
                 .collect::<Vec<_>>(),
             "fill patterns (shares in thousandths of the GPU, GPUs per unit of mix weight)"
         );
-        let mut kinds = self
-            .by_kind
-            .write()
+        let _filling = self
+            .filling
+            .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(p) = find(&kinds) {
+        if let Some(p) = inline().or_else(read_more) {
             return p;
         }
-        kinds.push((total, model.clone(), solved.clone()));
-        solved
+        if let Some(slot) = self.kinds.iter().find(|k| k.get().is_none()) {
+            let (_, _, p) = slot.get_or_init(|| (total, model.clone(), solved));
+            return PatternsRef::Lent(p);
+        }
+        let solved = Arc::new(solved);
+        self.more
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((total, model.clone(), solved.clone()));
+        PatternsRef::Shared(solved)
     }
 }
 
@@ -412,6 +470,39 @@ mod tests {
         let mut c: Contents = SmallVec::from_slice(items);
         c.sort_unstable();
         c
+    }
+
+    #[test]
+    fn the_cache_answers_each_kind_with_its_own_patterns_beyond_the_inline_slots() {
+        // Kind k: GPUs of k + 1 bytes and model "m{k % 3}"; its patterns are solved from a share
+        // that depends on k, so a lookup answered with another kind's patterns shows.
+        let cache = PatternCache::default();
+        let models: Vec<Arc<str>> = (0..3).map(|m| format!("m{m}").into()).collect();
+        let solve_for = |k: u64| FillPatterns::solve(&[(100 + u16::try_from(k).unwrap(), 1.0)]);
+        let kinds = 2 * INLINE_KINDS as u64 + 3;
+        let mut solves = 0;
+        for round in 0..2 {
+            for k in 0..kinds {
+                // The second round asks with another Arc of the same model name.
+                let name = &models[usize::try_from(k % 3).unwrap()];
+                let model: Arc<str> = if round == 0 {
+                    name.clone()
+                } else {
+                    (**name).into()
+                };
+                let got = cache.get_or_solve(k + 1, &model, || {
+                    solves += 1;
+                    solve_for(k)
+                });
+                assert_eq!(*got, solve_for(k), "kind {k}, round {round}");
+                assert_eq!(
+                    matches!(got, PatternsRef::Lent(_)),
+                    k < INLINE_KINDS as u64,
+                    "kind {k}"
+                );
+            }
+        }
+        assert_eq!(solves, kinds, "each kind solved once");
     }
 
     #[test]

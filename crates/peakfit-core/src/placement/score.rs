@@ -14,7 +14,7 @@ use super::demand::PodClass;
 use super::fit::{FitConfig, GpuShares, Placement, Rejection, admissible};
 use super::frag::{FragState, FragUnit, GpuChange, ShapeMix};
 use super::ledger::NodeLedger;
-use super::patterns::{Contents, FillPatterns, PatternFit, units};
+use super::patterns::{Contents, PatternFit, PatternsRef, units};
 
 /// How prioritize ranks the nodes that fit, and how bind picks GPUs on the chosen one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -261,6 +261,12 @@ fn peakfit(
             .as_ref()
             .map_or(PatternFit::Off, |p| p.fit(node, i, need))
     };
+    // Each candidate's pattern fit, free memory and kind, computed once: they do not change
+    // while GPUs are chosen, and the scan below compares every candidate with the earlier ones.
+    let mut facts: SmallVec<[(PatternFit, u64, u32); 8]> = candidates
+        .iter()
+        .map(|&(i, need)| (fit_of(i, need), node.gpus[i].free_bytes(), state.kind_of(i)))
+        .collect();
     let mut chosen_fit = PatternFit::Off;
     for _ in 0..class.shape.gpus {
         // (pattern fit, F after, free left, position)
@@ -268,17 +274,12 @@ fn peakfit(
         // GPUs of one kind (size and model: one group of `FragState`) with the same free memory
         // are interchangeable: try one (the first; a scan of the few earlier candidates is
         // cheaper than a list of tried kinds per node).
-        for (pos, &(i, need)) in candidates.iter().enumerate() {
+        for (pos, (&(i, need), &(fit, free, kind))) in candidates.iter().zip(&facts).enumerate() {
             let gpu = &node.gpus[i];
-            let free = gpu.free_bytes();
-            let kind = state.kind_of(i);
-            let fit = fit_of(i, need);
-            let tried = candidates[..pos].iter().any(|&(j, need_j)| {
-                need_j == need
-                    && state.kind_of(j) == kind
-                    && node.gpus[j].free_bytes() == free
-                    && fit_of(j, need_j) == fit
-            });
+            let tried = candidates[..pos]
+                .iter()
+                .zip(&facts[..pos])
+                .any(|(&(_, need_j), &fact_j)| need_j == need && fact_j == (fit, free, kind));
             if tried {
                 continue;
             }
@@ -297,6 +298,7 @@ fn peakfit(
         let (fit, _, _, pos) = best.expect("admissible returned at least `gpus` candidates");
         chosen_fit = fit;
         let (i, need) = candidates.remove(pos);
+        facts.remove(pos);
         let gpu = &node.gpus[i];
         state.apply(&[change(i, gpu.free_bytes(), need)], 0);
         chosen.push((i, need));
@@ -349,18 +351,18 @@ fn peakfit(
 }
 
 /// A node's GPUs against the mix's fill patterns, fetched once per GPU kind of the node.
-struct PatternLookup {
+struct PatternLookup<'m> {
     /// Per GPU: its kind's row.
     row_of: SmallVec<[u8; 8]>,
-    rows: SmallVec<[Arc<FillPatterns>; 2]>,
+    rows: SmallVec<[PatternsRef<'m>; 2]>,
 }
 
-impl PatternLookup {
+impl<'m> PatternLookup<'m> {
     /// `None` when no GPU of the node has patterns to follow.
-    fn new(node: &NodeLedger, mix: &ShapeMix) -> Option<Self> {
+    fn new(node: &NodeLedger, mix: &'m ShapeMix) -> Option<Self> {
         let mut reps: SmallVec<[usize; 2]> = SmallVec::new();
         let mut row_of: SmallVec<[u8; 8]> = SmallVec::new();
-        let mut rows: SmallVec<[Arc<FillPatterns>; 2]> = SmallVec::new();
+        let mut rows: SmallVec<[PatternsRef<'m>; 2]> = SmallVec::new();
         for (i, g) in node.gpus.iter().enumerate() {
             let row = reps.iter().position(|&r| {
                 let k = &node.gpus[r];
@@ -514,6 +516,141 @@ mod tests {
 
     fn placed(n: &NodeLedger, c: &PodClass, policy: ScoringPolicy, mix: &ShapeMix) -> Scored {
         place(n, c, policy, mix, &FitConfig::simulation(), 0).unwrap()
+    }
+
+    mod same_as_reference {
+        //! The fast path against the frozen reference (`score_reference`): bit-identical scores
+        //! and the same GPUs, on random ledgers, classes and mixes. Shares are in thousandths of
+        //! 1000-byte GPUs and reservations are drawn from the same sizes as the mix's classes, so
+        //! fill patterns open, join and complete as they do on a real trace.
+
+        use std::sync::Arc;
+
+        use proptest::prelude::*;
+
+        use super::super::*;
+        use crate::placement::score_reference;
+        use crate::placement::{Demand, GpuLedger, PodShape};
+
+        const MILLIS: [u32; 10] = [100, 250, 300, 320, 470, 500, 530, 650, 1000, 150];
+
+        fn arb_class() -> impl Strategy<Value = PodClass> {
+            (
+                prop::sample::select(vec![0u32, 1, 1, 1, 1, 2, 4, 8]),
+                prop::sample::select(MILLIS.to_vec()),
+                prop::sample::select(vec![0u64, 0, 2_000, 8_000, 32_000]),
+                prop::sample::select(vec![vec![], vec![], vec!["T4".to_string()]]),
+            )
+                .prop_map(|(gpus, milli, cpu_milli, gpu_models)| PodClass {
+                    shape: PodShape {
+                        gpus,
+                        demand: Demand::fraction(f64::from(milli) / 1000.0),
+                    },
+                    cpu_milli,
+                    gpu_models,
+                })
+        }
+
+        fn arb_mix() -> impl Strategy<Value = ShapeMix> {
+            (
+                prop::collection::vec((arb_class(), 1u32..20), 0..10),
+                any::<bool>(),
+            )
+                .prop_map(|(classes, capacity)| {
+                    let mix = ShapeMix::new(classes.into_iter().map(|(c, w)| (c, f64::from(w))));
+                    if capacity {
+                        mix.with_capacity([("T4".to_string(), 8.0), ("G2".to_string(), 24.0)])
+                    } else {
+                        mix
+                    }
+                })
+        }
+
+        /// 1-8 GPUs of 1000 bytes (one or two models, the models shared as the index shares
+        /// them), each holding 0-3 pods of the mix's sizes; CPU tracked or not.
+        fn arb_node() -> impl Strategy<Value = NodeLedger> {
+            (
+                prop::collection::vec(
+                    (
+                        any::<bool>(),
+                        prop::collection::vec(prop::sample::select(MILLIS.to_vec()), 0..4),
+                    ),
+                    1..=8,
+                ),
+                prop::option::of((0u64..64).prop_map(|c| c * 1000)),
+                0u64..48_000,
+            )
+                .prop_map(|(gpus, cpu, cpu_used)| {
+                    let (t4, g2): (Arc<str>, Arc<str>) = ("T4".into(), "G2".into());
+                    let mut n = NodeLedger::with_gpus(
+                        "n",
+                        gpus.iter()
+                            .enumerate()
+                            .map(|(i, (is_t4, _))| {
+                                let model = if *is_t4 { t4.clone() } else { g2.clone() };
+                                GpuLedger::new(format!("g{i}"), 1000).with_model(model)
+                            })
+                            .collect(),
+                    );
+                    for (i, (_, pods)) in gpus.iter().enumerate() {
+                        let mut left = 1000u64;
+                        for (k, &m) in pods.iter().enumerate() {
+                            if u64::from(m) <= left {
+                                left -= u64::from(m);
+                                n.reserve(&format!("p{i}-{k}"), &[i], &[u64::from(m)]);
+                            }
+                        }
+                    }
+                    if let Some(cpu) = cpu {
+                        n = n.with_cpu_milli(cpu);
+                        n.reserve_host("host", cpu_used.min(cpu), 0);
+                    }
+                    n
+                })
+        }
+
+        fn arb_tuning() -> impl Strategy<Value = Tuning> {
+            prop::sample::select(vec![
+                Tuning::default(),
+                Tuning {
+                    pattern_weight: 0.0,
+                    ..Tuning::default()
+                },
+                Tuning {
+                    cpu_balance_weight: 0.0,
+                    model_pressure_weight: 0.0,
+                    ..Tuning::default()
+                },
+            ])
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4000))]
+            #[test]
+            fn bit_identical(
+                node in arb_node(),
+                class in arb_class(),
+                mix in arb_mix(),
+                tuning in arb_tuning(),
+                policy in prop::sample::select(ScoringPolicy::ALL.to_vec()),
+                margin in prop::sample::select(vec![0u64, 10]),
+            ) {
+                let cfg = FitConfig {
+                    safety_margin_bytes: margin,
+                    ..FitConfig::simulation()
+                };
+                let fast = choose(&node, &class, policy, &mix, &cfg, 0, &tuning);
+                let slow = score_reference::choose(&node, &class, policy, &mix, &cfg, 0, &tuning);
+                match (fast, slow) {
+                    (Ok((a, sa)), Ok((b, sb))) => {
+                        prop_assert_eq!(a, b);
+                        prop_assert_eq!(sa.to_bits(), sb.to_bits());
+                    }
+                    (Err(a), Err(b)) => prop_assert_eq!(a, b),
+                    (a, b) => prop_assert!(false, "fast {:?}, reference {:?}", a, b),
+                }
+            }
+        }
     }
 
     #[test]
