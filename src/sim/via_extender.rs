@@ -320,6 +320,14 @@ fn percentile(ns: &[u64], q: f64) -> f64 {
     super::nearest_rank(&mut ns.to_vec(), q) / 1e6
 }
 
+/// A Node's allocatable or a container's requests, as the trace gives both: CPU and memory.
+fn cpu_and_memory(cpu_milli: u64, memory_mib: u64) -> BTreeMap<String, Quantity> {
+    BTreeMap::from([
+        ("cpu".into(), Quantity(format!("{cpu_milli}m"))),
+        ("memory".into(), Quantity(format!("{memory_mib}Mi"))),
+    ])
+}
+
 fn node_object(spec: &NodeSpec) -> Node {
     Node {
         metadata: ObjectMeta {
@@ -331,10 +339,7 @@ fn node_object(spec: &NodeSpec) -> Node {
             ..Default::default()
         },
         status: Some(NodeStatus {
-            allocatable: Some(BTreeMap::from([
-                ("cpu".into(), Quantity(format!("{}m", spec.cpu_milli))),
-                ("memory".into(), Quantity(format!("{}Mi", spec.memory_mib))),
-            ])),
+            allocatable: Some(cpu_and_memory(spec.cpu_milli, spec.memory_mib)),
             ..Default::default()
         }),
         ..Default::default()
@@ -416,10 +421,7 @@ fn pod_object(k: usize, spec: &PodSpec) -> Pod {
             containers: vec![Container {
                 name: "main".into(),
                 resources: Some(ResourceRequirements {
-                    requests: Some(BTreeMap::from([
-                        ("cpu".into(), Quantity(format!("{}m", spec.cpu_milli))),
-                        ("memory".into(), Quantity(format!("{}Mi", spec.memory_mib))),
-                    ])),
+                    requests: Some(cpu_and_memory(spec.cpu_milli, spec.memory_mib)),
                     ..Default::default()
                 }),
                 ..Default::default()
