@@ -5,7 +5,8 @@
 //!
 //! `cargo bench --bench extender` (env `PEAKFIT_BENCH_ITERS`, default 2000 per measurement;
 //! `PEAKFIT_BENCH_ONLY=repeat,http,stream,cold,mixchange,criterion` to run some of them; `criterion` adds
-//! criterion's estimates for the in-process calls).
+//! criterion's estimates for the in-process calls; `PEAKFIT_BENCH_CLUSTER=distinct` gives every
+//! node a state of its own, see `build`).
 //!
 //! Four workloads: one pod asked about again and again (every node's memo answers), a stream
 //! of pods in runs of one shape with a bind and a finished pod per request (what a scheduler
@@ -62,7 +63,11 @@ fn pod_uid(i: usize) -> String {
 
 /// A deterministic mixed cluster: pod i sits on node i % NODES, GPU (i / NODES) % GPUS, asks
 /// 2-17 GiB, and its processes use 60-100 % of that; every 7th GPU runs a process of no pod.
-fn build(index: &Index) {
+/// Node n's pods follow n % 16 and its stray processes n % 7, so the nodes fall into 112 states
+/// (what scoring reads of them: `placement::signature`), as nodes of a real pool repeat. With
+/// `distinct`, GPU 0 of node n also runs a stray process of n + 1 MiB: 5,000 states, no two
+/// nodes alike, the worst case for sharing scores between equal nodes.
+fn build(index: &Index, distinct: bool) {
     for n in 0..NODES {
         let name = format!("gpu-node-{n:05}");
         // Allocatable CPU and memory: the ledgers track CPU, so scoring's CPU balance is on.
@@ -108,6 +113,15 @@ fn build(index: &Index) {
                 used_bytes: Some(used),
                 pod_uid: Some(pod_uid(i)),
                 container_id: None,
+            });
+        }
+        if distinct {
+            let stray = (n as u64 + 1) << 20;
+            gpus[0].memory_used_bytes += stray;
+            gpus[0].processes.push(GpuProcess {
+                pid: 98,
+                used_bytes: Some(stray),
+                ..Default::default()
             });
         }
         for (g, gpu) in gpus.iter_mut().enumerate() {
@@ -328,19 +342,33 @@ const AFTER_CHANGE: usize = 3;
 /// weights rotate by one shape).
 const PHASE_PODS: usize = 512;
 
-/// The first pods after the shape mix changed: every node's memo was keyed by the old mix, so
-/// none answers, and the new mix's fill patterns are solved on first use. The workload drifts
-/// from one weighting of the stream's shapes to the next; filter learns each pod (as it does in
-/// a cluster), and whenever that gives a new mix, the filter that did it and prioritize of that
-/// pod and the next `AFTER_CHANGE - 1` are timed. The prescorer runs as in the other scenarios.
+/// The first pods after the shape mix changed: no memo holds a score under a new mix, and its
+/// fill patterns are solved on first use. The workload drifts from one weighting of the
+/// stream's shapes to the next; filter learns each pod (as it does in a cluster). With the
+/// prescorer running, a new mix is first staged by the filter that learns it and replaces the
+/// live one once the prescorer has warmed it (`ShapeStats::stage_new_mixes`); without it, that
+/// filter makes it live at once. Timed: the filter that staged or changed the mix, prioritize of
+/// its pod and of the next `AFTER_CHANGE - 1` pods, and after the prescorer switched to it,
+/// prioritize of the pod whose filter the switch happened during and both verbs of the next
+/// `AFTER_CHANGE - 1` pods. (That filter is not timed: it did nothing for the switch, and
+/// picking the filter that happened to be running when it came would favour slow filters, which
+/// are the likelier to be running at any instant.)
 /// Returns filter and prioritize latencies and how many mix changes they cover.
 fn mix_change(ext: &Extender, iters: usize) -> (Stats, Stats, usize) {
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
     let total: u32 = STREAM_SHAPES.iter().map(|s| s.2).sum();
     let (mut f, mut p) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
-    let mut generation = ext.mix().generation();
-    let (mut left, mut changes) = (0usize, 0usize);
+    // A new mix is staged by the filter that learns it, and replaces the live one when the
+    // prescorer has warmed it: either is a change, and is timed.
+    let generations = || {
+        (
+            ext.mix().generation(),
+            ext.staged_mix().map(|m| m.generation()),
+        )
+    };
+    let mut generation = generations();
+    let (mut left, mut changes, mut skip_filter) = (0usize, 0usize, false);
     let warmup = iters / 10;
     let mut i = 0usize;
     while p.len() < warmup + iters {
@@ -367,12 +395,17 @@ fn mix_change(ext: &Extender, iters: usize) -> (Stats, Stats, usize) {
         let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
         std::hint::black_box(to_go_json(&ext.filter(args)).unwrap());
         let tf = t.elapsed();
-        let now = ext.mix().generation();
-        if now != generation {
-            generation = now;
+        let now = generations();
+        let staged_here = now.1.is_some() && now.1 != generation.1 && now.0 == generation.0;
+        let switched = now.0 != generation.0;
+        if staged_here || switched {
             left = AFTER_CHANGE;
             changes += 1;
+            // The prescorer switched while this filter ran (a staged mix was live before it
+            // ended): not this filter's doing. Without staging, the filter made the change.
+            skip_filter = switched && generation.1.is_some();
         }
+        generation = now;
         if left == 0 {
             continue;
         }
@@ -380,8 +413,10 @@ fn mix_change(ext: &Extender, iters: usize) -> (Stats, Stats, usize) {
         let t = Instant::now();
         let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
         std::hint::black_box(to_go_json(&ext.prioritize(args)).unwrap());
-        f.push(tf);
         p.push(t.elapsed());
+        if !std::mem::take(&mut skip_filter) {
+            f.push(tf);
+        }
     }
     let skip = |v: Vec<Duration>| Stats(v[warmup..].to_vec());
     (skip(f), skip(p), changes)
@@ -473,12 +508,17 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
     let body = request_body();
+    let distinct = match std::env::var("PEAKFIT_BENCH_CLUSTER").as_deref() {
+        Ok("distinct") => true,
+        Ok("" | "regular") | Err(_) => false,
+        Ok(other) => panic!("PEAKFIT_BENCH_CLUSTER={other:?}: expected regular or distinct"),
+    };
 
     // Memory: the index alone, then as the server holds it (with its per-GPU and per-pod gauges).
     let before = rss_bytes();
     let t = Instant::now();
     let bare = Index::new();
-    build(&bare);
+    build(&bare, distinct);
     let bare_rss = rss_bytes().saturating_sub(before);
     println!(
         "index without metrics: {NODES} nodes x {GPUS} GPUs, {} pods, built in {:.1} s, RSS +{:.1} MiB",
@@ -493,7 +533,7 @@ fn main() {
     let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), || {
         jiff::Timestamp::now().as_second()
     }));
-    build(&index);
+    build(&index, distinct);
     println!(
         "index again (ledger gauges are read at scrape, nothing kept): built in {:.1} s, RSS +{:.1} MiB (RSS now {:.1} MiB; freed pages of the first build may be reused)",
         t.elapsed().as_secs_f64(),
@@ -517,6 +557,17 @@ fn main() {
         ext.spawn_prescorer(prescore).unwrap();
     }
     println!("prescorer: every {prescore:?} (0: off)");
+    let states: std::collections::HashSet<_> = ext
+        .index
+        .all_slots()
+        .iter()
+        .map(|s| Arc::as_ptr(s.read().scores()) as usize)
+        .collect();
+    println!(
+        "cluster: {} ({} distinct node states)",
+        if distinct { "distinct" } else { "regular" },
+        states.len()
+    );
     // Sanity: the decision is a real one.
     let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
     let r = ext.filter(args);
@@ -609,7 +660,7 @@ fn main() {
     if wanted("mixchange") {
         let (f, p, changes) = mix_change(&ext, iters);
         println!(
-            "after a shape mix change ({changes} changes; the filter that changed it and the next {} pods):",
+            "after a shape mix change ({changes} staged or switched to; the filter that staged it, and the next {} pods after each):",
             AFTER_CHANGE - 1
         );
         println!("{}", f.line("  filter, in process"));

@@ -142,8 +142,9 @@ pub mod extender {
             );
             r.register(
                 "extender_node_scores",
-                "Node scores prioritize used, by where they came from: the node's memo, computed \
-                 for the request, or computed ahead by the prescorer",
+                "Node scores prioritize used, by where they came from: the memo of the node's \
+                 state (shared by nodes alike), computed for the request, or computed ahead by the \
+                 prescorer",
                 m.node_scores.clone(),
             );
             r.register(

@@ -17,7 +17,8 @@ use peakfit::extender::wire::{ExtenderArgs, ExtenderBindingArgs};
 use peakfit::inventory::{GpuDevice, NodeGpuReportStatus, NvmlStatus};
 use peakfit::metrics::extender::ExtenderMetrics;
 use peakfit::placement::{
-    FitConfig, PodClass, place_score, scores_0_to_10_unique, stable_name_hash, used_share,
+    FitConfig, PodClass, check_class, place_score, scores_0_to_10_unique, stable_name_hash,
+    used_share,
 };
 
 const NODES: usize = 12;
@@ -102,6 +103,29 @@ fn from_scratch(ext: &Extender, index: &Index, pod: &Pod) -> Vec<u8> {
     })
 }
 
+/// What filter must answer: the nodes that fit, and every other node's reason.
+fn filter_from_scratch(
+    ext: &Extender,
+    index: &Index,
+    pod: &Pod,
+) -> (Vec<String>, std::collections::BTreeMap<String, String>) {
+    let req = peakfit::cluster::index::pod_request_of(pod)
+        .unwrap()
+        .unwrap();
+    let class = PodClass::from(req.shape());
+    let (mut kept, mut refused) = (Vec::new(), std::collections::BTreeMap::new());
+    for n in 0..NODES {
+        let slot = index.node(&node_name(n)).unwrap();
+        match check_class(&slot.read().ledger, &class, &ext.fit, ext.now()) {
+            Ok(()) => kept.push(node_name(n)),
+            Err(r) => {
+                refused.insert(node_name(n), r.to_string());
+            }
+        }
+    }
+    (kept, refused)
+}
+
 fn cluster() -> Arc<Index> {
     let index = Arc::new(Index::new());
     for n in 0..NODES {
@@ -138,11 +162,29 @@ async fn remembered_scores_always_equal_a_rescore() {
     let mut bound: Vec<Pod> = Vec::new();
     let mut changed_scores = 0;
     let mut last: Option<Vec<u8>> = None;
+    let mut steps_with_refusals = 0;
     for step in 0..60 {
         let (vram, gpus) = shapes[(step / 4) % shapes.len()];
         let p = pod(&format!("p{step:02}"), vram, gpus);
         index.apply_pod(&p);
-        let kept = ext.filter(args(&p)).node_names.unwrap_or_default();
+        let filtered = ext.filter(args(&p));
+        // Filter works each verdict out once per node state: the same as node by node.
+        let mut refused = filtered.failed_nodes.clone().unwrap_or_default();
+        refused.extend(
+            filtered
+                .failed_and_unresolvable_nodes
+                .clone()
+                .unwrap_or_default(),
+        );
+        let kept = filtered.node_names.unwrap_or_default();
+        if kept.len() < NODES {
+            steps_with_refusals += 1;
+        }
+        assert_eq!(
+            (kept.clone(), refused),
+            filter_from_scratch(&ext, &index, &p),
+            "step {step}: filter's answer differs from a check of every node"
+        );
         let answered: Vec<u8> = ext
             .prioritize(args(&p))
             .iter()
@@ -204,6 +246,10 @@ async fn remembered_scores_always_equal_a_rescore() {
     }
     // The loop exercised changing answers, not one answer sixty times.
     assert!(changed_scores >= 10, "only {changed_scores} steps changed");
+    assert!(
+        steps_with_refusals >= 10,
+        "only {steps_with_refusals} steps refused a node"
+    );
     assert!(!bound.is_empty());
 }
 
@@ -223,11 +269,29 @@ fn the_prescorer_fills_every_memo_once_and_then_only_what_changed() {
     }
     let classes = ext.mix().shapes().len();
     assert_eq!(classes, shapes.len());
-    assert_eq!(ext.prescore(), NODES * classes);
+    // Nodes alike share one memo (`placement::signature`): n and n + 7 start alike.
+    let states = || {
+        (0..NODES)
+            .map(|n| Arc::as_ptr(index.node(&node_name(n)).unwrap().read().scores()) as usize)
+            .collect::<std::collections::HashSet<usize>>()
+            .len()
+    };
+    assert_eq!(states(), 7);
+    assert_eq!(
+        ext.prescore(),
+        7 * classes,
+        "one scoring per state and class"
+    );
     assert_eq!(ext.prescore(), 0, "everything is warm");
-    // One node's report changes: only its scores are recomputed.
+    // One node's report changes into a state of its own: only its scores are computed.
     index.apply_report(&report(3, 7 * GIB));
+    assert_eq!(states(), 8);
     assert_eq!(ext.prescore(), classes);
+    // And back: node 10 is still in its old state, whose memo is warm.
+    index.apply_report(&report(3, 0));
+    assert_eq!(ext.prescore(), 0);
+    index.apply_report(&report(3, 7 * GIB));
+    assert_eq!(ext.prescore(), 0, "the state it left is still known");
     // And prioritize, answering from those memos, agrees with a rescore.
     for (vram, gpus) in shapes {
         let p = pod("check", vram, gpus);

@@ -25,7 +25,7 @@ use crate::metrics::extender::ReasonLabels;
 use crate::model::{self, AnnotationError, PodRequest};
 use crate::placement::ledger::shared_model;
 use crate::placement::memo::{ScoreMemo, fresh_id};
-use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey};
+use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey, Rejection, ScoreInputs};
 
 /// From this many nodes on, a request's nodes are decided in parallel (below it the threads
 /// cost more than they save).
@@ -164,7 +164,7 @@ struct ReportView {
 #[derive(Clone, Debug, Default)]
 struct ReportGpu {
     uuid: String,
-    /// One string for all GPUs of a model on the node (`placement::ledger::shared_model`).
+    /// One string for all GPUs of a model in the index (`Index::models`).
     model: Arc<str>,
     total: u64,
     used: u64,
@@ -174,7 +174,8 @@ struct ReportGpu {
 }
 
 impl ReportView {
-    fn from_report(r: &NodeGpuReport) -> Self {
+    /// `models`: the index's model names, so that the GPUs of one model share one string.
+    fn from_report(r: &NodeGpuReport, models: &mut Vec<Arc<str>>) -> Self {
         let Some(status) = &r.status else {
             return Self {
                 observed_at_unix: None,
@@ -194,7 +195,6 @@ impl ReportView {
                 .clone()
                 .unwrap_or_else(|| "no reason given".into())
         });
-        let mut models = Vec::new();
         let mut uuids = std::collections::HashSet::new();
         let gpus = status
             .gpus
@@ -215,7 +215,15 @@ impl ReportView {
                 }
                 ReportGpu {
                     uuid: g.uuid.clone(),
-                    model: shared_model(&mut models, &g.name),
+                    model: if models.len() < MAX_SHARED_MODELS {
+                        shared_model(models, &g.name)
+                    } else {
+                        models
+                            .iter()
+                            .find(|m| ***m == *g.name)
+                            .cloned()
+                            .unwrap_or_else(|| g.name.as_str().into())
+                    },
                     total: g.memory_total_bytes,
                     used: g.memory_used_bytes,
                     driver_reserved: g.memory_reserved_bytes,
@@ -243,6 +251,9 @@ pub struct NodeState {
     /// A new `memo::fresh_id()` whenever `ledger` is rebuilt: the key under which scores of this
     /// ledger are remembered.
     version: u64,
+    /// The score memo of the ledger's state, rebuilt with it: shared by every node in the same
+    /// state (`placement::signature`), so that they are scored once per pod class between them.
+    scores: Arc<StateScores>,
     /// Pods whose assigned GPUs the report lacks, already warned about (warn once per pod, not
     /// on every rebuild).
     unreported_assignments: BTreeSet<PodKey>,
@@ -253,9 +264,6 @@ pub struct NodeState {
 pub struct NodeSlot {
     pub bind_lock: tokio::sync::Mutex<()>,
     state: RwLock<NodeState>,
-    /// Prioritize's recent scores of this node; its own lock, so scoring under the state's read
-    /// lock can still remember what it computed.
-    pub scores: Mutex<ScoreMemo>,
 }
 
 impl NodeSlot {
@@ -269,9 +277,9 @@ impl NodeSlot {
                 pods: BTreeSet::new(),
                 ledger: NodeLedger::new(name),
                 version: fresh_id(),
+                scores: Arc::default(),
                 unreported_assignments: BTreeSet::new(),
             }),
-            scores: Mutex::new(ScoreMemo::default()),
         }
     }
 
@@ -284,6 +292,12 @@ impl NodeState {
     /// Changes whenever the ledger does (see `placement::memo`).
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The score memo of the ledger's state (`placement::memo`), shared with every node in the
+    /// same state.
+    pub fn scores(&self) -> &Arc<StateScores> {
+        &self.scores
     }
 }
 
@@ -314,7 +328,57 @@ pub struct Index {
     warnings: Family<ReasonLabels, Counter>,
     /// The `peakfit.io/model-config` ConfigMaps the watch has seen, parsed.
     model_configs: ModelConfigs,
+    /// GPU model names, one string each for every node's GPUs: scoring compares a GPU's model
+    /// with the shape mix's (fill patterns, model pressure) for every node of a request, and a
+    /// shared string answers by pointer where each node's own copy cost a cache miss (a tenth
+    /// of prioritize's time for a new class). At most `MAX_SHARED_MODELS`.
+    models: Mutex<Vec<Arc<str>>>,
+    /// One score memo per distinct node state (`placement::signature`), shared by the nodes in
+    /// that state.
+    states: Mutex<States>,
 }
+
+/// What the extender remembers of one node state, shared by every node in it: prioritize's
+/// recent scores (`placement::memo`), and filter's verdict for the request that last asked.
+/// Behind their own locks, so that a request holding a node's read lock can still write them.
+#[derive(Debug, Default)]
+pub struct StateScores {
+    pub memo: Mutex<ScoreMemo>,
+    /// (request id, verdict): a filter request works the verdict out for the first node in
+    /// this state and the others read it (`extender::filter`). Another request's id means
+    /// nothing is known for this one; two concurrent requests overwrite each other's and both
+    /// merely work it out again.
+    pub verdict: Mutex<(u64, Option<Verdict>)>,
+}
+
+/// Why filter refused a node in some state, and in what words.
+pub type Verdict = Arc<(Rejection, String)>;
+
+/// The node states, and the size at which states no node holds any more are dropped.
+#[derive(Default)]
+struct States {
+    by_inputs: HashMap<ScoreInputs, Arc<StateScores>, foldhash::fast::RandomState>,
+    prune_at: usize,
+}
+
+impl States {
+    fn of(&mut self, inputs: ScoreInputs) -> Arc<StateScores> {
+        if let Some(known) = self.by_inputs.get(&inputs) {
+            return known.clone();
+        }
+        if self.by_inputs.len() >= self.prune_at {
+            self.by_inputs.retain(|_, s| Arc::strong_count(s) > 1);
+            self.prune_at = (2 * self.by_inputs.len()).max(1024);
+        }
+        let scores = Arc::new(StateScores::default());
+        self.by_inputs.insert(inputs, scores.clone());
+        scores
+    }
+}
+
+/// Model names shared (`Index::models`); a report naming more distinct models (a broken agent)
+/// gets its own strings, so the list stays small.
+const MAX_SHARED_MODELS: usize = 256;
 
 impl std::fmt::Debug for Index {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -532,7 +596,7 @@ impl Index {
         if name.is_empty() {
             return;
         }
-        let view = ReportView::from_report(report);
+        let view = ReportView::from_report(report, &mut self.models.lock());
         let listed = report
             .status
             .as_ref()
@@ -812,6 +876,7 @@ impl Index {
             cap.1.retain(|_, n| *n > 0);
             cap.0 += 1;
         }
+        st.scores = self.states.lock().of(ScoreInputs::of(&ledger));
         st.ledger = ledger;
         st.version = fresh_id();
         if let Some(changed) = self.changed.lock().as_mut() {

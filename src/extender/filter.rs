@@ -2,6 +2,7 @@
 //! engineer understands why the others do not.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -10,7 +11,8 @@ use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
 use crate::cluster::index::pod_key;
 use crate::cluster::resources::host_request_of;
 use crate::metrics::extender::{DecisionLabels, ReasonLabels, ScoreSourceLabels};
-use crate::placement::fit::check_class;
+use crate::placement::fit::{check_class, node_usable};
+use crate::placement::memo::fresh_id;
 use crate::placement::{FitConfig, NodeLedger, PodShape, Rejection};
 
 /// The candidate nodes of a request, in whichever mode the scheduler uses.
@@ -183,22 +185,39 @@ impl Extender {
                 let now = self.now();
                 let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
                 let names: Vec<&str> = candidates.names().collect();
+                // A usable node's verdict and words depend only on its state (what scoring
+                // reads, `placement::signature`): worked out once per state, kept with the
+                // state under this request's id. Whether the node is usable now moves with the
+                // clock, so that is checked for each node.
+                let request = fresh_id();
+                let refusal = |ledger: &NodeLedger, r: &Rejection, words: String| Refusal {
+                    reason: r.reason(),
+                    resolvable: resolvable_by_preemption(ledger, &shape, &self.fit, r),
+                    words,
+                };
                 // Outer `None`: the index does not know the node; inner: it fits. The words
                 // are written here, in parallel: for thousands of refused nodes they cost more
                 // than the decisions.
                 let verdicts: Vec<Option<Option<Refusal>>> = self.index.map_slots(&names, |slot| {
                     let st = slot?.read();
-                    Some(
-                        check_class(&st.ledger, &class, &self.fit, now)
-                            .err()
-                            .map(|r| Refusal {
-                                reason: r.reason(),
-                                resolvable: resolvable_by_preemption(
-                                    &st.ledger, &shape, &self.fit, &r,
-                                ),
-                                words: r.to_string(),
-                            }),
-                    )
+                    if let Err(r) = node_usable(&st.ledger, &self.fit, now) {
+                        return Some(Some(refusal(&st.ledger, &r, r.to_string())));
+                    }
+                    let verdict = {
+                        let mut known = st.scores().verdict.lock();
+                        if known.0 != request {
+                            let v =
+                                check_class(&st.ledger, &class, &self.fit, now)
+                                    .err()
+                                    .map(|r| {
+                                        let words = r.to_string();
+                                        Arc::new((r, words))
+                                    });
+                            *known = (request, v);
+                        }
+                        known.1.clone()
+                    };
+                    Some(verdict.map(|v| refusal(&st.ledger, &v.0, v.1.clone())))
                 });
                 let (mut resolvable, mut not_resolvable) = (Vec::new(), Vec::new());
                 let keep: Vec<bool> = names

@@ -269,6 +269,12 @@ impl Extender {
         self.shapes.lock().mix()
     }
 
+    /// A new mix waiting for the prescorer to warm it before prioritize switches to it
+    /// (`ShapeStats::stage_new_mixes`, on while the prescorer runs).
+    pub fn staged_mix(&self) -> Option<Arc<crate::placement::ShapeMix>> {
+        self.shapes.lock().staged()
+    }
+
     pub fn now(&self) -> i64 {
         (self.clock)()
     }

@@ -8,13 +8,16 @@
 //! After a bind a pass rescores that one node; after a new mix, every node once; with nothing
 //! changed it does nothing (visiting every node on every pass cost tail latency: `docs/tuning.md`).
 
+use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::Extender;
-use super::prioritize::Scored;
-use crate::placement::PodClass;
+use super::prioritize::{NodeScoring, Scored};
+use crate::cluster::index::{NodeSlot, StateScores};
+use crate::placement::fit::node_usable;
 use crate::placement::memo::ScoreMemo;
+use crate::placement::{PodClass, ShapeMix};
 
 /// What the last pass kept warm: while the mix and its classes stay the same, a pass only needs
 /// the nodes that changed since.
@@ -31,32 +34,43 @@ pub struct Warmed {
 const FULL_PASS_EVERY: u32 = 50;
 
 impl Extender {
-    /// Scores the mix's heaviest classes wherever a node's memo lacks them: on every node after
-    /// the mix changed, else on the nodes whose ledger changed since the last pass. Returns how
-    /// many scores it computed. Runs on the calling thread, one node and class at a time, never
-    /// holding a node longer than one scoring.
+    /// Scores the mix's heaviest classes wherever a node's memo lacks them: when a new mix is
+    /// staged (`ShapeStats::stage_new_mixes`), on every node under that mix, and then makes it
+    /// the mix prioritize uses; else after the mix changed, on every node; else on the nodes
+    /// whose ledger changed since the last pass. Returns how many scores it computed. Runs on
+    /// the calling thread, one node and class at a time, never holding a node longer than one
+    /// scoring.
     pub fn prescore(&self) -> usize {
         self.index.track_changes();
         let changed = self.index.take_changed();
-        let mix = self.mix();
-        if mix.is_empty() {
+        let (live, staged) = {
+            let shapes = self.shapes.lock();
+            (shapes.mix(), shapes.staged())
+        };
+        if let Some(staged) = staged {
+            let computed = self.warm(&self.index.all_slots(), &staged, live.generation());
+            let promoted = self.shapes.lock().promote(&staged);
+            if promoted {
+                // Every node was just scored under it: the next pass only needs what changes.
+                *self.warmed.lock() = Warmed {
+                    mix_generation: staged.generation(),
+                    class_ids: self.heaviest(&staged).iter().map(|c| c.1).collect(),
+                    partial_passes: 0,
+                };
+            }
+            return computed;
+        }
+        if live.is_empty() {
             return 0;
         }
-        let mut heaviest: Vec<&(PodClass, f64)> = mix.shapes().iter().collect();
-        heaviest.sort_by(|a, b| b.1.total_cmp(&a.1));
-        heaviest.truncate(ScoreMemo::PRESCORED);
-        let classes: Vec<(&PodClass, u64)> = {
-            let mut ids = self.class_ids.lock();
-            heaviest.iter().map(|(c, _)| (c, ids.id(c))).collect()
-        };
         let partial = {
+            let class_ids: Vec<u64> = self.heaviest(&live).iter().map(|c| c.1).collect();
             let mut warmed = self.warmed.lock();
-            let class_ids: Vec<u64> = classes.iter().map(|c| c.1).collect();
-            let partial = warmed.mix_generation == mix.generation()
+            let partial = warmed.mix_generation == live.generation()
                 && warmed.class_ids == class_ids
                 && warmed.partial_passes < FULL_PASS_EVERY;
             *warmed = Warmed {
-                mix_generation: mix.generation(),
+                mix_generation: live.generation(),
                 class_ids,
                 partial_passes: if partial {
                     warmed.partial_passes + 1
@@ -71,11 +85,54 @@ impl Extender {
         } else {
             self.index.all_slots()
         };
+        self.warm(&slots, &live, live.generation())
+    }
+
+    /// The mix's heaviest classes (at most `ScoreMemo::PRESCORED`) and their ids.
+    fn heaviest<'m>(&self, mix: &'m ShapeMix) -> Vec<(&'m PodClass, u64)> {
+        let mut heaviest: Vec<&(PodClass, f64)> = mix.shapes().iter().collect();
+        heaviest.sort_by(|a, b| b.1.total_cmp(&a.1));
+        heaviest.truncate(ScoreMemo::PRESCORED);
+        let mut ids = self.class_ids.lock();
+        heaviest.iter().map(|(c, _)| (c, ids.id(c))).collect()
+    }
+
+    /// Scores `mix`'s heaviest classes on `slots` where their memos lack them; `live_mix` is the
+    /// generation of the mix prioritize uses now, whose scores the memos keep beside these.
+    fn warm(&self, slots: &[Arc<NodeSlot>], mix: &ShapeMix, live_mix: u64) -> usize {
+        if mix.is_empty() {
+            return 0;
+        }
+        let classes = self.heaviest(mix);
         let now = self.now();
         let mut computed = 0;
+        let batches: Vec<NodeScoring> = classes
+            .iter()
+            .map(|&(class, class_id)| NodeScoring {
+                class,
+                class_id,
+                mix,
+                live_mix,
+                now,
+            })
+            .collect();
+        // Nodes alike share one memo: each state is warmed once, through its first usable node
+        // (a pass over 5,000 nodes of a hundred states touches a hundred memos, not 5,000).
+        // The states are held until the pass ends, so that an address is not reused.
+        let mut warmed: Vec<Arc<StateScores>> = Vec::new();
+        let mut seen: HashSet<usize, foldhash::fast::FixedState> = HashSet::default();
         for slot in slots {
-            for &(class, class_id) in &classes {
-                match self.node_score(&slot, class, class_id, &mix, now) {
+            {
+                let st = slot.read();
+                if node_usable(&st.ledger, &self.fit, now).is_err()
+                    || !seen.insert(Arc::as_ptr(st.scores()) as usize)
+                {
+                    continue;
+                }
+                warmed.push(st.scores().clone());
+            }
+            for batch in &batches {
+                match self.node_score(slot, batch) {
                     None => break, // the node takes no pod now: nothing to keep warm
                     Some(Scored::Computed(_)) => computed += 1,
                     Some(Scored::Remembered(_)) => {}
@@ -90,9 +147,12 @@ impl Extender {
     /// until the extender is dropped.
     pub fn spawn_prescorer(self: &Arc<Self>, every: Duration) -> std::io::Result<()> {
         let ext: Weak<Extender> = Arc::downgrade(self);
+        // New mixes now wait for a pass to warm them (see `prescore`).
+        self.shapes.lock().stage_new_mixes();
         std::thread::Builder::new()
             .name("peakfit-prescore".into())
             .spawn(move || {
+                lower_priority();
                 loop {
                     std::thread::sleep(every);
                     let Some(ext) = ext.upgrade() else { return };
@@ -103,5 +163,18 @@ impl Extender {
                 }
             })
             .map(|_| ())
+    }
+}
+
+/// Gives the calling thread the lowest scheduling priority (nice 19): what the prescorer
+/// computes is a head start, never worth a request's time. Without it, a pass that solves a new
+/// mix's fill patterns held one of a small machine's cores for milliseconds while filter's
+/// parallel scan waited for its half on that core (filter p99 2.4-2.7 ms after a mix change
+/// at 5,000 nodes on two cores: `cargo bench --bench extender`). Linux sets the nice value per
+/// thread when given the thread's id.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), 19) {
+        tracing::debug!(error = %e, "could not lower the prescorer's priority");
     }
 }

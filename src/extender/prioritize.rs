@@ -60,6 +60,13 @@ impl Extender {
         );
         let names: Vec<&str> = candidates.names().collect();
         let (remembered, computed) = (AtomicU64::new(0), AtomicU64::new(0));
+        let scoring = NodeScoring {
+            class: &class,
+            class_id,
+            mix: &mix,
+            live_mix: mix.generation(),
+            now,
+        };
         // A node without usable GPUs (unknown to peakfit, no or a stale report, NVML down, no
         // GPUs at all): no GPU pod can be placed there now, so a GPU-less pod strands nothing
         // by taking its CPU. Marked here, ranked above every GPU node below.
@@ -69,7 +76,7 @@ impl Extender {
             if gpuless && slot.read().ledger.gpus.is_empty() {
                 return no_gpus;
             }
-            match self.node_score(slot, &class, class_id, &mix, now) {
+            match self.node_score(slot, &scoring) {
                 None => no_gpus,
                 Some(Scored::Remembered(score)) => {
                     remembered.fetch_add(1, Ordering::Relaxed);
@@ -139,38 +146,52 @@ fn gpuless_class(cpu_milli: u64) -> PodClass {
     }
 }
 
+/// One class scored over many nodes (a request, or one class of a prescore pass): what the
+/// scores depend on besides the nodes.
+pub(crate) struct NodeScoring<'a> {
+    pub class: &'a PodClass,
+    pub class_id: u64,
+    pub mix: &'a ShapeMix,
+    /// The generation of the mix prioritize scores with now (the oldest whose memo entries are
+    /// still read); `mix` is newer while the prescorer warms a staged mix.
+    pub live_mix: u64,
+    pub now: i64,
+}
+
 /// Where a node's score came from.
 pub(crate) enum Scored {
+    /// The memo of the node's state: scored before, for this node or one in the same state.
     Remembered(f64),
     Computed(f64),
 }
 
 impl Extender {
-    /// The node's score for `class` (NaN when the pod does not fit): from the node's memo, else
-    /// computed and remembered. `None` when the node takes no pod now (no fresh report, NVML
-    /// down). Report age moves with the clock, not with the ledger, so it is checked every time
-    /// and the memo only ever holds scores of usable nodes.
-    pub(crate) fn node_score(
-        &self,
-        slot: &NodeSlot,
-        class: &PodClass,
-        class_id: u64,
-        mix: &ShapeMix,
-        now: i64,
-    ) -> Option<Scored> {
+    /// The node's score for the batch's class (NaN when the pod does not fit): from the memo of
+    /// the node's state, else computed and remembered there. `None` when the node takes no pod
+    /// now (no fresh report, NVML down). Report age moves with the clock, not with the ledger,
+    /// so it is checked every time and the memos only ever hold scores of usable nodes.
+    pub(crate) fn node_score(&self, slot: &NodeSlot, batch: &NodeScoring) -> Option<Scored> {
         let st = slot.read();
-        node_usable(&st.ledger, &self.fit, now).ok()?;
+        node_usable(&st.ledger, &self.fit, batch.now).ok()?;
         let key = MemoKey {
-            ledger_version: st.version(),
-            mix_generation: mix.generation(),
-            class_id,
+            mix_generation: batch.mix.generation(),
+            class_id: batch.class_id,
         };
-        if let Some(score) = slot.scores.lock().get(&key) {
+        let memo = &st.scores().memo;
+        if let Some(score) = memo.lock().get(&key) {
             return Some(Scored::Remembered(score));
         }
-        let score =
-            place_score(&st.ledger, class, self.scoring, mix, &self.fit, now).unwrap_or(f64::NAN);
-        slot.scores.lock().put(key, score);
+        // Two threads may score one state at once (two nodes alike); both get the same score.
+        let score = place_score(
+            &st.ledger,
+            batch.class,
+            self.scoring,
+            batch.mix,
+            &self.fit,
+            batch.now,
+        )
+        .unwrap_or(f64::NAN);
+        memo.lock().put(key, score, batch.live_mix);
         Some(Scored::Computed(score))
     }
 }

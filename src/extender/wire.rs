@@ -298,6 +298,15 @@ impl serde_json::ser::Formatter for GoFormatter {
         writer: &mut W,
         fragment: &str,
     ) -> io::Result<()> {
+        // Node names and most reasons have nothing to escape: one byte scan, then one write
+        // (a reply to a 5,000-node prioritize was a tenth of its time decoding chars here).
+        // U+2028 and U+2029 both start with the byte 0xE2.
+        if !fragment
+            .bytes()
+            .any(|b| matches!(b, b'<' | b'>' | b'&' | 0xE2))
+        {
+            return writer.write_all(fragment.as_bytes());
+        }
         let mut start = 0;
         for (i, c) in fragment.char_indices() {
             let esc = match c {
@@ -341,6 +350,20 @@ mod tests {
             String::from_utf8(to_go_json(&r).unwrap()).unwrap(),
             r#"{"Error":"a\u003cb\u003e\u0026c\u2028é"}"#
         );
+        // Other characters starting with the byte 0xE2 (€, U+2029's neighbours) pass as they
+        // are; a fragment with nothing to escape too.
+        for (error, json) in [
+            (
+                "5 € \u{2027}\u{2029}",
+                "{\"Error\":\"5 € \u{2027}\\u2029\"}",
+            ),
+            ("gpu-node-00042", "{\"Error\":\"gpu-node-00042\"}"),
+        ] {
+            let r = ExtenderBindingResult {
+                error: error.into(),
+            };
+            assert_eq!(String::from_utf8(to_go_json(&r).unwrap()).unwrap(), json);
+        }
     }
 
     #[test]

@@ -224,6 +224,10 @@ impl ShapeMix {
     }
 }
 
+/// How many observations a staged mix waits for `ShapeStats::promote` before it replaces the
+/// current one anyway: a few refreshes' worth, far longer than a prescore pass takes.
+pub const MAX_STAGED_OBSERVATIONS: u32 = 256;
+
 /// Tunables of the recent-shapes window.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ShapeStatsConfig {
@@ -282,6 +286,10 @@ pub struct ShapeStats {
     capacity_generation: Option<u64>,
     seen_pods: std::collections::HashSet<String>,
     seen_order: std::collections::VecDeque<String>,
+    /// With `stage_new_mixes`: a new mix waiting for the caller to warm its scores before it
+    /// replaces `mix` (`promote`), and the observations it has waited.
+    staged: Option<(std::sync::Arc<ShapeMix>, u32)>,
+    stage_new_mixes: bool,
 }
 
 impl ShapeStats {
@@ -299,6 +307,35 @@ impl ShapeStats {
             capacity_generation: None,
             seen_pods: std::collections::HashSet::default(),
             seen_order: std::collections::VecDeque::default(),
+            staged: None,
+            stage_new_mixes: false,
+        }
+    }
+
+    /// From now on a new mix is staged (`staged`) instead of replacing the current one at once,
+    /// until `promote`: the extender's prescorer scores the new mix's usual classes on every
+    /// node first, so that no request pays for a cluster's worth of scoring when the mix
+    /// changes. A staged mix left waiting for `MAX_STAGED_OBSERVATIONS` observations (the
+    /// prescorer stopped) replaces the current one anyway.
+    pub fn stage_new_mixes(&mut self) {
+        self.stage_new_mixes = true;
+    }
+
+    /// The mix waiting to replace the current one, if any.
+    pub fn staged(&self) -> Option<std::sync::Arc<ShapeMix>> {
+        self.staged.as_ref().map(|s| s.0.clone())
+    }
+
+    /// Makes `warmed` the current mix, if it is still the staged one (a newer one stays staged,
+    /// to be warmed next). Returns whether it did.
+    pub fn promote(&mut self, warmed: &std::sync::Arc<ShapeMix>) -> bool {
+        match &self.staged {
+            Some((staged, _)) if std::sync::Arc::ptr_eq(staged, warmed) => {
+                self.mix = warmed.clone();
+                self.staged = None;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -358,6 +395,13 @@ impl ShapeStats {
             self.increment = 1.0;
         }
         self.since_refresh += 1;
+        if let Some((staged, waited)) = &mut self.staged {
+            *waited += 1;
+            if *waited >= MAX_STAGED_OBSERVATIONS {
+                self.mix = staged.clone();
+                self.staged = None;
+            }
+        }
         if self.since_refresh >= self.cfg.refresh_every || self.mix.is_empty() {
             self.refresh();
         }
@@ -385,13 +429,23 @@ impl ShapeStats {
         if !self.capacity.is_empty() {
             mix = mix.with_capacity(self.capacity.iter().cloned());
         }
-        if !mix.close_to(&self.mix, self.cfg.refresh_tolerance) {
-            self.mix = std::sync::Arc::new(mix);
+        let latest = self.staged.as_ref().map_or(&self.mix, |s| &s.0);
+        if !mix.close_to(latest, self.cfg.refresh_tolerance) {
+            let mix = std::sync::Arc::new(mix);
+            // Nothing to keep warm under an empty mix (scoring without one is cheap packing).
+            if self.stage_new_mixes && !self.mix.is_empty() {
+                let waited = self.staged.as_ref().map_or(0, |s| s.1);
+                self.staged = Some((mix, waited));
+            } else {
+                self.mix = mix;
+                self.staged = None;
+            }
         }
         self.since_refresh = 0;
     }
 
-    /// The current mix; cheap to clone and hand to scoring outside any lock.
+    /// The current mix (what scoring uses; a staged one is not, until promoted); cheap to clone
+    /// and hand to scoring outside any lock.
     pub fn mix(&self) -> std::sync::Arc<ShapeMix> {
         self.mix.clone()
     }
@@ -823,6 +877,56 @@ mod tests {
         assert!(
             (8_000..=9_200).contains(&gone),
             "old class gone after {gone} pods"
+        );
+    }
+
+    /// A staged mix waits for `promote`; a newer one replaces it while it waits; one nobody
+    /// promotes takes over after `MAX_STAGED_OBSERVATIONS`. The first mix is never staged.
+    #[test]
+    fn staged_mixes_wait_for_promotion() {
+        let mut stats = ShapeStats::default();
+        stats.stage_new_mixes();
+        stats.observe_pod("first", &share(500, 1));
+        let first = stats.mix();
+        assert!(!first.is_empty() && stats.staged().is_none());
+        // A workload that moves on every refresh: a class of its own per 64 pods.
+        let mut n = 0u32;
+        let mut next = |stats: &mut ShapeStats| {
+            n += 1;
+            stats.observe_pod(&format!("pod-{n}"), &share(100 + n / 64, 1));
+            n
+        };
+        while stats.staged().is_none() {
+            next(&mut stats);
+        }
+        assert!(
+            Arc::ptr_eq(&stats.mix(), &first),
+            "scoring keeps the old mix"
+        );
+        let staged = stats.staged().unwrap();
+        // A newer mix replaces the staged one; promoting the one that was warmed then does
+        // nothing.
+        while stats.staged().is_some_and(|s| Arc::ptr_eq(&s, &staged)) {
+            next(&mut stats);
+        }
+        assert!(!stats.promote(&staged));
+        assert!(Arc::ptr_eq(&stats.mix(), &first));
+        let newer = stats.staged().expect("replaced, not promoted");
+        assert!(stats.promote(&newer));
+        assert!(Arc::ptr_eq(&stats.mix(), &newer) && stats.staged().is_none());
+        // Nobody promotes: a staged mix takes over on its own, however often it is replaced.
+        while stats.staged().is_none() {
+            next(&mut stats);
+        }
+        let (current, from) = (stats.mix(), next(&mut stats));
+        let mut to = from;
+        while Arc::ptr_eq(&stats.mix(), &current) {
+            to = next(&mut stats);
+        }
+        assert!(
+            to - from <= MAX_STAGED_OBSERVATIONS,
+            "{} observations",
+            to - from
         );
     }
 

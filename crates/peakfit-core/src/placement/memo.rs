@@ -1,13 +1,15 @@
-//! Scores a node has already answered, so prioritize does not redo the fragmentation scoring of
-//! a node that has not changed.
+//! Scores a node state has already answered, so prioritize does not redo the fragmentation
+//! scoring of a node that has not changed, nor of a node in the same state as one it scored.
 //!
 //! kube-scheduler asks prioritize about every candidate for every pod, and between two pods
 //! usually one node changes (the one the last pod was bound to) while the pods themselves come
 //! in runs of one shape (the replicas of a Deployment, the workers of a Job). A node's score
-//! depends only on its ledger, the pod's class, the shape mix and the extender's fixed policy,
-//! so it is remembered under (ledger version, mix generation, class id): any change to any of
-//! them is a different key, and a stale score can never be read. Report age is the only input
-//! that moves with time; callers check it before looking here.
+//! depends only on its scoring inputs (`placement::signature`), the pod's class, the shape mix
+//! and the extender's fixed policy. The index hands every node in the same state one shared
+//! memo, which remembers scores under (mix generation, class id): a node whose ledger changes
+//! moves to another state's memo, any other change is a different key, so a stale score can
+//! never be read, and nodes alike (every empty node of a pool) are scored once between them.
+//! Report age is the only input that moves with time; callers check it before looking here.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,57 +25,72 @@ pub fn fresh_id() -> u64 {
     IDS.fetch_add(1, Ordering::Relaxed)
 }
 
-/// What a remembered score was computed from.
+/// What a remembered score was computed from, besides the node state whose memo holds it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoKey {
-    /// Changes whenever the node's ledger does.
-    pub ledger_version: u64,
     /// `ShapeMix::generation` of the mix the score was computed with.
     pub mix_generation: u64,
     /// From a `ClassIds` that belongs to one scorer (one policy and fit configuration).
     pub class_id: u64,
 }
 
-/// The few most recent scores of one node: room for the classes the prescorer keeps warm
-/// (`PRESCORED`) and two more for whatever else the queue brings, in 384 bytes per node.
-#[derive(Clone, Debug, Default)]
+/// The few most recent scores of one node state: room for the classes the prescorer keeps warm
+/// (`PRESCORED`) under two mixes at once (the one prioritize scores with and the next one, which
+/// the prescorer warms before prioritize switches to it), and four more for whatever else the
+/// queue brings; 584 bytes. Keys and scores in separate arrays: a lookup scans the class ids
+/// (three cache lines) and reads the rest of an entry only where its class matches.
+#[derive(Clone, Debug)]
 pub struct ScoreMemo {
-    entries: [(MemoKey, f64); Self::WAYS],
+    classes: [u64; Self::WAYS],
+    mixes: [u64; Self::WAYS],
+    scores: [f64; Self::WAYS],
     next: usize,
 }
 
+impl Default for ScoreMemo {
+    fn default() -> Self {
+        Self {
+            classes: [0; Self::WAYS],
+            mixes: [0; Self::WAYS],
+            scores: [0.0; Self::WAYS],
+            next: 0,
+        }
+    }
+}
+
 impl ScoreMemo {
-    pub const WAYS: usize = 12;
+    pub const WAYS: usize = 24;
     /// How many of the mix's classes the prescorer keeps in every node's memo.
-    pub const PRESCORED: usize = Self::WAYS - 2;
+    pub const PRESCORED: usize = 10;
 
     /// The score remembered under `key` (NaN when the pod did not fit).
     pub fn get(&self, key: &MemoKey) -> Option<f64> {
-        self.entries
-            .iter()
-            .find(|(k, _)| k == key && k.class_id != 0)
-            .map(|&(_, s)| s)
+        if key.class_id == 0 {
+            return None;
+        }
+        (0..Self::WAYS)
+            .find(|&i| self.classes[i] == key.class_id && self.mixes[i] == key.mix_generation)
+            .map(|i| self.scores[i])
     }
 
-    /// Remembers a score in place of, first, the same class's older score or an empty entry,
-    /// then a score of an older ledger or mix (it can never be read again), and only then the
-    /// oldest of the current ones.
-    pub fn put(&mut self, key: MemoKey, score: f64) {
-        let i = self
-            .entries
-            .iter()
-            .position(|(k, _)| k.class_id == key.class_id || k.class_id == 0)
-            .or_else(|| {
-                self.entries.iter().position(|(k, _)| {
-                    k.ledger_version != key.ledger_version || k.mix_generation != key.mix_generation
-                })
+    /// Remembers a score in place of, first, an empty entry or the same key's, then a score
+    /// that can never be read again (of a mix older than `live_mix`, the oldest one still
+    /// scored with; generations only grow), and only then the oldest of the current ones.
+    pub fn put(&mut self, key: MemoKey, score: f64, live_mix: u64) {
+        let i = (0..Self::WAYS)
+            .find(|&i| {
+                self.classes[i] == 0
+                    || (self.classes[i] == key.class_id && self.mixes[i] == key.mix_generation)
             })
+            .or_else(|| (0..Self::WAYS).find(|&i| self.mixes[i] < live_mix))
             .unwrap_or_else(|| {
                 let i = self.next;
                 self.next = (i + 1) % Self::WAYS;
                 i
             });
-        self.entries[i] = (key, score);
+        self.classes[i] = key.class_id;
+        self.mixes[i] = key.mix_generation;
+        self.scores[i] = score;
     }
 }
 
@@ -106,9 +123,8 @@ mod tests {
     use super::*;
     use crate::placement::test_support::share;
 
-    fn key(ledger_version: u64, mix_generation: u64, class_id: u64) -> MemoKey {
+    fn key(mix_generation: u64, class_id: u64) -> MemoKey {
         MemoKey {
-            ledger_version,
             mix_generation,
             class_id,
         }
@@ -117,11 +133,10 @@ mod tests {
     #[test]
     fn any_changed_input_misses() {
         let mut memo = ScoreMemo::default();
-        memo.put(key(5, 7, 9), 1.5);
-        assert_eq!(memo.get(&key(5, 7, 9)), Some(1.5));
-        assert_eq!(memo.get(&key(6, 7, 9)), None);
-        assert_eq!(memo.get(&key(5, 8, 9)), None);
-        assert_eq!(memo.get(&key(5, 7, 10)), None);
+        memo.put(key(7, 9), 1.5, 0);
+        assert_eq!(memo.get(&key(7, 9)), Some(1.5));
+        assert_eq!(memo.get(&key(8, 9)), None);
+        assert_eq!(memo.get(&key(7, 10)), None);
         // An empty memo answers nothing, not even for the all-zero key.
         assert_eq!(ScoreMemo::default().get(&MemoKey::default()), None);
     }
@@ -130,35 +145,42 @@ mod tests {
     fn keeps_the_most_recent_entries() {
         let mut memo = ScoreMemo::default();
         for c in 1..=ScoreMemo::WAYS as u64 + 1 {
-            memo.put(key(1, 1, c), c as f64);
+            memo.put(key(1, c), c as f64, 1);
         }
-        assert_eq!(memo.get(&key(1, 1, 1)), None, "the oldest was replaced");
+        assert_eq!(memo.get(&key(1, 1)), None, "the oldest was replaced");
         for c in 2..=ScoreMemo::WAYS as u64 + 1 {
-            assert_eq!(memo.get(&key(1, 1, c)), Some(c as f64));
+            assert_eq!(memo.get(&key(1, c)), Some(c as f64));
         }
-        // NaN (did not fit) is remembered like any score.
-        memo.put(key(2, 1, 1), f64::NAN);
-        assert!(memo.get(&key(2, 1, 1)).is_some_and(f64::is_nan));
+        // NaN (did not fit) is remembered like any score; a key scored again replaces itself.
+        memo.put(key(1, 5), f64::NAN, 1);
+        assert!(memo.get(&key(1, 5)).is_some_and(f64::is_nan));
+        assert_eq!(memo.get(&key(1, 6)), Some(6.0));
     }
 
+    /// While the prescorer warms the next mix, the current mix's scores of the same classes
+    /// stay; once the next one is live, the old one's go first.
     #[test]
-    fn unreadable_entries_go_first() {
+    fn two_mixes_live_side_by_side() {
         let mut memo = ScoreMemo::default();
-        for c in 1..=ScoreMemo::WAYS as u64 {
-            memo.put(key(1, 1, c), c as f64);
+        let classes = ScoreMemo::PRESCORED as u64;
+        for c in 1..=classes {
+            memo.put(key(10, c), c as f64, 10);
         }
-        // The ledger moved on: new scores replace the old ledger's, not each other.
-        for c in 1..=ScoreMemo::WAYS as u64 {
-            memo.put(key(2, 1, 100 + c), c as f64);
+        for c in 1..=classes {
+            memo.put(key(11, c), -(c as f64), 10);
         }
-        for c in 1..=ScoreMemo::WAYS as u64 {
-            assert_eq!(memo.get(&key(2, 1, 100 + c)), Some(c as f64));
+        for c in 1..=classes {
+            assert_eq!(memo.get(&key(10, c)), Some(c as f64));
+            assert_eq!(memo.get(&key(11, c)), Some(-(c as f64)));
         }
-        // A class scored again replaces its own older score.
-        memo.put(key(3, 1, 101), 0.5);
-        memo.put(key(3, 1, 102), 0.25);
-        assert_eq!(memo.get(&key(3, 1, 101)), Some(0.5));
-        assert_eq!(memo.get(&key(2, 1, 103)), Some(3.0));
+        // Mix 11 is live, then mix 12 is warmed: mix 10's entries make the room.
+        for c in 1..=classes {
+            memo.put(key(12, c), 0.5, 11);
+        }
+        for c in 1..=classes {
+            assert_eq!(memo.get(&key(11, c)), Some(-(c as f64)));
+            assert_eq!(memo.get(&key(12, c)), Some(0.5));
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod ledger;
 pub mod memo;
 pub mod patterns;
 pub mod score;
+pub mod signature;
 
 pub use demand::{Demand, PodClass, PodShape};
 pub use fit::{FitConfig, Placement, Rejection, check, check_class, fit, fit_class, gib};
@@ -23,6 +24,7 @@ pub use score::{
     Scored, ScoringPolicy, Tuning, place, place_score, place_tuned, score, scores_0_to_10,
     scores_0_to_10_unique, stable_name_hash, used_share,
 };
+pub use signature::ScoreInputs;
 
 #[cfg(test)]
 mod properties;
