@@ -72,7 +72,8 @@ pub struct ExtenderArgs {
     pub max_report_age: Duration,
     /// How often a background thread scores the workload's usual pod classes on nodes that
     /// changed, so prioritize answers the first pod of a new run from memory (e.g. `100ms`;
-    /// `0`: never).
+    /// `0`: never). It runs at the lowest CPU priority, and while it runs a new shape mix is used
+    /// only once it has scored the mix's usual classes everywhere.
     #[arg(long, env = "PEAKFIT_PRESCORE_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
     pub prescore_interval: Duration,
     /// While pods wait, how often to look for nodes that gained GPU memory or a fresh report and
