@@ -213,12 +213,30 @@ impl ShapeMix {
 
     /// CPU the expected pods ask per GPU they take (millicores per whole GPU), GPU-less pods'
     /// CPU included: the ratio at which a node's CPU and GPUs run out together. `None` when the
-    /// mix asks for no CPU or no GPU (the extender, where kube-scheduler owns CPU).
+    /// mix asks for no CPU or no GPU. `cpu_per_gpu_on` with no GPU size: pods sized in bytes
+    /// count no GPU.
     pub fn cpu_per_gpu(&self) -> Option<f64> {
+        self.cpu_per_gpu_on(0)
+    }
+
+    /// `cpu_per_gpu` on GPUs of `gpu_total` bytes: a pod sized in bytes (`peakfit.io/vram`, a
+    /// model's peak) takes that share of such a GPU, one sized as a fraction its fraction on any
+    /// GPU. Without the sizes, a cluster of byte-sized pods had no ratio, and CPU balance never
+    /// scored in a real cluster.
+    pub fn cpu_per_gpu_on(&self, gpu_total: u64) -> Option<f64> {
         let (mut cpu, mut gpu) = (0.0, 0.0);
         for (class, p) in &self.shapes {
+            let d = &class.shape.demand;
+            // Fractions exactly as given (bytes and back would move the last bits).
+            let share = if d.fixed_bytes == 0 {
+                d.gpu_fraction.min(1.0)
+            } else if gpu_total == 0 {
+                0.0
+            } else {
+                (d.bytes_on(gpu_total) as f64 / gpu_total as f64).min(1.0)
+            };
             cpu += p * class.cpu_milli as f64;
-            gpu += p * f64::from(class.shape.gpus) * class.shape.demand.gpu_fraction.min(1.0);
+            gpu += p * f64::from(class.shape.gpus) * share;
         }
         (cpu > 0.0 && gpu > 0.0).then(|| cpu / gpu)
     }
@@ -682,6 +700,7 @@ pub fn fragmentation_ratio(node: &NodeLedger, mix: &ShapeMix, cfg: &FitConfig) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::placement::demand::{Demand, PodShape};
     use crate::placement::test_support::{node, share};
 
     #[test]
@@ -928,6 +947,39 @@ mod tests {
             "{} observations",
             to - from
         );
+    }
+
+    /// Pods sized in bytes count the share of the node's GPUs they take; fractions count as
+    /// given, whatever the GPU size (the openb replay's ratio is unchanged).
+    #[test]
+    fn cpu_per_gpu_counts_byte_sized_pods_on_the_gpus_at_hand() {
+        let with_cpu = |mut c: PodClass, cpu: u64| {
+            c.cpu_milli = cpu;
+            c
+        };
+        let bytes = |b: u64, gpus: u32| {
+            PodClass::from(PodShape {
+                gpus,
+                demand: Demand::fixed(b),
+            })
+        };
+        let mix = ShapeMix::new([
+            (with_cpu(bytes(20, 1), 8_000), 1.0),
+            (with_cpu(bytes(80, 2), 32_000), 1.0),
+        ]);
+        assert_eq!(mix.cpu_per_gpu(), None, "no size, no GPUs");
+        // On 80-byte GPUs: 0.25 + 2 GPUs for 40 cores, 16 cores per GPU.
+        assert_eq!(mix.cpu_per_gpu_on(80), Some(40_000.0 / 2.25));
+        // On 40-byte GPUs the 80-byte pod takes whole GPUs (at most one each).
+        assert_eq!(mix.cpu_per_gpu_on(40), Some(40_000.0 / 2.5));
+        let fractions = ShapeMix::new([(with_cpu(share(300, 1), 3_000), 1.0)]);
+        let exact = fractions.cpu_per_gpu().unwrap();
+        for size in [0, 1000, 81_559 << 20] {
+            assert_eq!(
+                fractions.cpu_per_gpu_on(size).unwrap().to_bits(),
+                exact.to_bits()
+            );
+        }
     }
 
     #[test]

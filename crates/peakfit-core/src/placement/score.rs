@@ -318,8 +318,10 @@ fn peakfit(
         };
         score += tuning.pattern_weight * free_to_take * f64::from(chosen_fit as u8);
     }
-    if let (Some(cpu_free), Some(ratio)) = (node.cpu_free_milli(), mix.cpu_per_gpu())
-        && tuning.cpu_balance_weight != 0.0
+    if let (Some(cpu_free), Some(ratio)) = (
+        node.cpu_free_milli(),
+        mix.cpu_per_gpu_on(node.gpus.first().map_or(0, |g| g.total_bytes)),
+    ) && tuning.cpu_balance_weight != 0.0
     {
         let taken: f64 = chosen
             .iter()
@@ -760,6 +762,38 @@ mod tests {
         let a = place_tuned(&poor, &pod, ScoringPolicy::Peakfit, &mix, &cfg, 0, &off).unwrap();
         let b = place_tuned(&rich, &pod, ScoringPolicy::Peakfit, &mix, &cfg, 0, &off).unwrap();
         assert_eq!(a.score, b.score);
+    }
+
+    /// The same with pods sized in bytes (`peakfit.io/vram`), the extender's usual case: the
+    /// mix's CPU per GPU is taken on the node's GPUs, so CPU balance scores here too (it had no
+    /// ratio for such a mix, and both nodes scored alike).
+    #[test]
+    fn cpu_balance_scores_pods_sized_in_bytes() {
+        let mut typical = PodClass::from(PodShape {
+            gpus: 1,
+            demand: Demand::fixed(1000),
+        });
+        typical.cpu_milli = 10_000;
+        let mix = ShapeMix::new([(typical, 1.0)]);
+        assert_eq!(mix.cpu_per_gpu(), None);
+        let poor = node(&[1000, 1000]).with_cpu_milli(24_000);
+        let rich = node(&[1000, 1000]).with_cpu_milli(64_000);
+        let pod = PodClass {
+            shape: PodShape {
+                gpus: 0,
+                demand: Demand::default(),
+            },
+            cpu_milli: 8_000,
+            gpu_models: Vec::new(),
+        };
+        let on_poor = placed(&poor, &pod, ScoringPolicy::Peakfit, &mix);
+        let on_rich = placed(&rich, &pod, ScoringPolicy::Peakfit, &mix);
+        assert!(
+            on_rich.score > on_poor.score,
+            "{} vs {}",
+            on_rich.score,
+            on_poor.score
+        );
     }
 
     #[test]

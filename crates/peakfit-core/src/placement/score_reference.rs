@@ -169,8 +169,10 @@ fn peakfit(
         };
         score += tuning.pattern_weight * free_to_take * f64::from(chosen_fit as u8);
     }
-    if let (Some(cpu_free), Some(ratio)) = (node.cpu_free_milli(), mix.cpu_per_gpu())
-        && tuning.cpu_balance_weight != 0.0
+    if let (Some(cpu_free), Some(ratio)) = (
+        node.cpu_free_milli(),
+        mix.cpu_per_gpu_on(node.gpus.first().map_or(0, |g| g.total_bytes)),
+    ) && tuning.cpu_balance_weight != 0.0
     {
         let taken: f64 = chosen
             .iter()
