@@ -727,16 +727,9 @@ mod tests {
         assert_eq!(scores_0_to_10(&[good.score, bad.score]), [10, 0]);
     }
 
-    #[test]
-    fn cpu_heavy_pods_go_where_cpu_is_spare() {
-        // Typical pods want 10 cores per GPU. A GPU-less 8-core pod on the node with 24 cores
-        // for 2 free GPUs leaves 16: enough for one typical pod (FGD sees nothing wrong) but not
-        // for two, so 0.4 GPU is stranded; on the node with 64 cores nothing is.
-        let mut typical = share(1000, 1);
-        typical.cpu_milli = 10_000;
-        let mix = ShapeMix::new([(typical, 1.0)]);
-        let poor = node(&[1000, 1000]).with_cpu_milli(24_000);
-        let rich = node(&[1000, 1000]).with_cpu_milli(64_000);
+    /// A mix of `typical` alone, two nodes of two free 1000-byte GPUs with 24 and 64 free
+    /// cores, and a GPU-less 8-core pod, which must score higher on the node with more CPU.
+    fn cpu_poor_and_rich(typical: PodClass) -> (ShapeMix, NodeLedger, NodeLedger, PodClass) {
         let pod = PodClass {
             shape: PodShape {
                 gpus: 0,
@@ -745,6 +738,9 @@ mod tests {
             cpu_milli: 8_000,
             gpu_models: Vec::new(),
         };
+        let mix = ShapeMix::new([(typical, 1.0)]);
+        let poor = node(&[1000, 1000]).with_cpu_milli(24_000);
+        let rich = node(&[1000, 1000]).with_cpu_milli(64_000);
         let on_poor = placed(&poor, &pod, ScoringPolicy::Peakfit, &mix);
         let on_rich = placed(&rich, &pod, ScoringPolicy::Peakfit, &mix);
         assert!(
@@ -753,6 +749,17 @@ mod tests {
             on_rich.score,
             on_poor.score
         );
+        (mix, poor, rich, pod)
+    }
+
+    #[test]
+    fn cpu_heavy_pods_go_where_cpu_is_spare() {
+        // Typical pods want 10 cores per GPU. A GPU-less 8-core pod on the node with 24 cores
+        // for 2 free GPUs leaves 16: enough for one typical pod (FGD sees nothing wrong) but not
+        // for two, so 0.4 GPU is stranded; on the node with 64 cores nothing is.
+        let mut typical = share(1000, 1);
+        typical.cpu_milli = 10_000;
+        let (mix, poor, rich, pod) = cpu_poor_and_rich(typical);
         // Without CPU balance both are the same to fragmentation and packing.
         let off = Tuning {
             cpu_balance_weight: 0.0,
@@ -774,26 +781,8 @@ mod tests {
             demand: Demand::fixed(1000),
         });
         typical.cpu_milli = 10_000;
-        let mix = ShapeMix::new([(typical, 1.0)]);
-        assert_eq!(mix.cpu_per_gpu(), None);
-        let poor = node(&[1000, 1000]).with_cpu_milli(24_000);
-        let rich = node(&[1000, 1000]).with_cpu_milli(64_000);
-        let pod = PodClass {
-            shape: PodShape {
-                gpus: 0,
-                demand: Demand::default(),
-            },
-            cpu_milli: 8_000,
-            gpu_models: Vec::new(),
-        };
-        let on_poor = placed(&poor, &pod, ScoringPolicy::Peakfit, &mix);
-        let on_rich = placed(&rich, &pod, ScoringPolicy::Peakfit, &mix);
-        assert!(
-            on_rich.score > on_poor.score,
-            "{} vs {}",
-            on_rich.score,
-            on_poor.score
-        );
+        let (mix, ..) = cpu_poor_and_rich(typical);
+        assert_eq!(mix.cpu_per_gpu(), None, "scored without the mix-wide ratio");
     }
 
     #[test]
