@@ -23,8 +23,7 @@ use crate::cluster::model_config::{MODEL_CONFIG, ModelConfigs};
 use crate::cluster::resources::{HostRequest, allocatable_of, host_request_of};
 use crate::metrics::extender::ReasonLabels;
 use crate::model::{self, AnnotationError, PodRequest};
-use crate::placement::ledger::shared_model;
-use crate::placement::memo::{ScoreMemo, fresh_id};
+use crate::placement::memo::ScoreMemo;
 use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey, Rejection, ScoreInputs};
 
 /// From this many nodes on, a request's nodes are decided in parallel (below it the threads
@@ -215,15 +214,17 @@ impl ReportView {
                 }
                 ReportGpu {
                     uuid: g.uuid.clone(),
-                    model: if models.len() < MAX_SHARED_MODELS {
-                        shared_model(models, &g.name)
-                    } else {
-                        models
-                            .iter()
-                            .find(|m| ***m == *g.name)
-                            .cloned()
-                            .unwrap_or_else(|| g.name.as_str().into())
-                    },
+                    model: models
+                        .iter()
+                        .find(|m| ***m == *g.name)
+                        .cloned()
+                        .unwrap_or_else(|| {
+                            let m: Arc<str> = g.name.as_str().into();
+                            if models.len() < MAX_SHARED_MODELS {
+                                models.push(m.clone());
+                            }
+                            m
+                        }),
                     total: g.memory_total_bytes,
                     used: g.memory_used_bytes,
                     driver_reserved: g.memory_reserved_bytes,
@@ -248,9 +249,6 @@ pub struct NodeState {
     report: Option<ReportView>,
     pods: BTreeSet<PodKey>,
     pub ledger: NodeLedger,
-    /// A new `memo::fresh_id()` whenever `ledger` is rebuilt: the key under which scores of this
-    /// ledger are remembered.
-    version: u64,
     /// The score memo of the ledger's state, rebuilt with it: shared by every node in the same
     /// state (`placement::signature`), so that they are scored once per pod class between them.
     scores: Arc<StateScores>,
@@ -276,7 +274,6 @@ impl NodeSlot {
                 report: None,
                 pods: BTreeSet::new(),
                 ledger: NodeLedger::new(name),
-                version: fresh_id(),
                 scores: Arc::default(),
                 unreported_assignments: BTreeSet::new(),
             }),
@@ -289,11 +286,6 @@ impl NodeSlot {
 }
 
 impl NodeState {
-    /// Changes whenever the ledger does (see `placement::memo`).
-    pub fn version(&self) -> u64 {
-        self.version
-    }
-
     /// The score memo of the ledger's state (`placement::memo`), shared with every node in the
     /// same state.
     pub fn scores(&self) -> &Arc<StateScores> {
@@ -878,7 +870,6 @@ impl Index {
         }
         st.scores = self.states.lock().of(ScoreInputs::of(&ledger));
         st.ledger = ledger;
-        st.version = fresh_id();
         if let Some(changed) = self.changed.lock().as_mut() {
             changed.insert(name);
         }

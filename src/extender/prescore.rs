@@ -167,11 +167,11 @@ impl Extender {
 }
 
 /// Gives the calling thread the lowest scheduling priority (nice 19): what the prescorer
-/// computes is a head start, never worth a request's time. Without it, a pass that solves a new
-/// mix's fill patterns held one of a small machine's cores for milliseconds while filter's
-/// parallel scan waited for its half on that core (filter p99 2.4-2.7 ms after a mix change
-/// at 5,000 nodes on two cores: `cargo bench --bench extender`). Linux sets the nice value per
-/// thread when given the thread's id.
+/// computes is a head start, never worth a request's time. A pass over a new mix solves its
+/// fill patterns and, where no two nodes are alike, scores thousands of states (tens of
+/// milliseconds of CPU) while each request wants every core for its parallel scan; at nice 19
+/// it gets what the requests leave (`docs/tuning.md`). Linux sets the nice value per thread when
+/// given the thread's id.
 fn lower_priority() {
     #[cfg(target_os = "linux")]
     if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), 19) {

@@ -46,9 +46,9 @@ impl Reservation {
 pub struct GpuLedger {
     pub uuid: String,
     /// Product name (`NVIDIA H100 80GB HBM3`, or an openb model such as `G2`); pods may be
-    /// restricted to some models. Shared: the GPUs of one node (and the index's ledgers of one
-    /// report) point at one string, so telling GPU kinds apart is a pointer compare, not a
-    /// trip to memory per GPU.
+    /// restricted to some models. Shared: the GPUs of one node (and in the extender's index,
+    /// every GPU of a model) point at one string, so telling GPU kinds apart is a pointer
+    /// compare, not a trip to memory per GPU.
     #[serde(default)]
     pub model: Arc<str>,
     pub total_bytes: u64,

@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::demand::PodClass;
 
-/// Fresh identifiers for ledger versions and classes: unique in the process, never 0, so a
-/// default (empty) entry matches nothing and two extenders never share a class id.
+/// Fresh identifiers for classes (and the extender's filter requests): unique in the process,
+/// never 0, so a default (empty) entry matches nothing and two extenders never share a class id.
 static IDS: AtomicU64 = AtomicU64::new(1);
 
 /// A number never handed out before.
