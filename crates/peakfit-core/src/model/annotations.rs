@@ -30,7 +30,7 @@
 //! | `workload` | `inference training lora qlora` | `inference` |
 //! | `batch` | sequences per GPU per step, 1–1048576 | 1 |
 //! | `context-tokens` | tokens per sequence at the peak (`128K` allowed) | 256 inference, 256 training, 512 for a serving engine's smallest-GPU check |
-//! | `engine` | free-form; `vllm tgi sglang tensorrt-llm` budget a fraction of the GPU, anything else is a plain framework (`torchtune` and `ms-swift` change the logits term; a one-GPU `torchtune` full fine-tune steps the optimizer in backward, so no full gradient set; `faster-whisper` with `batch` > 1 is its batched pipeline, whose decoder holds no previous-text prompt) | plain framework |
+//! | `engine` | free-form; `vllm tgi sglang tensorrt-llm` budget a fraction of the GPU, anything else is a plain framework (`torchtune` and `ms-swift` (or `swift`) change the logits term; a one-GPU `torchtune` full fine-tune steps the optimizer in backward, so no full gradient set; `faster-whisper` with `batch` > 1 is its batched pipeline, whose decoder holds no previous-text prompt) | plain framework |
 //! | `gpu-memory-utilization` | (0, 1], only with a fraction engine | vLLM 0.92, TGI 1.0, SGLang 0.88, TensorRT-LLM 0.9 |
 //! | `tensor-parallel` | 1–64, a divisor of `gpus` | 1 |
 //! | `sequence-parallel` | `true` `false`: with `tensor-parallel`, the activations TP leaves whole (norms, dropout) are split too | `false` |
@@ -53,7 +53,7 @@
 
 use std::collections::BTreeMap;
 
-use super::estimate::{Defaults, estimate};
+use super::estimate::{Defaults, Framework, estimate};
 use super::presets::{self, Preset};
 use super::quantity::{parse_bytes, parse_count};
 use crate::placement::{Demand, PodShape};
@@ -422,9 +422,9 @@ pub enum Engine {
     /// Budgets a fraction of the whole GPU (`gpu-memory-utilization` / `mem-fraction-static` /
     /// `cuda-memory-fraction`).
     Fraction(FractionEngine),
-    /// A plain framework: memory follows the model. Kept by name because a few frameworks
-    /// change a term (chunked cross-entropy, fp32 upcasts).
-    Framework(String),
+    /// A plain framework: memory follows the model, except for the rules its [`Framework`]
+    /// carries (chunked cross-entropy, fp32 upcasts, ...).
+    Framework(Framework),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -470,14 +470,22 @@ impl Engine {
             "tensorrt-llm" | "tensorrt_llm" | "trtllm" | "trt-llm" => {
                 Self::Fraction(FractionEngine::TensorrtLlm)
             }
-            _ => Self::Framework(name),
+            _ => Self::Framework(Framework::from_name(&name)),
         })
     }
 
     pub fn name(&self) -> &str {
         match self {
             Self::Fraction(e) => e.name(),
-            Self::Framework(name) => name,
+            Self::Framework(framework) => framework.name(),
+        }
+    }
+
+    /// The framework, when the engine is one (not a fraction engine).
+    pub fn framework(&self) -> Option<&Framework> {
+        match self {
+            Self::Fraction(_) => None,
+            Self::Framework(framework) => Some(framework),
         }
     }
 }

@@ -75,7 +75,7 @@ pub struct Preset {
     pub kind: Kind,
     /// The model's own (remote) modelling code keeps its KV cache as tuples grown by
     /// `torch.cat` whatever the attention kernel, so `generate` holds the previous step's cache
-    /// next to the new one (see `Inputs::kv_cache` in `estimate.rs`).
+    /// next to the new one (see `Inputs::kv_cache` in `estimate/kv_cache.rs`).
     pub tuple_cache: bool,
 }
 

@@ -1,0 +1,270 @@
+//! What training adds for the parameters that train: gradients, fp32 master weights and
+//! optimizer state, sharded by ZeRO stage or offloaded, and the gradient bucket DeepSpeed
+//! ZeRO-3 keeps on the GPU.
+//!
+//! | term | formula | source |
+//! |---|---|---|
+//! | gradients | `/N` from ZeRO-2 (`shard-grad-op`); 16-bit only with `offload: optimizer`; torchtune's single-device full fine-tune: the largest parameter's only | ZeRO paper; ZeRO-Offload (Ren et al. 2021) §3; torchtune `optimizer_in_bwd: True` in `*_full_single_device.yaml` |
+//! | master weights, optimizer | `/N` from ZeRO-1; 0 with `offload: optimizer` | ZeRO paper; ZeRO-Offload |
+//! | DeepSpeed buckets | ZeRO-3 training sharded the DeepSpeed way (numeric stage, not torchtitan/torchtune/litgpt): `reduce_bucket_size` (default 5e8) elements at the parameters' width (4 B fp32, else 2 B), with or without offload | `deepspeed/runtime/zero/stage3.py` `__ipg_bucket_flat_buffer`, `contiguous_gradients` default on |
+
+use super::Inputs;
+use super::framework::Framework;
+use crate::model::annotations::{Dtype, Optimizer, Workload};
+
+/// DeepSpeed's `reduce_bucket_size` default (5e8 elements). ZeRO-3 allocates its contiguous
+/// gradient bucket (`__ipg_bucket_flat_buffer` in `deepspeed/runtime/zero/stage3.py`) of this
+/// many elements, in the parameters' dtype, on the GPU when `contiguous_gradients` is on (its
+/// default), whatever share of the model trains and wherever the optimizer runs. accelerate's
+/// DeepSpeed plugin leaves the key unset unless a config file says `auto`, so the default holds
+/// for `accelerate launch` with a plugin config (PEFT's examples).
+const DS_REDUCE_BUCKET: f64 = 5e8;
+
+impl Inputs {
+    /// LoRA adapters on every linear layer (the QLoRA paper's recipe, torchtune's and Qwen's
+    /// `finetune.py` defaults; peft's q/v-only default trains fewer, so this errs high):
+    /// `r·(d_in + d_out)` per adapted matrix (LoRA, Hu et al. 2021, arXiv:2106.09685).
+    pub(super) fn adapter_params(&self) -> f64 {
+        let a = &self.arch;
+        let h = f64::from(a.hidden_size);
+        let q = f64::from(a.attention_heads * a.head_dim);
+        let kv = f64::from(a.kv_heads * a.head_dim);
+        let ffn = f64::from(a.intermediate_size);
+        let mlp_matrices = if a.intermediate_size == 4 * a.hidden_size {
+            2.0
+        } else {
+            3.0
+        };
+        let attention = (h + q) * 2.0 + (h + kv) * 2.0;
+        self.lora_rank * (attention + mlp_matrices * (h + ffn)) * f64::from(a.layers)
+    }
+
+    /// Gradients, master weights and optimizer state of what trains, per GPU, by ZeRO stage
+    /// (ZeRO, Rajbhandari et al. 2019, arXiv:1910.02054; DeepSpeed's 18 B/param for
+    /// mixed-precision Adam: `estimate_zero3_model_states_mem_needs` in
+    /// `deepspeed/runtime/zero/stage3.py`, docs `docs/code-docs/source/memory.rst`).
+    pub(super) fn trainable_state(&self) -> (f64, f64, f64) {
+        match self.workload {
+            Workload::Inference => (0.0, 0.0, 0.0),
+            Workload::Lora | Workload::Qlora => {
+                // Adapters train in fp32 (peft upcasts them): fp32 grads and fp32 states.
+                let p = self.adapter_params() * self.stage_share() / self.tp;
+                let states = self.optimizer_bytes(4.0);
+                let shard = |stage: u8| {
+                    if self.zero_stage() >= stage {
+                        self.shards()
+                    } else {
+                        1.0
+                    }
+                };
+                if self.offload.optimizer() {
+                    return (p * 4.0 / shard(2), 0.0, 0.0);
+                }
+                (
+                    p * 4.0 / shard(2),
+                    p * 4.0 / shard(1),
+                    p * states / shard(1),
+                )
+            }
+            Workload::Training => {
+                let p = self.params * self.stage_share() / self.tp;
+                let (grad, master, param_bytes) = match self.dtype {
+                    Dtype::Fp32 => (4.0, 0.0, 4.0),
+                    Dtype::Fp16Amp => (4.0, 4.0, 4.0),
+                    _ => (2.0, 0.0, 2.0),
+                };
+                let states = self.optimizer_bytes(param_bytes);
+                let dp = self.shards();
+                let shard = |stage: u8| if self.zero_stage() >= stage { dp } else { 1.0 };
+                // ZeRO-Offload (Ren et al. 2021, arXiv:2101.06840, §3): fp32 master weights,
+                // optimizer state and the fp32 gradients live on the CPU, which runs the step;
+                // the GPU keeps the 16-bit gradients of its partition until they are copied out.
+                if self.offload.optimizer() {
+                    return (p * 2.0 / shard(2), 0.0, 0.0);
+                }
+                let grads = if self.optimizer_in_backward() {
+                    self.largest_parameter() * grad
+                } else {
+                    p * grad / shard(2)
+                };
+                (grads, p * master / shard(1), p * states / shard(1))
+            }
+        }
+    }
+
+    /// Optimizer state bytes per trainable parameter whose states live in `state_bytes` each.
+    pub(super) fn optimizer_bytes(&self, state_bytes: f64) -> f64 {
+        match self.optimizer {
+            Optimizer::Adam => 2.0 * state_bytes,
+            Optimizer::Momentum => state_bytes,
+            Optimizer::Adafactor => 0.0,
+            Optimizer::Adam8bit => 2.0,
+        }
+    }
+
+    /// torchtune's single-device full fine-tune recipe steps the optimizer inside backward
+    /// (`optimizer_in_bwd: True` in its `*_full_single_device.yaml` configs): each gradient is
+    /// applied and freed as soon as it is produced, so at most the largest parameter's gradient
+    /// exists, never the whole set.
+    pub(super) fn optimizer_in_backward(&self) -> bool {
+        self.workload == Workload::Training
+            && self.framework_is(Framework::steps_optimizer_in_backward_on_one_gpu)
+            && !self.multi_gpu()
+    }
+
+    /// DeepSpeed ZeRO-3's gradient bucket ([`DS_REDUCE_BUCKET`]) in a training job sharded
+    /// the DeepSpeed way (a numeric stage, not an FSDP strategy or an FSDP-based engine); on one
+    /// GPU too, as ZeRO-Offload runs there. Elements are the parameters' width: fp32 models
+    /// keep fp32, mixed precision converts the model to 16 bits.
+    pub(super) fn deepspeed_buckets(&self) -> f64 {
+        if !(self.deepspeed() && self.zero_stage() >= 3) {
+            return 0.0;
+        }
+        let bytes = if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 };
+        DS_REDUCE_BUCKET * bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::estimate::SLACK_TRAINING;
+    use crate::model::estimate::testing::{est, est_with, part};
+
+    #[test]
+    fn training_state_by_optimizer_and_zero_stage() {
+        let base = [
+            ("model", "llama-3.1-8b"),
+            ("workload", "training"),
+            ("dtype", "fp16-amp"),
+        ];
+        let p = 8.03e9;
+        let e = est(&base);
+        assert_eq!(part(&e, "gradients"), p * 4.0);
+        assert_eq!(part(&e, "master-weights"), p * 4.0);
+        assert_eq!(part(&e, "optimizer"), p * 8.0);
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            est(&v)
+        };
+        let sgd = with(&[("optimizer", "sgd")]);
+        assert_eq!(part(&sgd, "optimizer"), p * 4.0);
+        let eight = with(&[("optimizer", "adam-8bit")]);
+        assert_eq!(part(&eight, "optimizer"), p * 2.0);
+        let paged = with(&[("optimizer", "paged-adamw-8bit")]);
+        assert_eq!(part(&paged, "optimizer"), 0.0);
+        assert_eq!(part(&paged, "optimizer-paged"), p * 2.0);
+        // NVML sees it either way, without the caching allocator's slack on it.
+        let slack_on_state = crate::convert::f64_to_u64(p * 2.0 * (SLACK_TRAINING - 1.0));
+        assert!((paged.per_gpu_bytes + slack_on_state).abs_diff(eight.per_gpu_bytes) < 16);
+        assert!(paged.reserved_bytes < eight.reserved_bytes);
+        let z1 = with(&[("zero-stage", "1"), ("data-parallel", "8")]);
+        assert_eq!(part(&z1, "optimizer"), p);
+        assert_eq!(part(&z1, "gradients"), p * 4.0);
+        let z2 = with(&[("zero-stage", "2"), ("data-parallel", "8")]);
+        assert_eq!(part(&z2, "gradients"), p * 0.5);
+        let z3 = with(&[("zero-stage", "3"), ("data-parallel", "8")]);
+        assert_eq!(part(&z3, "weights"), p * 2.0 / 8.0);
+        assert!(part(&z3, "zero3-live-params") > 0.0);
+        assert!(z3.per_gpu_bytes < z2.per_gpu_bytes && z2.per_gpu_bytes < z1.per_gpu_bytes);
+        // Pure bf16 keeps bf16 grads and states.
+        let bf16 = est(&[
+            ("model", "llama-3.1-8b"),
+            ("workload", "training"),
+            ("dtype", "bf16"),
+        ]);
+        assert_eq!(part(&bf16, "optimizer"), p * 4.0);
+        assert_eq!(part(&bf16, "master-weights"), 0.0);
+    }
+
+    #[test]
+    fn lora_trains_only_adapters() {
+        let e = est(&[
+            ("model", "llama-2-7b"),
+            ("workload", "lora"),
+            ("lora-rank", "8"),
+        ]);
+        // r=8 on every linear: q,k,v,o (4 x (4096 + 4096)) and the gated MLP
+        // (3 x (4096 + 11008)), 32 layers: 20.0M params, fp32 with Adam = 16 B each.
+        let adapters = 8.0 * (4.0 * 8192.0 + 3.0 * 15104.0) * 32.0;
+        assert_eq!(part(&e, "optimizer"), adapters * 8.0);
+        assert_eq!(part(&e, "gradients"), adapters * 4.0);
+        let q = est(&[("model", "llama-2-7b"), ("workload", "qlora")]);
+        assert!(part(&q, "weights") < part(&e, "weights") / 3.0);
+        // bnb QLoRA through peft upcasts the embeddings; litgpt does not.
+        let upcast = |engine| {
+            let e = est(&[
+                ("model", "llama-2-7b"),
+                ("workload", "qlora"),
+                ("engine", engine),
+            ]);
+            part(&e, "fp32-upcast")
+        };
+        assert_eq!(upcast("hf"), 2.0 * 32000.0 * 4096.0 * 2.0);
+        assert_eq!(upcast("litgpt"), 0.0);
+    }
+
+    #[test]
+    fn deepspeed_zero3_keeps_its_reduce_bucket_fsdp_does_not() {
+        let with = |extra: &[(&'static str, &'static str)]| {
+            est_with(
+                &[
+                    ("model", "bloomz-7b1"),
+                    ("workload", "lora"),
+                    ("dtype", "fp32"),
+                    ("offload", "optimizer+params"),
+                ],
+                extra,
+            )
+        };
+        // 5e8 fp32 elements, on one GPU too (ZeRO-Offload).
+        assert_eq!(
+            part(&with(&[("zero-stage", "3")]), "deepspeed-buckets"),
+            2e9
+        );
+        assert_eq!(
+            part(&with(&[("zero-stage", "2")]), "deepspeed-buckets"),
+            0.0
+        );
+        assert_eq!(
+            part(&with(&[("zero-stage", "full-shard")]), "deepspeed-buckets"),
+            0.0
+        );
+        assert_eq!(
+            part(
+                &with(&[("zero-stage", "3"), ("engine", "torchtitan")]),
+                "deepspeed-buckets"
+            ),
+            0.0
+        );
+        // Mixed precision: the model is 16-bit under DeepSpeed, and so is the bucket.
+        let amp = est(&[
+            ("model", "llama-2-70b"),
+            ("workload", "lora"),
+            ("dtype", "fp16-amp"),
+            ("zero-stage", "3"),
+            ("data-parallel", "8"),
+        ]);
+        assert_eq!(part(&amp, "deepspeed-buckets"), 1e9);
+    }
+
+    #[test]
+    fn torchtune_single_device_full_finetune_steps_in_backward() {
+        let base = [
+            ("model", "llama-3.1-8b"),
+            ("workload", "training"),
+            ("dtype", "bf16"),
+            ("batch", "2"),
+            ("context-tokens", "2048"),
+        ];
+        let hf = est(&base);
+        assert_eq!(part(&hf, "gradients"), 8.03e9 * 2.0);
+        let mut tt = base.to_vec();
+        tt.push(("engine", "torchtune"));
+        // Only the largest parameter's gradient: the 128256 x 4096 embedding, bf16.
+        assert_eq!(part(&est(&tt), "gradients"), 128_256.0 * 4096.0 * 2.0);
+        // Its distributed recipe keeps whole gradients (FSDP shards them).
+        tt.push(("data-parallel", "2"));
+        assert!(part(&est(&tt), "gradients") > 8e9);
+    }
+}
