@@ -9,8 +9,8 @@ use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
-use crate::model::annotations::{PREFIX, Spec, request};
-use crate::model::estimate::{Counter, estimate};
+use crate::model::annotations::{PREFIX, Spec, request_on};
+use crate::model::estimate::{Counter, Platform, estimate_on};
 use crate::model::quantity::{GIB, parse_bytes};
 
 #[derive(Clone, Debug, clap::Args)]
@@ -44,9 +44,29 @@ pub struct EstimateArgs {
         default_value = "80Gi"
     )]
     pub gpu_memory: String,
+    /// NVML's memory for a process right after its first CUDA call on the target nodes' driver
+    /// and CUDA (the default, 0.598 GiB, was measured on an H200 with driver 580 and CUDA 13;
+    /// older stacks differ: measure with `nvidia-smi` after `torch.zeros(1, device="cuda")`).
+    #[arg(long, value_name = "QUANTITY", env = "PEAKFIT_CUDA_CONTEXT")]
+    pub cuda_context: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long, env = "PEAKFIT_JSON")]
     pub json: bool,
+}
+
+/// The platform `--cuda-context` describes (the measured default without it).
+fn platform(args: &EstimateArgs) -> anyhow::Result<Platform> {
+    let Some(text) = &args.cuda_context else {
+        return Ok(Platform::default());
+    };
+    let bytes = parse_bytes(text).map_err(|e| anyhow::anyhow!("--cuda-context {text:?}: {e}"))?;
+    // No CUDA context comes near 16 GiB; a larger value is a unit mistake (16G for 16M).
+    if bytes > 16 << 30 {
+        bail!("--cuda-context {text:?}: at most 16Gi (a CUDA context is about 0.3-1 GiB)");
+    }
+    Ok(Platform {
+        cuda_context: bytes,
+    })
 }
 
 /// The largest `--pod` file read: the API server's own limit on a request (etcd's 1.5 MiB). A
@@ -154,11 +174,12 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
              or --pod FILE with peakfit.io/* annotations"
         );
     }
-    let req = request(&spec)?;
+    let platform = platform(args)?;
+    let req = request_on(&spec, &platform)?;
     // The model's breakdown at this GPU size; with an explicit `vram` it is still shown, for
     // comparison, when a model is described.
     let described = spec.vram.is_none() || spec.model.is_some() || spec.params.is_some();
-    let model = described.then(|| estimate(&spec, gpu_total));
+    let model = described.then(|| estimate_on(&spec, gpu_total, &platform));
     let per_gpu = req.demand.bytes_on(gpu_total);
     let runs = req.demand.runs_on(gpu_total);
     if args.json {
@@ -223,7 +244,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         match c["rows"].as_u64() {
             Some(rows) => println!(
                 "confidence: {} ({} workloads: median |error| {}%, p90 {}%, signed median {}% \
-                 over {rows} public measurements)",
+                 over {rows} real-GPU measurements)",
                 c["class"].as_str().unwrap_or_default(),
                 c["kind"].as_str().unwrap_or_default(),
                 c["median"],

@@ -38,9 +38,10 @@ fn json_has_the_counters_and_components() {
     let per_gpu = v["per_gpu_bytes"].as_u64().unwrap();
     let allocated = v["allocated_bytes"].as_u64().unwrap();
     assert_eq!(v["gpus"], 1);
-    // 8.03B bf16 weights (14.96 GiB) + 1 GiB of KV + context: between 16 and 18 GiB.
+    // 8.03B bf16 weights (14.96 GiB) + 1 GiB of KV + the 8,192-token prefill's activations
+    // (0.9 GiB) + slack + context: between 16 and 19 GiB (the H200 measured 16.94 GiB at 4,096).
     let gib = per_gpu as f64 / (1u64 << 30) as f64;
-    assert!((16.0..18.0).contains(&gib), "{gib}");
+    assert!((16.0..19.0).contains(&gib), "{gib}");
     assert!(allocated < per_gpu);
     let components = v["components"].as_object().unwrap();
     assert_eq!(components["weights"], 16_060_000_000u64);
@@ -85,8 +86,10 @@ fn reads_a_pod_manifest_and_lets_flags_override_it() {
     let pod = pod.to_str().unwrap();
     let base = json(&peakfit(&["--pod", pod, "--json"]));
     let bigger = json(&peakfit(&["--pod", pod, "-a", "batch=4", "--json"]));
+    // Training state at its peak: the optimizer's moments (gradients exist only at some of the
+    // step's moments, the HF path shows the state at the peak).
     assert!(
-        base["components"]["gradients"].as_u64().unwrap() > 0,
+        base["components"]["optimizer"].as_u64().unwrap() > 0,
         "{base}"
     );
     assert!(bigger["per_gpu_bytes"].as_u64() > base["per_gpu_bytes"].as_u64());
@@ -234,9 +237,25 @@ fn model_config_sizes_the_model_and_annotations_override_it() {
 /// Each estimate says how far to trust it: its workload kind and the measured error band.
 #[test]
 fn estimates_carry_the_measured_confidence_of_their_kind() {
+    let band = |kind: &str| {
+        let band = peakfit::model::confidence::MEASURED
+            .iter()
+            .find(|b| b.kind == kind)
+            .unwrap();
+        peakfit::model::confidence::class(band)
+    };
     let v = json(&peakfit(&["-a", "model=llama-3.1-8b", "--json"]));
     assert_eq!(v["confidence"]["kind"], "inference");
-    assert_eq!(v["confidence"]["class"], "good");
+    assert_eq!(v["confidence"]["class"], band("inference"));
+    let v = json(&peakfit(&[
+        "-a",
+        "model=bert-large",
+        "-a",
+        "batch=64",
+        "--json",
+    ]));
+    assert_eq!(v["confidence"]["kind"], "encoder");
+    assert_eq!(v["confidence"]["class"], "good", "p90 <= 10 % on real GPUs");
     let v = json(&peakfit(&[
         "-a",
         "model=llama-2-70b",

@@ -425,7 +425,7 @@ async fn require_vram_refuses_kinds_below_the_class_and_names_the_annotation_and
         (RequireVram::Fair, given),
         (
             RequireVram::Fair,
-            json!({"peakfit.io/model": "llama-3.1-8b", "peakfit.io/workload": "inference"}),
+            json!({"peakfit.io/model": "bert-large", "peakfit.io/workload": "inference"}),
         ),
         (RequireVram::Off, qlora.clone()),
     ] {

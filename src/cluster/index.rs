@@ -22,6 +22,7 @@ use crate::cluster::NodeGpuReport;
 use crate::cluster::model_config::{MODEL_CONFIG, ModelConfigs};
 use crate::cluster::resources::{HostRequest, allocatable_of, host_request_of};
 use crate::metrics::extender::ReasonLabels;
+use crate::model::estimate::Platform;
 use crate::model::{self, AnnotationError, PodRequest};
 use crate::placement::memo::ScoreMemo;
 use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey, Rejection, ScoreInputs};
@@ -320,6 +321,8 @@ pub struct Index {
     warnings: Family<ReasonLabels, Counter>,
     /// The `peakfit.io/model-config` ConfigMaps the watch has seen, parsed.
     model_configs: ModelConfigs,
+    /// The nodes' CUDA context (`--cuda-context`), counted in every modelled pod's demand.
+    platform: Platform,
     /// GPU model names, one string each for every node's GPUs: scoring compares a GPU's model
     /// with the shape mix's (fill patterns, model pressure) for every node of a request, and a
     /// shared string answers by pointer where each node's own copy cost a cache miss (a tenth
@@ -386,6 +389,15 @@ impl Index {
         Self::default()
     }
 
+    /// An index whose modelled pods count this platform's CUDA context (the extender's
+    /// `--cuda-context`; [`Platform::default`] is the measured reference).
+    pub fn with_platform(platform: Platform) -> Self {
+        Self {
+            platform,
+            ..Self::default()
+        }
+    }
+
     /// The labelled model-config ConfigMaps (fed by the ConfigMap watch).
     pub fn model_configs(&self) -> &ModelConfigs {
         &self.model_configs
@@ -404,8 +416,8 @@ impl Index {
         annotations: &BTreeMap<String, String>,
     ) -> Result<Option<PodRequest>, AnnotationError> {
         match self.model_configs.resolve(namespace, annotations)? {
-            Some(merged) => model::pod_request(&merged),
-            None => model::pod_request(annotations),
+            Some(merged) => model::annotations::pod_request_on(&merged, &self.platform),
+            None => model::annotations::pod_request_on(annotations, &self.platform),
         }
     }
 
@@ -980,7 +992,8 @@ pub(crate) mod tests {
         // The ConfigMap arrives after the pod: the pod's entry is sized from it.
         index.apply_model_config(&cm(llama));
         let sized = request(&index).unwrap().unwrap();
-        assert!(sized.demand.fixed_bytes > 15 << 30, "{sized:?}");
+        // 7.5B parameters (tied embeddings, the config's default) in bf16: 14 GiB and more.
+        assert!(sized.demand.fixed_bytes > 14 << 30, "{sized:?}");
         // Broken, then gone: the entry says why, other pods are untouched.
         index.apply_pod(&mk_pod("v", None, &[("peakfit.io/vram", "8Gi")]));
         index.apply_model_config(&cm("{}"));

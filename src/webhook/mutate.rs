@@ -45,7 +45,7 @@ pub enum RequireVram {
     /// The model sizes every pod that describes one.
     #[default]
     Off,
-    /// Kinds without public measurements.
+    /// Kinds without real-GPU measurements.
     Uncovered,
     /// Those and kinds in class `poor`.
     Poor,
@@ -71,7 +71,9 @@ impl RequireVram {
         }
         let kind = workload_kind(spec);
         let why = match band_for(spec) {
-            None => format!("the peak-memory model has no public measurements of {kind} workloads"),
+            None => {
+                format!("the peak-memory model has no real-GPU measurements of {kind} workloads")
+            }
             Some(b) => {
                 let c = class(b);
                 let refused = match self {
@@ -83,7 +85,7 @@ impl RequireVram {
                     return None;
                 }
                 format!(
-                    "the peak-memory model's error on public measurements of {kind} workloads is \
+                    "the peak-memory model's error on real-GPU measurements of {kind} workloads is \
                      median {:.1}%, p90 {:.1}%, signed median {:+.1}% over {} rows (confidence {c})",
                     b.median, b.p90, b.signed_median, b.rows
                 )

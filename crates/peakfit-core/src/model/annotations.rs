@@ -46,14 +46,18 @@
 //! | `beams` | encoder-decoder / decoder generation: beam width, 1–64 (each beam is a sequence) | 1 |
 //! | `optimizer` | `adamw adam adamw-fused sgd lion adafactor adam-8bit adamw-8bit paged-adamw-8bit paged-adamw` | `adamw` |
 //! | `gradient-checkpointing` | `none selective full` | `none` (`full` for torchtune) |
-//! | `flash-attention` | `true` `false` | `true` (`false` for fp32) |
+//! | `flash-attention` | `true` `false`: `false` is eager attention (the score matrix) | `true`: transformers' SDPA in every dtype (`false` for fp32 outside transformers) |
 //! | `lora-rank` | 1–65536, only with lora/qlora | 8 (adapters on every linear layer) |
 //! | `lora-dropout` | LoRA's dropout probability, 0 up to (not) 1, only with lora/qlora: above 0 each adapted layer saves a dropped-out copy of its input and the mask | 0 (PEFT's `LoraConfig` default); 0.05 with `engine: litgpt` (its `finetune/lora.py` default) |
 //! | `headroom` | extra fraction, 0–10, on the whole estimate (on the part outside a fraction engine's budget) | 0 |
+//! | `model-type` | a Hugging Face `model_type` (`config.json`, set by `--model-config`): `qwen3`, `phi3`, `gemma2`, ... decide what transformers' modules keep alive (q/k norms, fused projections, four norms per block) | the Llama layout (gated MLP unless 4 x hidden) |
+//! | `sliding-window` | tokens a sliding-window layer attends to, 1–67108864 (`sliding_window`, set by `--model-config` unless `use_sliding_window` is false): past it transformers builds the window's mask and repeats k and v to every head | none |
+//! | `experts-per-token` | a mixture of experts' experts per token, 1–1024 (`num_experts_per_tok`, set by `--model-config`) | none (a dense MLP) |
+//! | `encoder-positions` | positions an encoder-decoder's encoder outputs per input, 1–1048576 (Whisper: 1500, `max_source_positions`) | the context |
 
 use std::collections::BTreeMap;
 
-use super::estimate::{Defaults, Framework, estimate};
+use super::estimate::{Defaults, Framework, Platform, estimate_on};
 use super::presets::{self, Preset};
 use super::quantity::{parse_bytes, parse_count};
 use crate::placement::{Demand, PodShape};
@@ -102,6 +106,10 @@ pub const INPUT_KEYS: &[&str] = &[
     "lora-rank",
     "lora-dropout",
     "headroom",
+    "model-type",
+    "encoder-positions",
+    "experts-per-token",
+    "sliding-window",
 ];
 
 /// The largest `vram` accepted (1Ei). No GPU comes near it, and with the largest headroom (10x
@@ -542,12 +550,73 @@ pub struct Spec {
     pub optimizer: Option<Optimizer>,
     /// A `paged-*` optimizer: its state lives in CUDA unified memory, outside PyTorch's allocator.
     pub optimizer_paged: bool,
+    /// `adamw-fused`: torch's fused kernel (`torch._fused_adamw_`) updates in place; the default
+    /// `foreach` path allocates a temporary the size of one moment (`_foreach_sqrt`).
+    pub optimizer_fused: bool,
     pub gradient_checkpointing: Option<Checkpointing>,
     pub flash_attention: Option<bool>,
     pub lora_rank: Option<u32>,
     /// LoRA's dropout probability on each adapter's input.
     pub lora_dropout: Option<f64>,
     pub headroom: Option<f64>,
+    /// The Hugging Face `model_type` (`config.json`): how the modeling code builds a block
+    /// (fused projections, q/k norms, sandwich norms), which decides what it keeps alive.
+    pub model_type: Option<ModelType>,
+    /// Positions the encoder of an encoder-decoder outputs per input (Whisper: 1500 audio
+    /// frames per 30 s window, `max_source_positions`); the decoder's cross-attention caches them.
+    pub encoder_positions: Option<u32>,
+    /// A mixture of experts' experts per token (`num_experts_per_tok`): how many copies of
+    /// each token its expert layers route.
+    pub experts_per_token: Option<u32>,
+    /// Tokens a sliding-window attention layer sees (`sliding_window` in `config.json`).
+    pub sliding_window: Option<u64>,
+}
+
+/// Model families whose Hugging Face modeling code differs in what a block keeps alive; the
+/// `model_type` of a `config.json`. Anything else builds its block the Llama way (separate q, k,
+/// v and gate/up projections, RMSNorm in fp32) with a plain MLP when it is 4h wide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelType {
+    /// `llama`, `mistral`, `mixtral`, `qwen2`, `qwen2_moe` and the other gated-MLP decoders
+    /// (`hf_config`'s list): gated MLP whatever its width.
+    Llama,
+    /// A type not known here: built the Llama way, its MLP gated unless it is 4x the hidden
+    /// size (GPT-NeoX, Falcon, StarCoder keep a plain 4h MLP).
+    Other,
+    /// `qwen3`, `qwen3_moe`, `olmo2`: an RMSNorm over each head of q and k
+    /// (`Qwen3Attention.q_norm`/`k_norm`).
+    QkNorm,
+    /// `phi3`: fused `qkv_proj` and `gate_up_proj` (`Phi3Attention`, `Phi3MLP`).
+    Phi3,
+    /// `gpt2`, `gptj`, `codegen`: LayerNorm and a GELU composed of elementwise ops
+    /// (`NewGELUActivation`, `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`), each a new tensor.
+    Gpt2,
+    /// `gemma2`, `gemma3_text`: four norms per block (`pre_feedforward_layernorm`,
+    /// `post_feedforward_layernorm`, ...) and embeddings scaled by `sqrt(hidden)` into a new
+    /// tensor (`Gemma2Model.forward`); gemma3 adds q/k norms.
+    Gemma2,
+    Gemma3,
+    /// Encoders and encoder-decoders with LayerNorm (BERT family, Whisper, T5).
+    LayerNorm,
+}
+
+impl ModelType {
+    /// Reads a `model_type`; unknown types are built the Llama way.
+    pub fn from_model_type(name: &str) -> Self {
+        match name.to_ascii_lowercase().replace('-', "_").as_str() {
+            "qwen3" | "qwen3_moe" | "olmo2" => Self::QkNorm,
+            "phi3" => Self::Phi3,
+            "gemma2" => Self::Gemma2,
+            "gemma3" | "gemma3_text" => Self::Gemma3,
+            "bert" | "roberta" | "xlm_roberta" | "deberta" | "deberta_v2" | "electra"
+            | "distilbert" | "albert" | "whisper" | "t5" | "mt5" | "bart" => Self::LayerNorm,
+            "gpt2" | "gptj" | "codegen" => Self::Gpt2,
+            "llama" | "mistral" | "mixtral" | "qwen2" | "qwen2_moe" | "gemma" | "olmo"
+            | "deepseek_v2" | "deepseek_v3" | "cohere" | "granite" | "internlm2" | "yi"
+            | "mllama" | "mllama_text_model" => Self::Llama,
+            _ => Self::Other,
+        }
+    }
 }
 
 fn int<T: TryFrom<u64>>(key: &str, value: &str, min: u64, max: u64) -> Result<T, AnnotationError> {
@@ -725,6 +794,24 @@ impl Spec {
                 });
             }
             "batch" => self.batch = Some(int(key, v, 1, 1 << 20)?),
+            "model-type" => {
+                let valid = !v.is_empty()
+                    && v.len() <= 63
+                    && v.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
+                if !valid {
+                    return Err(AnnotationError::new(
+                        key,
+                        value,
+                        "a Hugging Face model_type (letters, digits, _ and -, at most 63), such \
+                         as llama, qwen3, phi3, gemma2, bert, whisper",
+                    ));
+                }
+                self.model_type = Some(ModelType::from_model_type(v));
+            }
+            "encoder-positions" => self.encoder_positions = Some(int(key, v, 1, 1 << 20)?),
+            "experts-per-token" => self.experts_per_token = Some(int(key, v, 1, 1024)?),
+            "sliding-window" => self.sliding_window = Some(count(key, v, 1, 1 << 26)?),
             "context-tokens" => self.context_tokens = Some(count(key, v, 1, 1 << 26)?),
             "engine" => self.engine = Some(Engine::parse(key, v)?),
             "gpu-memory-utilization" => {
@@ -770,6 +857,7 @@ impl Spec {
             "optimizer" => {
                 self.optimizer = Some(Optimizer::parse(key, v)?);
                 self.optimizer_paged = v.to_ascii_lowercase().starts_with("paged-");
+                self.optimizer_fused = v.to_ascii_lowercase().ends_with("-fused");
             }
             "gradient-checkpointing" => {
                 self.gradient_checkpointing = Some(match v.to_ascii_lowercase().as_str() {
@@ -958,9 +1046,22 @@ impl Spec {
 
     /// The architecture kind: the annotation, else the preset's, else a decoder.
     pub fn kind(&self) -> presets::Kind {
-        self.architecture
+        let kind = self
+            .architecture
             .or(self.model.map(|p| p.kind))
-            .unwrap_or(presets::Kind::Decoder)
+            .unwrap_or(presets::Kind::Decoder);
+        match (kind, self.encoder_positions) {
+            (
+                presets::Kind::EncoderDecoder {
+                    decoder_positions, ..
+                },
+                Some(encoder_positions),
+            ) => presets::Kind::EncoderDecoder {
+                encoder_positions,
+                decoder_positions,
+            },
+            _ => kind,
+        }
     }
 
     fn attention_heads(&self) -> Option<u32> {
@@ -1005,15 +1106,28 @@ impl PodRequest {
 pub fn pod_request(
     annotations: &BTreeMap<String, String>,
 ) -> Result<Option<PodRequest>, AnnotationError> {
+    pod_request_on(annotations, &Platform::default())
+}
+
+/// [`pod_request`] on a given platform (the extender's `--cuda-context`).
+pub fn pod_request_on(
+    annotations: &BTreeMap<String, String>,
+    platform: &Platform,
+) -> Result<Option<PodRequest>, AnnotationError> {
     let spec = Spec::parse(annotations)?;
     if spec.is_empty() {
         return Ok(None);
     }
-    request(&spec).map(Some)
+    request_on(&spec, platform).map(Some)
 }
 
 /// The request for an already parsed, non-empty spec.
 pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
+    request_on(spec, &Platform::default())
+}
+
+/// [`request`] on a given platform (its CUDA context: `--cuda-context`).
+pub fn request_on(spec: &Spec, platform: &Platform) -> Result<PodRequest, AnnotationError> {
     if let Some(share) = spec.gpu_share {
         // A share of whatever GPU the pod lands on, nothing fixed: the openb trace's pods.
         return Ok(PodRequest {
@@ -1064,7 +1178,7 @@ pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
     }
     // The demand does not depend on the GPU size (only the displayed split does), so any size
     // will do. The breakdown is not kept: the extender indexes one request per pod.
-    let e = estimate(spec, Defaults::GPU_TOTAL);
+    let e = estimate_on(spec, Defaults::GPU_TOTAL, platform);
     Ok(PodRequest {
         gpus: e.gpus,
         demand: e.demand,

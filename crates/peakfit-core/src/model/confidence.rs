@@ -1,7 +1,9 @@
 //! How far to trust an estimate: the workload kind a pod belongs to and the error the model
-//! showed on public measurements of that kind (`tests/estimate_accuracy.rs` over
-//! `../shared/data/memory-validation.csv` and `tests/data/memory-measurements.csv`, which
-//! checks this table against what it measures).
+//! showed on real-GPU measurements of that kind (`tests/estimate_accuracy.rs` over
+//! `../shared/data/memory-validation.csv`, `tests/data/memory-measurements.csv` and the H200
+//! rows in `tests/data/h200`, which checks this table against what it measures). The oracle
+//! grid (`tests/data/oracle-grid.csv`) is exact for allocated tensors but is no GPU: it is
+//! reported beside these (README, "Accuracy"), not counted in them.
 
 use serde::Serialize;
 
@@ -22,18 +24,18 @@ pub struct Band {
 }
 
 /// Measured with `cargo test -p peakfit --test estimate_accuracy -- --include-ignored
-/// --nocapture` (the "both files" table).
+/// --nocapture` (the "every real-GPU row" table).
 pub const MEASURED: &[Band] = &[
     band("diffusion", 12, 5.3, 29.4, -4.9),
-    band("encoder", 10, 2.2, 7.3, -2.5),
-    band("encoder-decoder", 9, 8.7, 26.2, 6.8),
+    band("encoder", 11, 2.0, 6.0, 1.2),
+    band("encoder-decoder", 10, 6.3, 20.4, 6.3),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
-    band("inference", 47, 0.5, 7.2, 0.0),
-    band("lora", 15, 6.0, 33.4, 0.2),
-    band("offload", 2, 3.9, 5.5, -5.5),
+    band("inference", 58, 3.7, 20.0, 2.5),
+    band("lora", 18, 3.5, 33.4, -1.8),
+    band("offload", 2, 3.9, 4.2, -4.2),
     band("qlora", 14, 12.9, 51.0, -8.7),
     band("sharded-training", 22, 4.9, 16.1, 3.0),
-    band("training", 2, 18.4, 51.8, 18.4),
+    band("training", 6, 4.3, 51.8, 3.9),
 ];
 
 const fn band(kind: &'static str, rows: usize, median: f64, p90: f64, signed: f64) -> Band {
@@ -69,11 +71,11 @@ pub fn workload_kind(spec: &Spec) -> &'static str {
     }
 }
 
-/// `good`: median <= 10 % and p90 <= 25 %; `fair`: median <= 25 %; else `poor` (give
-/// `peakfit.io/vram`). Under-prediction is the dangerous side, so a kind biased low by more
-/// than 10 % is never `good`.
+/// `good`: median <= 10 % and p90 <= 10 % over real-GPU rows; `fair`: median <= 25 %; else
+/// `poor` (give `peakfit.io/vram`). Under-prediction is the dangerous side, so a kind biased low
+/// by more than 10 % is never `good`.
 pub fn class(b: &Band) -> &'static str {
-    if b.median <= 10.0 && b.p90 <= 25.0 && b.signed_median >= -10.0 {
+    if b.median <= 10.0 && b.p90 <= 10.0 && b.signed_median >= -10.0 {
         "good"
     } else if b.median <= 25.0 {
         "fair"

@@ -250,16 +250,20 @@ pub fn annotations(json: &str) -> Result<FromConfig, ConfigError> {
         )?
     }
     .unwrap_or(4 * hidden);
+    let mut experts_per_token = None;
     if experts > 1 {
         let per_token = uint(cfg, &["num_experts_per_tok", "moe_topk"])?;
+        experts_per_token = per_token;
         notes.push(format!(
             "mixture of experts: {experts} experts resident (all counted), {} per token",
             per_token.map_or("?".into(), |n| n.to_string())
         ));
     }
-    if let Some(w) = uint(cfg, &["sliding_window"])? {
+    let sliding =
+        uint(cfg, &["sliding_window"])?.filter(|_| flag(cfg, "use_sliding_window") != Some(false));
+    if let Some(w) = sliding {
         notes.push(format!(
-            "sliding_window {w}: not used, the KV cache is sized for the whole context (an \
+            "sliding_window {w}: its mask counts past {w} tokens; the KV cache is sized for the whole context (an \
              upper bound for a rolling cache)"
         ));
     }
@@ -318,6 +322,25 @@ pub fn annotations(json: &str) -> Result<FromConfig, ConfigError> {
     );
     if let Some(d) = dtype(root, cfg)? {
         put("dtype", d.into());
+    }
+    if !inner_type.is_empty()
+        && inner_type.len() <= 63
+        && inner_type
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+    {
+        put("model-type", inner_type.clone());
+    }
+    // Whisper's encoder outputs `max_source_positions` frames per 30 s window (1500), whatever
+    // the decoder's context: the cross-attention caches are that long.
+    if encoder_decoder && let Some(n) = uint(cfg, &["max_source_positions"])? {
+        put("encoder-positions", n.to_string());
+    }
+    if let Some(k) = experts_per_token {
+        put("experts-per-token", k.to_string());
+    }
+    if let Some(w) = sliding {
+        put("sliding-window", w.to_string());
     }
     Ok(FromConfig {
         annotations: a,

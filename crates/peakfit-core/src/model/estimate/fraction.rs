@@ -9,7 +9,7 @@
 //! | TGI | `cuda-memory-fraction` ([`Defaults::UTIL_TGI`]): the whole process | CUDA context | `huggingface/text-generation-inference` `docs/source/reference/launcher.md` |
 //! | TensorRT-LLM | `free_gpu_memory_fraction` ([`Defaults::UTIL_TRTLLM`]) of what is free after the weights | the rest of the non-KV memory (`(1 - fraction)` of it) | `KvCacheConfig`, nvidia.github.io/TensorRT-LLM/examples/kvcacheconfig.html |
 
-use super::{CUDA_CONTEXT, Counter, Defaults, Estimate, Inputs, NCCL, add, round};
+use super::{Counter, Defaults, Estimate, Inputs, NCCL, Platform, add, round};
 use crate::model::annotations::{FractionEngine, Spec};
 use crate::model::quantity::GIB;
 use crate::placement::Demand;
@@ -42,7 +42,9 @@ pub(super) fn fraction_engine(
     engine: FractionEngine,
     gpu_total: u64,
     mut assumed: Vec<String>,
+    platform: &Platform,
 ) -> Estimate {
+    let context = platform.cuda_context as f64;
     let util = spec.gpu_memory_utilization.unwrap_or_else(|| {
         let u = match engine {
             FractionEngine::Vllm => Defaults::UTIL_VLLM,
@@ -84,13 +86,13 @@ pub(super) fn fraction_engine(
     };
     let (fixed, min_total) = match engine {
         FractionEngine::TensorrtLlm => {
-            let non_kv = CUDA_CONTEXT + weights + activations + nccl;
+            let non_kv = context + weights + activations + nccl;
             (
                 (1.0 - util) * non_kv,
                 non_kv + declared_kv / util.max(f64::EPSILON),
             )
         }
-        _ => (CUDA_CONTEXT + graphs, inside / util),
+        _ => (context + graphs, inside / util),
     };
     let fixed = fixed * (1.0 + inp.headroom);
     let demand = Demand {
@@ -102,7 +104,7 @@ pub(super) fn fraction_engine(
     let budget_f = budget as f64;
     let kv_pool = match engine {
         FractionEngine::TensorrtLlm => {
-            util * (gpu_total as f64 - CUDA_CONTEXT - weights - activations - nccl)
+            util * (gpu_total as f64 - context - weights - activations - nccl)
         }
         _ => budget_f - weights - activations - nccl,
     }
@@ -113,7 +115,7 @@ pub(super) fn fraction_engine(
     add(c, "activations", activations, Counter::Allocated);
     add(c, "kv-cache", kv_pool, Counter::Allocated);
     add(c, "nccl", nccl, Counter::Process);
-    add(c, "cuda-context", CUDA_CONTEXT, Counter::Process);
+    add(c, "cuda-context", context, Counter::Process);
     add(c, "cuda-graphs", graphs, Counter::Process);
     let per_gpu = demand.bytes_on(gpu_total);
     let listed: u64 = components.iter().map(|c| c.bytes).sum();
@@ -205,7 +207,10 @@ mod tests {
         assert!(min > 14.0 && min < 16.0, "{min}");
         assert!(!e80.demand.runs_on(12 << 30));
         // Outside the budget: context and CUDA graphs.
-        assert_eq!(e80.demand.fixed_bytes, round(CUDA_CONTEXT + CUDA_GRAPHS));
+        assert_eq!(
+            e80.demand.fixed_bytes,
+            round(super::super::CUDA_CONTEXT + CUDA_GRAPHS)
+        );
         let listed: u64 = e80.components.iter().map(|c| c.bytes).sum();
         assert!(
             listed.abs_diff(e80.per_gpu_bytes) < 16,

@@ -20,6 +20,7 @@
 //! | [`Framework::default_lora_dropout`], [`Framework::adapts_fused_qkv_only`] | litgpt | LoRA dropout | `litgpt/finetune/lora.py`, `litgpt/lora.py` |
 //! | [`Framework::keeps_sp_inputs_gathered`] | torchtitan | activations | torchtitan `parallelize_llama.py` `apply_tp` |
 //! | [`Framework::generates_with_tuple_cache`] | hf | KV cache | `QwenLM/Qwen` `README.md` |
+//! | [`Framework::runs_hf_modules`] | hf, hf-trainer, peft, trl | activations, logits, slack (`hf`) | transformers' modeling files, `ForCausalLMLoss` |
 
 /// Logits and cross-entropy per token per vocabulary entry: bf16 logits + fp32 upcast + fp32
 /// softmax/grad ≈ 10 B in the HF default path (`ForCausalLMLoss` upcasts with `logits.float()`:
@@ -76,7 +77,7 @@ impl Framework {
     /// matched by string, aliases included.
     pub fn from_name(name: &str) -> Self {
         match name {
-            "hf" => Self::Hf,
+            "hf" | "transformers" => Self::Hf,
             "hf-trainer" => Self::HfTrainer,
             "peft" => Self::Peft,
             "trl" => Self::Trl,
@@ -122,15 +123,22 @@ impl Framework {
             Self::Hf => Rules {
                 peft_kbit_preparation: true,
                 generates_with_tuple_cache: true,
+                runs_hf_modules: true,
                 ..Rules::NONE
             },
-            Self::HfTrainer | Self::Peft | Self::Axolotl => Rules {
+            Self::HfTrainer | Self::Peft => Rules {
+                peft_kbit_preparation: true,
+                runs_hf_modules: true,
+                ..Rules::NONE
+            },
+            Self::Axolotl => Rules {
                 peft_kbit_preparation: true,
                 ..Rules::NONE
             },
             Self::Trl => Rules {
                 peft_kbit_preparation: true,
                 skips_kbit_preparation_when_sharded: true,
+                runs_hf_modules: true,
                 ..Rules::NONE
             },
             Self::MsSwift => Rules {
@@ -252,6 +260,14 @@ impl Framework {
     pub fn generates_with_tuple_cache(&self) -> bool {
         self.rules().generates_with_tuple_cache
     }
+
+    /// Whether it runs transformers' own modeling code and loss as they are (`generate`, the
+    /// `Trainer`, PEFT's and TRL's trainers on top of it), so that `hf` counts its activations.
+    /// axolotl is left out: it patches attention and the loss (sample packing, Liger, cut
+    /// cross-entropy) by configuration.
+    pub fn runs_hf_modules(&self) -> bool {
+        self.rules().runs_hf_modules
+    }
 }
 
 /// One framework's answers to the rules, each read through the [`Framework`] method of the
@@ -273,6 +289,7 @@ struct Rules {
     adapts_fused_qkv_only: bool,
     keeps_sp_inputs_gathered: bool,
     generates_with_tuple_cache: bool,
+    runs_hf_modules: bool,
 }
 
 impl Rules {
@@ -291,6 +308,7 @@ impl Rules {
         adapts_fused_qkv_only: false,
         keeps_sp_inputs_gathered: false,
         generates_with_tuple_cache: false,
+        runs_hf_modules: false,
     };
 }
 
@@ -301,6 +319,7 @@ mod tests {
     /// Every name (aliases included) the model knows, with the framework it must parse to.
     const NAMES: &[(&str, Framework)] = &[
         ("hf", Framework::Hf),
+        ("transformers", Framework::Hf),
         ("hf-trainer", Framework::HfTrainer),
         ("peft", Framework::Peft),
         ("trl", Framework::Trl),
@@ -357,6 +376,7 @@ mod tests {
         assert!(!other.adapts_fused_qkv_only());
         assert!(!other.keeps_sp_inputs_gathered());
         assert!(!other.generates_with_tuple_cache());
+        assert!(!other.runs_hf_modules());
     }
 
     #[test]
@@ -370,6 +390,7 @@ mod tests {
                 "ms-swift",
                 "peft",
                 "swift",
+                "transformers",
                 "trl"
             ]
         );
@@ -447,6 +468,17 @@ mod tests {
 
     #[test]
     fn only_hf_generates_with_a_tuple_cache() {
-        assert_eq!(names_where(Framework::generates_with_tuple_cache), ["hf"]);
+        assert_eq!(
+            names_where(Framework::generates_with_tuple_cache),
+            ["hf", "transformers"]
+        );
+    }
+
+    #[test]
+    fn transformers_modules_run_in_its_own_loops_and_trainers() {
+        assert_eq!(
+            names_where(Framework::runs_hf_modules),
+            ["hf", "hf-trainer", "peft", "transformers", "trl"]
+        );
     }
 }

@@ -46,6 +46,7 @@ mod activations;
 mod diffusion;
 mod fraction;
 mod framework;
+mod hf;
 mod kv_cache;
 mod training_state;
 mod weights;
@@ -59,7 +60,7 @@ pub use framework::{Framework, LITGPT_LORA_DROPOUT, LOGITS_CHUNKED, LOGITS_HF, L
 pub use weights::BNB_STAGING;
 
 use super::annotations::{
-    Checkpointing, Dtype, Engine, KvDtype, Offload, Optimizer, Spec, Workload,
+    Checkpointing, Dtype, Engine, KvDtype, ModelType, Offload, Optimizer, Spec, Workload,
 };
 use super::presets::{Architecture, Kind};
 use super::quantity::{GIB, MIB};
@@ -68,8 +69,19 @@ use crate::placement::Demand;
 /// CUDA context per process per GPU on a CUDA >= 12.2 stack with lazy module loading: 274 MiB
 /// bare (pytorch/pytorch#86509, `CUDA_MODULE_LOADING=LAZY`) to 426 MiB in nvidia-smi for a bare
 /// `mem_get_info()` on PyTorch 2.10+cu130 (unslothai/unsloth-zoo#1053) and "around 400MB if CUDA
-/// >= 11.7" (pytorch/pytorch#109888); 0.5 GiB leaves room for the kernels later libraries load.
-pub const CUDA_CONTEXT: f64 = 0.5 * GIB;
+/// >= 11.7" (pytorch/pytorch#109888).
+///
+/// Measured on an NVIDIA H200 with driver 580.159.04 and CUDA 13.0 (torch 2.11.0+cu130): NVML
+/// showed 0.598 GiB for a process right after its first CUDA call, on every one of the 20 runs
+/// in `tests/data/h200` (`cuda_context_gib`). The default is that measurement; another driver
+/// or CUDA generation sets its own ([`Platform`]: `--cuda-context`).
+pub const CUDA_CONTEXT: f64 = 0.598 * GIB;
+/// Kernel images CUDA loads lazily as a process first uses them (`CUDA_MODULE_LOADING=LAZY`,
+/// the default since CUDA 11.7): NVML minus `max_memory_reserved` minus the context was
+/// 0.074-0.096 GiB on the 13 inference runs in `tests/data/h200` and 0.142 GiB on all 7
+/// training runs (backward and optimizer kernels load too). The largest seen per kind.
+pub const CUDA_KERNELS_INFERENCE: f64 = 0.096 * GIB;
+pub const CUDA_KERNELS_TRAINING: f64 = 0.142 * GIB;
 /// cuBLAS workspace (32 MiB per handle on Hopper: PyTorch's
 /// `aten/src/ATen/cuda/CublasHandlePool.cpp`, pytorch/pytorch#120925) plus the small tensors every framework keeps: the near-constant
 /// 35-48 MiB by which Qwen's measured `max_memory_allocated` exceeds weights + KV (Qwen3 BF16,
@@ -86,6 +98,19 @@ pub const NCCL: f64 = 1.0 * GIB;
 /// meta-pytorch/torchtune#1185).
 pub const SLACK_INFERENCE: f64 = 1.05;
 pub const SLACK_TRAINING: f64 = 1.15;
+/// Allocator slack of transformers' own modules, in largest tensors (`hf::slack`): what the
+/// caching allocator cannot hand back to the next layer. PyTorch's allocator serves a request
+/// from the smallest cached block that fits and splits it (`c10/cuda/CUDACachingAllocator.cpp`,
+/// `get_free_block`, `should_split`): a prefill frees its MLP intermediates at the end of each
+/// layer, the next layer's smaller tensors (q, k, v, the cache's new copies, which stay) are
+/// carved out of those blocks, and its own intermediates then need fresh segments. Training
+/// strands the loss's fp32 `T·V` block: backward allocates the NLL and `log_softmax`
+/// gradients while forward's 16-bit logits and their fp32 copy are freed in blocks of other
+/// sizes. The counts are the medians of (reserved − allocated) / largest tensor over the H200
+/// rows (`tests/data/h200`): 2.0 over the 13 inference rows (0.6-4.1), 0.94 over the 7
+/// training rows (0.4-1.7), taken as 2 and 1; not a per-row fit.
+pub const HF_SLACK_INFERENCE_TENSORS: f64 = 2.0;
+pub const HF_SLACK_TRAINING_TENSORS: f64 = 1.0;
 
 /// Settings used when a pod does not state them.
 pub struct Defaults;
@@ -199,6 +224,15 @@ struct Inputs {
     headroom: f64,
     engine: Option<Engine>,
     optimizer_paged: bool,
+    optimizer_fused: bool,
+    /// Attention through `scaled_dot_product_attention` rather than eager matmuls.
+    sdpa: bool,
+    /// How HF's modeling code builds a block ([`ModelType`]).
+    family: ModelType,
+    /// A mixture of experts' experts per token (0: dense).
+    experts_per_token: f64,
+    /// Tokens a sliding-window layer sees (0: none).
+    sliding_window: f64,
 }
 
 /// A rough transformer shape from a parameter count alone: P ≈ 12·L·h² with L ≈ h/128 (the
@@ -352,8 +386,9 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         ),
         // Flash-attention kernels exist for 16-bit inputs only: fp32 runs use eager attention.
         flash: spec.flash_attention.unwrap_or(dtype != Dtype::Fp32),
-        legacy_cache: (spec.flash_attention != Some(true)
-            || spec.model.is_some_and(|p| p.tuple_cache))
+        // transformers' `DynamicCache` (4.36 on) grows one layer at a time (`DynamicLayer.update`,
+        // a `torch.cat` per step): only models whose own code keeps tuples hold two caches.
+        legacy_cache: spec.model.is_some_and(|p| p.tuple_cache)
             && framework.is_some_and(Framework::generates_with_tuple_cache),
         lora_rank: f64::from(spec.lora_rank.unwrap_or(Defaults::LORA_RANK)),
         lora_dropout: spec
@@ -362,6 +397,16 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         headroom: spec.headroom.unwrap_or(0.0),
         engine: spec.engine.clone(),
         optimizer_paged: spec.optimizer_paged,
+        optimizer_fused: spec.optimizer_fused,
+        // transformers 5 attends through SDPA unless told otherwise, in fp32 too (its
+        // memory-efficient kernel takes fp32): only `flash-attention: false` means eager.
+        sdpa: spec.flash_attention != Some(false),
+        experts_per_token: f64::from(spec.experts_per_token.unwrap_or(0)),
+        sliding_window: spec.sliding_window.unwrap_or(0) as f64,
+        family: spec.model_type.unwrap_or(match spec.kind() {
+            Kind::Encoder | Kind::EncoderDecoder { .. } => ModelType::LayerNorm,
+            _ => ModelType::Other,
+        }),
     }
 }
 
@@ -458,10 +503,33 @@ fn add(components: &mut Vec<Component>, name: &'static str, bytes: f64, counter:
 /// The estimate for a spec; `gpu_total` is the GPU the components are shown for (only fraction
 /// engines depend on it, through their budget).
 pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
+    estimate_on(spec, gpu_total, &Platform::default())
+}
+
+/// What the machine adds to every process beyond the model: the CUDA context, which differs by
+/// driver and CUDA generation. The default is what was measured on the reference platform
+/// ([`CUDA_CONTEXT`]); operators on another stack set theirs (`peakfit estimate
+/// --cuda-context`, the extender's `--cuda-context`, chart `extender.cudaContext`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Platform {
+    /// Bytes NVML shows for a process right after its first CUDA call.
+    pub cuda_context: u64,
+}
+
+impl Default for Platform {
+    fn default() -> Self {
+        Self {
+            cuda_context: round(CUDA_CONTEXT),
+        }
+    }
+}
+
+/// The estimate for a spec on a given platform (see [`estimate`]).
+pub fn estimate_on(spec: &Spec, gpu_total: u64, platform: &Platform) -> Estimate {
     let mut assumed = Vec::new();
     let inp = resolve(spec, &mut assumed);
     if let Some(Engine::Fraction(engine)) = &inp.engine {
-        return fraction::fraction_engine(spec, &inp, *engine, gpu_total, assumed);
+        return fraction::fraction_engine(spec, &inp, *engine, gpu_total, assumed, platform);
     }
     let mut components = Vec::new();
     let mut tensor = |name, bytes| add(&mut components, name, bytes, Counter::Allocated);
@@ -474,7 +542,8 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
         transformer_components(&inp, has_shape, &mut tensor);
     }
     tensor("workspace", WORKSPACE);
-    finish(&inp, components, gpu_total, assumed)
+    let slack = (has_shape && inp.hf_modules()).then(|| hf::slack(&inp));
+    finish(&inp, components, gpu_total, assumed, slack, platform)
 }
 
 /// The tensors of a transformer (decoder, encoder, encoder-decoder) at its peak.
@@ -487,8 +556,12 @@ fn transformer_components(
     tensor("quant-state", inp.replicated_quant_state() / inp.tp);
     tensor("quantisation", inp.quantisation_overhead());
     tensor("fp32-upcast", inp.kbit_upcast());
+    let hf_path = has_shape && inp.hf_modules();
     let (grads, master, optimizer) = inp.trainable_state();
-    tensor("gradients", grads);
+    // Under HF's modules gradients exist only at some of the step's moments: `hf::components`.
+    if !hf_path {
+        tensor("gradients", grads);
+    }
     // For adapters the fp32 "master" copy is the adapters themselves.
     let master_name = if inp.workload.is_adapter() {
         "adapters"
@@ -502,6 +575,10 @@ fn transformer_components(
     tensor("zero3-live-params", inp.zero3_live_params());
     tensor("deepspeed-buckets", inp.deepspeed_buckets());
     tensor("fsdp-root-params", inp.fsdp_root_params());
+    if hf_path {
+        hf::components(inp, tensor);
+        return;
+    }
     if has_shape {
         tensor("activations", inp.activations());
         tensor("logits", inp.logits());
@@ -517,6 +594,8 @@ fn finish(
     mut components: Vec<Component>,
     gpu_total: u64,
     assumed: Vec<String>,
+    hf_slack: Option<f64>,
+    platform: &Platform,
 ) -> Estimate {
     let allocated: u64 = components.iter().map(|c| c.bytes).sum();
     let slack = if inp.workload.is_training() {
@@ -524,7 +603,7 @@ fn finish(
     } else {
         SLACK_INFERENCE
     };
-    let slack_bytes = round(allocated as f64 * (slack - 1.0));
+    let slack_bytes = round(hf_slack.unwrap_or(allocated as f64 * (slack - 1.0)));
     components.push(Component {
         name: "allocator-slack",
         bytes: slack_bytes,
@@ -545,7 +624,17 @@ fn finish(
     add(
         &mut components,
         "cuda-context",
-        CUDA_CONTEXT,
+        platform.cuda_context as f64,
+        Counter::Process,
+    );
+    add(
+        &mut components,
+        "cuda-kernels",
+        if inp.workload.is_training() {
+            CUDA_KERNELS_TRAINING
+        } else {
+            CUDA_KERNELS_INFERENCE
+        },
         Counter::Process,
     );
     if inp.multi_gpu() {

@@ -70,6 +70,8 @@ impl Inputs {
                 let p = self.params * self.stage_share() / self.tp;
                 let (grad, master, param_bytes) = match self.dtype {
                     Dtype::Fp32 => (4.0, 0.0, 4.0),
+                    // Autocast under HF keeps fp32 weights and no separate master copy.
+                    Dtype::Fp16Amp if self.hf_modules() => (4.0, 0.0, 4.0),
                     Dtype::Fp16Amp => (4.0, 4.0, 4.0),
                     _ => (2.0, 0.0, 2.0),
                 };
@@ -135,6 +137,7 @@ mod tests {
         let base = [
             ("model", "llama-3.1-8b"),
             ("workload", "training"),
+            ("engine", "deepspeed"),
             ("dtype", "fp16-amp"),
         ];
         let p = 8.03e9;
@@ -182,6 +185,7 @@ mod tests {
         let e = est(&[
             ("model", "llama-2-7b"),
             ("workload", "lora"),
+            ("engine", "deepspeed"),
             ("lora-rank", "8"),
         ]);
         // r=8 on every linear: q,k,v,o (4 x (4096 + 4096)) and the gated MLP
@@ -257,7 +261,9 @@ mod tests {
             ("batch", "2"),
             ("context-tokens", "2048"),
         ];
-        let hf = est(&base);
+        let mut ds = base.to_vec();
+        ds.push(("engine", "deepspeed"));
+        let hf = est(&ds);
         assert_eq!(part(&hf, "gradients"), 8.03e9 * 2.0);
         let mut tt = base.to_vec();
         tt.push(("engine", "torchtune"));

@@ -57,6 +57,9 @@ impl Inputs {
             // `deepspeed/runtime/engine.py`), frozen base included; fp32 master copies exist only
             // for what trains.
             Dtype::Fp16Amp if self.workload.is_adapter() && !self.deepspeed() => 32.0,
+            // torch autocast over fp32 weights (the HF Trainer's `--bf16`/`--fp16` on a model
+            // loaded in fp32): the weights stay fp32 and are themselves the master copy.
+            Dtype::Fp16Amp if self.hf_modules() => 32.0,
             Dtype::Fp16 | Dtype::Bf16 | Dtype::Fp16Amp => 16.0,
             // e4m3 with per-tensor or 128x128 block scales: scales negligible.
             Dtype::Fp8 => 8.0,

@@ -1,0 +1,942 @@
+//! What Hugging Face's modeling code keeps alive: activations of `generate`, of an encoder's
+//! forward and of a training step, tensor by tensor, as transformers 5 builds them.
+//!
+//! Korthikanti et al.'s `34·s·b·h` per layer describes Megatron's fused kernels. HF's modules
+//! hold far more, and at inference they hold whole-batch prefill tensors that a per-token
+//! formula never sees. Each term below names the code it follows (transformers 5.17,
+//! `models/llama/modeling_llama.py` unless said; the other families differ where
+//! [`ModelType`] says) and has a unit test that fails without it.
+//!
+//! Notation: `T = b·s` tokens of the pass, `h` hidden, `q = heads·head_dim`, `kv = kv_heads·
+//! head_dim`, `I` the MLP width, `V` the vocabulary, `c` the compute width in bytes (2 for 16-bit
+//! and autocast, 4 for fp32), `r` the width of the residual stream (4 under autocast: the
+//! embedding and the residual adds stay fp32).
+//!
+//! | term | bytes | code |
+//! |---|---|---|
+//! | prefill, held across layers | `inputs_embeds` and the layer input, `2·T·h·c` (+`T·h·c` for scaled embeddings) | `LlamaModel.forward` keeps `inputs_embeds` in a local through the layer loop; the loop variable holds the running layer's input; `Gemma2Model` multiplies by the normaliser into a new tensor |
+//! | prefill, MLP | `2·T·h·c` (residual sum, normed input) + `3·T·I·c` gated (`act(gate)`, `up`, their product alive at the `*`), `4·T·I·c` fused gate/up (the `2I` output stays alive through its chunk views), `2·T·I·c` plain | `LlamaMLP.forward`, `Phi3MLP.forward`, BERT `BertIntermediate` |
+//! | prefill, attention | normed input + q, k, v + the RoPE temporaries (`q·cos`, `rotate_half(q)·sin`, their sum: `3·T·q·c`) or, with q/k norms, two fp32 copies of q (`8·T·q`) | `apply_rotary_pos_emb`, `Qwen3Attention` |
+//! | prefill, score matrix (eager; fp32 SDPA on grouped-query attention, the math kernel) | repeated k and v (`2·T·q·c`) and two score tensors at once, `8·b·heads·s²`; eager's materialised mask `b·s²·c` | `eager_attention_forward`, `repeat_kv`, `masking_utils.eager_mask`; `sdp_utils.cpp` (`Pass::scores`) |
+//! | RMSNorm | two fp32 copies of its input at once, `8·T·h` | `LlamaRMSNorm.forward` (`to(float32)`, `pow(2)`, `* rsqrt`) |
+//! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
+//! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
+//! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
+//! | training, loss | `12·T·V`: the saved `log_softmax` output, the NLL gradient and `log_softmax`'s input gradient, all fp32, at the start of backward | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`) |
+//! | autocast weight cache | a 16-bit copy of every trainable fp32 weight a linear layer uses in forward, kept by the nodes that saved it | `autocast_mode.cpp` `cached_cast` (leaf tensors requiring grad) |
+
+use super::framework::Framework;
+use super::{
+    Checkpointing, Dtype, HF_SLACK_INFERENCE_TENSORS, HF_SLACK_TRAINING_TENSORS, Inputs, Kind,
+    ModelType, Offload, Optimizer, Workload,
+};
+
+/// The shape of a block as HF's modeling code builds it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Block {
+    pub h: f64,
+    pub q: f64,
+    pub kv: f64,
+    pub heads: f64,
+    pub ffn: f64,
+    pub vocab: f64,
+    pub layers: f64,
+    pub mlp: Mlp,
+    pub family: ModelType,
+    /// Experts per token of a mixture of experts; 0 for a dense MLP.
+    pub experts_per_token: f64,
+    /// Tokens a sliding-window layer sees; 0 for none.
+    pub sliding_window: f64,
+}
+
+/// The MLP as the modeling file writes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Mlp {
+    /// `down(act(gate(x)) * up(x))`: Llama, Qwen, Mistral, Gemma.
+    Gated,
+    /// `gate_up_proj` then `chunk(2)`: Phi-3.
+    FusedGated,
+    /// `fc2(act(fc1(x)))`: BERT, GPT-2, Whisper.
+    Plain,
+}
+
+impl Block {
+    fn fused_qkv(&self) -> bool {
+        self.family == ModelType::Phi3
+    }
+
+    fn qk_norm(&self) -> bool {
+        matches!(self.family, ModelType::QkNorm | ModelType::Gemma3)
+    }
+
+    /// Norms per block: `Gemma2DecoderLayer` has four (pre/post attention, pre/post MLP).
+    fn norms(&self) -> f64 {
+        if matches!(self.family, ModelType::Gemma2 | ModelType::Gemma3) {
+            4.0
+        } else {
+            2.0
+        }
+    }
+
+    /// `Gemma2Model.forward`: `hidden_states = inputs_embeds * normalizer`, a new tensor while
+    /// `inputs_embeds` stays referenced.
+    fn scaled_embeddings(&self) -> bool {
+        matches!(self.family, ModelType::Gemma2 | ModelType::Gemma3)
+    }
+
+    /// RMSNorm as `LlamaRMSNorm` writes it (fp32 upcast); LayerNorm is one fused op.
+    fn rms(&self) -> bool {
+        !self.layer_norm()
+    }
+
+    /// The LayerNorm families (BERT, Whisper, T5, GPT-2).
+    fn layer_norm(&self) -> bool {
+        matches!(self.family, ModelType::LayerNorm | ModelType::Gpt2)
+    }
+
+    /// Whether a sequence of `s` tokens is longer than the sliding window.
+    fn windowed(&self, s: f64) -> bool {
+        self.sliding_window > 0.0 && s > self.sliding_window
+    }
+
+    /// GPT-2's `NewGELUActivation`: eight elementwise ops, each a new `T·I` tensor.
+    fn composed_gelu(&self) -> bool {
+        self.family == ModelType::Gpt2
+    }
+
+    /// Linear layers fed by the attention norm's output: q, k, v, or one fused `qkv_proj`.
+    fn attention_inputs(&self) -> f64 {
+        if self.fused_qkv() { 1.0 } else { 3.0 }
+    }
+
+    /// Linear layers fed by the MLP norm's output: gate and up, or one.
+    fn mlp_inputs(&self) -> f64 {
+        match self.mlp {
+            Mlp::Gated => 2.0,
+            Mlp::FusedGated | Mlp::Plain => 1.0,
+        }
+    }
+
+    /// Bytes per attention score alive at once when the matrix is materialised. Llama's
+    /// `eager_attention_forward` runs `softmax(w, dtype=float32).to(query.dtype)`: in 16 bits
+    /// softmax first copies its input to fp32, so the masked scores (2), that copy (4) and the
+    /// output (4) are alive together, 10 bytes; in fp32 the copy and the final cast are no-ops,
+    /// scores and softmax 8 (torch's math kernel likewise). BERT's, GPT-2's and Whisper's
+    /// `softmax` keeps the input's dtype: scores and probabilities, `2c`.
+    fn score_bytes(&self, c: f64) -> f64 {
+        if self.layer_norm() {
+            2.0 * c
+        } else if c < 4.0 {
+            10.0
+        } else {
+            8.0
+        }
+    }
+
+    /// Adapted linear layers per block under PEFT's `all-linear`.
+    fn linears(&self) -> f64 {
+        self.attention_inputs() + 1.0 + self.mlp_inputs() + 1.0
+    }
+}
+
+/// One forward pass over `b` sequences of `s` tokens.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pass {
+    pub b: f64,
+    pub s: f64,
+    /// Compute width in bytes.
+    pub c: f64,
+    /// SDPA (flash or memory-efficient kernel: no score matrix) rather than eager attention.
+    pub sdpa: bool,
+}
+
+impl Pass {
+    fn t(&self) -> f64 {
+        self.b * self.s
+    }
+
+    /// Whether attention materialises the `b·heads·s·s` score matrix: eager attention always;
+    /// SDPA when its fused kernels cannot take the call. On sm90 torch 2.11 tries cuDNN, flash,
+    /// then memory-efficient attention, then the math kernel
+    /// (`aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`): cuDNN and flash take 16-bit
+    /// inputs only, and the memory-efficient kernel takes fp32 but not grouped-query attention
+    /// (`enable_gqa`, which transformers passes when there is no mask:
+    /// `integrations/sdpa_attention.py` `use_gqa_in_sdpa`), so fp32 with fewer kv heads than
+    /// heads runs the math kernel, which computes `softmax(q·kᵀ)` whole.
+    fn scores(&self, block: &Block) -> bool {
+        !self.sdpa || (self.c >= 4.0 && block.kv < block.q)
+    }
+}
+
+/// The transient MLP bytes of one forward without autograd (see the module table).
+///
+/// A mixture of experts (transformers' `grouped_mm_experts_forward`, `integrations/moe.py`, the
+/// prefill's kernel) sorts the `S = T·k` routed copies of the tokens by expert: the gathered
+/// inputs stay while the gate/up output and its `masked_fill` copy (`4·S·I·c`), then the down
+/// output, its `masked_fill`, the weighted copy and its `inv_perm` reorder (`4·S·h·c`) live.
+fn mlp_transient(block: &Block, t: f64, c: f64) -> f64 {
+    if block.experts_per_token > 0.0 {
+        let s = t * block.experts_per_token;
+        return s * c * (block.h + 4.0 * block.ffn).max(4.0 * block.h);
+    }
+    let live = match block.mlp {
+        Mlp::Gated => 3.0,
+        // NewGELU: the input, then two of its elementwise temporaries and the product.
+        Mlp::Plain if block.composed_gelu() => 4.0,
+        Mlp::FusedGated => 4.0,
+        Mlp::Plain => 2.0,
+    };
+    live * t * block.ffn * c
+}
+
+/// The transient attention bytes of one forward without autograd, beyond the cache copies.
+fn attention_transient(block: &Block, p: &Pass) -> f64 {
+    let t = p.t();
+    let projections = t * p.c * (block.q + 2.0 * block.kv);
+    let position = if block.rms() {
+        // RoPE's three q-sized temporaries; q/k norms' two fp32 copies of q.
+        let rope = 3.0 * t * block.q * p.c;
+        if block.qk_norm() {
+            rope.max(8.0 * t * block.q)
+        } else {
+            rope
+        }
+    } else {
+        // BERT/Whisper: the SDPA output and its contiguous transpose.
+        2.0 * t * block.q * p.c
+    };
+    // The score matrix (`Block::score_bytes` per score) and k and v repeated to every head
+    // (`repeat_kv`, or the math kernel's `repeat_interleave`).
+    let scores = if p.scores(block) {
+        2.0 * t * block.q * p.c + block.score_bytes(p.c) * p.b * block.heads * p.s * p.s
+    } else if block.windowed(p.s) && block.kv < block.q {
+        // With a mask SDPA gets no `enable_gqa` (`use_gqa_in_sdpa`): k and v are repeated.
+        2.0 * t * block.q * p.c
+    } else {
+        0.0
+    };
+    t * block.h * p.c + projections + position + scores
+}
+
+/// Activation bytes at the peak of one forward pass without autograd (a prefill, or an
+/// encoder's forward), beyond the weights and the KV cache.
+pub(super) fn forward_peak(block: &Block, p: &Pass) -> f64 {
+    let t = p.t();
+    let hidden = t * block.h * p.c;
+    let held = if block.scaled_embeddings() {
+        3.0 * hidden
+    } else {
+        2.0 * hidden
+    };
+    // A pre-norm block holds the residual sum and the normed input through its MLP; BERT's
+    // post-LN block feeds the MLP the attention output itself.
+    let mlp_inputs = if block.family == ModelType::LayerNorm && block.mlp == Mlp::Plain {
+        hidden
+    } else {
+        2.0 * hidden
+    };
+    let mlp = mlp_inputs + mlp_transient(block, t, p.c);
+    let norm = if block.rms() {
+        8.0 * t * block.h
+    } else {
+        hidden
+    };
+    // The eager mask is built once per forward and lives through every layer (a decoder's
+    // causal mask, `masking_utils.eager_mask`; an encoder without padding gets none). SDPA's
+    // causal mask is skipped (`_ignore_causal_mask_sdpa`), but not a sliding window's once
+    // the sequence is longer than the window: a boolean `b·s·s` (`sdpa_mask`).
+    let mask = if !p.sdpa && !block.layer_norm() {
+        p.b * p.s * p.s * p.c
+    } else if p.sdpa && block.windowed(p.s) {
+        p.b * p.s * p.s
+    } else {
+        0.0
+    };
+    held + mask + mlp.max(attention_transient(block, p)).max(norm)
+}
+
+/// The largest single tensor of a forward pass: an MLP intermediate (the fused gate/up output
+/// is two wide), an fp32 copy in a norm, or eager attention's fp32 softmax.
+pub(super) fn largest_tensor(block: &Block, p: &Pass) -> f64 {
+    let t = p.t();
+    let mlp = if block.experts_per_token > 0.0 {
+        t * block.experts_per_token * p.c * (2.0 * block.ffn).max(block.h)
+    } else {
+        t * block.ffn
+            * p.c
+            * if block.mlp == Mlp::FusedGated {
+                2.0
+            } else {
+                1.0
+            }
+    };
+    let norm = if block.rms() { 4.0 * t * block.h } else { 0.0 };
+    let scores = if p.scores(block) {
+        4.0 * p.b * block.heads * p.s * p.s
+    } else {
+        0.0
+    };
+    mlp.max(norm).max(scores)
+}
+
+/// Extra bytes of one decode step of `generate`: one layer's key (or value) block while
+/// `torch.cat` builds its successor.
+pub(super) fn decode_step(block: &Block, b: f64, s: f64, kv_bytes: f64, c: f64) -> f64 {
+    // A mixture of experts decodes with `batched_mm_experts_forward`: each of the `b·k` routed
+    // tokens gathers its expert's gate/up and down matrices (`self.gate_up_proj[expert_ids]`),
+    // both alive at the down projection: `b·k·3·I·h·c`.
+    let experts = b * block.experts_per_token * 3.0 * block.ffn * block.h * c;
+    (b * s * block.kv * kv_bytes).max(experts)
+}
+
+/// The last position's logits and `generate`'s fp32 copy of them.
+pub(super) fn generate_logits(block: &Block, sequences: f64, c: f64) -> f64 {
+    sequences * block.vocab * (c + 4.0)
+}
+
+/// Numeric regime of a training step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Precision {
+    /// Weights, activations and optimizer state in bf16/fp16.
+    Pure16,
+    /// fp32 weights under `torch.autocast` to 16 bits: linears in 16 bits, norms, residual
+    /// stream and loss in fp32.
+    Autocast,
+    Fp32,
+}
+
+impl Precision {
+    /// Width of the linears' outputs.
+    fn c(self) -> f64 {
+        match self {
+            Self::Pure16 | Self::Autocast => 2.0,
+            Self::Fp32 => 4.0,
+        }
+    }
+
+    /// Width of the residual stream (embedding output, residual adds, norm outputs).
+    fn r(self) -> f64 {
+        match self {
+            Self::Pure16 => 2.0,
+            Self::Autocast | Self::Fp32 => 4.0,
+        }
+    }
+}
+
+/// Who trains: every weight, or PEFT LoRA adapters of this rank on every linear layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Trainable {
+    All,
+    Lora(f64),
+}
+
+/// Bytes a linear layer saves of an input of `width` bytes per element, per element: the
+/// input itself when its weight trains (once per tensor, `shared`), else what the adapter's
+/// `lora_A` saves. PEFT casts the input to the adapter's dtype first
+/// (`LoraLayer._cast_input_dtype`), and the adapters are fp32 (`autocast_adapter_dtype=True`),
+/// so a 16-bit input gets an fp32 copy per adapted layer; under autocast `lora_A` instead runs
+/// in 16 bits on autocast's own cast. Autocast casts every linear's fp32 input separately
+/// (activations are not cached, `cached_cast` caches only leaf weights).
+fn consumer_saved(trainable: Trainable, prec: Precision, width: f64, consumers: f64) -> f64 {
+    match (trainable, prec) {
+        (Trainable::All, Precision::Autocast) if width > 2.0 => 2.0 * consumers,
+        (Trainable::All, _) | (Trainable::Lora(_), Precision::Fp32) => width,
+        (Trainable::Lora(_), Precision::Pure16) => 4.0 * consumers,
+        (Trainable::Lora(_), Precision::Autocast) => 2.0 * consumers,
+    }
+}
+
+/// Bytes one norm saves per element of its input, beyond what its consumers save.
+/// `LlamaRMSNorm`: `pow(2)` and `* rsqrt` save the fp32 input (a new tensor unless the stream
+/// is fp32 already), and `weight * x.to(input_dtype)` saves `x` when the weight trains.
+/// `F.layer_norm` saves its input (autocast runs it in fp32).
+fn norm_saved(block: &Block, trainable: Trainable, prec: Precision) -> f64 {
+    if !block.rms() {
+        return prec.r().max(if prec == Precision::Autocast {
+            4.0
+        } else {
+            0.0
+        });
+    }
+    4.0 + if trainable == Trainable::All {
+        prec.r()
+    } else {
+        0.0
+    }
+}
+
+/// Bytes autograd saves in one block during a training forward without recomputation, for `T`
+/// tokens (`b` sequences of `s`). Per op (`torch/csrc/autograd/generated` formulas: a `mul`
+/// saves the operand the other's gradient needs, `linear` its input for the weight gradient,
+/// `silu`/`gelu` their input, SDPA's flash/efficient kernels q, k, v, output and log-sum-exp):
+///
+/// - each norm: [`norm_saved`]; its consumers: [`consumer_saved`] (q, k, v or the fused
+///   `qkv_proj`; gate and up);
+/// - q/k norms (Qwen3): the fp32 copies of q and k, and their 16-bit casts when trained;
+/// - attention: SDPA's q (after RoPE), k, v, output (`c` each) and fp32 log-sum-exp per head and
+///   token; with a fused `qkv_proj` v is a view that keeps the whole projection alive; eager:
+///   q, the repeated k and v, the fp32 softmax and its 16-bit cast (`(4+c)·b·heads·s²`);
+/// - `o_proj`'s input (the contiguous transpose of the attention output): [`consumer_saved`];
+/// - MLP, gated: `gate` (by `act`), `act(gate)` and `up` (by the product), the product (by
+///   `down`, as [`consumer_saved`]); fused gate/up: the `2I` output (both chunks are views of
+///   it) instead of gate and up; plain: `fc1`'s output (by `gelu`) and `fc2`'s input;
+/// - LoRA: each adapter's `lora_A` output (rank wide, fp32 or autocast's 16 bits) saved by
+///   `lora_B`.
+pub(super) fn saved_per_layer(
+    block: &Block,
+    p: &Pass,
+    trainable: Trainable,
+    prec: Precision,
+) -> f64 {
+    let t = p.t();
+    let (c, r) = (prec.c(), prec.r());
+    let norms = block.norms() * norm_saved(block, trainable, prec) * t * block.h;
+    let attn_in = consumer_saved(trainable, prec, r, block.attention_inputs()) * t * block.h;
+    let mlp_in = consumer_saved(trainable, prec, r, block.mlp_inputs()) * t * block.h;
+    let qk_norm = if block.qk_norm() {
+        let trained = if trainable == Trainable::All { c } else { 0.0 };
+        (4.0 + trained) * t * (block.q + block.kv)
+    } else {
+        0.0
+    };
+    let v = if block.fused_qkv() {
+        block.q + 2.0 * block.kv
+    } else {
+        block.kv
+    };
+    // The score path saves the fp32 softmax and, in 16 bits, its cast (`matmul` with v);
+    // in fp32 they are one tensor.
+    let attention = if p.scores(block) {
+        let per_score = if block.layer_norm() {
+            c
+        } else {
+            4.0 + if c < 4.0 { c } else { 0.0 }
+        };
+        3.0 * c * t * block.q + per_score * p.b * block.heads * p.s * p.s
+    } else {
+        c * t * (2.0 * block.q + block.kv + v) + 4.0 * t * block.heads
+    };
+    let o_in = consumer_saved(trainable, prec, c, 1.0) * t * block.q;
+    let mlp = match block.mlp {
+        Mlp::Gated => 3.0 * c * t * block.ffn,
+        Mlp::FusedGated => 3.0 * c * t * block.ffn,
+        // NewGELU saves its input (`pow`), `tanh`'s output and the product's two operands.
+        Mlp::Plain if block.composed_gelu() => 4.0 * c * t * block.ffn,
+        Mlp::Plain => c * t * block.ffn,
+    } + consumer_saved(trainable, prec, c, 1.0) * t * block.ffn;
+    let lora = match trainable {
+        Trainable::Lora(rank) => {
+            let width = if prec == Precision::Autocast {
+                2.0
+            } else {
+                4.0
+            };
+            block.linears() * width * t * rank
+        }
+        Trainable::All => 0.0,
+    };
+    norms + attn_in + mlp_in + qk_norm + attention + o_in + mlp + lora
+}
+
+/// Bytes LoRA's dropout adds per block when its probability is above 0: each adapted layer's
+/// `lora_dropout` (`nn.Dropout`, not PEFT's `nn.Identity`) saves its boolean mask (1 B per
+/// input element), and its output replaces the input copy `lora_A` saved; in fp32, where
+/// `lora_A` saved the shared input itself, the dropped-out copy is new (4 B more).
+/// (`peft/tuners/lora/layer.py`, `Linear.forward`: `lora_B(lora_A(dropout(x)))`.)
+pub(super) fn lora_dropout_saved(block: &Block, p: &Pass, prec: Precision) -> f64 {
+    let per = 1.0 + if prec == Precision::Fp32 { 4.0 } else { 0.0 };
+    let inputs =
+        block.attention_inputs() * block.h + block.q + block.mlp_inputs() * block.h + block.ffn;
+    per * p.t() * inputs
+}
+
+/// What stays saved after the blocks: the final norm and, when the head trains, its input.
+pub(super) fn head_saved(block: &Block, p: &Pass, trainable: Trainable, prec: Precision) -> f64 {
+    let t = p.t();
+    let head_in = if trainable == Trainable::All {
+        consumer_saved(trainable, prec, prec.r(), 1.0)
+    } else {
+        0.0
+    };
+    (norm_saved(block, trainable, prec) + head_in) * t * block.h
+}
+
+/// The loss's peak at the start of backward: `ForCausalLMLoss` upcasts the logits
+/// (`logits.float()`) and `cross_entropy` saves `log_softmax`'s fp32 output; backward then holds
+/// the NLL gradient and `log_softmax`'s input gradient beside it: three fp32 `T·V` tensors. (At
+/// the end of forward the 16-bit logits, their fp32 copy and the saved output are `(c+8)·T·V`,
+/// never more than 12 for `c <= 4`.)
+pub(super) fn loss_peak(block: &Block, tokens: f64) -> f64 {
+    12.0 * tokens * block.vocab
+}
+
+/// The loss's largest tensor: one fp32 `T·V` block.
+pub(super) fn loss_tensor(block: &Block, tokens: f64) -> f64 {
+    4.0 * tokens * block.vocab
+}
+
+/// Bytes a layer's backward allocates beside its saved tensors: the gradients of the MLP's
+/// product, `act(gate)` and `up` alive together (`MulBackward0`). (An adapter's fp32 input
+/// gradient comes when that input's saved copy is released.)
+pub(super) fn backward_transient(block: &Block, p: &Pass, prec: Precision) -> f64 {
+    3.0 * prec.c() * p.t() * block.ffn
+}
+
+/// Gradient checkpointing the HF way (`gradient_checkpointing_enable`, non-reentrant
+/// `torch.utils.checkpoint` around each decoder layer): each layer keeps its input (the
+/// residual stream, `r·T·h`), and backward recomputes one layer at a time.
+pub(super) fn checkpointed_per_layer(block: &Block, p: &Pass, prec: Precision) -> f64 {
+    prec.r() * p.t() * block.h
+}
+
+impl Inputs {
+    /// The block as HF's modeling code builds it (per tensor-parallel rank: HF's path runs on
+    /// one GPU here).
+    pub(super) fn block(&self) -> Block {
+        let a = &self.arch;
+        let mlp = match self.family {
+            ModelType::Phi3 => Mlp::FusedGated,
+            ModelType::Llama | ModelType::QkNorm | ModelType::Gemma2 | ModelType::Gemma3 => {
+                Mlp::Gated
+            }
+            ModelType::LayerNorm | ModelType::Gpt2 => Mlp::Plain,
+            // The shape's own hint, as `params_of` reads it.
+            ModelType::Other if a.intermediate_size == 4 * a.hidden_size => Mlp::Plain,
+            ModelType::Other => Mlp::Gated,
+        };
+        Block {
+            h: f64::from(a.hidden_size),
+            q: f64::from(a.attention_heads) * f64::from(a.head_dim),
+            kv: f64::from(a.kv_heads) * f64::from(a.head_dim),
+            heads: f64::from(a.attention_heads),
+            ffn: f64::from(a.intermediate_size),
+            vocab: f64::from(a.vocab_size),
+            layers: f64::from(a.layers),
+            mlp,
+            family: self.family,
+            experts_per_token: self.experts_per_token,
+            sliding_window: self.sliding_window,
+        }
+    }
+
+    /// Whether transformers' own modules run this pod on one GPU, so [`hf`] counts its
+    /// activations: an HF engine (or none named), no parallelism or sharding, no offload; for
+    /// training full fine-tuning or LoRA in 16 bits, fp32 or autocast, without or with full
+    /// checkpointing (QLoRA runs bitsandbytes' kernels and PEFT's k-bit preparation, selective
+    /// recomputation is not HF's).
+    pub(super) fn hf_modules(&self) -> bool {
+        let single = !self.multi_gpu() && self.zero == 0 && self.offload == Offload::None;
+        // A pod that names no engine is taken to run transformers' modules: the most common
+        // stack, and the one that holds the most.
+        let framework = match &self.engine {
+            None => true,
+            Some(e) => e.framework().is_some_and(Framework::runs_hf_modules),
+        };
+        let training_ok = match self.workload {
+            Workload::Inference => true,
+            // The causal-LM loss and decoder blocks only: an encoder's head (classification,
+            // masked LM) and an encoder-decoder's two stacks are left to the general terms.
+            Workload::Training | Workload::Lora => {
+                matches!(
+                    self.dtype,
+                    Dtype::Bf16 | Dtype::Fp16 | Dtype::Fp32 | Dtype::Fp16Amp
+                ) && self.checkpointing != Checkpointing::Selective
+                    && self.kind == Kind::Decoder
+            }
+            Workload::Qlora => false,
+        };
+        single && framework && training_ok && !matches!(self.kind, Kind::Diffusion(_))
+    }
+
+    /// Autocast's 16-bit copies of fp32 linear weights that backward still holds when it
+    /// starts. Autocast caches the cast of every trainable leaf weight for the whole autocast
+    /// region (`cached_cast` in `aten/src/ATen/autocast_mode.cpp`) and a frozen weight's cast is
+    /// saved by its linear node for the input's gradient, so without recomputation every
+    /// linear's copy is held into backward; with checkpointing the layers' copies are dropped
+    /// at the end of forward and only the LM head's (saved outside any checkpoint) stays.
+    fn autocast_weight_copies(&self, checkpointed: bool) -> f64 {
+        if self.dtype != Dtype::Fp16Amp {
+            return 0.0;
+        }
+        let head = f64::from(self.arch.vocab_size) * f64::from(self.arch.hidden_size);
+        if checkpointed {
+            return 2.0 * head;
+        }
+        // The input embedding is a lookup, not a linear: cast only when it is the tied head.
+        let embedding = if self.arch.tied_embeddings { 0.0 } else { head };
+        2.0 * (self.params - embedding).max(0.0)
+    }
+
+    /// The optimizer step's temporary: torch's `foreach` AdamW (`_multi_tensor_adamw`, the
+    /// default on CUDA) takes `_foreach_sqrt` of every second moment into new tensors, one
+    /// moment's worth; the fused kernel (`_fused_adamw_`) and SGD's momentum update in place.
+    fn optimizer_step_temporary(&self) -> f64 {
+        if self.optimizer != Optimizer::Adam || self.optimizer_fused {
+            return 0.0;
+        }
+        let (_, _, states) = self.trainable_state();
+        states / 2.0
+    }
+
+    fn precision(&self) -> Precision {
+        match self.dtype {
+            Dtype::Fp16Amp => Precision::Autocast,
+            Dtype::Fp32 => Precision::Fp32,
+            _ => Precision::Pure16,
+        }
+    }
+
+    /// Compute width of activations: 16-bit for every dtype but fp32 (quantised weights are
+    /// dequantised to 16 bits for their matmuls).
+    fn compute_bytes(&self) -> f64 {
+        if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 }
+    }
+
+    fn pass(&self, b: f64, s: f64) -> Pass {
+        Pass {
+            b,
+            s,
+            c: self.compute_bytes(),
+            sdpa: self.sdpa,
+        }
+    }
+}
+
+/// The tensors at the peak of a pod that transformers' own modules run ([`hf`]).
+///
+/// Inference: the largest of the prefill (or an encoder's forward) and a decode step, over the
+/// weights and the KV cache of the whole context. Encoder-decoders (Whisper): the encoder's
+/// forward before any cache exists, or the first decoder step, which projects the encoder's
+/// output into every layer's cross-attention cache.
+///
+/// Training: the largest of three moments of a step (gradients are freed by `zero_grad`, which
+/// sets them to `None`, so they do not exist when backward starts):
+/// 1. backward starts: every saved activation (or each checkpointed layer's input), autocast's
+///    16-bit weight copies and the loss's three fp32 `T·V` tensors;
+/// 2. backward ends: every gradient, one layer recomputed (or still saved) and its gradients;
+/// 3. the optimizer step: every gradient and the step's temporary (`foreach` AdamW's
+///    `_foreach_sqrt` of the second moment; none for the fused kernel or SGD).
+pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64)) {
+    let block = inp.block();
+    if !inp.workload.is_training() {
+        let seqs = inp.batch * inp.beams;
+        let kv = inp.kv_cache(inp.tokens());
+        let activations = match inp.kind {
+            Kind::EncoderDecoder {
+                encoder_positions, ..
+            } => {
+                let positions = if encoder_positions > 0 {
+                    f64::from(encoder_positions)
+                } else {
+                    inp.context
+                };
+                let t_enc = inp.batch * positions;
+                let encoder = forward_peak(&block, &inp.pass(inp.batch, positions));
+                // The encoder's output, and one layer's cross-attention key and value being
+                // projected and copied into the cache (`WhisperAttention`: `k_proj`, then
+                // `transpose(1, 2).contiguous()`, then the cache's `torch.cat`).
+                let c = inp.compute_bytes();
+                let first_step = t_enc * block.h * c + 2.0 * t_enc * block.kv * c;
+                (encoder - kv).max(first_step)
+            }
+            Kind::Encoder => forward_peak(&block, &inp.pass(inp.batch, inp.context)),
+            _ => forward_peak(&block, &inp.pass(seqs, inp.context)).max(decode_step(
+                &block,
+                seqs,
+                inp.context,
+                inp.kv_bytes,
+                inp.compute_bytes(),
+            )),
+        };
+        tensor("activations", activations);
+        tensor("logits", generate_logits(&block, seqs, inp.compute_bytes()));
+        tensor("kv-cache", kv);
+        return;
+    }
+    let (grads, _, _) = inp.trainable_state();
+    let trainable = if inp.workload.is_adapter() {
+        Trainable::Lora(inp.lora_rank)
+    } else {
+        Trainable::All
+    };
+    let prec = inp.precision();
+    let pass = inp.pass(inp.batch, inp.context);
+    let dropout = if inp.workload.is_adapter() && inp.lora_dropout > 0.0 {
+        lora_dropout_saved(&block, &pass, prec)
+    } else {
+        0.0
+    };
+    let layer = saved_per_layer(&block, &pass, trainable, prec) + dropout;
+    let head = head_saved(&block, &pass, trainable, prec);
+    let checkpointed = inp.checkpointing == Checkpointing::Full;
+    let kept = if checkpointed {
+        block.layers * checkpointed_per_layer(&block, &pass, prec)
+    } else {
+        block.layers * layer
+    };
+    let cast = inp.autocast_weight_copies(checkpointed);
+    let start = kept + head + cast + loss_peak(&block, inp.tokens());
+    // Backward's late moments: with checkpointing, the top layer recomputed while every
+    // layer's input is still kept, or the bottom one once every gradient exists; without it,
+    // the bottom layer's backward beside every gradient.
+    let late = if checkpointed { kept.max(grads) } else { grads };
+    let end = late + layer + backward_transient(&block, &pass, prec);
+    let step = grads + inp.optimizer_step_temporary();
+    if start >= end.max(step) {
+        tensor("activations", kept + head);
+        tensor("autocast-weights", cast);
+        tensor("logits", loss_peak(&block, inp.tokens()));
+    } else if end >= step {
+        tensor("gradients", grads.min(end));
+        tensor("activations", end - grads.min(end));
+    } else {
+        tensor("gradients", grads);
+        tensor("optimizer-step", step - grads);
+    }
+}
+
+/// The caching allocator's slack under transformers' own modules
+/// (`HF_SLACK_INFERENCE_TENSORS`, `HF_SLACK_TRAINING_TENSORS`).
+pub(super) fn slack(inp: &Inputs) -> f64 {
+    let block = inp.block();
+    if inp.workload.is_training() {
+        let pass = inp.pass(inp.batch, inp.context);
+        let largest = loss_tensor(&block, inp.tokens()).max(largest_tensor(&block, &pass));
+        return HF_SLACK_TRAINING_TENSORS * largest;
+    }
+    let pass = match inp.kind {
+        Kind::EncoderDecoder {
+            encoder_positions, ..
+        } if encoder_positions > 0 => inp.pass(inp.batch, f64::from(encoder_positions)),
+        Kind::Encoder | Kind::EncoderDecoder { .. } => inp.pass(inp.batch, inp.context),
+        _ => inp.pass(inp.batch * inp.beams, inp.context),
+    };
+    HF_SLACK_INFERENCE_TENSORS * largest_tensor(&block, &pass)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama_1b() -> Block {
+        Block {
+            h: 2048.0,
+            q: 2048.0,
+            kv: 512.0,
+            heads: 32.0,
+            ffn: 8192.0,
+            vocab: 128_256.0,
+            layers: 16.0,
+            mlp: Mlp::Gated,
+            family: ModelType::Llama,
+            experts_per_token: 0.0,
+            sliding_window: 0.0,
+        }
+    }
+
+    fn pass(b: f64, s: f64) -> Pass {
+        Pass {
+            b,
+            s,
+            c: 2.0,
+            sdpa: true,
+        }
+    }
+
+    #[test]
+    fn prefill_holds_three_mlp_tensors_and_two_hidden_copies_beside_the_mlp_input() {
+        let (block, p) = (llama_1b(), pass(128.0, 992.0));
+        let t = p.t();
+        // inputs_embeds + layer input + residual sum + normed input, then act, up, product.
+        let expected = 4.0 * t * 2048.0 * 2.0 + 3.0 * t * 8192.0 * 2.0;
+        assert_eq!(forward_peak(&block, &p), expected);
+    }
+
+    #[test]
+    fn phi3_keeps_the_fused_gate_up_output_through_its_chunks() {
+        let (mut block, p) = (llama_1b(), pass(4.0, 4000.0));
+        let gated = forward_peak(&block, &p);
+        block.family = ModelType::Phi3;
+        block.mlp = Mlp::FusedGated;
+        assert_eq!(
+            forward_peak(&block, &p) - gated,
+            p.t() * block.ffn * 2.0,
+            "one more T x I tensor"
+        );
+    }
+
+    #[test]
+    fn gemma_scales_its_embeddings_into_a_new_tensor() {
+        let (mut block, p) = (llama_1b(), pass(2.0, 4096.0));
+        let plain = forward_peak(&block, &p);
+        block.family = ModelType::Gemma2;
+        assert_eq!(forward_peak(&block, &p) - plain, p.t() * block.h * 2.0);
+    }
+
+    #[test]
+    fn eager_attention_materialises_scores_and_mask() {
+        let block = llama_1b();
+        let sdpa = pass(1.0, 8192.0);
+        let eager = Pass {
+            sdpa: false,
+            ..sdpa
+        };
+        // At 8k tokens the fp32 softmax dwarfs the MLP: the attention phase decides.
+        // 10 bytes per score in 16 bits (the scores, softmax's fp32 copy, its output), less the
+        // MLP phase it replaces as the peak.
+        assert!(
+            forward_peak(&block, &eager)
+                > forward_peak(&block, &sdpa) + 32.0 * 8192.0 * 8192.0 * 9.5
+        );
+    }
+
+    #[test]
+    fn fp32_sdpa_on_grouped_query_attention_runs_the_math_kernel() {
+        let block = llama_1b();
+        let bf16 = pass(1.0, 8192.0);
+        let fp32 = Pass { c: 4.0, ..bf16 };
+        let scores = 8.0 * 32.0 * 8192.0 * 8192.0;
+        assert!(forward_peak(&block, &fp32) > scores);
+        assert!(forward_peak(&block, &bf16) < scores / 4.0);
+        // Multi-head attention in fp32 goes to the memory-efficient kernel: no scores.
+        let mha = Block {
+            kv: block.q,
+            ..block
+        };
+        assert!(forward_peak(&mha, &fp32) < scores / 4.0);
+    }
+
+    #[test]
+    fn rms_norm_upcasts_twice_when_the_mlp_is_narrow() {
+        // With a narrow MLP the norm's two fp32 copies (8 B per hidden unit) are the peak.
+        let mut block = llama_1b();
+        (block.ffn, block.q, block.kv) = (256.0, 256.0, 256.0);
+        let p = pass(1.0, 1024.0);
+        assert_eq!(
+            forward_peak(&block, &p),
+            2.0 * p.t() * block.h * 2.0 + 8.0 * p.t() * block.h
+        );
+    }
+
+    #[test]
+    fn bert_feeds_its_mlp_the_attention_output_itself() {
+        let block = Block {
+            h: 1024.0,
+            q: 1024.0,
+            kv: 1024.0,
+            heads: 16.0,
+            ffn: 4096.0,
+            vocab: 30522.0,
+            layers: 24.0,
+            mlp: Mlp::Plain,
+            family: ModelType::LayerNorm,
+            experts_per_token: 0.0,
+            sliding_window: 0.0,
+        };
+        let p = pass(256.0, 512.0);
+        let t = p.t();
+        assert_eq!(
+            forward_peak(&block, &p),
+            3.0 * t * 1024.0 * 2.0 + 2.0 * t * 4096.0 * 2.0
+        );
+    }
+
+    #[test]
+    fn lora_copies_each_adapted_input_to_fp32() {
+        let (block, p) = (llama_1b(), pass(2.0, 4096.0));
+        let lora = saved_per_layer(&block, &p, Trainable::Lora(0.0), Precision::Pure16);
+        let full = saved_per_layer(&block, &p, Trainable::All, Precision::Pure16);
+        let t = p.t();
+        // LoRA: norms save only their fp32 input (4+4 per h); five fp32 input copies (q, k, v,
+        // gate, up: 20 per h); o_proj's and down's inputs in fp32 (4 per q, 4 per I).
+        // Full: norms 2x(4+2), q/k/v and gate/up share one 16-bit input each (2+2), o and down
+        // their own 16-bit input.
+        let diff =
+            (8.0 + 20.0 - 12.0 - 4.0) * t * block.h + 2.0 * t * block.q + 2.0 * t * block.ffn;
+        assert_eq!(lora - full, diff);
+    }
+
+    #[test]
+    fn autocast_casts_each_linear_input_separately() {
+        let (block, p) = (llama_1b(), pass(2.0, 1024.0));
+        let amp = saved_per_layer(&block, &p, Trainable::All, Precision::Autocast);
+        let pure = saved_per_layer(&block, &p, Trainable::All, Precision::Pure16);
+        let t = p.t();
+        // Norms: fp32 input (4) + fp32 normed (4) against 4 + 2; consumers 3 + 2 casts of 2 B
+        // against two shared 16-bit inputs.
+        assert_eq!(amp - pure, (2.0 * 2.0 + (10.0 - 4.0)) * t * block.h);
+    }
+
+    #[test]
+    fn lora_dropout_saves_a_mask_per_adapted_input() {
+        let (block, p) = (llama_1b(), pass(2.0, 1000.0));
+        // q, k, v and gate, up see the hidden size, o the attention width, down the MLP's.
+        let inputs = 5.0 * 2048.0 + 2048.0 + 8192.0;
+        assert_eq!(
+            lora_dropout_saved(&block, &p, Precision::Pure16),
+            p.t() * inputs
+        );
+        assert_eq!(
+            lora_dropout_saved(&block, &p, Precision::Fp32),
+            5.0 * p.t() * inputs
+        );
+    }
+
+    #[test]
+    fn a_mixture_of_experts_routes_k_copies_of_each_token() {
+        let (mut block, p) = (llama_1b(), pass(8.0, 32768.0));
+        (block.ffn, block.experts_per_token) = (768.0, 8.0);
+        let t = p.t();
+        // Prefill: four `S·h` tensors of the k routed copies beside the held hidden states.
+        assert_eq!(
+            forward_peak(&block, &p),
+            4.0 * t * 2048.0 * 2.0 + t * 8.0 * 2.0 * 4.0 * 2048.0
+        );
+        // Decode: each routed token gathers its expert's three matrices.
+        assert_eq!(
+            decode_step(&block, 32.0, 1.0, 2.0, 2.0),
+            32.0 * 8.0 * 3.0 * 768.0 * 2048.0 * 2.0
+        );
+    }
+
+    #[test]
+    fn gpt2s_composed_gelu_keeps_four_intermediates() {
+        let (mut block, p) = (llama_1b(), pass(4.0, 1024.0));
+        (block.family, block.mlp) = (ModelType::LayerNorm, Mlp::Plain);
+        let plain = mlp_transient(&block, p.t(), 2.0);
+        block.family = ModelType::Gpt2;
+        assert_eq!(mlp_transient(&block, p.t(), 2.0), 2.0 * plain);
+        let saved = saved_per_layer(&block, &p, Trainable::All, Precision::Pure16);
+        block.family = ModelType::LayerNorm;
+        assert_eq!(
+            saved - saved_per_layer(&block, &p, Trainable::All, Precision::Pure16),
+            3.0 * 2.0 * p.t() * block.ffn
+        );
+    }
+
+    #[test]
+    fn a_sliding_window_past_its_length_builds_a_mask_and_repeats_k_and_v() {
+        let (mut block, p) = (llama_1b(), pass(8.0, 32768.0));
+        let full = forward_peak(&block, &p);
+        block.sliding_window = 4096.0;
+        let mask = 8.0 * 32768.0 * 32768.0;
+        assert!(forward_peak(&block, &p) >= full + mask);
+        // Within the window nothing changes.
+        block.sliding_window = 65536.0;
+        assert_eq!(forward_peak(&block, &p), full);
+    }
+
+    #[test]
+    fn loss_holds_three_fp32_logit_tensors() {
+        assert_eq!(loss_peak(&llama_1b(), 10.0), 120.0 * 128_256.0);
+    }
+
+    #[test]
+    fn qk_norms_save_fp32_copies_of_q_and_k() {
+        let (mut block, p) = (llama_1b(), pass(1.0, 512.0));
+        let plain = saved_per_layer(&block, &p, Trainable::Lora(8.0), Precision::Pure16);
+        block.family = ModelType::QkNorm;
+        let normed = saved_per_layer(&block, &p, Trainable::Lora(8.0), Precision::Pure16);
+        assert_eq!(normed - plain, 4.0 * p.t() * (block.q + block.kv));
+    }
+}
