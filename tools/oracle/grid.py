@@ -167,7 +167,8 @@ def header(root, seconds=None):
 def generate(a):
     root = a.root
     path = f"{root}/tests/data/oracle-grid.csv"
-    partial = path + ".partial"
+    partial = f"{root}/target/oracle-grid.partial.jsonl"
+    os.makedirs(os.path.dirname(partial), exist_ok=True)
     cases = design(root)
     if a.limit:
         cases = cases[:a.limit]
@@ -175,7 +176,8 @@ def generate(a):
     if a.resume and os.path.exists(partial):
         for line in open(partial):
             r = json.loads(line)
-            done[r["id"]] = r
+            if "failed" not in r:
+                done[r["id"]] = r
     elif os.path.exists(partial):
         os.remove(partial)
     t0 = time.time()

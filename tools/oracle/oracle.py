@@ -190,27 +190,30 @@ def _half(dt):
 
 
 def select_backend(q, k, v, mask, dropout_p, is_causal, enable_gqa):
-    hq, hk = q.shape[1], k.shape[1]
+    hq, hk, hv = q.shape[1], k.shape[1], v.shape[1]
     dq, dk, dv = q.shape[-1], k.shape[-1], v.shape[-1]
     sq, sk = q.shape[2], k.shape[2]
-    heads_ok = hq == hk or (enable_gqa and hq % hk == 0)
-    if q.dim() != 4 or not heads_ok or sq == 0 or sk == 0:
+    if q.dim() != 4 or sq == 0 or sk == 0 or q.shape[0] != k.shape[0]:
         return "math"
+    same_heads = hq == hk == hv
+    divisible = hk == hv and hk > 0 and hq % hk == 0
     strides_ok = all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in (q, k, v))
     # cuDNN: fp16/bf16, head dims <= 256 (sm90, cuDNN >= 9.10) and multiples of 8, kv length != 1,
-    # batch and heads <= 65535, dropout a multiple of 1/16, masks allowed, GQA allowed.
-    if (_half(q.dtype) and strides_ok and dq <= 256 and dv <= 256 and dq % 8 == 0 and dv % 8 == 0
+    # batch and heads <= 65535, dropout a multiple of 1/16; masks allowed; kv heads dividing q heads are
+    # accepted with or without enable_gqa.
+    if (_half(q.dtype) and strides_ok and divisible and dq <= 256 and dv <= 256 and dq % 8 == 0 and dv % 8 == 0
             and sk != 1 and q.shape[0] <= 65535 and hq <= 65535
             and dropout_p * 16.0 == math.floor(dropout_p * 16.0)):
         return "cudnn"
-    # flash: no mask, equal head dims <= 256, fp16/bf16, causal only when square.
+    # flash: no mask, equal head dims <= 256, fp16/bf16, causal only when square, GQA only with enable_gqa.
     if (_half(q.dtype) and mask is None and dq == dk == dv and dq <= 256 and strides_ok
-            and not (is_causal and sq != sk)):
+            and (same_heads or (enable_gqa and divisible)) and not (is_causal and sq != sk)):
         return "flash"
-    # memory-efficient: fp16/bf16/fp32 (sm80+), head dims aligned (8 for 16-bit, 4 for fp32).
+    # memory-efficient: fp16/bf16/fp32 (sm80+), head dims aligned (8 for 16-bit, 4 for fp32), equal heads
+    # (torch 2.11: no GQA / implicit MQA in this backend; added later, pytorch#191085).
     align = 8 if _half(q.dtype) else 4
     if (q.dtype in (torch.float16, torch.bfloat16, torch.float32) and dq == dk and dq % align == 0
-            and dv % align == 0 and all(t.stride(-1) == 1 for t in (q, k, v))):
+            and dv % align == 0 and same_heads and all(t.stride(-1) == 1 for t in (q, k, v))):
         return "efficient"
     return "math"
 
@@ -246,9 +249,6 @@ def sdpa_sm90(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                 if sk % 16:
                     attn_mask = F.pad(attn_mask, (0, 16 - sk % 16))[..., :sk]
                 attn_mask = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-            if enable_gqa and key.shape[1] != query.shape[1]:
-                rep = query.shape[1] // key.shape[1]
-                key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
             return torch.ops.aten._scaled_dot_product_efficient_attention(
                 query, key, value, attn_mask, need_lse, dropout_p, is_causal, scale=scale)[0]
         # math: on CUDA, 16-bit inputs are computed in fp32 (allow_fp16_bf16_reduction_math_sdp is off)
@@ -422,7 +422,12 @@ def run_case(c):
         model.train()
         model.config.use_cache = False
         if c.get("gradient_checkpointing", "none") == "full":
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            kw = {"use_reentrant": False}
+            if dtype == "fp16-amp":
+                # the recomputation in backward runs outside the forward's TorchFunctionMode: give it the
+                # CUDA autocast policy through checkpoint's context_fn (no effect on what is saved)
+                kw["context_fn"] = lambda: (contextlib.nullcontext(), CudaAutocastPolicy())
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
             model.config.use_cache = False
         if workload == "lora":
             import peft
