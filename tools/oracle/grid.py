@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""The oracle grid: tests/data/oracle-grid.csv, regenerated or checked.
+
+  grid.py generate --root R [--resume] [--limit N]   run every case of the design (one process)
+  grid.py check --root R N [--seed S]                rerun N sampled rows, compare with the committed file
+"""
+import argparse
+import csv
+import datetime
+import io
+import json
+import os
+import platform
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle  # noqa: E402
+
+GIB = 2 ** 30
+H200_GIB = 141.0
+COLUMNS = ["id", "config", "workload", "dtype", "batch", "context_tokens", "new_tokens", "gradient_checkpointing",
+           "optimizer", "lora_rank", "attention", "oracle_allocated_gib", "weights_gib", "gradients_gib",
+           "optimizer_gib", "activations_gib", "peak_phase", "seconds"]
+
+DECODERS = ["smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b", "qwen2.5-1.5b", "qwen3-1.7b",
+            "smollm2-1.7b", "gemma-2-2b", "llama-3.2-3b", "phi-3-mini-4k-instruct", "qwen3-4b", "falcon-7b",
+            "mistral-7b-v0.1", "mistral-7b-v0.3", "qwen2.5-7b", "llama-3.1-8b", "qwen3-8b", "gemma-2-9b",
+            "qwen3-30b-a3b", "mixtral-8x7b-v0.1", "gpt2"]
+SMALL = ["smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b", "gpt2"]
+MID = ["qwen2.5-1.5b", "qwen3-1.7b", "gemma-2-2b", "llama-3.2-3b", "qwen3-4b"]
+BIG = ["mistral-7b-v0.3", "qwen2.5-7b", "llama-3.1-8b", "qwen3-8b"]
+
+
+def case(config, workload, dtype, batch, ctx, new=None, gc=None, opt=None, rank=None, attn="sdpa"):
+    parts = [config, workload, dtype, f"b{batch}", f"t{ctx}"]
+    if new:
+        parts.append(f"n{new}")
+    if gc:
+        parts.append(f"gc{gc}")
+    if opt:
+        parts.append(opt)
+    if rank:
+        parts.append(f"r{rank}")
+    if attn != "sdpa":
+        parts.append(attn)
+    return dict(id="-".join(parts), config=config, workload=workload, dtype=dtype, batch=batch, context_tokens=ctx,
+                new_tokens=new, gradient_checkpointing=gc, optimizer=opt, lora_rank=rank, attention=attn)
+
+
+def max_ctx(cfg):
+    return cfg.get("n_positions") or cfg.get("max_position_embeddings") or 32768
+
+
+def design(root):
+    """Most rows are generation (cheap); training and LoRA on small and mid models; every optimizer,
+    with and without checkpointing; 16-bit and fp32; SDPA and eager."""
+    cfgs = {n: json.load(open(f"{root}/tests/data/oracle-configs/{n}.json"))
+            for n in DECODERS + ["bert-base-uncased", "bert-large", "whisper-small", "whisper-large-v3"]}
+    out = []
+    # 1. generate, bf16, SDPA: batch x context over every decoder
+    for m in DECODERS:
+        for b in (1, 8, 32, 128):
+            for ctx in (512, 2048, 8192, 32768):
+                if ctx > max_ctx(cfgs[m]):
+                    continue
+                if b * ctx > 2 ** 20 and m not in SMALL:      # keep the grid to workloads that fit
+                    continue
+                out.append(case(m, "inference", "bf16", b, ctx, new=min(64, ctx // 8)))
+    # 2. batch 256 and short prompts
+    for m in SMALL + MID:
+        for ctx in (128, 1024):
+            if ctx <= max_ctx(cfgs[m]):
+                out.append(case(m, "inference", "bf16", 256, ctx, new=16))
+    # 3. fp16 and fp32 (fp32: SDPA runs the memory-efficient kernel on sm90), eager attention
+    for m in SMALL + MID + ["mistral-7b-v0.1", "llama-3.1-8b"]:
+        for ctx in (1024, 4096):
+            if ctx > max_ctx(cfgs[m]):
+                continue
+            out.append(case(m, "inference", "fp16", 8, ctx, new=64))
+            if m not in ("mistral-7b-v0.1", "llama-3.1-8b"):
+                out.append(case(m, "inference", "fp32", 4, ctx, new=32))
+                out.append(case(m, "inference", "fp32", 4, ctx, new=32, attn="eager"))
+            out.append(case(m, "inference", "bf16", 4, ctx, new=32, attn="eager"))
+    # 4. encoders (one forward) and Whisper (3,000 mel frames, greedy decode)
+    for m in ("bert-base-uncased", "bert-large"):
+        for b in (1, 32, 128, 256):
+            for ctx in (128, 512):
+                for dt in ("fp16", "fp32"):
+                    out.append(case(m, "inference", dt, b, ctx))
+        out.append(case(m, "inference", "bf16", 64, 512))
+        out.append(case(m, "inference", "fp16", 64, 512, attn="eager"))
+    for m in ("whisper-small", "whisper-large-v3"):
+        for b in (1, 8, 16, 32):
+            for n in (64, 224):
+                out.append(case(m, "inference", "fp16", b, n, new=n))
+        out.append(case(m, "inference", "fp32", 8, 128, new=128))
+    # 5. full fine-tuning: fp16-amp and bf16 (fp32 a few), each optimizer, with and without checkpointing
+    for m in SMALL + ["qwen2.5-1.5b", "qwen3-1.7b"]:
+        for dt in ("fp16-amp", "bf16"):
+            for gc in ("none", "full"):
+                for opt in ("adamw", "adamw-fused", "sgd"):
+                    b, ctx = (4, 1024) if gc == "none" else (8, 2048)
+                    if m == "gpt2":
+                        ctx = 1024
+                    out.append(case(m, "training", dt, b, ctx, gc=gc, opt=opt))
+        out.append(case(m, "training", "fp32", 2, 1024, gc="none", opt="adamw"))
+    # 6. LoRA on all linear layers
+    for m in ["qwen2.5-0.5b", "llama-3.2-1b", "qwen3-1.7b", "llama-3.2-3b", "qwen3-4b"] + BIG:
+        for rank in (16, 64):
+            for gc in ("none", "full"):
+                b, ctx = (2, 2048) if gc == "none" else (8, 2048)
+                out.append(case(m, "lora", "bf16", b, ctx, gc=gc, opt="adamw", rank=rank))
+        out.append(case(m, "lora", "fp16-amp", 4, 1024, gc="full", opt="adamw-fused", rank=8))
+    # drop duplicate ids (keep the first)
+    seen, uniq = set(), []
+    for c in out:
+        if c["id"] not in seen:
+            seen.add(c["id"])
+            uniq.append(c)
+    return uniq
+
+
+def row_of(c, r):
+    bd = r["breakdown_bytes"]
+    tot = r["peak_allocated_bytes"]
+    g = lambda n: f"{n / GIB:.4f}"
+    act = tot - bd["weights"] - bd["gradients"] - bd["optimizer"]
+    new = c["new_tokens"] if c["new_tokens"] else ""
+    return dict(id=c["id"], config=c["config"] + ".json", workload=c["workload"], dtype=c["dtype"], batch=c["batch"],
+                context_tokens=c["context_tokens"], new_tokens=new,
+                gradient_checkpointing=c["gradient_checkpointing"] or "", optimizer=c["optimizer"] or "",
+                lora_rank=c["lora_rank"] or "", attention=c["attention"], oracle_allocated_gib=g(tot),
+                weights_gib=g(bd["weights"]), gradients_gib=g(bd["gradients"]), optimizer_gib=g(bd["optimizer"]),
+                activations_gib=g(act), peak_phase=r["peak_phase"], seconds=f"{r['seconds']:.1f}")
+
+
+def run(c, root):
+    cc = dict(c)
+    cc["config"] = f"{root}/tests/data/oracle-configs/{c['config']}.json"
+    if cc["workload"] != "inference":
+        cc["steps"] = 2
+    return oracle.run_case(cc)
+
+
+def header(root, seconds=None):
+    import torch
+    import transformers
+    import peft
+    lines = [
+        "# peakfit oracle grid: peak torch.cuda.max_memory_allocated (GiB) of each workload on an sm90 GPU",
+        "# (H100/H200), computed without a GPU by tools/oracle/oracle.py (docs/oracle.md).",
+        "# command: scripts/oracle grid",
+        f"# torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}",
+        f"# date {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"# machine {platform.machine()} {platform.system()} {platform.release()}, "
+        f"{os.cpu_count()} CPUs (python {platform.python_version()}), no GPU",
+        "# activations_gib = everything else live at the peak (saved activations, KV cache, temporaries,",
+        "# cuBLAS workspaces). seconds = oracle run time for the case. Cases over 141 GiB (an H200) are left out.",
+    ]
+    if seconds is not None:
+        lines.append(f"# generated in {seconds / 60:.1f} min")
+    return lines
+
+
+def generate(a):
+    root = a.root
+    path = f"{root}/tests/data/oracle-grid.csv"
+    partial = f"{root}/target/oracle-grid.partial.jsonl"
+    os.makedirs(os.path.dirname(partial), exist_ok=True)
+    cases = design(root)
+    if a.limit:
+        cases = cases[:a.limit]
+    done = {}
+    if a.resume and os.path.exists(partial):
+        for line in open(partial):
+            r = json.loads(line)
+            if "failed" not in r:
+                done[r["id"]] = r
+    elif os.path.exists(partial):
+        os.remove(partial)
+    t0 = time.time()
+    prev = sum(float(r.get("seconds") or 0) for r in done.values())
+    # Run order: interleave the kinds of case (generation, training, ...) so that an interrupted run
+    # still covers every kind; the file is written in design order, rewritten every 20 cases.
+    kinds = {}
+    for c in cases:
+        kinds.setdefault((c["workload"], c["dtype"] == "fp32"), []).append(c)
+    order = sorted(cases, key=lambda c: next(
+        (j + 0.5) / len(v) for k, v in kinds.items() for j, x in enumerate(v) if x is c))
+    with open(partial, "a") as sink:
+        for i, c in enumerate(order):
+            if i and i % 20 == 0:
+                write_csv(root, path, cases, done, prev + time.time() - t0, final=False)
+            if c["id"] in done:
+                continue
+            try:
+                r = run(c, root)
+            except Exception as e:
+                print(f"[{i + 1}/{len(cases)}] {c['id']}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+                rec = dict(id=c["id"], failed=f"{type(e).__name__}: {str(e)[:200]}")
+            else:
+                if r["peak_allocated_bytes"] / GIB > H200_GIB:
+                    rec = dict(id=c["id"], too_big=r["peak_allocated_gib"])
+                else:
+                    rec = row_of(c, r)
+                print(f"[{i + 1}/{len(cases)}] {c['id']}: {r['peak_allocated_gib']:.3f} GiB {r['peak_phase']} "
+                      f"{r['seconds']:.1f}s", flush=True)
+            done[c["id"]] = rec
+            sink.write(json.dumps(rec) + "\n")
+            sink.flush()
+    write_csv(root, path, cases, done, prev + time.time() - t0)
+    return 0
+
+
+def write_csv(root, path, cases, done, seconds, final=True):
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    n = 0
+    for c in cases:
+        r = done.get(c["id"])
+        if r and "oracle_allocated_gib" in r:
+            w.writerow(r)
+            n += 1
+    with open(path, "w") as f:
+        f.write("\n".join(header(root, seconds if final else None)) + "\n")
+        f.write(buf.getvalue())
+    if final:
+        print(f"{path}: {n} rows", flush=True)
+
+
+def read_grid(path):
+    lines = [l for l in open(path) if not l.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+def check(a):
+    root = a.root
+    rows = read_grid(f"{root}/tests/data/oracle-grid.csv")
+    by_id = {c["id"]: c for c in design(root)}
+    rng = random.Random(a.seed)
+    sample = rng.sample(rows, min(a.n, len(rows)))
+    bad = 0
+    for row in sample:
+        c = by_id.get(row["id"])
+        if c is None:
+            print(f"{row['id']}: not in the design any more")
+            bad += 1
+            continue
+        r = run(c, root)
+        new = float(row_of(c, r)["oracle_allocated_gib"])
+        old = float(row["oracle_allocated_gib"])
+        diff = 100.0 * (new - old) / old
+        ok = abs(diff) <= 0.5
+        bad += not ok
+        print(f"{row['id']:60s} committed {old:9.4f}  now {new:9.4f}  {diff:+.3f}%  {'ok' if ok else 'DIFFERS'}",
+              flush=True)
+    print(f"{len(sample) - bad}/{len(sample)} rows within 0.5 %")
+    return 1 if bad else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate")
+    g.add_argument("--root", required=True)
+    g.add_argument("--resume", action="store_true", help="keep the rows of an interrupted run")
+    g.add_argument("--limit", type=int, default=None)
+    ch = sub.add_parser("check")
+    ch.add_argument("--root", required=True)
+    ch.add_argument("n", type=int, nargs="?", default=8)
+    ch.add_argument("--seed", type=int, default=None)
+    ls = sub.add_parser("list")
+    ls.add_argument("--root", required=True)
+    a = ap.parse_args()
+    if a.cmd == "generate":
+        return generate(a)
+    if a.cmd == "list":
+        for c in design(a.root):
+            print(c["id"])
+        return 0
+    return check(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
