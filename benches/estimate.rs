@@ -37,11 +37,11 @@ fn annotations(config: &str, workload: &[(&str, &str)]) -> BTreeMap<String, Stri
 fn specs() -> Vec<(String, Spec)> {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
     let text = std::fs::read_to_string(data.join("oracle-grid.csv")).expect("oracle grid");
-    let body: String = text
+    let body = text
         .lines()
         .filter(|l| !l.starts_with('#'))
-        .map(|l| format!("{l}\n"))
-        .collect();
+        .collect::<Vec<_>>()
+        .join("\n");
     let mut reader = csv::Reader::from_reader(body.as_bytes());
     let headers = reader.headers().expect("headers").clone();
     let mut out = Vec::new();

@@ -175,11 +175,11 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         );
     }
     let platform = platform(args)?;
-    let req = request_on(&spec, &platform)?;
+    let req = request_on(&spec, platform)?;
     // The model's breakdown at this GPU size; with an explicit `vram` it is still shown, for
     // comparison, when a model is described.
     let described = spec.vram.is_none() || spec.model.is_some() || spec.params.is_some();
-    let model = described.then(|| estimate_on(&spec, gpu_total, &platform));
+    let model = described.then(|| estimate_on(&spec, gpu_total, platform));
     let per_gpu = req.demand.bytes_on(gpu_total);
     let runs = req.demand.runs_on(gpu_total);
     if args.json {

@@ -54,11 +54,11 @@ fn rows() -> Vec<Row> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
     let text = std::fs::read_to_string(dir.join("oracle-grid.csv")).expect("the oracle grid");
     // `#` lines are the grid's header: command, versions, date.
-    let body: String = text
+    let body = text
         .lines()
         .filter(|l| !l.starts_with('#'))
-        .map(|l| format!("{l}\n"))
-        .collect();
+        .collect::<Vec<_>>()
+        .join("\n");
     let mut reader = csv::Reader::from_reader(body.as_bytes());
     let headers = reader.headers().expect("header row").clone();
     let mut configs: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
@@ -166,7 +166,10 @@ fn estimate_matches_the_oracle_grid() {
     assert!(median <= 4.0, "median |model - oracle| {median:.1}% > 4%");
     assert!(p90 <= 10.0, "p90 |model - oracle| {p90:.1}% > 10%");
     for r in rows.iter().filter(|r| r.workload == "inference") {
-        if KNOWN_GAPS.iter().any(|(prefix, _)| r.id.starts_with(prefix)) {
+        if KNOWN_GAPS
+            .iter()
+            .any(|(prefix, _)| r.id.starts_with(prefix))
+        {
             continue;
         }
         assert!(

@@ -416,8 +416,8 @@ impl Index {
         annotations: &BTreeMap<String, String>,
     ) -> Result<Option<PodRequest>, AnnotationError> {
         match self.model_configs.resolve(namespace, annotations)? {
-            Some(merged) => model::annotations::pod_request_on(&merged, &self.platform),
-            None => model::annotations::pod_request_on(annotations, &self.platform),
+            Some(merged) => model::annotations::pod_request_on(&merged, self.platform),
+            None => model::annotations::pod_request_on(annotations, self.platform),
         }
     }
 

@@ -501,6 +501,11 @@ impl Engine {
 /// Everything a pod's annotations say, validated, before defaults are applied. The estimator
 /// fills the gaps (see [`mod@super::estimate`]).
 #[derive(Clone, Debug, Default, PartialEq)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent annotations (hybrid shard, FSDP naming, paged and fused optimizers), \
+              not a state machine"
+)]
 pub struct Spec {
     /// The input keys present, without the prefix: a spec with none means "not a peakfit pod".
     pub keys: Vec<&'static str>,
@@ -574,7 +579,7 @@ pub struct Spec {
 
 /// Model families whose Hugging Face modeling code differs in what a block keeps alive; the
 /// `model_type` of a `config.json`. Anything else builds its block the Llama way (separate q, k,
-/// v and gate/up projections, RMSNorm in fp32) with a plain MLP when it is 4h wide.
+/// v and gate/up projections, `RMSNorm` in fp32) with a plain MLP when it is 4h wide.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModelType {
     /// `llama`, `mistral`, `mixtral`, `qwen2`, `qwen2_moe` and the other gated-MLP decoders
@@ -583,12 +588,12 @@ pub enum ModelType {
     /// A type not known here: built the Llama way, its MLP gated unless it is 4x the hidden
     /// size (GPT-NeoX, Falcon, StarCoder keep a plain 4h MLP).
     Other,
-    /// `qwen3`, `qwen3_moe`, `olmo2`: an RMSNorm over each head of q and k
+    /// `qwen3`, `qwen3_moe`, `olmo2`: an `RMSNorm` over each head of q and k
     /// (`Qwen3Attention.q_norm`/`k_norm`).
     QkNorm,
     /// `phi3`: fused `qkv_proj` and `gate_up_proj` (`Phi3Attention`, `Phi3MLP`).
     Phi3,
-    /// `gpt2`, `gptj`, `codegen`: LayerNorm and a GELU composed of elementwise ops
+    /// `gpt2`, `gptj`, `codegen`: `LayerNorm` and a GELU composed of elementwise ops
     /// (`NewGELUActivation`, `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`), each a new tensor.
     Gpt2,
     /// `gemma2`, `gemma3_text`: four norms per block (`pre_feedforward_layernorm`,
@@ -596,7 +601,7 @@ pub enum ModelType {
     /// tensor (`Gemma2Model.forward`); gemma3 adds q/k norms.
     Gemma2,
     Gemma3,
-    /// Encoders and encoder-decoders with LayerNorm (BERT family, Whisper, T5).
+    /// Encoders and encoder-decoders with `LayerNorm` (BERT family, Whisper, T5).
     LayerNorm,
 }
 
@@ -1106,13 +1111,13 @@ impl PodRequest {
 pub fn pod_request(
     annotations: &BTreeMap<String, String>,
 ) -> Result<Option<PodRequest>, AnnotationError> {
-    pod_request_on(annotations, &Platform::default())
+    pod_request_on(annotations, Platform::default())
 }
 
 /// [`pod_request`] on a given platform (the extender's `--cuda-context`).
 pub fn pod_request_on(
     annotations: &BTreeMap<String, String>,
-    platform: &Platform,
+    platform: Platform,
 ) -> Result<Option<PodRequest>, AnnotationError> {
     let spec = Spec::parse(annotations)?;
     if spec.is_empty() {
@@ -1123,11 +1128,11 @@ pub fn pod_request_on(
 
 /// The request for an already parsed, non-empty spec.
 pub fn request(spec: &Spec) -> Result<PodRequest, AnnotationError> {
-    request_on(spec, &Platform::default())
+    request_on(spec, Platform::default())
 }
 
 /// [`request`] on a given platform (its CUDA context: `--cuda-context`).
-pub fn request_on(spec: &Spec, platform: &Platform) -> Result<PodRequest, AnnotationError> {
+pub fn request_on(spec: &Spec, platform: Platform) -> Result<PodRequest, AnnotationError> {
     if let Some(share) = spec.gpu_share {
         // A share of whatever GPU the pod lands on, nothing fixed: the openb trace's pods.
         return Ok(PodRequest {

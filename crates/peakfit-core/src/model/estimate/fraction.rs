@@ -42,7 +42,7 @@ pub(super) fn fraction_engine(
     engine: FractionEngine,
     gpu_total: u64,
     mut assumed: Vec<String>,
-    platform: &Platform,
+    platform: Platform,
 ) -> Estimate {
     let context = platform.cuda_context as f64;
     let util = spec.gpu_memory_utilization.unwrap_or_else(|| {

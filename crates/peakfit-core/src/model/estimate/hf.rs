@@ -84,12 +84,12 @@ impl Block {
         matches!(self.family, ModelType::Gemma2 | ModelType::Gemma3)
     }
 
-    /// RMSNorm as `LlamaRMSNorm` writes it (fp32 upcast); LayerNorm is one fused op.
+    /// `RMSNorm` as `LlamaRMSNorm` writes it (fp32 upcast); `LayerNorm` is one fused op.
     fn rms(&self) -> bool {
         !self.layer_norm()
     }
 
-    /// The LayerNorm families (BERT, Whisper, T5, GPT-2).
+    /// The `LayerNorm` families (BERT, Whisper, T5, GPT-2).
     fn layer_norm(&self) -> bool {
         matches!(self.family, ModelType::LayerNorm | ModelType::Gpt2)
     }
@@ -373,7 +373,7 @@ fn norm_saved(block: &Block, trainable: Trainable, prec: Precision) -> f64 {
 /// - each norm: [`norm_saved`]; its consumers: [`consumer_saved`] (q, k, v or the fused
 ///   `qkv_proj`; gate and up);
 /// - q/k norms (Qwen3): the fp32 copies of q and k, and their 16-bit casts when trained;
-/// - attention: SDPA's q (after RoPE), k, v, output (`c` each) and fp32 log-sum-exp per head and
+/// - attention: SDPA's q (after `RoPE`), k, v, output (`c` each) and fp32 log-sum-exp per head and
 ///   token; with a fused `qkv_proj` v is a view that keeps the whole projection alive; eager:
 ///   q, the repeated k and v, the fp32 softmax and its 16-bit cast (`(4+c)·b·heads·s²`);
 /// - `o_proj`'s input (the contiguous transpose of the attention output): [`consumer_saved`];
@@ -418,8 +418,7 @@ pub(super) fn saved_per_layer(
     };
     let o_in = consumer_saved(trainable, prec, c, 1.0) * t * block.q;
     let mlp = match block.mlp {
-        Mlp::Gated => 3.0 * c * t * block.ffn,
-        Mlp::FusedGated => 3.0 * c * t * block.ffn,
+        Mlp::Gated | Mlp::FusedGated => 3.0 * c * t * block.ffn,
         // NewGELU saves its input (`pow`), `tanh`'s output and the product's two operands.
         Mlp::Plain if block.composed_gelu() => 4.0 * c * t * block.ffn,
         Mlp::Plain => c * t * block.ffn,

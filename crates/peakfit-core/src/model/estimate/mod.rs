@@ -503,7 +503,7 @@ fn add(components: &mut Vec<Component>, name: &'static str, bytes: f64, counter:
 /// The estimate for a spec; `gpu_total` is the GPU the components are shown for (only fraction
 /// engines depend on it, through their budget).
 pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
-    estimate_on(spec, gpu_total, &Platform::default())
+    estimate_on(spec, gpu_total, Platform::default())
 }
 
 /// What the machine adds to every process beyond the model: the CUDA context, which differs by
@@ -525,7 +525,7 @@ impl Default for Platform {
 }
 
 /// The estimate for a spec on a given platform (see [`estimate`]).
-pub fn estimate_on(spec: &Spec, gpu_total: u64, platform: &Platform) -> Estimate {
+pub fn estimate_on(spec: &Spec, gpu_total: u64, platform: Platform) -> Estimate {
     let mut assumed = Vec::new();
     let inp = resolve(spec, &mut assumed);
     if let Some(Engine::Fraction(engine)) = &inp.engine {
@@ -595,7 +595,7 @@ fn finish(
     gpu_total: u64,
     assumed: Vec<String>,
     hf_slack: Option<f64>,
-    platform: &Platform,
+    platform: Platform,
 ) -> Estimate {
     let allocated: u64 = components.iter().map(|c| c.bytes).sum();
     let slack = if inp.workload.is_training() {
