@@ -20,7 +20,7 @@ use prometheus_client::metrics::family::Family;
 
 use crate::cluster::NodeGpuReport;
 use crate::cluster::model_config::{MODEL_CONFIG, ModelConfigs};
-use crate::cluster::resources::{HostRequest, allocatable_of, host_request_of};
+use crate::cluster::resources::{HostRequest, allocatable_of, host_claim_of, host_request_of};
 use crate::metrics::extender::ReasonLabels;
 use crate::model::{self, AnnotationError, PodRequest};
 use crate::placement::memo::ScoreMemo;
@@ -136,10 +136,16 @@ impl PodEntry {
                 .and_then(|s| s.node_name.clone())
                 .filter(|n| !n.is_empty()),
             priority: spec.and_then(|s| s.priority).unwrap_or(0),
+            // Only a pod peakfit places needs its GPU products (bind's class); the watch sees
+            // every pod, and a foreign one's affinity list is not read.
+            host: if matches!(request, Ok(Some(_))) {
+                host_request_of(pod)
+            } else {
+                host_claim_of(pod)
+            },
             request,
             assignment,
             bound_here: false,
-            host: host_request_of(pod),
             model_config: ann.filter(|a| a.contains_key(MODEL_CONFIG)).map(|a| {
                 Box::new(
                     a.iter()
@@ -1432,5 +1438,39 @@ pub(crate) mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
         assert!(!text.contains("pod-u1"), "{text}");
+    }
+
+    #[test]
+    fn only_a_pod_peakfit_places_has_its_gpu_products_read() {
+        use k8s_openapi::api::core::v1::{
+            Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+        };
+        let with_products = |mut pod: Pod| {
+            let values: Vec<String> = (0..1_000).map(|i| format!("gpu-{}", i % 10)).collect();
+            pod.spec.as_mut().unwrap().affinity = Some(Affinity {
+                node_affinity: Some(NodeAffinity {
+                    required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                        node_selector_terms: vec![NodeSelectorTerm {
+                            match_expressions: Some(vec![NodeSelectorRequirement {
+                                key: crate::cluster::resources::GPU_PRODUCT_LABEL.into(),
+                                operator: "In".into(),
+                                values: Some(values),
+                            }]),
+                            ..Default::default()
+                        }],
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            pod
+        };
+        let foreign = with_products(mk_pod("f", Some("n1"), &[]));
+        let entry = PodEntry::from_pod(&foreign, pod_request_of(&foreign));
+        assert!(entry.host.gpu_products.is_empty(), "{:?}", entry.host);
+        let ours = with_products(mk_pod("o", None, &[("peakfit.io/vram", "10Gi")]));
+        let entry = PodEntry::from_pod(&ours, pod_request_of(&ours));
+        let expected: Vec<String> = (0..10).map(|i| format!("gpu-{i}")).collect();
+        assert_eq!(entry.host.gpu_products, expected);
     }
 }

@@ -176,6 +176,41 @@ pub(crate) fn record_pod(pod: &k8s_openapi::api::core::v1::Pod) {
     );
 }
 
+/// The GPU models (as the agents name them) that a pod's product selector allows, each once,
+/// in the order the pod lists them. Linear in the list: each product is looked up by its dashed
+/// form. Products no reported GPU carries are left out (they match no GPU), but when none
+/// matches, the first one, cut to [`crate::clip::MAX_USER_BYTES`], stays, so that the class still
+/// refuses every GPU and says which model it wanted: a pod listing 242,234 products (issue 24)
+/// neither costs seconds per request nor carries them into the class, the shape mix and the reply.
+fn gpu_models_of<'a>(
+    products: &[String],
+    models: impl IntoIterator<Item = &'a String>,
+) -> Vec<String> {
+    use crate::cluster::resources::product_matches;
+    let dashed = |s: &str| s.replace(' ', "-");
+    let mut by_label: HashMap<String, Vec<&String>> = HashMap::new();
+    for m in models {
+        by_label.entry(dashed(m)).or_default().push(m);
+    }
+    let mut taken: std::collections::HashSet<&String> = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for p in products {
+        if let Some(m) = by_label
+            .get(&dashed(p))
+            .and_then(|ms| ms.iter().find(|m| product_matches(p, m)))
+            && taken.insert(m)
+        {
+            out.push((*m).clone());
+        }
+    }
+    if out.is_empty()
+        && let Some(first) = products.first()
+    {
+        out.push(crate::clip::clip(first).into_owned());
+    }
+    out
+}
+
 #[derive(Clone, Debug)]
 struct Pending {
     since_unix: i64,
@@ -293,17 +328,7 @@ impl Extender {
         class.cpu_milli = host.cpu_milli;
         if !host.gpu_products.is_empty() {
             let (_, models) = self.index.gpu_capacity();
-            class.gpu_models = host
-                .gpu_products
-                .iter()
-                .map(|p| {
-                    models
-                        .keys()
-                        .find(|m| crate::cluster::resources::product_matches(p, m))
-                        .cloned()
-                        .unwrap_or_else(|| p.clone())
-                })
-                .collect();
+            class.gpu_models = gpu_models_of(&host.gpu_products, models.keys());
         }
         class
     }
@@ -471,6 +496,36 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_models_are_the_reported_ones_each_once_in_the_pod_s_order() {
+        let models = ["NVIDIA L4".to_owned(), "NVIDIA A100-SXM4-40GB".to_owned()];
+        let products: Vec<String> = [
+            "NVIDIA-A100-SXM4-40GB",
+            "not-a-gpu",
+            "NVIDIA-L4",
+            "NVIDIA A100-SXM4-40GB",
+            "NVIDIA-L4",
+        ]
+        .map(str::to_owned)
+        .into();
+        assert_eq!(
+            gpu_models_of(&products, &models),
+            ["NVIDIA A100-SXM4-40GB", "NVIDIA L4"]
+        );
+        // None reported: the first product stays (cut), so the class still refuses every GPU.
+        let unknown = vec!["H".repeat(100_000), "B200".to_owned()];
+        let only = gpu_models_of(&unknown, &models);
+        assert_eq!(only.len(), 1);
+        assert!(only[0].len() < crate::clip::MAX_USER_BYTES + 32);
+        // A long list of distinct products is one class of the reported models (before: the
+        // whole list, carried into the class, the shape mix and the reply's words).
+        let many: Vec<String> = (0..50_000)
+            .map(|i| format!("gpu-{i}"))
+            .chain(["NVIDIA-L4".to_owned()])
+            .collect();
+        assert_eq!(gpu_models_of(&many, &models), ["NVIDIA L4"]);
+    }
 
     #[test]
     fn quantities_and_durations() {
