@@ -12,6 +12,10 @@ use crate::model::AnnotationError;
 /// [`MARK`] and how many bytes were left out.
 pub const MAX_USER_BYTES: usize = 256;
 
+/// The most of a message that quotes user strings (a decoder's error, a refusal naming the
+/// request's pod and node): 1 KiB, cut like a string.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
 /// What follows a cut string: `…[12345 more bytes]`.
 pub const MARK: &str = "…";
 

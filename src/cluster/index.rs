@@ -409,10 +409,16 @@ impl Index {
         namespace: &str,
         annotations: &BTreeMap<String, String>,
     ) -> Result<Option<PodRequest>, AnnotationError> {
-        match self.model_configs.resolve(namespace, annotations)? {
+        // Cut once here: the error is kept with the pod and quoted by filter, bind and logs.
+        match self
+            .model_configs
+            .resolve(namespace, annotations)
+            .map_err(crate::clip::annotation_error)?
+        {
             Some(merged) => model::pod_request(&merged),
             None => model::pod_request(annotations),
         }
+        .map_err(crate::clip::annotation_error)
     }
 
     /// Records a model-config ConfigMap (new, changed or unlabelled) and works out again the
@@ -642,7 +648,7 @@ impl Index {
             && a.reserved_bytes.is_none()
         {
             tracing::warn!(
-                pod = %entry.name, namespace = %entry.namespace, value = %raw,
+                pod = %entry.name, namespace = %entry.namespace, value = %crate::clip::clip(raw),
                 "{RESERVED_BYTES} is not a whole number of bytes up to 2^60; the pod's own request is reserved instead"
             );
             self.warn_metric("reserved_bytes_invalid");
@@ -841,7 +847,7 @@ impl Index {
                     if !st.unreported_assignments.contains(key) {
                         tracing::warn!(
                             node = %name, pod = %pod.name, namespace = %pod.namespace, missing,
-                            assigned = %a.gpu_uuids.join(","),
+                            assigned = %crate::clip::clip(&a.gpu_uuids.join(",")),
                             "the pod's assigned GPUs are not in the node's report; charged to the node's largest GPUs"
                         );
                         self.warn_metric("assigned_gpu_not_reported");

@@ -138,6 +138,38 @@ impl BodyLimits {
             .await
             .expect("the budget semaphore is never closed")
     }
+
+    /// Grows `held` to cover `bytes` (a reply larger than its request), waiting up to the body
+    /// timeout; `None` when the budget stays full that long. For the blocking pool (it blocks).
+    pub fn grow_blocking(
+        &self,
+        mut held: tokio::sync::OwnedSemaphorePermit,
+        bytes: usize,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let want = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(self.budget_kib);
+        let have = u32::try_from(held.num_permits()).unwrap_or(u32::MAX);
+        let Some(extra) = want.checked_sub(have).filter(|&e| e > 0) else {
+            return Some(held);
+        };
+        let more = match self.budget.clone().try_acquire_many_owned(extra) {
+            Ok(p) => p,
+            Err(_) => tokio::runtime::Handle::current().block_on(async {
+                tokio::time::timeout(self.timeout, self.budget.clone().acquire_many_owned(extra))
+                    .await
+                    .ok()
+                    .map(|p| p.expect("the budget semaphore is never closed"))
+            })?,
+        };
+        held.merge(more);
+        Some(held)
+    }
+
+    /// Bytes of the in-flight budget not held by a request or reply now (to the KiB).
+    pub fn available_bytes(&self) -> usize {
+        self.budget.available_permits() * 1024
+    }
 }
 
 impl Default for BodyLimits {
@@ -166,14 +198,12 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 /// Names the pod (`namespace/name`) on the verb's span, once the request is decoded.
 pub(crate) fn record_pod(pod: &k8s_openapi::api::core::v1::Pod) {
     let m = &pod.metadata;
-    tracing::Span::current().record(
-        "pod",
-        format!(
-            "{}/{}",
-            m.namespace.as_deref().unwrap_or_default(),
-            m.name.as_deref().unwrap_or_default()
-        ),
+    let pod = format!(
+        "{}/{}",
+        m.namespace.as_deref().unwrap_or_default(),
+        m.name.as_deref().unwrap_or_default()
     );
+    tracing::Span::current().record("pod", crate::clip::clip(&pod).as_ref());
 }
 
 /// The GPU models (as the agents name them) that a pod's product selector allows, each once,
