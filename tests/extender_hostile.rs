@@ -130,11 +130,50 @@ async fn a_reply_holds_its_share_of_the_budget_until_read() {
     let reply = router.oneshot(req).await.unwrap();
     assert_eq!(reply.status(), 200);
     let held = full - ext.body.available_bytes();
+    // Its size is still known, so hyper writes a Content-Length, not chunks.
+    let size = http_body::Body::size_hint(reply.body()).exact();
     let bytes = reply.into_body().collect().await.unwrap().to_bytes();
     assert!(bytes.len() > 300_000, "{} bytes", bytes.len());
     assert!(
         held >= bytes.len(),
         "held {held} bytes while the reply is unread"
     );
+    assert_eq!(size, Some(bytes.len() as u64));
     assert_eq!(ext.body.available_bytes(), full);
+}
+
+/// `/metrics` is rendered at most once per max age (a second in the binary) and served from that
+/// render: a change within it shows at the next render, not at every scrape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_rendered_once_per_max_age() {
+    let make = |max_age| {
+        let index = fixture_index(&capture_dir(), &node_cache_uids());
+        let metrics = Arc::new(peakfit::metrics::extender::ExtenderMetrics::with_index(
+            index.clone(),
+            capture_clock,
+        ));
+        let binder = Arc::new(peakfit::cluster::binding::MemoryBinder::default());
+        let ext = Arc::new(
+            peakfit::extender::Extender::new(index, metrics, binder)
+                .with_clock(capture_clock)
+                .with_scrape_max_age(max_age),
+        );
+        peakfit::extender::routes::router(ext)
+    };
+    let body = filter_body(
+        &serde_json::json!({"peakfit.io/vram": "1Gi"}),
+        &serde_json::json!({}),
+        &["gpu-a".to_owned()],
+    );
+    for (max_age, cached) in [
+        (std::time::Duration::from_secs(3600), true),
+        (std::time::Duration::ZERO, false),
+    ] {
+        let router = make(max_age);
+        let (_, before) = call(&router, "GET", "/metrics", vec![]).await;
+        let (status, _) = call(&router, "POST", "/filter", body.clone()).await;
+        assert_eq!(status, 200);
+        let (_, after) = call(&router, "GET", "/metrics", vec![]).await;
+        assert_eq!(before == after, cached, "max age {max_age:?}");
+    }
 }

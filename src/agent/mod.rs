@@ -255,12 +255,15 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 
 fn router(metrics: &AgentMetrics) -> Router {
     let registry = metrics.registry();
+    let cache = std::sync::Arc::new(crate::metrics::RenderCache::new(
+        crate::metrics::SCRAPE_MAX_AGE,
+    ));
     Router::new()
         .route(
             "/metrics",
             get(move || {
-                let registry = registry.clone();
-                async move { crate::metrics::render(&registry) }
+                let (registry, cache) = (registry.clone(), cache.clone());
+                async move { cache.serve(move || crate::metrics::encode(&registry)).await }
             }),
         )
         // Liveness only: a node without a working driver is healthy for the agent (it reports

@@ -270,6 +270,8 @@ pub struct Extender {
     clock: fn() -> i64,
     /// Request body limits (see `routes::receive`).
     pub body: BodyLimits,
+    /// `/metrics` as last rendered (`with_scrape_max_age`; the binary's is a second).
+    pub scrape: crate::metrics::RenderCache,
 }
 
 fn now_unix() -> i64 {
@@ -296,7 +298,14 @@ impl Extender {
             bind_locks: bind::PodLocks::default(),
             clock: now_unix,
             body: BodyLimits::default(),
+            scrape: crate::metrics::RenderCache::new(Duration::ZERO),
         }
+    }
+
+    /// Serves a rendered `/metrics` again for `max_age` (zero: render every scrape).
+    pub fn with_scrape_max_age(mut self, max_age: Duration) -> Self {
+        self.scrape = crate::metrics::RenderCache::new(max_age);
+        self
     }
 
     pub fn with_body_limits(mut self, body: BodyLimits) -> Self {
@@ -464,6 +473,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
             .with_fit(fit)
             .with_scoring(args.scoring)
             .with_readiness(readiness)
+            .with_scrape_max_age(crate::metrics::SCRAPE_MAX_AGE)
             .with_body_limits(BodyLimits::new(
                 args.max_body_bytes,
                 args.max_body_bytes_in_flight,

@@ -193,8 +193,7 @@ fn budgeted(
     reply: Response,
     held: tokio::sync::OwnedSemaphorePermit,
 ) -> Response {
-    use axum::body::HttpBody as _;
-    use http_body_util::BodyExt as _;
+    use http_body::Body as _;
     let bytes = reply
         .body()
         .size_hint()
@@ -212,11 +211,40 @@ fn budgeted(
         );
     };
     let (parts, body) = reply.into_parts();
-    let body = body.map_frame(move |frame| {
-        let _ = &held;
-        frame
-    });
-    Response::from_parts(parts, axum::body::Body::new(body))
+    Response::from_parts(
+        parts,
+        axum::body::Body::new(Held {
+            body,
+            _budget: held,
+        }),
+    )
+}
+
+/// A body that returns its budget when dropped (written or abandoned); its size hint is its
+/// body's, so the reply keeps its `Content-Length`.
+struct Held {
+    body: axum::body::Body,
+    _budget: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl http_body::Body for Held {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Reads the body: refuses one declared larger than the limit before reading it, waits (up to
@@ -397,7 +425,13 @@ async fn readyz(State(ext): State<Shared>) -> Response {
     }
 }
 
+/// Rendered at most once per `Extender::scrape`'s age (a second in the binary).
 async fn metrics(State(ext): State<Shared>) -> Response {
-    ext.refresh_pending_gauges();
-    crate::metrics::render(&ext.metrics.registry)
+    let render = ext.clone();
+    ext.scrape
+        .serve(move || {
+            render.refresh_pending_gauges();
+            crate::metrics::encode(&render.metrics.registry)
+        })
+        .await
 }
