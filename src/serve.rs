@@ -187,6 +187,89 @@ impl BodyError {
     }
 }
 
+/// How much request body a server reads (the extender's verbs, the webhook's reviews): per
+/// request, and all requests and their replies together.
+#[derive(Debug)]
+pub struct BodyLimits {
+    pub max_bytes: usize,
+    pub in_flight_bytes: usize,
+    pub timeout: std::time::Duration,
+    /// The in-flight budget in KiB (a semaphore's permits are counted in `u32`).
+    budget: Arc<tokio::sync::Semaphore>,
+    budget_kib: u32,
+}
+
+impl BodyLimits {
+    /// `in_flight_bytes` is raised to `max_bytes` if smaller: a request the limit admits must be
+    /// able to run.
+    pub fn new(max_bytes: u64, in_flight_bytes: u64, timeout: std::time::Duration) -> Self {
+        let max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+        let in_flight_bytes = usize::try_from(in_flight_bytes)
+            .unwrap_or(usize::MAX)
+            .max(max_bytes);
+        let budget_kib = u32::try_from(in_flight_bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(crate::convert::usize_to_u32(
+                tokio::sync::Semaphore::MAX_PERMITS,
+            ));
+        Self {
+            max_bytes,
+            in_flight_bytes,
+            timeout,
+            budget: Arc::new(tokio::sync::Semaphore::new(budget_kib as usize)),
+            budget_kib,
+        }
+    }
+
+    /// Waits until `bytes` more fit in the budget; the share returns when the permit drops.
+    pub async fn reserve(&self, bytes: usize) -> tokio::sync::OwnedSemaphorePermit {
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        self.budget
+            .clone()
+            .acquire_many_owned(kib.clamp(1, self.budget_kib))
+            .await
+            .expect("the budget semaphore is never closed")
+    }
+
+    /// Grows `held` to cover `bytes` (a reply larger than its request), waiting up to the body
+    /// timeout; `None` when the budget stays full that long. For the blocking pool (it blocks).
+    pub fn grow_blocking(
+        &self,
+        mut held: tokio::sync::OwnedSemaphorePermit,
+        bytes: usize,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let want = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(self.budget_kib);
+        let have = u32::try_from(held.num_permits()).unwrap_or(u32::MAX);
+        let Some(extra) = want.checked_sub(have).filter(|&e| e > 0) else {
+            return Some(held);
+        };
+        let more = match self.budget.clone().try_acquire_many_owned(extra) {
+            Ok(p) => p,
+            Err(_) => tokio::runtime::Handle::current().block_on(async {
+                tokio::time::timeout(self.timeout, self.budget.clone().acquire_many_owned(extra))
+                    .await
+                    .ok()
+                    .map(|p| p.expect("the budget semaphore is never closed"))
+            })?,
+        };
+        held.merge(more);
+        Some(held)
+    }
+
+    /// Bytes of the in-flight budget not held by a request or reply now (to the KiB).
+    pub fn available_bytes(&self) -> usize {
+        self.budget.available_permits() * 1024
+    }
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        Self::new(32 << 20, 64 << 20, std::time::Duration::from_secs(30))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
