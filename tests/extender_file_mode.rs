@@ -219,3 +219,24 @@ fn an_empty_file_loads_nothing() {
         0
     );
 }
+
+/// Issue 24: two pods with one UID in a file were charged once, without a word. They are now
+/// warned about and counted (`peakfit_index_warnings_total{reason="duplicate_pod_uid"}`).
+#[test]
+fn two_pods_with_one_uid_in_a_file_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dup.yaml");
+    let pod = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: ml, uid: same}}\n\
+             spec: {{containers: [{{name: c}}]}}\n"
+        )
+    };
+    std::fs::write(&path, format!("{}---\n{}", pod("a"), pod("b"))).unwrap();
+    let index = Index::new();
+    peakfit::cluster::file::load_into(&index, &path).unwrap();
+    let reason = peakfit::metrics::extender::ReasonLabels {
+        reason: "duplicate_pod_uid",
+    };
+    assert_eq!(index.warnings().get_or_create(&reason).get(), 1);
+}

@@ -54,6 +54,7 @@ pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
         _ => 3,
     });
     let mut n = 0;
+    let mut pods = std::collections::HashSet::new();
     for (i, obj) in objects.into_iter().enumerate() {
         let kind = obj
             .get("kind")
@@ -74,7 +75,19 @@ pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
         };
         match kind.as_str() {
             "Node" => index.apply_node(&serde_json::from_value::<Node>(obj).map_err(err)?),
-            "Pod" => index.apply_pod(&serde_json::from_value::<Pod>(obj).map_err(err)?),
+            "Pod" => {
+                let pod = serde_json::from_value::<Pod>(obj).map_err(err)?;
+                // Two pods under one key would be charged once, the second replacing the first.
+                if !pods.insert(super::index::pod_key(&pod)) {
+                    tracing::warn!(
+                        path = %p, index = i, name = %crate::clip::clip(&name),
+                        key = %crate::clip::clip(&super::index::pod_key(&pod)),
+                        "two pods in the file have one UID (or namespace/name); the later one replaces the earlier"
+                    );
+                    index.warn_metric("duplicate_pod_uid");
+                }
+                index.apply_pod(&pod);
+            }
             "NodeGpuReport" => {
                 index.apply_report(&serde_json::from_value::<NodeGpuReport>(obj).map_err(err)?);
             }

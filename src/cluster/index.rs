@@ -232,8 +232,9 @@ impl ReportView {
                             m
                         }),
                     total: g.memory_total_bytes,
-                    used: g.memory_used_bytes,
-                    driver_reserved: g.memory_reserved_bytes,
+                    // Never more than the GPU has: a report is believed only within itself.
+                    used: g.memory_used_bytes.min(g.memory_total_bytes),
+                    driver_reserved: g.memory_reserved_bytes.min(g.memory_total_bytes),
                     by_pod,
                 }
             })
@@ -334,6 +335,29 @@ pub struct Index {
     /// One score memo per distinct node state (`placement::signature`), shared by the nodes in
     /// that state.
     states: Mutex<States>,
+    /// Which node's report first listed a GPU UUID: a UUID is one physical GPU, so a second
+    /// node reporting it (a copied report, a misconfigured agent) is warned about and counted.
+    gpu_owners: Mutex<HashMap<String, String>>,
+}
+
+/// The most memory one GPU (or MIG instance) is believed to have: 1 TiB. The largest GPUs sold
+/// have 288 GB (B300); an NVML total of 2^64-1 was published and then a 1 EiB pod accepted
+/// (issue 24).
+pub const MAX_GPU_BYTES: u64 = 1 << 40;
+
+/// Why a reported GPU is not offered: each a warning and a count of
+/// `peakfit_index_warnings_total{reason}`.
+fn implausible(
+    g: &crate::inventory::GpuDevice,
+    parents: &HashMap<&str, u64>,
+) -> Option<&'static str> {
+    if g.memory_total_bytes > MAX_GPU_BYTES {
+        return Some("gpu_memory_implausible");
+    }
+    match g.mig_parent_uuid.as_deref().map(|p| parents.get(p)) {
+        Some(Some(&parent)) if g.memory_total_bytes > parent => Some("mig_instance_outside_parent"),
+        _ => None,
+    }
 }
 
 /// What the extender remembers of one node state, shared by every node in it: prioritize's
@@ -600,11 +624,15 @@ impl Index {
         if name.is_empty() {
             return;
         }
-        let view = ReportView::from_report(report, &mut self.models.lock());
-        let listed = report
-            .status
-            .as_ref()
-            .map_or(0, |s| s.gpus.iter().filter(|g| g.is_schedulable()).count());
+        let refused = self.refused_gpus(name, report);
+        let mut view = ReportView::from_report(report, &mut self.models.lock());
+        view.gpus.retain(|g| !refused.contains(&g.uuid));
+        let listed = report.status.as_ref().map_or(0, |s| {
+            s.gpus
+                .iter()
+                .filter(|g| g.is_schedulable() && !refused.contains(&g.uuid))
+                .count()
+        });
         if listed > view.gpus.len() {
             tracing::warn!(
                 node = %name, duplicates = listed - view.gpus.len(),
@@ -619,7 +647,67 @@ impl Index {
         self.rebuild(&mut st, &pods.by_key);
     }
 
+    /// The report's GPUs not to offer, each warned about and counted: a total above
+    /// [`MAX_GPU_BYTES`], or a MIG instance larger than its parent (or past what the parent's
+    /// other instances leave). A UUID another node's report already holds is warned about and
+    /// counted too, but still offered: which of the two nodes really has the GPU cannot be told
+    /// from the reports, and refusing the later one would let any writer of a report take a
+    /// real node's GPU away. Books the UUIDs to `node`, and frees those it no longer reports.
+    fn refused_gpus(&self, node: &str, report: &NodeGpuReport) -> HashSet<String> {
+        let mut refused = HashSet::new();
+        let Some(status) = &report.status else {
+            self.gpu_owners.lock().retain(|_, n| n != node);
+            return refused;
+        };
+        let parents: HashMap<&str, u64> = status
+            .gpus
+            .iter()
+            .filter(|g| g.mig_enabled)
+            .map(|g| (g.uuid.as_str(), g.memory_total_bytes))
+            .collect();
+        let mut left = parents.clone();
+        let mut owners = self.gpu_owners.lock();
+        owners.retain(|uuid, n| n != node || status.gpus.iter().any(|g| &g.uuid == uuid));
+        for g in &status.gpus {
+            let mut why = implausible(g, &parents);
+            if why.is_none()
+                && let Some(room) = g.mig_parent_uuid.as_deref().and_then(|p| left.get_mut(p))
+            {
+                match room.checked_sub(g.memory_total_bytes) {
+                    Some(rest) => *room = rest,
+                    None => why = Some("mig_instance_outside_parent"),
+                }
+            }
+            if why.is_none() {
+                match owners.get(&g.uuid) {
+                    Some(other) if other != node => {
+                        tracing::warn!(
+                            node = %crate::clip::clip(node), uuid = %crate::clip::clip(&g.uuid),
+                            other = %crate::clip::clip(other),
+                            "two nodes report one GPU UUID; both offer it"
+                        );
+                        self.warn_metric("gpu_uuid_on_two_nodes");
+                    }
+                    Some(_) => {}
+                    None => {
+                        owners.insert(g.uuid.clone(), node.to_owned());
+                    }
+                }
+            }
+            if let Some(reason) = why {
+                tracing::warn!(
+                    node = %crate::clip::clip(node), uuid = %crate::clip::clip(&g.uuid),
+                    total_bytes = g.memory_total_bytes, reason, "a reported GPU is not offered"
+                );
+                self.warn_metric(reason);
+                refused.insert(g.uuid.clone());
+            }
+        }
+        refused
+    }
+
     pub fn delete_report(&self, name: &str) {
+        self.gpu_owners.lock().retain(|_, n| n != name);
         let Some(slot) = self.node(name) else { return };
         let pods = self.pods.read();
         let mut st = slot.state.write();
@@ -781,7 +869,7 @@ impl Index {
         self.upsert(before);
     }
 
-    fn warn_metric(&self, reason: &'static str) {
+    pub(crate) fn warn_metric(&self, reason: &'static str) {
         self.warnings.get_or_create(&ReasonLabels { reason }).inc();
     }
 
@@ -1153,17 +1241,16 @@ pub(crate) mod tests {
         assert_eq!(warnings(&index, "duplicate_gpu_uuid"), 1);
     }
 
+    /// A total above `i64::MAX` once went negative in the gauges; above 1 TiB a GPU is now
+    /// neither offered nor exported at all.
     #[test]
-    fn byte_gauges_above_i64_max_clamp_instead_of_going_negative() {
+    fn a_gpu_above_a_tebibyte_is_neither_offered_nor_exported() {
         let index = Arc::new(Index::new());
         let m = crate::metrics::extender::ExtenderMetrics::with_index(index.clone(), || 0);
         index.apply_report(&mk_report("n1", &[("GPU-a", u64::MAX, 0, &[])]));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
-        for family in ["ledger_gpu_total_bytes", "ledger_gpu_free_bytes"] {
-            let series = format!(r#"peakfit_{family}{{node="n1",uuid="GPU-a"}} {}"#, i64::MAX);
-            assert!(text.contains(&series), "{series} not in {text}");
-        }
+        assert!(!text.contains(r#"uuid="GPU-a""#), "{text}");
     }
 
     #[test]
@@ -1478,5 +1565,59 @@ pub(crate) mod tests {
         let entry = PodEntry::from_pod(&ours, pod_request_of(&ours));
         let expected: Vec<String> = (0..10).map(|i| format!("gpu-{i}")).collect();
         assert_eq!(entry.host.gpu_products, expected);
+    }
+
+    /// Issue 24: an NVML total of 2^64-1 was published and a 1 EiB pod then accepted; MIG
+    /// instances larger than their parent were offered; one GPU UUID on two nodes was booked
+    /// twice without a word. The first two are not offered now; all three are warned about and
+    /// counted.
+    #[test]
+    fn implausible_and_duplicated_gpus_are_not_offered() {
+        let index = Index::new();
+        index.apply_report(&mk_report(
+            "n1",
+            &[("GPU-huge", u64::MAX, 0, &[]), ("GPU-ok", 80 * GIB, 0, &[])],
+        ));
+        let uuids = |node: &str| -> Vec<String> {
+            ledger(&index, node)
+                .gpus
+                .iter()
+                .map(|g| g.uuid.clone())
+                .collect()
+        };
+        assert_eq!(uuids("n1"), ["GPU-ok"]);
+        assert_eq!(warnings(&index, "gpu_memory_implausible"), 1);
+
+        // The same UUID on a second node: warned and counted, once per report.
+        let n2 = mk_report(
+            "n2",
+            &[("GPU-ok", 80 * GIB, 0, &[]), ("GPU-b", 80 * GIB, 0, &[])],
+        );
+        index.apply_report(&n2);
+        assert_eq!(warnings(&index, "gpu_uuid_on_two_nodes"), 1);
+        // Once n1 no longer reports it, it is n2's alone.
+        index.delete_report("n1");
+        index.apply_report(&n2);
+        assert_eq!(warnings(&index, "gpu_uuid_on_two_nodes"), 1);
+        assert_eq!(uuids("n2"), ["GPU-ok", "GPU-b"]);
+
+        // MIG: a 40 GiB parent with instances of 20, 30 (past what is left) and 80 GiB.
+        let mut r = mk_report(
+            "n3",
+            &[
+                ("GPU-p", 40 * GIB, 0, &[]),
+                ("MIG-1", 20 * GIB, 0, &[]),
+                ("MIG-2", 30 * GIB, 0, &[]),
+                ("MIG-3", 80 * GIB, 0, &[]),
+            ],
+        );
+        let gpus = &mut r.status.as_mut().unwrap().gpus;
+        gpus[0].mig_enabled = true;
+        for g in &mut gpus[1..] {
+            g.mig_parent_uuid = Some("GPU-p".into());
+        }
+        index.apply_report(&r);
+        assert_eq!(uuids("n3"), ["MIG-1"]);
+        assert_eq!(warnings(&index, "mig_instance_outside_parent"), 2);
     }
 }
