@@ -406,7 +406,11 @@ impl Mutator {
             ] {
                 let containers = containers.as_deref().unwrap_or_default();
                 for (index, container) in containers.iter().enumerate() {
-                    env_ops(field, index, container, &wanted, &mut ops, &mut warnings);
+                    if let Err(why) =
+                        env_ops(field, index, container, &wanted, &mut ops, &mut warnings)
+                    {
+                        return Decision::Refuse(why);
+                    }
                 }
             }
         }
@@ -536,7 +540,7 @@ fn resource_ops(
 /// after bind has written the annotations.
 fn downward_env(fraction: bool) -> Vec<EnvVar> {
     let mut env = vec![
-        from_annotation("NVIDIA_VISIBLE_DEVICES", ASSIGNED_GPUS),
+        from_annotation(VISIBLE_DEVICES, ASSIGNED_GPUS),
         from_annotation("PEAKFIT_VRAM_BYTES", RESERVED_BYTES),
     ];
     if fraction {
@@ -563,6 +567,11 @@ fn from_annotation(name: &str, annotation: &str) -> EnvVar {
 }
 
 /// Adds the missing variables; a variable the pod already sets is kept (re-invocation adds nothing).
+/// Adds the env `wanted` that the container lacks. A container that sets
+/// `NVIDIA_VISIBLE_DEVICES` itself would see GPUs peakfit did not assign it (every GPU, with
+/// `all`) while the ledger counts its memory on others: refused, naming the container and its
+/// value (issue 24; it was admitted with a warning). Another of the variables set differently is
+/// only the container's own business: a warning.
 fn env_ops(
     field: &str,
     index: usize,
@@ -570,25 +579,35 @@ fn env_ops(
     wanted: &[EnvVar],
     ops: &mut PatchWriter,
     warnings: &mut Vec<String>,
-) {
+) -> Result<(), String> {
     let existing = container.env.as_deref().unwrap_or_default();
-    let missing: Vec<&EnvVar> = wanted
-        .iter()
-        .filter(|w| match existing.iter().find(|e| e.name == w.name) {
-            None => true,
-            Some(e) => {
-                if e != *w {
-                    warnings.push(format!(
-                        "container {:?} sets {} itself; peakfit's assignment is not applied to it",
-                        container.name, w.name
-                    ));
-                }
-                false
+    let mut missing: Vec<&EnvVar> = Vec::new();
+    for w in wanted {
+        match existing.iter().find(|e| e.name == w.name) {
+            None => missing.push(w),
+            Some(e) if e == w => {}
+            Some(e) if w.name == VISIBLE_DEVICES => {
+                let value = e.value.as_deref().map_or_else(
+                    || "from a reference".to_owned(),
+                    |v| format!("{:?}", crate::clip::clip(v)),
+                );
+                return Err(format!(
+                    "{field}[{index}] ({:?}) sets {VISIBLE_DEVICES} itself ({value}): in a pod \
+                     peakfit places, peakfit sets it to the GPUs bind assigns, and a value of \
+                     the pod's own would show the container GPUs whose memory is reserved for \
+                     other pods; remove it from the container's env",
+                    crate::clip::clip(&container.name)
+                ));
             }
-        })
-        .collect();
+            Some(_) => warnings.push(format!(
+                "container {:?} sets {} itself; peakfit's assignment is not applied to it",
+                crate::clip::clip(&container.name),
+                w.name
+            )),
+        }
+    }
     if missing.is_empty() {
-        return;
+        return Ok(());
     }
     let index = index.to_string();
     if existing.is_empty() {
@@ -598,7 +617,11 @@ fn env_ops(
             ops.add(&["spec", field, &index, "env", "-"], env);
         }
     }
+    Ok(())
 }
+
+/// The variable the NVIDIA container runtime selects a container's GPUs by.
+const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
 /// The review around `response`, with `patch` as the API documents it: base64 (Go's `[]byte`)
 /// and `patchType: JSONPatch`. `AdmissionResponse` would serialise a patch as a JSON array of
@@ -725,7 +748,7 @@ mod tests {
             &pod(
                 &json!({"peakfit.io/vram": "20Gi"}),
                 &json!([{"name": "c", "image": "i", "env": [
-                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                    {"name": "PEAKFIT_VRAM_BYTES", "value": "1"},
                     {"name": "OTHER", "value": "x"}]}]),
             ),
             OptIn::Annotation,
@@ -744,7 +767,28 @@ mod tests {
             .collect();
         assert_eq!(paths, ["/spec/schedulerName", "/spec/containers/0/env/-"]);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert!(warnings[0].contains("NVIDIA_VISIBLE_DEVICES"));
+        assert!(warnings[0].contains("PEAKFIT_VRAM_BYTES"));
+    }
+
+    /// Issue 24: a container that set `NVIDIA_VISIBLE_DEVICES=all` was admitted with a warning
+    /// and saw every GPU. It is refused, naming the container, the variable and its value.
+    #[test]
+    fn a_container_setting_its_own_visible_devices_is_refused() {
+        let d = decide(
+            &pod(
+                &json!({"peakfit.io/vram": "20Gi"}),
+                &json!([{"name": "c", "image": "i"}, {"name": "greedy", "image": "i", "env": [
+                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]),
+            ),
+            OptIn::Annotation,
+        );
+        let Decision::Refuse(why) = d else {
+            panic!("expected a refusal, got {d:?}")
+        };
+        assert!(
+            why.contains(r#"containers[1] ("greedy") sets NVIDIA_VISIBLE_DEVICES itself ("all")"#),
+            "{why}"
+        );
     }
 
     #[test]
