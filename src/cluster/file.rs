@@ -116,16 +116,28 @@ fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
             .map(|v| vec![v])
             .map_err(|e| e.to_string());
     }
-    serde_saphyr::from_multiple_with_options::<Value>(text, trusted_file_options())
-        .map_err(|e| e.to_string())
+    serde_saphyr::from_multiple_with_options::<Value>(text, trusted_file_options()).map_err(|e| {
+        let e = e.to_string();
+        if e.to_ascii_lowercase().contains("alias") {
+            format!(
+                "YAML aliases (*name) are not accepted in a --from-file file (kubectl and helm \
+                 never write them, and a few can expand a small file to gigabytes): {}",
+                crate::clip::clip_to(&e, crate::clip::MAX_MESSAGE_BYTES)
+            )
+        } else {
+            e
+        }
+    })
 }
 
 /// serde-saphyr's default budget is for untrusted YAML and stops at 1,024 documents, 250,000
 /// nodes and a million events: a `List` of ~1,185 nodes × 8 GPUs. The file is the operator's
-/// own (as trusted as the kubeconfig), so the size budgets go; the nesting depth and the
-/// alias-expansion guards stay, since no real cluster dump needs those.
+/// own (as trusted as the kubeconfig), so the size budgets go; the nesting depth guard stays,
+/// and aliases (`*name`) are refused: kubectl and helm never write them, and with the size
+/// budgets gone one scalar repeated by alias grew a 1 MiB file to 5.5 GB (issue 24).
 fn trusted_file_options() -> serde_saphyr::Options {
     let mut budget = serde_saphyr::Budget::default();
+    budget.max_aliases = 0;
     budget.max_documents = usize::MAX;
     budget.max_nodes = usize::MAX;
     budget.max_events = usize::MAX;
