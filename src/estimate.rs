@@ -73,19 +73,41 @@ fn platform(args: &EstimateArgs) -> anyhow::Result<Platform> {
 /// Pod manifest is kilobytes; without a cap `--pod /dev/zero` grew until memory ran out.
 pub const MAX_POD_FILE_BYTES: u64 = 1536 << 10;
 
-fn pod_annotations(path: &PathBuf) -> anyhow::Result<BTreeMap<String, String>> {
+/// A small input file read whole: refused unless a regular file (a FIFO would block the open, a
+/// device such as `/dev/zero` never ends), and refused past `max` bytes without reading more
+/// (`--model-config /dev/zero` grew until memory ran out, issue 24). `what` names the flag.
+fn read_small_file(path: &PathBuf, max: u64, what: &str, why: &str) -> anyhow::Result<String> {
     use std::io::Read as _;
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_POD_FILE_BYTES + 1).read_to_string(&mut text))
-        .with_context(|| format!("reading the pod manifest {}", path.display()))?;
-    if text.len() as u64 > MAX_POD_FILE_BYTES {
-        anyhow::bail!(
-            "the pod manifest {} is larger than {} KiB (the most the API server accepts); a Pod manifest is kilobytes",
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("reading {what} {}", path.display()))?;
+    if !meta.is_file() {
+        bail!(
+            "{what} {}: not a regular file ({:?}); give the path of a file",
             path.display(),
-            MAX_POD_FILE_BYTES >> 10
+            meta.file_type()
         );
     }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(max + 1).read_to_string(&mut text))
+        .with_context(|| format!("reading {what} {}", path.display()))?;
+    if text.len() as u64 > max {
+        bail!(
+            "{what} {}: larger than {} KiB, the most read ({why})",
+            path.display(),
+            max >> 10
+        );
+    }
+    Ok(text)
+}
+
+fn pod_annotations(path: &PathBuf) -> anyhow::Result<BTreeMap<String, String>> {
+    let text = read_small_file(
+        path,
+        MAX_POD_FILE_BYTES,
+        "--pod",
+        "the most the API server accepts; a Pod manifest is kilobytes",
+    )?;
     let pod: Pod = if text.trim_start().starts_with('{') {
         serde_json::from_str(&text)
             .with_context(|| format!("{} is not a JSON Pod", path.display()))?
@@ -103,17 +125,12 @@ const MAX_MODEL_CONFIG: u64 = 1 << 20;
 
 /// The annotations a `config.json` implies, prefixed, and its notes for the reader.
 fn model_config(path: &PathBuf) -> anyhow::Result<(BTreeMap<String, String>, Vec<String>)> {
-    let size = std::fs::metadata(path)
-        .with_context(|| format!("reading the model config {}", path.display()))?
-        .len();
-    if size > MAX_MODEL_CONFIG {
-        bail!(
-            "--model-config {}: {size} bytes, more than a config.json ({MAX_MODEL_CONFIG} at most)",
-            path.display()
-        );
-    }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the model config {}", path.display()))?;
+    let text = read_small_file(
+        path,
+        MAX_MODEL_CONFIG,
+        "--model-config",
+        "a config.json is a few KiB",
+    )?;
     let parsed = crate::model::hf_config::annotations(&text)
         .with_context(|| format!("--model-config {}", path.display()))?;
     let annotations = parsed

@@ -10,6 +10,7 @@ pub use peakfit_core::{convert, inventory, model, placement};
 
 pub mod agent;
 pub mod cli;
+pub mod clip;
 pub mod cluster;
 pub mod estimate;
 pub mod extender;

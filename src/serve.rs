@@ -38,6 +38,18 @@ pub struct ServeArgs {
     #[arg(long, env = "PEAKFIT_MAX_CONNECTIONS", default_value_t = 512,
           value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub max_connections: u32,
+    /// Open connections one peer address may hold on each listener; a further one is closed at
+    /// once. 512 idle connections from one client filled every slot and delayed admissions past
+    /// the API server's 5 s (issue 24). Loopback peers (the pod's own containers, e.g.
+    /// kube-scheduler beside the extender) are not limited.
+    #[arg(long, env = "PEAKFIT_MAX_CONNECTIONS_PER_PEER", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_connections_per_peer: u32,
+    /// How long a new connection may take, from accept, to complete its TLS handshake (the
+    /// webhook) and send its first request's headers; else it is closed. Later requests on a
+    /// kept-alive connection have --idle-timeout.
+    #[arg(long, env = "PEAKFIT_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
 }
 
 impl Default for ServeArgs {
@@ -47,6 +59,8 @@ impl Default for ServeArgs {
             body_timeout: Duration::from_secs(30),
             shutdown_timeout: Duration::from_secs(10),
             max_connections: 512,
+            max_connections_per_peer: 64,
+            header_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -66,6 +80,7 @@ pub async fn serve<IO, F, H>(
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(args.max_connections as usize));
+    let peers = Arc::new(Peers::new(args.max_connections_per_peer as usize));
     let (draining_tx, draining) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
@@ -87,13 +102,22 @@ pub async fn serve<IO, F, H>(
                 }
             },
         };
-        let service = TowerToHyperService::new(app.clone());
+        let Some(peer_slot) = peers.admit(peer.ip()) else {
+            tracing::debug!(%peer, "peer holds its --max-connections-per-peer; closing");
+            continue;
+        };
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let service = Noting {
+            inner: TowerToHyperService::new(app.clone()),
+            started: started.clone(),
+        };
         let handshake = handshake.clone();
         let mut draining = draining.clone();
         let idle = args.idle_timeout;
+        let deadline = tokio::time::Instant::now() + args.header_timeout;
         tokio::spawn(async move {
-            let _permit = permit;
-            let Some(io) = handshake(stream).await else {
+            let (_permit, _peer_slot) = (permit, peer_slot);
+            let Ok(Some(io)) = tokio::time::timeout_at(deadline, handshake(stream)).await else {
                 return;
             };
             let conn = hyper::server::conn::http1::Builder::new()
@@ -102,12 +126,24 @@ pub async fn serve<IO, F, H>(
                 .header_read_timeout(idle)
                 .serve_connection(TokioIo::new(io), service);
             tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                () = async { drop(draining.wait_for(|d| *d).await) } => {
-                    // Finish the request in progress (if any), then close.
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+            let first_headers = tokio::time::sleep_until(deadline);
+            tokio::pin!(first_headers);
+            let mut waiting_first = true;
+            let result = loop {
+                tokio::select! {
+                    r = conn.as_mut() => break r,
+                    () = async { drop(draining.wait_for(|d| *d).await) } => {
+                        // Finish the request in progress (if any), then close.
+                        conn.as_mut().graceful_shutdown();
+                        break conn.await;
+                    }
+                    () = &mut first_headers, if waiting_first => {
+                        if !started.load(std::sync::atomic::Ordering::Acquire) {
+                            tracing::debug!(%peer, "no request within --header-timeout; closing");
+                            return;
+                        }
+                        waiting_first = false;
+                    }
                 }
             };
             if let Err(e) = result {
@@ -134,6 +170,72 @@ pub async fn serve<IO, F, H>(
             connections = args.max_connections as usize - slots.available_permits(),
             "shutdown deadline passed; dropping the connections still open"
         );
+    }
+}
+
+/// The connections each peer address holds on one listener, within a cap.
+struct Peers {
+    cap: usize,
+    open: parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl Peers {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            open: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// A slot for one more connection of `ip`, or `None` when it holds the cap (loopback is
+    /// not counted: only this pod's own containers reach it).
+    fn admit(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        if ip.is_loopback() {
+            return Some(PeerSlot(None));
+        }
+        let mut open = self.open.lock();
+        let n = open.entry(ip).or_default();
+        if *n >= self.cap {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot(Some((self.clone(), ip))))
+    }
+}
+
+/// One connection's place in its peer's count, given back on drop.
+struct PeerSlot(Option<(Arc<Peers>, std::net::IpAddr)>);
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        if let Some((peers, ip)) = &self.0 {
+            let mut open = peers.open.lock();
+            if let Some(n) = open.get_mut(ip) {
+                *n -= 1;
+                if *n == 0 {
+                    open.remove(ip);
+                }
+            }
+        }
+    }
+}
+
+/// The connection's service, noting that a request arrived (its headers were read): until then
+/// the connection has --header-timeout from accept.
+struct Noting<S> {
+    inner: S,
+    started: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<S: hyper::service::Service<R>, R> hyper::service::Service<R> for Noting<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, req: R) -> Self::Future {
+        self.started
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.inner.call(req)
     }
 }
 
@@ -184,6 +286,89 @@ impl BodyError {
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Read(_) => StatusCode::BAD_REQUEST,
         }
+    }
+}
+
+/// How much request body a server reads (the extender's verbs, the webhook's reviews): per
+/// request, and all requests and their replies together.
+#[derive(Debug)]
+pub struct BodyLimits {
+    pub max_bytes: usize,
+    pub in_flight_bytes: usize,
+    pub timeout: std::time::Duration,
+    /// The in-flight budget in KiB (a semaphore's permits are counted in `u32`).
+    budget: Arc<tokio::sync::Semaphore>,
+    budget_kib: u32,
+}
+
+impl BodyLimits {
+    /// `in_flight_bytes` is raised to `max_bytes` if smaller: a request the limit admits must be
+    /// able to run.
+    pub fn new(max_bytes: u64, in_flight_bytes: u64, timeout: std::time::Duration) -> Self {
+        let max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+        let in_flight_bytes = usize::try_from(in_flight_bytes)
+            .unwrap_or(usize::MAX)
+            .max(max_bytes);
+        let budget_kib = u32::try_from(in_flight_bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(crate::convert::usize_to_u32(
+                tokio::sync::Semaphore::MAX_PERMITS,
+            ));
+        Self {
+            max_bytes,
+            in_flight_bytes,
+            timeout,
+            budget: Arc::new(tokio::sync::Semaphore::new(budget_kib as usize)),
+            budget_kib,
+        }
+    }
+
+    /// Waits until `bytes` more fit in the budget; the share returns when the permit drops.
+    pub async fn reserve(&self, bytes: usize) -> tokio::sync::OwnedSemaphorePermit {
+        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        self.budget
+            .clone()
+            .acquire_many_owned(kib.clamp(1, self.budget_kib))
+            .await
+            .expect("the budget semaphore is never closed")
+    }
+
+    /// Grows `held` to cover `bytes` (a reply larger than its request), waiting up to the body
+    /// timeout; `None` when the budget stays full that long. For the blocking pool (it blocks).
+    pub fn grow_blocking(
+        &self,
+        mut held: tokio::sync::OwnedSemaphorePermit,
+        bytes: usize,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let want = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(self.budget_kib);
+        let have = u32::try_from(held.num_permits()).unwrap_or(u32::MAX);
+        let Some(extra) = want.checked_sub(have).filter(|&e| e > 0) else {
+            return Some(held);
+        };
+        let more = match self.budget.clone().try_acquire_many_owned(extra) {
+            Ok(p) => p,
+            Err(_) => tokio::runtime::Handle::current().block_on(async {
+                tokio::time::timeout(self.timeout, self.budget.clone().acquire_many_owned(extra))
+                    .await
+                    .ok()
+                    .map(|p| p.expect("the budget semaphore is never closed"))
+            })?,
+        };
+        held.merge(more);
+        Some(held)
+    }
+
+    /// Bytes of the in-flight budget not held by a request or reply now (to the KiB).
+    pub fn available_bytes(&self) -> usize {
+        self.budget.available_permits() * 1024
+    }
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        Self::new(32 << 20, 64 << 20, std::time::Duration::from_secs(30))
     }
 }
 

@@ -18,14 +18,43 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// It grew to 22 GB before: now it reads at most the cap and says so.
+/// `--pod /dev/zero` grew to 22 GB, and then `--model-config /dev/zero` did too (issue 24); a
+/// FIFO hung. Both flags now refuse what is not a regular file before opening it, and read a
+/// regular one only up to their cap.
 #[test]
 #[cfg(unix)]
-fn estimate_refuses_an_endless_pod_file() {
-    let out = peakfit(&["estimate", "--pod", "/dev/zero"]);
-    assert!(!out.status.success());
-    let e = stderr(&out);
-    assert!(e.contains("/dev/zero is larger than 1536 KiB"), "{e}");
+fn estimate_refuses_endless_and_oversized_input_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let big = dir.path().join("config.json");
+    std::fs::write(&big, vec![b' '; (1 << 20) + 1]).unwrap();
+    let fifo = fifo.to_str().unwrap();
+    for (flag, path, says) in [
+        ("--pod", "/dev/zero", "--pod /dev/zero: not a regular file"),
+        (
+            "--model-config",
+            "/dev/zero",
+            "--model-config /dev/zero: not a regular file",
+        ),
+        ("--model-config", fifo, "not a regular file"),
+        (
+            "--model-config",
+            big.to_str().unwrap(),
+            "larger than 1024 KiB",
+        ),
+    ] {
+        let out = peakfit(&["estimate", flag, path]);
+        assert!(!out.status.success(), "{flag} {path}");
+        let e = stderr(&out);
+        assert!(e.contains(says), "{flag} {path}: {e}");
+    }
 }
 
 #[test]

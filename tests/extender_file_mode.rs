@@ -219,3 +219,47 @@ fn an_empty_file_loads_nothing() {
         0
     );
 }
+
+/// Issue 24: two pods with one UID in a file were charged once, without a word. They are now
+/// warned about and counted (`peakfit_index_warnings_total{reason="duplicate_pod_uid"}`).
+#[test]
+fn two_pods_with_one_uid_in_a_file_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dup.yaml");
+    let pod = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: ml, uid: same}}\n\
+             spec: {{containers: [{{name: c}}]}}\n"
+        )
+    };
+    std::fs::write(&path, format!("{}---\n{}", pod("a"), pod("b"))).unwrap();
+    let index = Index::new();
+    peakfit::cluster::file::load_into(&index, &path).unwrap();
+    let reason = peakfit::metrics::extender::ReasonLabels {
+        reason: "duplicate_pod_uid",
+    };
+    assert_eq!(index.warnings().get_or_create(&reason).get(), 1);
+}
+
+/// Issue 24: a scalar anchored once and repeated by alias grew a 1 MiB file to 5.5 GB, the size
+/// budgets being lifted for the operator's file. Aliases are refused, saying so. (Scaled down:
+/// 4 KiB repeated 2,000 times would be 8 MB; the old code expanded it.)
+#[test]
+fn a_yaml_alias_bomb_is_refused_naming_aliases() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bomb.yaml");
+    let mut text = format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: bomb}}\ndata:\n  a: &big {}\n  list:\n",
+        "x".repeat(4096)
+    );
+    for _ in 0..2_000 {
+        text.push_str("  - *big\n");
+    }
+    std::fs::write(&path, text).unwrap();
+    let e = peakfit::cluster::file::load_into(&Index::new(), &path).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("YAML aliases (*name) are not accepted"),
+        "{e}"
+    );
+}

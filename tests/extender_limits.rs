@@ -29,6 +29,10 @@ fn start(extra: &[&str]) -> Server {
 
 /// `peakfit agent` serving `/metrics` and `/healthz`, with no NVML library to find.
 fn start_agent(extra: &[&str]) -> Server {
+    spawn(agent_command(), extra)
+}
+
+fn agent_command() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_peakfit"));
     cmd.args([
         "agent",
@@ -39,15 +43,17 @@ fn start_agent(extra: &[&str]) -> Server {
         "1s",
     ])
     .args(["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"]);
-    spawn(cmd, extra)
+    cmd
 }
 
 /// Starts `cmd` with `--listen` on a free loopback port and waits until it accepts.
-fn spawn(mut cmd: Command, extra: &[&str]) -> Server {
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+fn spawn(cmd: Command, extra: &[&str]) -> Server {
+    spawn_on(cmd, extra, "127.0.0.1".parse().unwrap())
+}
+
+/// [`spawn`] listening on `ip`.
+fn spawn_on(mut cmd: Command, extra: &[&str], ip: std::net::IpAddr) -> Server {
+    let addr = TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap();
     let child = cmd
         .arg("--listen")
         .arg(addr.to_string())
@@ -293,4 +299,103 @@ fn an_empty_file_is_served_with_a_warning() {
     let _ = child.kill();
     let _ = child.wait();
     assert!(warned, "no warning about the empty file");
+}
+
+/// Issue 24: a connection must complete its first request's headers within --header-timeout
+/// (here 1 s) of being accepted, though kept-alive connections may idle for --idle-timeout (60 s):
+/// silent connections held every slot for a minute.
+#[test]
+fn a_connection_without_a_request_is_closed_after_the_header_timeout() {
+    let server = start(&["--header-timeout", "1s", "--idle-timeout", "60s"]);
+    for first in [&b""[..], b"GET /healthz HTTP/1.1\r\nHo"] {
+        let mut s = TcpStream::connect(server.addr).unwrap();
+        s.write_all(first).unwrap();
+        let start = Instant::now();
+        let reply = read_all(&mut s, Duration::from_secs(20));
+        assert!(reply.is_empty(), "{reply}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "a connection without a request was held {:?}",
+            start.elapsed()
+        );
+    }
+    // Past its first request, a connection has the idle timeout.
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = [0u8; 256];
+    for _ in 0..2 {
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let n = s.read(&mut buf).unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+        std::thread::sleep(Duration::from_millis(1_500));
+    }
+}
+
+/// This machine's address on its default route, if it has one that is not loopback.
+fn non_loopback_ip() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// Issue 24: one peer held every slot of a listener with idle connections (64 on the agent made
+/// the kubelet's liveness probe fail). A peer now holds at most --max-connections-per-peer; a
+/// further connection of it is closed at once, and its slots come back when it lets go.
+#[test]
+fn one_peer_holds_at_most_its_share_of_the_connections() {
+    let Some(ip) = non_loopback_ip() else {
+        eprintln!("skipped: this machine has no address but loopback to connect from");
+        return;
+    };
+    let server = spawn_on(
+        agent_command(),
+        &[
+            "--max-connections",
+            "8",
+            "--max-connections-per-peer",
+            "2",
+            "--header-timeout",
+            "60s",
+        ],
+        ip,
+    );
+    // Each held connection is served once (so it is counted, and the start-up probe's
+    // connection is gone by then), then kept open.
+    let held: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(server.addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let mut buf = [0u8; 256];
+            let n = s.read(&mut buf).unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+            s
+        })
+        .collect();
+    let mut third = TcpStream::connect(server.addr).unwrap();
+    let _ = third.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let reply = read_all(&mut third, Duration::from_secs(10));
+    assert!(
+        reply.is_empty(),
+        "a third connection of one peer was served: {reply}"
+    );
+    // Its slots come back once the server has seen it close them.
+    drop(held);
+    let start = Instant::now();
+    loop {
+        let mut again = TcpStream::connect(server.addr).unwrap();
+        let _ = again.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let reply = read_all(&mut again, Duration::from_secs(10));
+        if reply.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the peer's slots did not come back: {reply:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

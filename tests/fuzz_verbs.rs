@@ -24,8 +24,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::core::DynamicObject;
-use kube::core::admission::AdmissionReview;
 use peakfit::cluster::binding::MemoryBinder;
 use peakfit::cluster::index::{ASSIGNED_GPUS, Index, RESERVED_BYTES, pod_request_of};
 use peakfit::extender::Extender;
@@ -205,7 +203,7 @@ fn exercise(ext: &Extender, rt: &tokio::runtime::Runtime, bytes: &[u8]) {
     if let Ok(pod) = serde_json::from_slice::<Pod>(bytes) {
         ext.index.apply_pod(&pod);
     }
-    if let Ok(review) = serde_json::from_slice::<AdmissionReview<DynamicObject>>(bytes) {
+    if let Ok(review) = serde_json::from_slice::<peakfit::webhook::mutate::Review>(bytes) {
         for opt_in in [OptIn::Annotation, OptIn::Namespace] {
             let _ = webhook().review(review.clone(), opt_in);
         }

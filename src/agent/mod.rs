@@ -98,9 +98,17 @@ impl<S: GpuSource> Poller<S> {
 
     pub fn poll(&mut self) -> NodeGpuReportStatus {
         let mut reading = self.source.read();
+        // One read of a process's cgroup per poll, however many GPUs list it (a process on 8
+        // GPUs was read 8 times; a poll reads a few, not one per process per GPU).
+        let mut seen: std::collections::HashMap<u32, Option<pods::PodRef>> =
+            std::collections::HashMap::new();
         for gpu in &mut reading.gpus {
             for p in &mut gpu.processes {
-                if let Some(pod) = pods::lookup(&self.proc_root, p.pid) {
+                let pod = seen
+                    .entry(p.pid)
+                    .or_insert_with(|| pods::lookup(&self.proc_root, p.pid))
+                    .clone();
+                if let Some(pod) = pod {
                     p.pod_uid = Some(pod.pod_uid);
                     p.container_id = pod.container_id;
                 }
@@ -255,12 +263,15 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
 
 fn router(metrics: &AgentMetrics) -> Router {
     let registry = metrics.registry();
+    let cache = std::sync::Arc::new(crate::metrics::RenderCache::new(
+        crate::metrics::SCRAPE_MAX_AGE,
+    ));
     Router::new()
         .route(
             "/metrics",
             get(move || {
-                let registry = registry.clone();
-                async move { crate::metrics::render(&registry) }
+                let (registry, cache) = (registry.clone(), cache.clone());
+                async move { cache.serve(move || crate::metrics::encode(&registry)).await }
             }),
         )
         // Liveness only: a node without a working driver is healthy for the agent (it reports

@@ -20,11 +20,21 @@ pub struct PodRef {
     pub container_id: Option<String>,
 }
 
-/// Reads the process's cgroup file; `None` for a process of no pod, or one that has exited.
+/// The most of a cgroup file read: 64 KiB. A real one is one line under cgroup v2 and about a
+/// dozen under v1 (well under 4 KiB); the file of a process in a deep, long-named hierarchy
+/// is the process owner's to make, and was read whole (issue 24).
+pub const MAX_CGROUP_FILE_BYTES: u64 = 64 << 10;
+
+/// Reads the process's cgroup file (its first [`MAX_CGROUP_FILE_BYTES`]); `None` for a process
+/// of no pod, or one that has exited.
 pub fn lookup(proc_root: &Path, pid: u32) -> Option<PodRef> {
+    use std::io::Read as _;
     let path = proc_root.join(pid.to_string()).join("cgroup");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => parse_cgroup(&text),
+    let mut bytes = Vec::new();
+    let read = std::fs::File::open(&path)
+        .and_then(|f| f.take(MAX_CGROUP_FILE_BYTES).read_to_end(&mut bytes));
+    match read {
+        Ok(_) => parse_cgroup(&String::from_utf8_lossy(&bytes)),
         Err(e) => {
             tracing::debug!(path = %path.display(), "no cgroup for GPU process: {e}");
             None
@@ -212,5 +222,11 @@ mod tests {
             Some(UID.to_string())
         );
         assert_eq!(lookup(root.path(), 9999), None);
+        // Past the cap nothing is read: a kubepods line after 1 MiB of other lines is not seen.
+        std::fs::create_dir_all(root.path().join("4343")).unwrap();
+        let mut big = "1:name=x:/elsewhere\n".repeat((1 << 20) / 20);
+        big.push_str(&format!("0::/kubepods/burstable/pod{UID}/{CID}\n"));
+        std::fs::write(root.path().join("4343/cgroup"), big).unwrap();
+        assert_eq!(lookup(root.path(), 4343), None);
     }
 }

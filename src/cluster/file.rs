@@ -54,6 +54,7 @@ pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
         _ => 3,
     });
     let mut n = 0;
+    let mut pods = std::collections::HashSet::new();
     for (i, obj) in objects.into_iter().enumerate() {
         let kind = obj
             .get("kind")
@@ -74,7 +75,19 @@ pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
         };
         match kind.as_str() {
             "Node" => index.apply_node(&serde_json::from_value::<Node>(obj).map_err(err)?),
-            "Pod" => index.apply_pod(&serde_json::from_value::<Pod>(obj).map_err(err)?),
+            "Pod" => {
+                let pod = serde_json::from_value::<Pod>(obj).map_err(err)?;
+                // Two pods under one key would be charged once, the second replacing the first.
+                if !pods.insert(super::index::pod_key(&pod)) {
+                    tracing::warn!(
+                        path = %p, index = i, name = %crate::clip::clip(&name),
+                        key = %crate::clip::clip(&super::index::pod_key(&pod)),
+                        "two pods in the file have one UID (or namespace/name); the later one replaces the earlier"
+                    );
+                    index.warn_metric("duplicate_pod_uid");
+                }
+                index.apply_pod(&pod);
+            }
             "NodeGpuReport" => {
                 index.apply_report(&serde_json::from_value::<NodeGpuReport>(obj).map_err(err)?);
             }
@@ -103,16 +116,28 @@ fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
             .map(|v| vec![v])
             .map_err(|e| e.to_string());
     }
-    serde_saphyr::from_multiple_with_options::<Value>(text, trusted_file_options())
-        .map_err(|e| e.to_string())
+    serde_saphyr::from_multiple_with_options::<Value>(text, trusted_file_options()).map_err(|e| {
+        let e = e.to_string();
+        if e.to_ascii_lowercase().contains("alias") {
+            format!(
+                "YAML aliases (*name) are not accepted in a --from-file file (kubectl and helm \
+                 never write them, and a few can expand a small file to gigabytes): {}",
+                crate::clip::clip_to(&e, crate::clip::MAX_MESSAGE_BYTES)
+            )
+        } else {
+            e
+        }
+    })
 }
 
 /// serde-saphyr's default budget is for untrusted YAML and stops at 1,024 documents, 250,000
 /// nodes and a million events: a `List` of ~1,185 nodes × 8 GPUs. The file is the operator's
-/// own (as trusted as the kubeconfig), so the size budgets go; the nesting depth and the
-/// alias-expansion guards stay, since no real cluster dump needs those.
+/// own (as trusted as the kubeconfig), so the size budgets go; the nesting depth guard stays,
+/// and aliases (`*name`) are refused: kubectl and helm never write them, and with the size
+/// budgets gone one scalar repeated by alias grew a 1 MiB file to 5.5 GB (issue 24).
 fn trusted_file_options() -> serde_saphyr::Options {
     let mut budget = serde_saphyr::Budget::default();
+    budget.max_aliases = 0;
     budget.max_documents = usize::MAX;
     budget.max_nodes = usize::MAX;
     budget.max_events = usize::MAX;

@@ -20,7 +20,7 @@ use prometheus_client::metrics::family::Family;
 
 use crate::cluster::NodeGpuReport;
 use crate::cluster::model_config::{MODEL_CONFIG, ModelConfigs};
-use crate::cluster::resources::{HostRequest, allocatable_of, host_request_of};
+use crate::cluster::resources::{HostRequest, allocatable_of, host_claim_of, host_request_of};
 use crate::metrics::extender::ReasonLabels;
 use crate::model::estimate::Platform;
 use crate::model::{self, AnnotationError, PodRequest};
@@ -137,10 +137,16 @@ impl PodEntry {
                 .and_then(|s| s.node_name.clone())
                 .filter(|n| !n.is_empty()),
             priority: spec.and_then(|s| s.priority).unwrap_or(0),
+            // Only a pod peakfit places needs its GPU products (bind's class); the watch sees
+            // every pod, and a foreign one's affinity list is not read.
+            host: if matches!(request, Ok(Some(_))) {
+                host_request_of(pod)
+            } else {
+                host_claim_of(pod)
+            },
             request,
             assignment,
             bound_here: false,
-            host: host_request_of(pod),
             model_config: ann.filter(|a| a.contains_key(MODEL_CONFIG)).map(|a| {
                 Box::new(
                     a.iter()
@@ -227,8 +233,9 @@ impl ReportView {
                             m
                         }),
                     total: g.memory_total_bytes,
-                    used: g.memory_used_bytes,
-                    driver_reserved: g.memory_reserved_bytes,
+                    // Never more than the GPU has: a report is believed only within itself.
+                    used: g.memory_used_bytes.min(g.memory_total_bytes),
+                    driver_reserved: g.memory_reserved_bytes.min(g.memory_total_bytes),
                     by_pod,
                 }
             })
@@ -331,6 +338,29 @@ pub struct Index {
     /// One score memo per distinct node state (`placement::signature`), shared by the nodes in
     /// that state.
     states: Mutex<States>,
+    /// Which node's report first listed a GPU UUID: a UUID is one physical GPU, so a second
+    /// node reporting it (a copied report, a misconfigured agent) is warned about and counted.
+    gpu_owners: Mutex<HashMap<String, String>>,
+}
+
+/// The most memory one GPU (or MIG instance) is believed to have: 1 TiB. The largest GPUs sold
+/// have 288 GB (B300); an NVML total of 2^64-1 was published and then a 1 EiB pod accepted
+/// (issue 24).
+pub const MAX_GPU_BYTES: u64 = 1 << 40;
+
+/// Why a reported GPU is not offered: each a warning and a count of
+/// `peakfit_index_warnings_total{reason}`.
+fn implausible(
+    g: &crate::inventory::GpuDevice,
+    parents: &HashMap<&str, u64>,
+) -> Option<&'static str> {
+    if g.memory_total_bytes > MAX_GPU_BYTES {
+        return Some("gpu_memory_implausible");
+    }
+    match g.mig_parent_uuid.as_deref().map(|p| parents.get(p)) {
+        Some(Some(&parent)) if g.memory_total_bytes > parent => Some("mig_instance_outside_parent"),
+        _ => None,
+    }
 }
 
 /// What the extender remembers of one node state, shared by every node in it: prioritize's
@@ -415,10 +445,16 @@ impl Index {
         namespace: &str,
         annotations: &BTreeMap<String, String>,
     ) -> Result<Option<PodRequest>, AnnotationError> {
-        match self.model_configs.resolve(namespace, annotations)? {
+        // Cut once here: the error is kept with the pod and quoted by filter, bind and logs.
+        match self
+            .model_configs
+            .resolve(namespace, annotations)
+            .map_err(crate::clip::annotation_error)?
+        {
             Some(merged) => model::annotations::pod_request_on(&merged, self.platform),
             None => model::annotations::pod_request_on(annotations, self.platform),
         }
+        .map_err(crate::clip::annotation_error)
     }
 
     /// Records a model-config ConfigMap (new, changed or unlabelled) and works out again the
@@ -600,11 +636,15 @@ impl Index {
         if name.is_empty() {
             return;
         }
-        let view = ReportView::from_report(report, &mut self.models.lock());
-        let listed = report
-            .status
-            .as_ref()
-            .map_or(0, |s| s.gpus.iter().filter(|g| g.is_schedulable()).count());
+        let refused = self.refused_gpus(name, report);
+        let mut view = ReportView::from_report(report, &mut self.models.lock());
+        view.gpus.retain(|g| !refused.contains(&g.uuid));
+        let listed = report.status.as_ref().map_or(0, |s| {
+            s.gpus
+                .iter()
+                .filter(|g| g.is_schedulable() && !refused.contains(&g.uuid))
+                .count()
+        });
         if listed > view.gpus.len() {
             tracing::warn!(
                 node = %name, duplicates = listed - view.gpus.len(),
@@ -619,7 +659,67 @@ impl Index {
         self.rebuild(&mut st, &pods.by_key);
     }
 
+    /// The report's GPUs not to offer, each warned about and counted: a total above
+    /// [`MAX_GPU_BYTES`], or a MIG instance larger than its parent (or past what the parent's
+    /// other instances leave). A UUID another node's report already holds is warned about and
+    /// counted too, but still offered: which of the two nodes really has the GPU cannot be told
+    /// from the reports, and refusing the later one would let any writer of a report take a
+    /// real node's GPU away. Books the UUIDs to `node`, and frees those it no longer reports.
+    fn refused_gpus(&self, node: &str, report: &NodeGpuReport) -> HashSet<String> {
+        let mut refused = HashSet::new();
+        let Some(status) = &report.status else {
+            self.gpu_owners.lock().retain(|_, n| n != node);
+            return refused;
+        };
+        let parents: HashMap<&str, u64> = status
+            .gpus
+            .iter()
+            .filter(|g| g.mig_enabled)
+            .map(|g| (g.uuid.as_str(), g.memory_total_bytes))
+            .collect();
+        let mut left = parents.clone();
+        let mut owners = self.gpu_owners.lock();
+        owners.retain(|uuid, n| n != node || status.gpus.iter().any(|g| &g.uuid == uuid));
+        for g in &status.gpus {
+            let mut why = implausible(g, &parents);
+            if why.is_none()
+                && let Some(room) = g.mig_parent_uuid.as_deref().and_then(|p| left.get_mut(p))
+            {
+                match room.checked_sub(g.memory_total_bytes) {
+                    Some(rest) => *room = rest,
+                    None => why = Some("mig_instance_outside_parent"),
+                }
+            }
+            if why.is_none() {
+                match owners.get(&g.uuid) {
+                    Some(other) if other != node => {
+                        tracing::warn!(
+                            node = %crate::clip::clip(node), uuid = %crate::clip::clip(&g.uuid),
+                            other = %crate::clip::clip(other),
+                            "two nodes report one GPU UUID; both offer it"
+                        );
+                        self.warn_metric("gpu_uuid_on_two_nodes");
+                    }
+                    Some(_) => {}
+                    None => {
+                        owners.insert(g.uuid.clone(), node.to_owned());
+                    }
+                }
+            }
+            if let Some(reason) = why {
+                tracing::warn!(
+                    node = %crate::clip::clip(node), uuid = %crate::clip::clip(&g.uuid),
+                    total_bytes = g.memory_total_bytes, reason, "a reported GPU is not offered"
+                );
+                self.warn_metric(reason);
+                refused.insert(g.uuid.clone());
+            }
+        }
+        refused
+    }
+
     pub fn delete_report(&self, name: &str) {
+        self.gpu_owners.lock().retain(|_, n| n != name);
         let Some(slot) = self.node(name) else { return };
         let pods = self.pods.read();
         let mut st = slot.state.write();
@@ -648,7 +748,7 @@ impl Index {
             && a.reserved_bytes.is_none()
         {
             tracing::warn!(
-                pod = %entry.name, namespace = %entry.namespace, value = %raw,
+                pod = %entry.name, namespace = %entry.namespace, value = %crate::clip::clip(raw),
                 "{RESERVED_BYTES} is not a whole number of bytes up to 2^60; the pod's own request is reserved instead"
             );
             self.warn_metric("reserved_bytes_invalid");
@@ -781,7 +881,7 @@ impl Index {
         self.upsert(before);
     }
 
-    fn warn_metric(&self, reason: &'static str) {
+    pub(crate) fn warn_metric(&self, reason: &'static str) {
         self.warnings.get_or_create(&ReasonLabels { reason }).inc();
     }
 
@@ -847,7 +947,7 @@ impl Index {
                     if !st.unreported_assignments.contains(key) {
                         tracing::warn!(
                             node = %name, pod = %pod.name, namespace = %pod.namespace, missing,
-                            assigned = %a.gpu_uuids.join(","),
+                            assigned = %crate::clip::clip(&a.gpu_uuids.join(",")),
                             "the pod's assigned GPUs are not in the node's report; charged to the node's largest GPUs"
                         );
                         self.warn_metric("assigned_gpu_not_reported");
@@ -1154,17 +1254,16 @@ pub(crate) mod tests {
         assert_eq!(warnings(&index, "duplicate_gpu_uuid"), 1);
     }
 
+    /// A total above `i64::MAX` once went negative in the gauges; above 1 TiB a GPU is now
+    /// neither offered nor exported at all.
     #[test]
-    fn byte_gauges_above_i64_max_clamp_instead_of_going_negative() {
+    fn a_gpu_above_a_tebibyte_is_neither_offered_nor_exported() {
         let index = Arc::new(Index::new());
         let m = crate::metrics::extender::ExtenderMetrics::with_index(index.clone(), || 0);
         index.apply_report(&mk_report("n1", &[("GPU-a", u64::MAX, 0, &[])]));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
-        for family in ["ledger_gpu_total_bytes", "ledger_gpu_free_bytes"] {
-            let series = format!(r#"peakfit_{family}{{node="n1",uuid="GPU-a"}} {}"#, i64::MAX);
-            assert!(text.contains(&series), "{series} not in {text}");
-        }
+        assert!(!text.contains(r#"uuid="GPU-a""#), "{text}");
     }
 
     #[test]
@@ -1445,5 +1544,93 @@ pub(crate) mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
         assert!(!text.contains("pod-u1"), "{text}");
+    }
+
+    #[test]
+    fn only_a_pod_peakfit_places_has_its_gpu_products_read() {
+        use k8s_openapi::api::core::v1::{
+            Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+        };
+        let with_products = |mut pod: Pod| {
+            let values: Vec<String> = (0..1_000).map(|i| format!("gpu-{}", i % 10)).collect();
+            pod.spec.as_mut().unwrap().affinity = Some(Affinity {
+                node_affinity: Some(NodeAffinity {
+                    required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                        node_selector_terms: vec![NodeSelectorTerm {
+                            match_expressions: Some(vec![NodeSelectorRequirement {
+                                key: crate::cluster::resources::GPU_PRODUCT_LABEL.into(),
+                                operator: "In".into(),
+                                values: Some(values),
+                            }]),
+                            ..Default::default()
+                        }],
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            pod
+        };
+        let foreign = with_products(mk_pod("f", Some("n1"), &[]));
+        let entry = PodEntry::from_pod(&foreign, pod_request_of(&foreign));
+        assert!(entry.host.gpu_products.is_empty(), "{:?}", entry.host);
+        let ours = with_products(mk_pod("o", None, &[("peakfit.io/vram", "10Gi")]));
+        let entry = PodEntry::from_pod(&ours, pod_request_of(&ours));
+        let expected: Vec<String> = (0..10).map(|i| format!("gpu-{i}")).collect();
+        assert_eq!(entry.host.gpu_products, expected);
+    }
+
+    /// Issue 24: an NVML total of 2^64-1 was published and a 1 EiB pod then accepted; MIG
+    /// instances larger than their parent were offered; one GPU UUID on two nodes was booked
+    /// twice without a word. The first two are not offered now; all three are warned about and
+    /// counted.
+    #[test]
+    fn implausible_and_duplicated_gpus_are_not_offered() {
+        let index = Index::new();
+        index.apply_report(&mk_report(
+            "n1",
+            &[("GPU-huge", u64::MAX, 0, &[]), ("GPU-ok", 80 * GIB, 0, &[])],
+        ));
+        let uuids = |node: &str| -> Vec<String> {
+            ledger(&index, node)
+                .gpus
+                .iter()
+                .map(|g| g.uuid.clone())
+                .collect()
+        };
+        assert_eq!(uuids("n1"), ["GPU-ok"]);
+        assert_eq!(warnings(&index, "gpu_memory_implausible"), 1);
+
+        // The same UUID on a second node: warned and counted, once per report.
+        let n2 = mk_report(
+            "n2",
+            &[("GPU-ok", 80 * GIB, 0, &[]), ("GPU-b", 80 * GIB, 0, &[])],
+        );
+        index.apply_report(&n2);
+        assert_eq!(warnings(&index, "gpu_uuid_on_two_nodes"), 1);
+        // Once n1 no longer reports it, it is n2's alone.
+        index.delete_report("n1");
+        index.apply_report(&n2);
+        assert_eq!(warnings(&index, "gpu_uuid_on_two_nodes"), 1);
+        assert_eq!(uuids("n2"), ["GPU-ok", "GPU-b"]);
+
+        // MIG: a 40 GiB parent with instances of 20, 30 (past what is left) and 80 GiB.
+        let mut r = mk_report(
+            "n3",
+            &[
+                ("GPU-p", 40 * GIB, 0, &[]),
+                ("MIG-1", 20 * GIB, 0, &[]),
+                ("MIG-2", 30 * GIB, 0, &[]),
+                ("MIG-3", 80 * GIB, 0, &[]),
+            ],
+        );
+        let gpus = &mut r.status.as_mut().unwrap().gpus;
+        gpus[0].mig_enabled = true;
+        for g in &mut gpus[1..] {
+            g.mig_parent_uuid = Some("GPU-p".into());
+        }
+        index.apply_report(&r);
+        assert_eq!(uuids("n3"), ["MIG-1"]);
+        assert_eq!(warnings(&index, "mig_instance_outside_parent"), 2);
     }
 }

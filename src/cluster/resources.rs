@@ -2,6 +2,8 @@
 //! and each pod's effective requests. The index keeps them in the ledger so placement scores
 //! CPU balance in the extender as it does in the simulation.
 
+use std::collections::HashSet;
+
 use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -57,8 +59,19 @@ fn container_request(c: &Container) -> (u64, u64) {
 /// The pod's effective request, as kube-scheduler computes it: the larger of the app
 /// containers' sum and the largest init container, plus the pod overhead. (Sidecar init
 /// containers, `restartPolicy: Always`, are counted as init containers: a small over-count
-/// only while a pod starts.)
+/// only while a pod starts.) With its GPU products: for a pod peakfit places (see
+/// [`host_claim_of`] for the others).
 pub fn host_request_of(pod: &Pod) -> HostRequest {
+    HostRequest {
+        gpu_products: gpu_products_of(pod),
+        ..host_claim_of(pod)
+    }
+}
+
+/// [`host_request_of`] without the GPU products: all a pod peakfit does not place is to the
+/// ledger (the CPU and memory it holds on its node). The Pod watch sees every pod in every
+/// namespace, so a foreign pod's affinity list, however long, is never read.
+pub fn host_claim_of(pod: &Pod) -> HostRequest {
     let Some(spec) = &pod.spec else {
         return HostRequest::default();
     };
@@ -85,13 +98,15 @@ pub fn host_request_of(pod: &Pod) -> HostRequest {
     HostRequest {
         cpu_milli: cpu,
         memory_bytes: mem,
-        gpu_products: gpu_products_of(pod),
+        gpu_products: Vec::new(),
     }
 }
 
 /// The GPU products a pod selects: its node selector's value, else the values of a required
-/// node affinity whose every term restricts the label with `In` (terms are `OR`ed: the union).
-fn gpu_products_of(pod: &Pod) -> Vec<String> {
+/// node affinity whose every term restricts the label with `In` (terms are `OR`ed: the union,
+/// in first-seen order). Linear in the list: duplicates are found with a hash set (a 242,234-value
+/// list took 92 s with a scan per value, issue 24).
+pub fn gpu_products_of(pod: &Pod) -> Vec<String> {
     let Some(spec) = &pod.spec else {
         return Vec::new();
     };
@@ -114,6 +129,7 @@ fn gpu_products_of(pod: &Pod) -> Vec<String> {
     else {
         return Vec::new();
     };
+    let mut seen: HashSet<&str> = HashSet::new();
     let mut out: Vec<String> = Vec::new();
     for term in terms {
         let Some(e) = term
@@ -126,7 +142,7 @@ fn gpu_products_of(pod: &Pod) -> Vec<String> {
             return Vec::new();
         };
         for v in e.values.iter().flatten() {
-            if !out.contains(v) {
+            if seen.insert(v) {
                 out.push(v.clone());
             }
         }

@@ -11,6 +11,7 @@ use tracing::instrument;
 
 use super::Extender;
 use super::wire::{ExtenderBindingArgs, ExtenderBindingResult};
+use crate::clip::{MAX_MESSAGE_BYTES, clip, clip_to};
 use crate::cluster::binding::{BindError, BindTarget};
 use crate::cluster::index::{ASSIGNED_GPUS, Assignment, GPU_MEMORY_FRACTION, RESERVED_BYTES};
 use crate::placement::place;
@@ -132,7 +133,7 @@ impl Extender {
     }
 
     /// Bind, and whether its refusal is an error (a conflict is not).
-    #[instrument(skip_all, fields(verb = "bind", pod = %format!("{}/{}", args.pod_namespace, args.pod_name)))]
+    #[instrument(skip_all, fields(verb = "bind", pod = %clip(&format!("{}/{}", args.pod_namespace, args.pod_name))))]
     pub async fn bind_with_outcome(
         &self,
         args: ExtenderBindingArgs,
@@ -144,16 +145,17 @@ impl Extender {
                 ExtenderBindingResult::default()
             }
             Err(refusal) => {
+                // The request's names are anyone's strings: cut in the log and the reply.
+                let error = clip_to(&refusal.to_string(), MAX_MESSAGE_BYTES).into_owned();
+                let node = clip(&args.node);
                 if refusal.is_error() {
-                    tracing::warn!(node = %args.node, error = %refusal, "bind refused");
+                    tracing::warn!(%node, %error, "bind refused");
                 } else {
-                    tracing::info!(node = %args.node, error = %refusal, "bind conflict");
+                    tracing::info!(%node, %error, "bind conflict");
                     self.metrics.bind_conflicts.inc();
                 }
                 self.count("bind", refusal.label());
-                ExtenderBindingResult {
-                    error: refusal.to_string(),
-                }
+                ExtenderBindingResult { error }
             }
         };
         (result, outcome)

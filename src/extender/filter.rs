@@ -165,9 +165,21 @@ impl Extender {
                 return r;
             }
             Err(e) => {
-                let msg = format!("{e} (fix the pod's annotation; no node can take it as is)");
-                for name in candidates.names() {
-                    unresolvable.insert(name.to_owned(), msg.clone());
+                // The same for every node: said once, on the first candidate, and the others
+                // left out of the reply. kube-scheduler (v1.36) gives a node the extender drops
+                // without a word its absent-node status, UnschedulableAndUnresolvable with no
+                // message, as this entry says: preemption skips them all and the pod's event
+                // reads "0/N nodes are available: 1 <this reason>". N copies of a reason
+                // quoting a 256 KiB annotation were a 1.31 GB reply at 5,000 nodes (issue 24);
+                // the index already cut the value (`clip::annotation_error`).
+                if let Some(first) = candidates.names().next() {
+                    unresolvable.insert(
+                        first.to_owned(),
+                        format!(
+                            "{e} (fix the pod's annotation; no node can take it as is: this \
+                             holds for all {n} candidate nodes, named once)"
+                        ),
+                    );
                 }
                 self.metrics
                     .rejections

@@ -103,55 +103,7 @@ pub struct ExtenderArgs {
     pub serve: crate::serve::ServeArgs,
 }
 
-/// How much request body the extender reads: per request, and all requests together.
-#[derive(Debug)]
-pub struct BodyLimits {
-    pub max_bytes: usize,
-    pub in_flight_bytes: usize,
-    pub timeout: std::time::Duration,
-    /// The in-flight budget in KiB (a semaphore's permits are counted in `u32`).
-    budget: Arc<tokio::sync::Semaphore>,
-    budget_kib: u32,
-}
-
-impl BodyLimits {
-    /// `in_flight_bytes` is raised to `max_bytes` if smaller: a request the limit admits must be
-    /// able to run.
-    pub fn new(max_bytes: u64, in_flight_bytes: u64, timeout: std::time::Duration) -> Self {
-        let max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
-        let in_flight_bytes = usize::try_from(in_flight_bytes)
-            .unwrap_or(usize::MAX)
-            .max(max_bytes);
-        let budget_kib = u32::try_from(in_flight_bytes.div_ceil(1024))
-            .unwrap_or(u32::MAX)
-            .min(crate::convert::usize_to_u32(
-                tokio::sync::Semaphore::MAX_PERMITS,
-            ));
-        Self {
-            max_bytes,
-            in_flight_bytes,
-            timeout,
-            budget: Arc::new(tokio::sync::Semaphore::new(budget_kib as usize)),
-            budget_kib,
-        }
-    }
-
-    /// Waits until `bytes` more fit in the budget; the share returns when the permit drops.
-    pub async fn reserve(&self, bytes: usize) -> tokio::sync::OwnedSemaphorePermit {
-        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
-        self.budget
-            .clone()
-            .acquire_many_owned(kib.clamp(1, self.budget_kib))
-            .await
-            .expect("the budget semaphore is never closed")
-    }
-}
-
-impl Default for BodyLimits {
-    fn default() -> Self {
-        Self::new(32 << 20, 64 << 20, std::time::Duration::from_secs(30))
-    }
-}
+pub use crate::serve::BodyLimits;
 
 /// A byte quantity in Kubernetes syntax (`256Mi`, `1G`, `1073741824`).
 /// `--scoring` takes the core's policy names; the core has no clap, so the possible values (which
@@ -185,14 +137,47 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 /// Names the pod (`namespace/name`) on the verb's span, once the request is decoded.
 pub(crate) fn record_pod(pod: &k8s_openapi::api::core::v1::Pod) {
     let m = &pod.metadata;
-    tracing::Span::current().record(
-        "pod",
-        format!(
-            "{}/{}",
-            m.namespace.as_deref().unwrap_or_default(),
-            m.name.as_deref().unwrap_or_default()
-        ),
+    let pod = format!(
+        "{}/{}",
+        m.namespace.as_deref().unwrap_or_default(),
+        m.name.as_deref().unwrap_or_default()
     );
+    tracing::Span::current().record("pod", crate::clip::clip(&pod).as_ref());
+}
+
+/// The GPU models (as the agents name them) that a pod's product selector allows, each once,
+/// in the order the pod lists them. Linear in the list: each product is looked up by its dashed
+/// form. Products no reported GPU carries are left out (they match no GPU), but when none
+/// matches, the first one, cut to [`crate::clip::MAX_USER_BYTES`], stays, so that the class still
+/// refuses every GPU and says which model it wanted: a pod listing 242,234 products (issue 24)
+/// neither costs seconds per request nor carries them into the class, the shape mix and the reply.
+fn gpu_models_of<'a>(
+    products: &[String],
+    models: impl IntoIterator<Item = &'a String>,
+) -> Vec<String> {
+    use crate::cluster::resources::product_matches;
+    let dashed = |s: &str| s.replace(' ', "-");
+    let mut by_label: HashMap<String, Vec<&String>> = HashMap::new();
+    for m in models {
+        by_label.entry(dashed(m)).or_default().push(m);
+    }
+    let mut taken: std::collections::HashSet<&String> = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for p in products {
+        if let Some(m) = by_label
+            .get(&dashed(p))
+            .and_then(|ms| ms.iter().find(|m| product_matches(p, m)))
+            && taken.insert(m)
+        {
+            out.push((*m).clone());
+        }
+    }
+    if out.is_empty()
+        && let Some(first) = products.first()
+    {
+        out.push(crate::clip::clip(first).into_owned());
+    }
+    out
 }
 
 #[derive(Clone, Debug)]
@@ -224,6 +209,8 @@ pub struct Extender {
     clock: fn() -> i64,
     /// Request body limits (see `routes::receive`).
     pub body: BodyLimits,
+    /// `/metrics` as last rendered (`with_scrape_max_age`; the binary's is a second).
+    pub scrape: crate::metrics::RenderCache,
 }
 
 fn now_unix() -> i64 {
@@ -250,7 +237,14 @@ impl Extender {
             bind_locks: bind::PodLocks::default(),
             clock: now_unix,
             body: BodyLimits::default(),
+            scrape: crate::metrics::RenderCache::new(Duration::ZERO),
         }
+    }
+
+    /// Serves a rendered `/metrics` again for `max_age` (zero: render every scrape).
+    pub fn with_scrape_max_age(mut self, max_age: Duration) -> Self {
+        self.scrape = crate::metrics::RenderCache::new(max_age);
+        self
     }
 
     pub fn with_body_limits(mut self, body: BodyLimits) -> Self {
@@ -312,17 +306,7 @@ impl Extender {
         class.cpu_milli = host.cpu_milli;
         if !host.gpu_products.is_empty() {
             let (_, models) = self.index.gpu_capacity();
-            class.gpu_models = host
-                .gpu_products
-                .iter()
-                .map(|p| {
-                    models
-                        .keys()
-                        .find(|m| crate::cluster::resources::product_matches(p, m))
-                        .cloned()
-                        .unwrap_or_else(|| p.clone())
-                })
-                .collect();
+            class.gpu_models = gpu_models_of(&host.gpu_products, models.keys());
         }
         class
     }
@@ -431,6 +415,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
             .with_fit(fit)
             .with_scoring(args.scoring)
             .with_readiness(readiness)
+            .with_scrape_max_age(crate::metrics::SCRAPE_MAX_AGE)
             .with_body_limits(BodyLimits::new(
                 args.max_body_bytes,
                 args.max_body_bytes_in_flight,
@@ -493,6 +478,36 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_models_are_the_reported_ones_each_once_in_the_pod_s_order() {
+        let models = ["NVIDIA L4".to_owned(), "NVIDIA A100-SXM4-40GB".to_owned()];
+        let products: Vec<String> = [
+            "NVIDIA-A100-SXM4-40GB",
+            "not-a-gpu",
+            "NVIDIA-L4",
+            "NVIDIA A100-SXM4-40GB",
+            "NVIDIA-L4",
+        ]
+        .map(str::to_owned)
+        .into();
+        assert_eq!(
+            gpu_models_of(&products, &models),
+            ["NVIDIA A100-SXM4-40GB", "NVIDIA L4"]
+        );
+        // None reported: the first product stays (cut), so the class still refuses every GPU.
+        let unknown = vec!["H".repeat(100_000), "B200".to_owned()];
+        let only = gpu_models_of(&unknown, &models);
+        assert_eq!(only.len(), 1);
+        assert!(only[0].len() < crate::clip::MAX_USER_BYTES + 32);
+        // A long list of distinct products is one class of the reported models (before: the
+        // whole list, carried into the class, the shape mix and the reply's words).
+        let many: Vec<String> = (0..50_000)
+            .map(|i| format!("gpu-{i}"))
+            .chain(["NVIDIA-L4".to_owned()])
+            .collect();
+        assert_eq!(gpu_models_of(&many, &models), ["NVIDIA L4"]);
+    }
 
     #[test]
     fn quantities_and_durations() {

@@ -7,7 +7,7 @@ use super::Extender;
 use super::filter::Candidates;
 use super::wire::{ExtenderArgs, HostPriority, HostPriorityList, MAX_EXTENDER_PRIORITY};
 use crate::cluster::index::NodeSlot;
-use crate::cluster::resources::host_request_of;
+use crate::cluster::resources::{host_claim_of, host_request_of};
 use crate::placement::fit::node_usable;
 use crate::placement::memo::MemoKey;
 use crate::placement::{
@@ -40,12 +40,12 @@ impl Extender {
                 })
                 .collect()
         };
-        let host = host_request_of(&pod);
         let (class, gpuless) = match self.index.request_of(&pod) {
-            Ok(Some(req)) => (self.class_of(&req, &host), false),
+            Ok(Some(req)) => (self.class_of(&req, &host_request_of(&pod)), false),
             // Not peakfit's to place on a GPU, but the CPU it takes on a GPU node can leave that
-            // node's free GPUs without the CPU the pods that need them ask for.
-            Ok(None) => (gpuless_class(host.cpu_milli), true),
+            // node's free GPUs without the CPU the pods that need them ask for. Its GPU
+            // products are not read: they would not change the score.
+            Ok(None) => (gpuless_class(host_claim_of(&pod).cpu_milli), true),
             Err(_) => {
                 self.count("prioritize", "pass_through");
                 return neutral(candidates);

@@ -60,9 +60,14 @@ fn ops() -> Router<Shared> {
         .route("/metrics", get(metrics))
 }
 
-/// A JSON error body: `{"error": "...", "verb": "..."}`.
+/// A JSON error body: `{"error": "...", "verb": "..."}`, the error cut to
+/// [`crate::clip::MAX_MESSAGE_BYTES`] (a decoder's message quotes the value it refused).
 fn problem(status: StatusCode, verb: &str, error: impl std::fmt::Display) -> Response {
-    let body = serde_json::json!({ "error": error.to_string(), "verb": verb });
+    let error = error.to_string();
+    let body = serde_json::json!({
+        "error": crate::clip::clip_to(&error, crate::clip::MAX_MESSAGE_BYTES),
+        "verb": crate::clip::clip(verb),
+    });
     (status, axum::Json(body)).into_response()
 }
 
@@ -175,7 +180,71 @@ fn not_ready(ext: &Extender) -> Option<String> {
 /// budget (held until the reply is written, since the decoded request is about as large).
 struct Received {
     body: Bytes,
+    budget: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// The reply, holding the request's share of the budget grown to the reply's size until its
+/// body is written or dropped: a reply counts like a request, and a client that reads slowly
+/// holds what its replies cost (before, the share went back when the handler returned). A reply
+/// that finds no room within the body timeout is dropped for a 503.
+fn budgeted(
+    ext: &Extender,
+    verb: &'static str,
+    reply: Response,
+    held: tokio::sync::OwnedSemaphorePermit,
+) -> Response {
+    use http_body::Body as _;
+    let bytes = reply
+        .body()
+        .size_hint()
+        .exact()
+        .map_or(0, crate::convert::u64_to_usize);
+    let Some(held) = ext.body.grow_blocking(held, bytes) else {
+        drop(reply);
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            verb,
+            format!(
+                "too many large replies in flight (--max-body-bytes-in-flight {} bytes); retry",
+                ext.body.in_flight_bytes
+            ),
+        );
+    };
+    let (parts, body) = reply.into_parts();
+    Response::from_parts(
+        parts,
+        axum::body::Body::new(Held {
+            body,
+            _budget: held,
+        }),
+    )
+}
+
+/// A body that returns its budget when dropped (written or abandoned); its size hint is its
+/// body's, so the reply keeps its `Content-Length`.
+struct Held {
+    body: axum::body::Body,
     _budget: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl http_body::Body for Held {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Reads the body: refuses one declared larger than the limit before reading it, waits (up to
@@ -213,10 +282,7 @@ async fn receive(ext: &Extender, verb: &'static str, req: Request) -> Result<Rec
             )
         })?;
     match crate::serve::read_body(req.into_body(), expect, limits.timeout).await {
-        Ok(body) => Ok(Received {
-            body,
-            _budget: budget,
-        }),
+        Ok(body) => Ok(Received { body, budget }),
         Err(crate::serve::BodyError::TooLarge(_)) => Err(too_large("more".to_owned())),
         Err(e) => Err(problem(e.status(), verb, e)),
     }
@@ -252,7 +318,10 @@ async fn blocking_verb(
     };
     off_the_workers(verb, move || {
         let t = Timed::new(&ext, verb);
-        answer(&ext, &t, &received.body)
+        let reply = answer(&ext, &t, &received.body);
+        let Received { body, budget } = received;
+        drop(body);
+        budgeted(&ext, verb, reply, budget)
     })
     .await
 }
@@ -356,7 +425,13 @@ async fn readyz(State(ext): State<Shared>) -> Response {
     }
 }
 
+/// Rendered at most once per `Extender::scrape`'s age (a second in the binary).
 async fn metrics(State(ext): State<Shared>) -> Response {
-    ext.refresh_pending_gauges();
-    crate::metrics::render(&ext.metrics.registry)
+    let render = ext.clone();
+    ext.scrape
+        .serve(move || {
+            render.refresh_pending_gauges();
+            crate::metrics::encode(&render.metrics.registry)
+        })
+        .await
 }

@@ -320,10 +320,16 @@ pub fn pod_lists_in(dir: &Path) -> Result<Vec<PathBuf>, TraceError> {
     Ok(out)
 }
 
+/// The most arrivals one run samples: 2 million. A pod list of 1/1000-GPU pods over a large
+/// cluster needed one arrival per thousandth of a GPU and sampled until memory ran out
+/// (issue 24); past this many the run stops short of its ratio and says so.
+pub const MAX_ARRIVALS: usize = 2_000_000;
+
 /// The arrival order of one run: indices into `pods`.
 ///
 /// Sorted by name, shuffled with `seed`, then sampled with replacement (appended) or cut so that
-/// the requested GPU milli stops just before it would pass `ratio` × `capacity_milli`.
+/// the requested GPU milli stops just before it would pass `ratio` × `capacity_milli`, or at
+/// [`MAX_ARRIVALS`].
 pub fn arrival_order(pods: &[PodSpec], capacity_milli: u64, seed: u64, ratio: f64) -> Vec<usize> {
     let mut order: Vec<usize> = (0..pods.len()).collect();
     order.sort_by(|&a, &b| pods[a].name.cmp(&pods[b].name));
@@ -344,6 +350,15 @@ pub fn arrival_order(pods: &[PodSpec], capacity_milli: u64, seed: u64, ratio: f6
         return out;
     }
     loop {
+        if out.len() >= MAX_ARRIVALS {
+            tracing::warn!(
+                arrivals = MAX_ARRIVALS,
+                requested_milli = total,
+                target_milli = target,
+                "the pod list's GPU shares are too small to reach the ratio within the arrival cap; the run stops short"
+            );
+            return out;
+        }
         let i = order[rng.random_range(0..order.len())];
         let next = total + pods[i].total_gpu_milli();
         if next > target {
@@ -367,6 +382,15 @@ mod tests {
             gpu_milli,
             gpu_spec: String::new(),
         }
+    }
+
+    /// Issue 24: 1/1000-GPU pods over 1,000 nodes × 8 GPUs needed 8 million arrivals to reach
+    /// the ratio (and more for a larger cluster, until memory ran out).
+    #[test]
+    fn arrivals_stop_at_the_cap() {
+        let pods = vec![pod("tiny", 1, 1)];
+        let order = arrival_order(&pods, 8_000_000, 42, 1.0);
+        assert_eq!(order.len(), MAX_ARRIVALS);
     }
 
     #[test]

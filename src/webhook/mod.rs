@@ -16,8 +16,6 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use kube::core::DynamicObject;
-use kube::core::admission::AdmissionReview;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -59,6 +57,17 @@ pub struct WebhookArgs {
     /// classes are the measured error bands `peakfit estimate` prints.
     #[arg(long, env = "PEAKFIT_REQUIRE_VRAM", value_enum, default_value_t = RequireVram::Off)]
     pub require_vram: RequireVram,
+    /// Review bytes being read or answered at once, all reviews together (Kubernetes quantity,
+    /// at least the 4 MiB a review may be): a review waits (up to --body-timeout, then 503) for
+    /// room, so memory stays bounded however many large pods are created at once. A review
+    /// without Content-Length counts as 4 MiB (the API server always sends one).
+    #[arg(
+        long,
+        env = "PEAKFIT_MAX_BODY_BYTES_IN_FLIGHT",
+        default_value = "16Mi",
+        value_parser = crate::extender::parse_bytes
+    )]
+    pub max_body_bytes_in_flight: u64,
     #[command(flatten)]
     pub serve: crate::serve::ServeArgs,
 }
@@ -67,19 +76,28 @@ pub struct WebhookArgs {
 /// objects over 1.5 MiB); 4 MiB leaves room for the review around it.
 pub const MAX_REVIEW_BYTES: usize = 4 << 20;
 
+/// The default of `--max-body-bytes-in-flight`: four reviews of the largest size at once.
+pub const DEFAULT_IN_FLIGHT_BYTES: u64 = 16 << 20;
+
 /// The HTTP routes, without TLS, so tests can drive them with `tower::ServiceExt::oneshot`.
 /// Every error reply is JSON `{"error": ...}`: 400 for a body that is not JSON, 415 for another
-/// content type, 422 for JSON that is not an `AdmissionReview`, 413, 408, 404 and 405.
+/// content type, 422 for JSON that is not an `AdmissionReview`, 413, 408, 404, 405, and 503 when
+/// the in-flight budget stays full for the body timeout.
 pub fn router(mutator: Mutator) -> Router {
-    router_with(mutator, crate::serve::ServeArgs::default().body_timeout)
+    router_with(
+        mutator,
+        limits(DEFAULT_IN_FLIGHT_BYTES, &crate::serve::ServeArgs::default()),
+    )
 }
 
-/// [`router`] with the body timeout of `--body-timeout`.
-pub fn router_with(mutator: Mutator, body_timeout: Duration) -> Router {
-    let state = Arc::new(Shared {
-        mutator,
-        body_timeout,
-    });
+/// The webhook's body limits: [`MAX_REVIEW_BYTES`] per review, `in_flight` together.
+pub fn limits(in_flight: u64, serve: &crate::serve::ServeArgs) -> crate::serve::BodyLimits {
+    crate::serve::BodyLimits::new(MAX_REVIEW_BYTES as u64, in_flight, serve.body_timeout)
+}
+
+/// [`router`] under `limits` (`--max-body-bytes-in-flight`, `--body-timeout`).
+pub fn router_with(mutator: Mutator, limits: crate::serve::BodyLimits) -> Router {
+    let state = Arc::new(Shared { mutator, limits });
     Router::new()
         .route("/mutate", post(mutate_annotated))
         .route("/mutate/namespace", post(mutate_namespace))
@@ -104,19 +122,70 @@ pub fn router_with(mutator: Mutator, body_timeout: Duration) -> Router {
 
 struct Shared {
     mutator: Mutator,
-    body_timeout: Duration,
+    limits: crate::serve::BodyLimits,
 }
 
+/// A JSON error reply, its message cut to [`crate::clip::MAX_MESSAGE_BYTES`] (a decoder's
+/// message quotes the value it refused).
 fn problem(status: StatusCode, error: impl std::fmt::Display) -> Response {
-    let body = serde_json::json!({ "error": error.to_string() });
+    let error = error.to_string();
+    let body = serde_json::json!({
+        "error": crate::clip::clip_to(&error, crate::clip::MAX_MESSAGE_BYTES),
+    });
     (status, axum::Json(body)).into_response()
 }
 
-/// Reads and decodes an `AdmissionReview` within the size and time limits.
-async fn review_of(
+/// Answers one review: reads the body within the size, time and in-flight limits, then
+/// decodes and decides on the blocking pool (a 4 MiB review is milliseconds of CPU), holding
+/// the review's share of the budget until the answer is built.
+async fn answer(s: Arc<Shared>, req: axum::extract::Request, opt_in: OptIn) -> Response {
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if let Some(len) = declared.filter(|&n| n > MAX_REVIEW_BYTES as u64) {
+        return problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the review ({len} bytes) is larger than {MAX_REVIEW_BYTES} bytes"),
+        );
+    }
+    let expect = declared.map_or(MAX_REVIEW_BYTES, crate::convert::u64_to_usize);
+    let Ok(budget) = tokio::time::timeout(s.limits.timeout, s.limits.reserve(expect)).await else {
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "too many large reviews in flight (--max-body-bytes-in-flight {} bytes); retry",
+                s.limits.in_flight_bytes
+            ),
+        );
+    };
+    let body = match read_review(&s, req, expect).await {
+        Ok(body) => body,
+        Err(r) => return r,
+    };
+    tokio::task::spawn_blocking(move || {
+        let reply = match decode(&body) {
+            Ok(review) => axum::Json(s.mutator.review(review, opt_in)).into_response(),
+            Err(r) => *r,
+        };
+        drop(budget);
+        reply
+    })
+    .await
+    .unwrap_or_else(|e| {
+        problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the review handler failed: {e}"),
+        )
+    })
+}
+
+/// Reads an `AdmissionReview`'s bytes within the size and time limits.
+async fn read_review(
     s: &Shared,
     req: axum::extract::Request,
-) -> Result<AdmissionReview<DynamicObject>, Response> {
+    expect: usize,
+) -> Result<axum::body::Bytes, Response> {
     let json = req
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
@@ -131,31 +200,32 @@ async fn review_of(
             "expected Content-Type: application/json (an AdmissionReview)",
         ));
     }
-    let body = crate::serve::read_body(req.into_body(), MAX_REVIEW_BYTES, s.body_timeout)
+    crate::serve::read_body(req.into_body(), expect, s.limits.timeout)
         .await
-        .map_err(|e| problem(e.status(), e))?;
-    serde_json::from_slice(&body).map_err(|e| {
+        .map_err(|e| problem(e.status(), e))
+}
+
+/// Decodes the fields of an `AdmissionReview` the webhook reads (`mutate::PodView`).
+fn decode(body: &[u8]) -> Result<mutate::Review, Box<Response>> {
+    serde_json::from_slice(body).map_err(|e| {
         let status = if e.is_data() {
             StatusCode::UNPROCESSABLE_ENTITY
         } else {
             StatusCode::BAD_REQUEST
         };
-        problem(status, format!("the body is not an AdmissionReview: {e}"))
+        Box::new(problem(
+            status,
+            format!("the body is not an AdmissionReview: {e}"),
+        ))
     })
 }
 
 async fn mutate_annotated(State(s): State<Arc<Shared>>, req: axum::extract::Request) -> Response {
-    match review_of(&s, req).await {
-        Ok(review) => axum::Json(s.mutator.review(review, OptIn::Annotation)).into_response(),
-        Err(r) => r,
-    }
+    answer(s, req, OptIn::Annotation).await
 }
 
 async fn mutate_namespace(State(s): State<Arc<Shared>>, req: axum::extract::Request) -> Response {
-    match review_of(&s, req).await {
-        Ok(review) => axum::Json(s.mutator.review(review, OptIn::Namespace)).into_response(),
-        Err(r) => r,
-    }
+    answer(s, req, OptIn::Namespace).await
 }
 
 pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
@@ -171,7 +241,7 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
             .filter(|r| !r.is_empty()),
         require_vram: args.require_vram,
     };
-    let app = router_with(mutator, args.serve.body_timeout);
+    let app = router_with(mutator, limits(args.max_body_bytes_in_flight, &args.serve));
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

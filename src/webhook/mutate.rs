@@ -3,13 +3,63 @@
 
 use json_patch::jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, ResourceRequirements};
-use kube::core::DynamicObject;
+use kube::api::ObjectMeta;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::model;
 use crate::model::annotations::{ASSIGNED_GPUS, GPU_MEMORY_FRACTION, RESERVED_BYTES};
+
+/// What the webhook decodes of the object under review: its metadata and its spec as raw
+/// JSON, read into a [`SpecView`] only for a pod. A `DynamicObject` held the whole object as a
+/// `serde_json::Value` tree, several times the bytes it came in (a 4 MiB review peaked at 232 MiB,
+/// issue 24); a spec's fields the decision does not read (affinity lists, volumes, probes) are
+/// now only bytes, and of the review only the request's own fields are decoded.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct PodView {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<Box<serde_json::value::RawValue>>,
+}
+
+impl kube::Resource for PodView {
+    type DynamicType = ();
+    type Scope = kube::core::NamespaceResourceScope;
+
+    fn kind((): &()) -> std::borrow::Cow<'_, str> {
+        "Pod".into()
+    }
+    fn group((): &()) -> std::borrow::Cow<'_, str> {
+        "".into()
+    }
+    fn version((): &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural((): &()) -> std::borrow::Cow<'_, str> {
+        "pods".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl PodView {
+    /// The spec's fields the decision reads; `Ok(None)` without a spec.
+    fn spec(&self) -> serde_json::Result<Option<SpecView>> {
+        self.spec
+            .as_deref()
+            .map(|raw| serde_json::from_str(raw.get()))
+            .transpose()
+    }
+}
+
+/// An `AdmissionReview` as the webhook reads it.
+pub type Review = AdmissionReview<PodView>;
 
 /// The scheduler name the API server fills in when a pod names none: peakfit may take such pods.
 const DEFAULT_SCHEDULER: &str = "default-scheduler";
@@ -106,6 +156,7 @@ impl RequireVram {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct SpecView {
+    node_name: Option<String>,
     scheduler_name: Option<String>,
     runtime_class_name: Option<String>,
     containers: Option<Vec<ContainerView>>,
@@ -207,8 +258,8 @@ impl PatchWriter {
 
 impl Mutator {
     /// Answers one `AdmissionReview`. Never fails: a review it cannot read is answered as invalid.
-    pub fn review(&self, review: AdmissionReview<DynamicObject>, opt_in: OptIn) -> Value {
-        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+    pub fn review(&self, review: Review, opt_in: OptIn) -> Value {
+        let request: AdmissionRequest<PodView> = match review.try_into() {
             Ok(request) => request,
             Err(e) => return encode(AdmissionResponse::invalid(e), None),
         };
@@ -216,7 +267,11 @@ impl Mutator {
         let response = match self.decide(&request, opt_in) {
             Decision::PassThrough => response,
             Decision::Refuse(message) => {
-                tracing::info!(namespace = ?request.namespace, name = %request.name, %message, "refused");
+                tracing::info!(
+                    namespace = ?request.namespace, name = %request.name,
+                    message = %crate::clip::clip_to(&message, crate::clip::MAX_MESSAGE_BYTES),
+                    "refused"
+                );
                 let mut response = response.deny(&message);
                 response.result.reason = "Invalid".into();
                 response.result.code = 400;
@@ -242,7 +297,7 @@ impl Mutator {
         encode(response, None)
     }
 
-    fn decide(&self, request: &AdmissionRequest<DynamicObject>, opt_in: OptIn) -> Decision {
+    fn decide(&self, request: &AdmissionRequest<PodView>, opt_in: OptIn) -> Decision {
         if request.kind.kind != "Pod" {
             return Decision::PassThrough;
         }
@@ -258,12 +313,7 @@ impl Mutator {
         // The API server has already decoded the pod, so this only fails on a hand-made request;
         // such a pod is not ours to judge. The spec is read from the request's tree in place: a
         // copy of the tree to decode a whole `Pod` from cost as much as the tree itself.
-        let pod_spec = match object
-            .data
-            .get("spec")
-            .map(SpecView::deserialize)
-            .transpose()
-        {
+        let pod_spec = match object.spec() {
             Ok(spec) => spec.unwrap_or_default(),
             Err(e) => {
                 tracing::warn!(error = %e, "request object is not a readable Pod; passing it through");
@@ -271,9 +321,11 @@ impl Mutator {
             }
         };
         let annotations = object.metadata.annotations.clone().unwrap_or_default();
+        // Refusals quote the annotation cut to 256 bytes (`clip`): the API server shows the
+        // message to the pod's author and logs it.
         let spec = match model::Spec::parse(&annotations) {
             Ok(spec) => spec,
-            Err(e) => return Decision::Refuse(e.to_string()),
+            Err(e) => return Decision::Refuse(crate::clip::annotation_error(e).to_string()),
         };
         // A model in a ConfigMap is sized by the extender, which reads it: the webhook decides
         // from the review alone, so it checks the annotations and leaves the size open.
@@ -283,7 +335,7 @@ impl Mutator {
         } else {
             match model::pod_request(&annotations) {
                 Ok(r) => r,
-                Err(e) => return Decision::Refuse(e.to_string()),
+                Err(e) => return Decision::Refuse(crate::clip::annotation_error(e).to_string()),
             }
         };
         let opted = pod_request.is_some() || deferred;
@@ -356,7 +408,11 @@ impl Mutator {
             ] {
                 let containers = containers.as_deref().unwrap_or_default();
                 for (index, container) in containers.iter().enumerate() {
-                    env_ops(field, index, container, &wanted, &mut ops, &mut warnings);
+                    if let Err(why) =
+                        env_ops(field, index, container, &wanted, &mut ops, &mut warnings)
+                    {
+                        return Decision::Refuse(why);
+                    }
                 }
             }
         }
@@ -375,19 +431,20 @@ const OUTPUTS: [&str; 3] = [ASSIGNED_GPUS, RESERVED_BYTES, GPU_MEMORY_FRACTION];
 /// annotations say. Before the pod is bound, bind itself writes them (and may rewrite them when
 /// a Binding failed), so an unbound pod is left alone; the chart's `ValidatingAdmissionPolicy`
 /// limits that window to the scheduler's service account.
-fn assignment_kept(request: &AdmissionRequest<DynamicObject>) -> Decision {
+fn assignment_kept(request: &AdmissionRequest<PodView>) -> Decision {
     let (Some(old), Some(new)) = (&request.old_object, &request.object) else {
         return Decision::PassThrough;
     };
     let bound = old
-        .data
-        .pointer("/spec/nodeName")
-        .and_then(Value::as_str)
+        .spec()
+        .ok()
+        .flatten()
+        .and_then(|s| s.node_name)
         .is_some_and(|n| !n.is_empty());
     if !bound {
         return Decision::PassThrough;
     }
-    let value = |o: &DynamicObject, k: &str| {
+    let value = |o: &PodView, k: &str| {
         o.metadata
             .annotations
             .as_ref()
@@ -399,7 +456,11 @@ fn assignment_kept(request: &AdmissionRequest<DynamicObject>) -> Decision {
         .filter_map(|k| {
             let (was, now) = (value(old, k), value(new, k));
             (was != now).then(|| {
-                let show = |v: Option<String>| v.map_or("unset".to_owned(), |v| format!("{v:?}"));
+                let show = |v: Option<String>| {
+                    v.map_or("unset".to_owned(), |v| {
+                        format!("{:?}", crate::clip::clip(&v))
+                    })
+                };
                 format!("{k} from {} to {}", show(was), show(now))
             })
         })
@@ -481,7 +542,7 @@ fn resource_ops(
 /// after bind has written the annotations.
 fn downward_env(fraction: bool) -> Vec<EnvVar> {
     let mut env = vec![
-        from_annotation("NVIDIA_VISIBLE_DEVICES", ASSIGNED_GPUS),
+        from_annotation(VISIBLE_DEVICES, ASSIGNED_GPUS),
         from_annotation("PEAKFIT_VRAM_BYTES", RESERVED_BYTES),
     ];
     if fraction {
@@ -508,6 +569,11 @@ fn from_annotation(name: &str, annotation: &str) -> EnvVar {
 }
 
 /// Adds the missing variables; a variable the pod already sets is kept (re-invocation adds nothing).
+/// Adds the env `wanted` that the container lacks. A container that sets
+/// `NVIDIA_VISIBLE_DEVICES` itself would see GPUs peakfit did not assign it (every GPU, with
+/// `all`) while the ledger counts its memory on others: refused, naming the container and its
+/// value (issue 24; it was admitted with a warning). Another of the variables set differently is
+/// only the container's own business: a warning.
 fn env_ops(
     field: &str,
     index: usize,
@@ -515,25 +581,35 @@ fn env_ops(
     wanted: &[EnvVar],
     ops: &mut PatchWriter,
     warnings: &mut Vec<String>,
-) {
+) -> Result<(), String> {
     let existing = container.env.as_deref().unwrap_or_default();
-    let missing: Vec<&EnvVar> = wanted
-        .iter()
-        .filter(|w| match existing.iter().find(|e| e.name == w.name) {
-            None => true,
-            Some(e) => {
-                if e != *w {
-                    warnings.push(format!(
-                        "container {:?} sets {} itself; peakfit's assignment is not applied to it",
-                        container.name, w.name
-                    ));
-                }
-                false
+    let mut missing: Vec<&EnvVar> = Vec::new();
+    for w in wanted {
+        match existing.iter().find(|e| e.name == w.name) {
+            None => missing.push(w),
+            Some(e) if e == w => {}
+            Some(e) if w.name == VISIBLE_DEVICES => {
+                let value = e.value.as_deref().map_or_else(
+                    || "from a reference".to_owned(),
+                    |v| format!("{:?}", crate::clip::clip(v)),
+                );
+                return Err(format!(
+                    "{field}[{index}] ({:?}) sets {VISIBLE_DEVICES} itself ({value}): in a pod \
+                     peakfit places, peakfit sets it to the GPUs bind assigns, and a value of \
+                     the pod's own would show the container GPUs whose memory is reserved for \
+                     other pods; remove it from the container's env",
+                    crate::clip::clip(&container.name)
+                ));
             }
-        })
-        .collect();
+            Some(_) => warnings.push(format!(
+                "container {:?} sets {} itself; peakfit's assignment is not applied to it",
+                crate::clip::clip(&container.name),
+                w.name
+            )),
+        }
+    }
     if missing.is_empty() {
-        return;
+        return Ok(());
     }
     let index = index.to_string();
     if existing.is_empty() {
@@ -543,7 +619,11 @@ fn env_ops(
             ops.add(&["spec", field, &index, "env", "-"], env);
         }
     }
+    Ok(())
 }
+
+/// The variable the NVIDIA container runtime selects a container's GPUs by.
+const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 
 /// The review around `response`, with `patch` as the API documents it: base64 (Go's `[]byte`)
 /// and `patchType: JSONPatch`. `AdmissionResponse` would serialise a patch as a JSON array of
@@ -634,7 +714,7 @@ mod tests {
         }
     }
 
-    fn review_of(pod: &Value, operation: &str) -> AdmissionReview<DynamicObject> {
+    fn review_of(pod: &Value, operation: &str) -> Review {
         serde_json::from_value(json!({
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
@@ -670,7 +750,7 @@ mod tests {
             &pod(
                 &json!({"peakfit.io/vram": "20Gi"}),
                 &json!([{"name": "c", "image": "i", "env": [
-                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                    {"name": "PEAKFIT_VRAM_BYTES", "value": "1"},
                     {"name": "OTHER", "value": "x"}]}]),
             ),
             OptIn::Annotation,
@@ -689,7 +769,28 @@ mod tests {
             .collect();
         assert_eq!(paths, ["/spec/schedulerName", "/spec/containers/0/env/-"]);
         assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert!(warnings[0].contains("NVIDIA_VISIBLE_DEVICES"));
+        assert!(warnings[0].contains("PEAKFIT_VRAM_BYTES"));
+    }
+
+    /// Issue 24: a container that set `NVIDIA_VISIBLE_DEVICES=all` was admitted with a warning
+    /// and saw every GPU. It is refused, naming the container, the variable and its value.
+    #[test]
+    fn a_container_setting_its_own_visible_devices_is_refused() {
+        let d = decide(
+            &pod(
+                &json!({"peakfit.io/vram": "20Gi"}),
+                &json!([{"name": "c", "image": "i"}, {"name": "greedy", "image": "i", "env": [
+                    {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]),
+            ),
+            OptIn::Annotation,
+        );
+        let Decision::Refuse(why) = d else {
+            panic!("expected a refusal, got {d:?}")
+        };
+        assert!(
+            why.contains(r#"containers[1] ("greedy") sets NVIDIA_VISIBLE_DEVICES itself ("all")"#),
+            "{why}"
+        );
     }
 
     #[test]
@@ -829,7 +930,7 @@ mod tests {
         );
         let mut other = serde_json::to_value(review_of(&p, "CREATE")).unwrap();
         other["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
-        let review: AdmissionReview<DynamicObject> = serde_json::from_value(other).unwrap();
+        let review: Review = serde_json::from_value(other).unwrap();
         assert_eq!(
             mutator().decide(&review.try_into().unwrap(), OptIn::Namespace),
             Decision::PassThrough
@@ -871,7 +972,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_review_is_answered_invalid() {
-        let review: AdmissionReview<DynamicObject> = serde_json::from_value(json!({
+        let review: Review = serde_json::from_value(json!({
             "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"
         }))
         .unwrap();
