@@ -37,7 +37,14 @@ pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
         path: p.clone(),
         source,
     })?;
-    let docs = parse_documents(&text).map_err(|message| FileError::Parse {
+    load_str(index, &text, &p)
+}
+
+/// [`load_into`] on a file's text, `p` naming it in errors and logs (also what the fuzz test
+/// drives, without a file per case).
+pub fn load_str(index: &Index, text: &str, p: &str) -> Result<usize, FileError> {
+    let p = p.to_owned();
+    let docs = parse_documents(text).map_err(|message| FileError::Parse {
         path: p.clone(),
         message,
     })?;
