@@ -11,7 +11,7 @@
 //! | annotation (`peakfit.io/…`) | accepted values | default |
 //! |---|---|---|
 //! | `vram` | Kubernetes quantity per GPU, at most `1Ei` (`20Gi`, `20G`, `1.5Ti`, `1e9`); overrides the model | from the model |
-//! | `gpu-share` | share of each GPU, above 0 up to 1 (`0.25`), as GPU-sharing schedulers count it (openb's `gpu_milli` / 1000); overrides `vram` and the model | none |
+//! | `gpu-share` | share of each GPU, 0.001 (a thousandth) up to 1 (`0.25`), as GPU-sharing schedulers count it (openb's `gpu_milli` / 1000); overrides `vram` and the model | none |
 //! | `gpus` | 1–64 | `tensor-parallel`, else 1 |
 //! | `model` | a built-in preset (see the preset table), case-insensitive, checkpoint suffixes like `-Chat`, `-Int4`, `(v1)` ignored; any other name (at most 253 characters) is a label and then needs `params` or `layers` + `hidden-size` | none |
 //! | `model-config` | the name of a ConfigMap in the pod's namespace, labelled `peakfit.io/model-config: "true"`, whose key `config.json` (at most 1 MiB) holds the model's Hugging Face config: read by the extender into the shape annotations (the pod's own annotations override it); a missing or unreadable one fails the pod's scheduling with the ConfigMap and field named | none |
@@ -111,6 +111,9 @@ pub const INPUT_KEYS: &[&str] = &[
     "experts-per-token",
     "sliding-window",
 ];
+
+/// The smallest `gpu-share`: a thousandth of a GPU, openb's `gpu_milli` unit.
+const MIN_GPU_SHARE: f64 = 0.001;
 
 /// The largest `vram` accepted (1Ei). No GPU comes near it, and with the largest headroom (10x
 /// more) a request stays far below 2^64, so the scheduler's sums over it cannot overflow.
@@ -709,7 +712,19 @@ impl Spec {
                 }
                 self.vram = Some(bytes);
             }
-            "gpu-share" => self.gpu_share = Some(fraction(key, v, true, 1.0)?),
+            "gpu-share" => {
+                let share = fraction(key, v, true, 1.0)?;
+                // openb counts shares in thousandths of a GPU (`gpu_milli`); a smaller share
+                // rounds to no memory at all (1e-300 reserved 0 bytes).
+                if share < MIN_GPU_SHARE {
+                    return Err(AnnotationError::new(
+                        key,
+                        value,
+                        format!("a decimal from {MIN_GPU_SHARE} (a thousandth of a GPU) up to 1"),
+                    ));
+                }
+                self.gpu_share = Some(share);
+            }
             "gpus" => self.gpus = Some(int(key, v, 1, 64)?),
             "model-config" => {
                 if !is_dns_subdomain(v) {
@@ -1194,6 +1209,13 @@ pub fn request_on(spec: &Spec, platform: Platform) -> Result<PodRequest, Annotat
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_gpu_share_below_a_thousandth_is_refused() {
+        let e = pod_request(&ann(&[("gpu-share", "1e-300")])).unwrap_err();
+        assert!(e.to_string().contains("0.001"), "{e}");
+        assert!(pod_request(&ann(&[("gpu-share", "0.001")])).is_ok());
+    }
     use super::*;
 
     fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

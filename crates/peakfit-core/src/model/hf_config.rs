@@ -90,22 +90,72 @@ const GATED: &[&str] = &[
     "starcoder2",
 ];
 
+/// The largest value a field may hold: the range of the annotation it becomes (so an error names
+/// the config field, not an annotation the user never wrote), and small enough that the
+/// parameter arithmetic below cannot overflow (`heads · head_dim`, `4 · hidden`, the layer sums).
+fn max_for(name: &str) -> u64 {
+    match name {
+        "num_hidden_layers" | "n_layer" | "num_layers" | "depth" | "layers"
+        | "num_global_layers" => 1024,
+        "encoder_layers" | "decoder_layers" | "num_decoder_layers" => 512,
+        "num_attention_heads"
+        | "n_head"
+        | "num_heads"
+        | "encoder_attention_heads"
+        | "num_key_value_heads"
+        | "num_kv_heads"
+        | "head_dim"
+        | "d_kv" => 4096,
+        "hidden_size" | "n_embd" | "d_model" | "embed_dim" | "width" | "max_source_positions" => {
+            1 << 20
+        }
+        "intermediate_size"
+        | "n_inner"
+        | "d_ff"
+        | "ffn_dim"
+        | "encoder_ffn_dim"
+        | "ffn_hidden_size"
+        | "moe_intermediate_size" => 1 << 22,
+        "num_local_experts" | "num_experts" | "n_routed_experts" => 1 << 16,
+        "num_experts_per_tok" | "moe_topk" => 1024,
+        "sliding_window" => 1 << 26,
+        _ => 1 << 24,
+    }
+}
+
 fn uint(obj: &Map<String, Value>, names: &[&str]) -> Result<Option<u64>, ConfigError> {
     for name in names {
         match obj.get(*name) {
             None | Some(Value::Null) => {}
             Some(v) => {
-                return v.as_u64().filter(|n| *n > 0).map(Some).ok_or_else(|| {
-                    ConfigError::Invalid {
+                let max = max_for(name);
+                return v
+                    .as_u64()
+                    .filter(|n| (1..=max).contains(n))
+                    .map(Some)
+                    .ok_or_else(|| ConfigError::Invalid {
                         field: (*name).to_string(),
-                        value: v.to_string(),
-                        allowed: "a whole number above zero".into(),
-                    }
-                });
+                        value: clip(&v.to_string()),
+                        allowed: format!("a whole number from 1 to {max}"),
+                    });
             }
         }
     }
     Ok(None)
+}
+
+/// A config value as an error quotes it: at most 256 bytes (a hostile file cannot make an error
+/// message as large as itself).
+fn clip(value: &str) -> String {
+    const MAX: usize = 256;
+    if value.len() <= MAX {
+        return value.to_owned();
+    }
+    let mut end = MAX;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[{} more bytes]", &value[..end], value.len() - end)
 }
 
 fn text(obj: &Map<String, Value>, name: &str) -> Option<String> {
@@ -123,6 +173,16 @@ fn dtype(
     root: &Map<String, Value>,
     text_cfg: &Map<String, Value>,
 ) -> Result<Option<&'static str>, ConfigError> {
+    match root.get("quantization_config") {
+        None | Some(Value::Null | Value::Object(_)) => {}
+        Some(other) => {
+            return Err(ConfigError::Invalid {
+                field: "quantization_config".into(),
+                value: clip(&other.to_string()),
+                allowed: "an object with quant_method (awq, gptq, bitsandbytes, fp8)".into(),
+            });
+        }
+    }
     if let Some(q) = root.get("quantization_config").and_then(Value::as_object) {
         let method = text(q, "quant_method").unwrap_or_default();
         let bits = q.get("bits").and_then(Value::as_u64);
@@ -159,15 +219,38 @@ fn dtype(
             }
         }));
     }
-    let stored = text(root, "torch_dtype")
-        .or_else(|| text(root, "dtype"))
-        .or_else(|| text(text_cfg, "torch_dtype"));
-    Ok(match stored.as_deref() {
-        Some("float32") => Some("fp32"),
-        Some("float16") => Some("fp16"),
-        Some("bfloat16") => Some("bf16"),
-        _ => None,
-    })
+    let field = ["torch_dtype", "dtype"]
+        .into_iter()
+        .find(|f| root.get(*f).is_some_and(|v| !v.is_null()))
+        .map(|f| (f, root))
+        .or_else(|| {
+            text_cfg
+                .get("torch_dtype")
+                .filter(|v| !v.is_null())
+                .map(|_| ("text_config.torch_dtype", text_cfg))
+        });
+    let Some((name, obj)) = field else {
+        return Ok(None);
+    };
+    let key = name.rsplit('.').next().unwrap_or(name);
+    let value = obj.get(key).cloned().unwrap_or(Value::Null);
+    // An unknown storage type is refused, not sized as 16 bits: float64 is four times bf16.
+    Ok(Some(
+        match value.as_str().map(str::to_ascii_lowercase).as_deref() {
+            Some("float32" | "fp32") => "fp32",
+            Some("float16" | "fp16" | "half") => "fp16",
+            Some("bfloat16" | "bf16") => "bf16",
+            // "auto" means the checkpoint's own type, which the file does not say.
+            Some("auto") => return Ok(None),
+            _ => {
+                return Err(ConfigError::Invalid {
+                    field: name.into(),
+                    value: clip(&value.to_string()),
+                    allowed: "float32, float16 or bfloat16 (or give peakfit.io/dtype)".into(),
+                });
+            }
+        },
+    ))
 }
 
 /// Parses a `config.json` text into annotations.
@@ -178,10 +261,17 @@ pub fn annotations(json: &str) -> Result<FromConfig, ConfigError> {
         .as_object()
         .ok_or_else(|| ConfigError::NotJson("the top level is not an object".into()))?;
     let model_type = text(root, "model_type").unwrap_or_default();
-    let cfg = root
-        .get("text_config")
-        .and_then(Value::as_object)
-        .unwrap_or(root);
+    let cfg = match root.get("text_config") {
+        None | Some(Value::Null) => root,
+        Some(Value::Object(t)) => t,
+        Some(other) => {
+            return Err(ConfigError::Invalid {
+                field: "text_config".into(),
+                value: clip(&other.to_string()),
+                allowed: "an object (the language model's own config)".into(),
+            });
+        }
+    };
     let inner_type = text(cfg, "model_type").unwrap_or_else(|| model_type.clone());
     let mut notes = Vec::new();
 
@@ -283,7 +373,18 @@ pub fn annotations(json: &str) -> Result<FromConfig, ConfigError> {
     let cross = decoder_layers as f64 * (2.0 * h * q + 2.0 * h * kvd);
     let emb = vocab as f64 * h * if tied { 1.0 } else { 2.0 };
     let mut params = layers as f64 * (attn + mlp) + cross + emb;
-    if let Some(vision) = root.get("vision_config").and_then(Value::as_object) {
+    let vision = match root.get("vision_config") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(v)) => Some(v),
+        Some(other) => {
+            return Err(ConfigError::Invalid {
+                field: "vision_config".into(),
+                value: clip(&other.to_string()),
+                allowed: "an object (the vision tower's own config)".into(),
+            });
+        }
+    };
+    if let Some(vision) = vision {
         let hv = uint(vision, &["hidden_size", "embed_dim", "width"])?.unwrap_or(0) as f64;
         let lv = uint(vision, &["num_hidden_layers", "depth", "layers"])?.unwrap_or(0)
             + uint(vision, &["num_global_layers"])?.unwrap_or(0);
@@ -346,4 +447,51 @@ pub fn annotations(json: &str) -> Result<FromConfig, ConfigError> {
         annotations: a,
         notes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::annotations;
+
+    fn base(extra: &str) -> String {
+        format!(
+            r#"{{"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "vocab_size": 32000{extra}}}"#
+        )
+    }
+
+    #[test]
+    fn unknown_dtypes_and_quantisations_are_refused_naming_the_field() {
+        let e = annotations(&base(r#", "torch_dtype": "float64""#)).unwrap_err();
+        assert!(
+            e.to_string().contains("torch_dtype") && e.to_string().contains("float64"),
+            "{e}"
+        );
+        let e = annotations(&base(r#", "quantization_config": "awq""#)).unwrap_err();
+        assert!(e.to_string().contains("quantization_config"), "{e}");
+        let e = annotations(&base(r#", "vision_config": [1, 2, 3]"#)).unwrap_err();
+        assert!(e.to_string().contains("vision_config"), "{e}");
+        let e = annotations(&base(r#", "text_config": "x""#)).unwrap_err();
+        assert!(e.to_string().contains("text_config"), "{e}");
+        // "auto" is the checkpoint's own type: no dtype annotation, no error.
+        assert!(annotations(&base(r#", "torch_dtype": "auto""#)).is_ok());
+    }
+
+    #[test]
+    fn huge_sizes_are_refused_not_wrapped() {
+        let e = annotations(
+            r#"{"model_type": "whisper", "d_model": 1280, "encoder_layers": 18446744073709551606,
+            "decoder_layers": 32, "encoder_attention_heads": 20, "vocab_size": 51866}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("encoder_layers"), "{e}");
+        let e = annotations(
+            r#"{"hidden_size": 18446744073709551615, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "vocab_size": 10}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("hidden_size"), "{e}");
+        let e = annotations(&base(r#", "num_experts": 1000000000"#)).unwrap_err();
+        assert!(e.to_string().contains("num_experts"), "{e}");
+    }
 }
