@@ -95,8 +95,14 @@ const GATED: &[&str] = &[
 /// parameter arithmetic below cannot overflow (`heads · head_dim`, `4 · hidden`, the layer sums).
 fn max_for(name: &str) -> u64 {
     match name {
-        "num_hidden_layers" | "n_layer" | "num_layers" | "depth" | "layers"
-        | "num_global_layers" => 1024,
+        "num_hidden_layers"
+        | "n_layer"
+        | "num_layers"
+        | "depth"
+        | "layers"
+        | "num_global_layers"
+        | "num_experts_per_tok"
+        | "moe_topk" => 1024,
         "encoder_layers" | "decoder_layers" | "num_decoder_layers" => 512,
         "num_attention_heads"
         | "n_head"
@@ -117,7 +123,6 @@ fn max_for(name: &str) -> u64 {
         | "ffn_hidden_size"
         | "moe_intermediate_size" => 1 << 22,
         "num_local_experts" | "num_experts" | "n_routed_experts" => 1 << 16,
-        "num_experts_per_tok" | "moe_topk" => 1024,
         "sliding_window" => 1 << 26,
         _ => 1 << 24,
     }
