@@ -12,66 +12,19 @@
 //! parsed once; each round calls `estimate` on every spec and times each call. Prints the
 //! median and p99 per call and the slowest spec.
 
-use std::collections::BTreeMap;
+#[path = "../tests/model_rows/mod.rs"]
+mod model_rows;
+
 use std::hint::black_box;
-use std::path::Path;
 use std::time::Instant;
 
-use peakfit::model::{Spec, estimate, hf_config};
+use peakfit::model::estimate;
 
-fn annotations(config: &str, workload: &[(&str, &str)]) -> BTreeMap<String, String> {
-    let mut a: BTreeMap<String, String> = hf_config::annotations(config)
-        .expect("config")
-        .annotations
+fn specs() -> Vec<(String, peakfit::model::Spec)> {
+    model_rows::oracle_grid()
         .into_iter()
-        .map(|(k, v)| (format!("peakfit.io/{k}"), v))
-        .collect();
-    for (k, v) in workload {
-        if !v.is_empty() {
-            a.insert(format!("peakfit.io/{k}"), (*v).to_string());
-        }
-    }
-    a
-}
-
-fn specs() -> Vec<(String, Spec)> {
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
-    let text = std::fs::read_to_string(data.join("oracle-grid.csv")).expect("oracle grid");
-    let body = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let mut reader = csv::Reader::from_reader(body.as_bytes());
-    let headers = reader.headers().expect("headers").clone();
-    let mut out = Vec::new();
-    for record in reader.records() {
-        let record = record.expect("row");
-        let f: BTreeMap<&str, &str> = headers.iter().zip(record.iter()).collect();
-        let config =
-            std::fs::read_to_string(data.join("oracle-configs").join(f["config"])).expect("config");
-        let flash = if f["attention"] == "eager" {
-            "false"
-        } else {
-            "true"
-        };
-        let a = annotations(
-            &config,
-            &[
-                ("engine", "hf"),
-                ("workload", f["workload"]),
-                ("dtype", f["dtype"]),
-                ("batch", f["batch"]),
-                ("context-tokens", f["context_tokens"]),
-                ("gradient-checkpointing", f["gradient_checkpointing"]),
-                ("optimizer", f["optimizer"]),
-                ("lora-rank", f["lora_rank"]),
-                ("flash-attention", flash),
-            ],
-        );
-        out.push((f["id"].to_string(), Spec::parse(&a).expect("spec")));
-    }
-    out
+        .map(|r| (r.id, r.spec))
+        .collect()
 }
 
 fn main() {

@@ -33,6 +33,8 @@
 //! workload category biased low (signed median) by more than 10 %: under-prediction is the
 //! direction that costs a neighbour an OOM.
 
+mod model_rows;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -230,54 +232,19 @@ const P90_BAR_ALL: f64 = 25.0;
 /// The H200 rows (`tests/data/h200`), scored on their NVML counter (the one that decides an
 /// OOM; `tests/estimate_h200.rs` checks all three counters).
 fn h200() -> Vec<Row> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/h200");
-    let mut reader = csv::Reader::from_path(dir.join("h200-2026-11.csv")).expect("readable CSV");
-    let headers = reader.headers().expect("header row").clone();
-    let mut rows = Vec::new();
-    for record in reader.records() {
-        let record = record.expect("well-formed CSV row");
-        let field: BTreeMap<&str, &str> = headers.iter().zip(record.iter()).collect();
-        let id = field["id"].to_string();
-        let config = std::fs::read_to_string(dir.join("configs").join(format!("{id}.json")))
-            .expect("the row's config.json");
-        let mut annotations: BTreeMap<String, String> =
-            peakfit::model::hf_config::annotations(&config)
-                .expect("a readable config")
-                .annotations
-                .into_iter()
-                .map(|(k, v)| (format!("peakfit.io/{k}"), v))
-                .collect();
-        for column in [
-            "workload",
-            "dtype",
-            "engine",
-            "batch",
-            "context_tokens",
-            "optimizer",
-            "gradient_checkpointing",
-            "lora_rank",
-            "flash_attention",
-        ] {
-            if !field[column].trim().is_empty() {
-                annotations.insert(
-                    format!("peakfit.io/{}", column.replace('_', "-")),
-                    field[column].trim().to_string(),
-                );
-            }
-        }
-        let spec = Spec::parse(&annotations).unwrap_or_else(|e| panic!("{id}: {e}"));
-        let total: f64 = field["gpu_memory_total_gib"].parse().expect("GPU size");
-        let e = estimate(&spec, peakfit::convert::f64_to_u64(total * GIB));
-        rows.push(Row {
-            id,
-            category: workload_kind(&spec),
+    model_rows::h200()
+        .into_iter()
+        .map(|r| Row {
+            category: workload_kind(&r.spec),
             hidden_input: false,
             counter: "nvml".into(),
-            measured: field["nvml_gib"].parse().expect("nvml_gib"),
-            predicted: e.per_gpu_bytes as f64 / GIB,
-        });
-    }
-    rows
+            measured: r.nvml,
+            predicted: estimate(&r.spec, peakfit::convert::f64_to_u64(r.gpu_total_gib * GIB))
+                .per_gpu_bytes as f64
+                / GIB,
+            id: r.id,
+        })
+        .collect()
 }
 
 fn ours() -> PathBuf {

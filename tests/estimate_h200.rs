@@ -20,30 +20,10 @@
 //! allocator slack is below the median's one loss block): the safe side, kept visible here
 //! rather than tuned away.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+mod model_rows;
 
-use peakfit::model::hf_config;
+use peakfit::model::estimate;
 use peakfit::model::quantity::GIB;
-use peakfit::model::{Spec, estimate};
-
-/// The row's columns that are workload annotations (the rest is shape, read from the config,
-/// or measurement).
-const WORKLOAD_COLUMNS: &[&str] = &[
-    "workload",
-    "dtype",
-    "kv_dtype",
-    "engine",
-    "batch",
-    "context_tokens",
-    "tensor_parallel",
-    "data_parallel",
-    "zero_stage",
-    "optimizer",
-    "gradient_checkpointing",
-    "lora_rank",
-    "flash_attention",
-];
 
 /// One row's three counters, measured and predicted, in GiB.
 pub struct Scored {
@@ -55,55 +35,24 @@ pub struct Scored {
 
 pub const COUNTERS: [&str; 3] = ["allocated", "reserved", "nvml"];
 
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/h200")
-}
-
 /// Scores every row of the H200 file.
 pub fn score() -> Vec<Scored> {
-    let dir = data();
-    let mut reader = csv::Reader::from_path(dir.join("h200-2026-11.csv")).expect("readable CSV");
-    let headers = reader.headers().expect("header row").clone();
-    let mut out = Vec::new();
-    for record in reader.records() {
-        let record = record.expect("well-formed row");
-        let field: BTreeMap<&str, &str> = headers.iter().zip(record.iter()).collect();
-        let id = field["id"].to_string();
-        let config = std::fs::read_to_string(dir.join("configs").join(format!("{id}.json")))
-            .unwrap_or_else(|e| panic!("{id}: config: {e}"));
-        let from = hf_config::annotations(&config).unwrap_or_else(|e| panic!("{id}: {e}"));
-        let mut annotations: BTreeMap<String, String> = from
-            .annotations
-            .into_iter()
-            .map(|(k, v)| (format!("peakfit.io/{k}"), v))
-            .collect();
-        for column in WORKLOAD_COLUMNS {
-            let value = field[column].trim();
-            if !value.is_empty() {
-                annotations.insert(
-                    format!("peakfit.io/{}", column.replace('_', "-")),
-                    value.to_string(),
-                );
+    let gib = |b: u64| b as f64 / GIB;
+    model_rows::h200()
+        .into_iter()
+        .map(|r| {
+            let e = estimate(&r.spec, peakfit::convert::f64_to_u64(r.gpu_total_gib * GIB));
+            Scored {
+                id: r.id,
+                workload: r.workload,
+                counters: [
+                    (r.max_allocated, gib(e.allocated_bytes)),
+                    (r.max_reserved, gib(e.reserved_bytes)),
+                    (r.nvml, gib(e.per_gpu_bytes)),
+                ],
             }
-        }
-        let spec = Spec::parse(&annotations).unwrap_or_else(|e| panic!("{id}: {e}"));
-        let total = field["gpu_memory_total_gib"]
-            .parse::<f64>()
-            .expect("gpu_memory_total_gib");
-        let e = estimate(&spec, peakfit::convert::f64_to_u64(total * GIB));
-        let gib = |b: u64| b as f64 / GIB;
-        let measured = |c: &str| field[c].parse::<f64>().expect(c);
-        out.push(Scored {
-            id,
-            workload: field["workload"].to_string(),
-            counters: [
-                (measured("max_allocated_gib"), gib(e.allocated_bytes)),
-                (measured("max_reserved_gib"), gib(e.reserved_bytes)),
-                (measured("nvml_gib"), gib(e.per_gpu_bytes)),
-            ],
-        });
-    }
-    out
+        })
+        .collect()
 }
 
 fn error((measured, predicted): (f64, f64)) -> f64 {

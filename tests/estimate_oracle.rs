@@ -12,12 +12,12 @@
 //! The bars (issue 20): median |model − oracle| <= 4 %, p90 <= 10 %, and on inference rows the
 //! model never more than 5 % below the oracle (under-prediction OOM-kills a neighbour).
 
-use std::collections::BTreeMap;
-use std::path::Path;
+mod model_rows;
 
-use peakfit::model::hf_config;
+use std::collections::BTreeMap;
+
+use peakfit::model::estimate;
 use peakfit::model::quantity::GIB;
-use peakfit::model::{Spec, estimate};
 
 /// Rows the model is known to miss, with what is missing: reported, not hidden (they are in
 /// the median and p90 above and printed among the largest differences), and each one an issue
@@ -51,68 +51,15 @@ impl Row {
 }
 
 fn rows() -> Vec<Row> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
-    let text = std::fs::read_to_string(dir.join("oracle-grid.csv")).expect("the oracle grid");
-    // `#` lines are the grid's header: command, versions, date.
-    let body = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let mut reader = csv::Reader::from_reader(body.as_bytes());
-    let headers = reader.headers().expect("header row").clone();
-    let mut configs: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    let mut out = Vec::new();
-    for record in reader.records() {
-        let record = record.expect("well-formed row");
-        let field: BTreeMap<&str, &str> = headers.iter().zip(record.iter()).collect();
-        let id = field["id"].to_string();
-        let config = configs
-            .entry(field["config"].to_string())
-            .or_insert_with(|| {
-                let json =
-                    std::fs::read_to_string(dir.join("oracle-configs").join(field["config"]))
-                        .unwrap_or_else(|e| panic!("{id}: {e}"));
-                hf_config::annotations(&json)
-                    .unwrap_or_else(|e| panic!("{id}: {e}"))
-                    .annotations
-            })
-            .clone();
-        let mut annotations: BTreeMap<String, String> = config
-            .into_iter()
-            .map(|(k, v)| (format!("peakfit.io/{k}"), v))
-            .collect();
-        let mut put = |k: &str, v: &str| {
-            if !v.trim().is_empty() {
-                annotations.insert(format!("peakfit.io/{k}"), v.trim().to_string());
-            }
-        };
-        put("engine", "hf");
-        put("workload", field["workload"]);
-        put("dtype", field["dtype"]);
-        put("batch", field["batch"]);
-        put("context-tokens", field["context_tokens"]);
-        put("gradient-checkpointing", field["gradient_checkpointing"]);
-        put("optimizer", field["optimizer"]);
-        put("lora-rank", field["lora_rank"]);
-        put(
-            "flash-attention",
-            if field["attention"] == "eager" {
-                "false"
-            } else {
-                "true"
-            },
-        );
-        let spec = Spec::parse(&annotations).unwrap_or_else(|e| panic!("{id}: {e}"));
-        let e = estimate(&spec, 141 << 30);
-        out.push(Row {
-            id,
-            workload: field["workload"].to_string(),
-            oracle: field["oracle_allocated_gib"].parse().expect("oracle GiB"),
-            model: e.allocated_bytes as f64 / GIB,
-        });
-    }
-    out
+    model_rows::oracle_grid()
+        .into_iter()
+        .map(|r| Row {
+            model: estimate(&r.spec, 141 << 30).allocated_bytes as f64 / GIB,
+            oracle: r.oracle_gib,
+            workload: r.workload,
+            id: r.id,
+        })
+        .collect()
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -34,6 +34,7 @@
 //! | [`diffusion`] | latent-diffusion pipelines |
 //! | [`fraction`] | engines that budget a fraction of the GPU |
 //! | [`framework`] | what each named framework changes in the terms above |
+//! | [`hf`] | what transformers' own modules keep alive (generate's prefill and decode, encoders, Whisper, training's saved tensors and loss) and their allocator slack, for HF engines on one GPU; replaces `activations`, `logits` and the slack ratio there |
 //! | this module | resolution of the spec, the parallel layout every term reads, workspace, allocator slack, CUDA context, NCCL, headroom |
 //!
 //! The term modules are `impl Inputs` blocks over the resolved spec here. They read this

@@ -1,0 +1,151 @@
+//! The rows the peak-memory model is checked against, read once for every test and bench that
+//! scores them: the H200 measurements (`tests/data/h200`) and the oracle grid
+//! (`tests/data/oracle-grid.csv`). Each row becomes the `Spec` an ML team would get from
+//! `peakfit estimate --model-config config.json` plus the row's workload annotations.
+#![allow(dead_code, reason = "each test binary uses the part it scores")]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use peakfit::model::{Spec, hf_config};
+
+fn data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
+}
+
+/// A `config.json`'s annotations, prefixed, then `workload` pairs over them (empty values
+/// skipped; `_` in a column name becomes `-`).
+fn spec(id: &str, config: &Path, workload: &[(&str, &str)]) -> Spec {
+    let json = std::fs::read_to_string(config).unwrap_or_else(|e| panic!("{id}: config: {e}"));
+    let mut annotations: BTreeMap<String, String> = hf_config::annotations(&json)
+        .unwrap_or_else(|e| panic!("{id}: {e}"))
+        .annotations
+        .into_iter()
+        .map(|(k, v)| (format!("peakfit.io/{k}"), v))
+        .collect();
+    for (key, value) in workload {
+        if !value.trim().is_empty() {
+            annotations.insert(
+                format!("peakfit.io/{}", key.replace('_', "-")),
+                value.trim().to_string(),
+            );
+        }
+    }
+    Spec::parse(&annotations).unwrap_or_else(|e| panic!("{id}: {e}"))
+}
+
+/// One H200 run: its spec, the GPU it ran on and its three measured counters (GiB).
+pub struct H200Row {
+    pub id: String,
+    pub workload: String,
+    pub spec: Spec,
+    pub gpu_total_gib: f64,
+    pub max_allocated: f64,
+    pub max_reserved: f64,
+    pub nvml: f64,
+}
+
+/// The H200 row's columns that are workload annotations (the rest is shape, read from the
+/// config, or measurement).
+const H200_WORKLOAD: &[&str] = &[
+    "workload",
+    "dtype",
+    "kv_dtype",
+    "engine",
+    "batch",
+    "context_tokens",
+    "tensor_parallel",
+    "data_parallel",
+    "zero_stage",
+    "optimizer",
+    "gradient_checkpointing",
+    "lora_rank",
+    "flash_attention",
+];
+
+pub fn h200() -> Vec<H200Row> {
+    let dir = data().join("h200");
+    let mut reader = csv::Reader::from_path(dir.join("h200-2026-11.csv")).expect("readable CSV");
+    let headers = reader.headers().expect("header row").clone();
+    let mut rows = Vec::new();
+    for record in reader.records() {
+        let record = record.expect("well-formed row");
+        let field: BTreeMap<&str, &str> = headers.iter().zip(record.iter()).collect();
+        let id = field["id"].to_string();
+        let workload: Vec<(&str, &str)> = H200_WORKLOAD.iter().map(|c| (*c, field[c])).collect();
+        let number = |c: &str| {
+            field[c]
+                .parse::<f64>()
+                .unwrap_or_else(|e| panic!("{id} {c}: {e}"))
+        };
+        rows.push(H200Row {
+            spec: spec(
+                &id,
+                &dir.join("configs").join(format!("{id}.json")),
+                &workload,
+            ),
+            workload: field["workload"].to_string(),
+            gpu_total_gib: number("gpu_memory_total_gib"),
+            max_allocated: number("max_allocated_gib"),
+            max_reserved: number("max_reserved_gib"),
+            nvml: number("nvml_gib"),
+            id,
+        });
+    }
+    rows
+}
+
+/// One oracle-grid workload: its spec and the oracle's peak allocated GiB.
+pub struct GridRow {
+    pub id: String,
+    pub workload: String,
+    pub spec: Spec,
+    pub oracle_gib: f64,
+}
+
+/// The grid's rows; `#` lines are its header (command, versions, date). Every row is
+/// `engine: hf`; `attention: eager` is `flash-attention: false`.
+pub fn oracle_grid() -> Vec<GridRow> {
+    let dir = data();
+    let text = std::fs::read_to_string(dir.join("oracle-grid.csv")).expect("the oracle grid");
+    let body = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut reader = csv::Reader::from_reader(body.as_bytes());
+    let headers = reader.headers().expect("header row").clone();
+    let mut rows = Vec::new();
+    for record in reader.records() {
+        let record = record.expect("well-formed row");
+        let f: BTreeMap<&str, &str> = headers.iter().zip(record.iter()).collect();
+        let id = f["id"].to_string();
+        let flash = if f["attention"] == "eager" {
+            "false"
+        } else {
+            "true"
+        };
+        let workload = [
+            ("engine", "hf"),
+            ("workload", f["workload"]),
+            ("dtype", f["dtype"]),
+            ("batch", f["batch"]),
+            ("context_tokens", f["context_tokens"]),
+            ("gradient_checkpointing", f["gradient_checkpointing"]),
+            ("optimizer", f["optimizer"]),
+            ("lora_rank", f["lora_rank"]),
+            ("flash_attention", flash),
+        ];
+        rows.push(GridRow {
+            spec: spec(
+                &id,
+                &dir.join("oracle-configs").join(f["config"]),
+                &workload,
+            ),
+            workload: f["workload"].to_string(),
+            oracle_gib: f["oracle_allocated_gib"].parse().expect("oracle GiB"),
+            id,
+        });
+    }
+    rows
+}
