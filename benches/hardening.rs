@@ -126,10 +126,21 @@ impl Conn {
 
     /// One request; the status and the body.
     fn call(&mut self, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+        self.call_with(method, path, "", body)
+    }
+
+    /// [`Conn::call`] with `headers` (each line ending in CRLF) added.
+    fn call_with(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &str,
+        body: &[u8],
+    ) -> (u16, Vec<u8>) {
         write!(
             self.writer,
             "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\n\r\n",
+             {headers}Content-Length: {}\r\n\r\n",
             body.len()
         )
         .unwrap();
@@ -320,39 +331,48 @@ fn scrape(dir: &Path, seconds: f64) {
         lat
     };
     let mut c = Conn::open(addr);
-    let window = Duration::from_secs_f64(seconds / 2.0);
+    let window = Duration::from_secs_f64(seconds / 3.0);
     let mut quiet = prioritize(&mut c, Instant::now() + window);
-    let stop = Arc::new(AtomicBool::new(false));
-    let scrapes = Arc::new(AtomicU64::new(0));
-    let scrapers: Vec<_> = (0..FLOODERS)
-        .map(|_| {
-            let (stop, scrapes) = (stop.clone(), scrapes.clone());
-            std::thread::spawn(move || {
-                let mut c = Conn::open(addr);
-                while !stop.load(Ordering::Relaxed) {
-                    let (status, body) = c.call("GET", "/metrics", b"");
-                    assert_eq!(status, 200);
-                    assert!(!body.is_empty());
-                    scrapes.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    let mut busy = prioritize(&mut c, Instant::now() + window);
-    stop.store(true, Ordering::Relaxed);
-    for s in scrapers {
-        s.join().unwrap();
-    }
     println!("scrape: prioritize of {NODES} nodes, alone and beside {FLOODERS} scrapers");
     summary("alone", &mut quiet);
-    summary(
-        &format!("scraped ({} scrapes)", scrapes.load(Ordering::Relaxed)),
-        &mut busy,
-    );
-    println!(
-        "  p50 ratio scraped/alone: {:.2}",
-        pct(&mut busy, 0.5) / pct(&mut quiet, 0.5)
-    );
+    // As a plain HTTP client asks, then as Prometheus does (`Accept-Encoding: gzip` on every
+    // scrape).
+    for (coding, headers) in [("identity", ""), ("gzip", "Accept-Encoding: gzip\r\n")] {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (scrapes, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let scrapers: Vec<_> = (0..FLOODERS)
+            .map(|_| {
+                let (stop, scrapes, bytes) = (stop.clone(), scrapes.clone(), bytes.clone());
+                std::thread::spawn(move || {
+                    let mut c = Conn::open(addr);
+                    while !stop.load(Ordering::Relaxed) {
+                        let (status, body) = c.call_with("GET", "/metrics", headers, b"");
+                        assert_eq!(status, 200);
+                        assert!(!body.is_empty());
+                        scrapes.fetch_add(1, Ordering::Relaxed);
+                        bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        let mut busy = prioritize(&mut c, Instant::now() + window);
+        stop.store(true, Ordering::Relaxed);
+        for s in scrapers {
+            s.join().unwrap();
+        }
+        let n = scrapes.load(Ordering::Relaxed);
+        summary(
+            &format!(
+                "scraped, {coding} ({n} scrapes, {:.1} MB each)",
+                bytes.load(Ordering::Relaxed) as f64 / n.max(1) as f64 / 1e6
+            ),
+            &mut busy,
+        );
+        println!(
+            "  p50 ratio scraped ({coding})/alone: {:.2}",
+            pct(&mut busy, 0.5) / pct(&mut quiet, 0.5)
+        );
+    }
 }
 
 /// 8 clients at once each send a `POST /filter` of `mib` MiB (one long node name, so the body

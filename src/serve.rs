@@ -50,7 +50,19 @@ pub struct ServeArgs {
     /// kept-alive connection have --idle-timeout.
     #[arg(long, env = "PEAKFIT_HEADER_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub header_timeout: Duration,
+    /// An address serving only the health probes (`/healthz`, and `/readyz` where the server
+    /// has one), plain HTTP, for the kubelet. Every other listener can be filled by the clients
+    /// the network policy admits (scrapers, the API server, any pod when the policy is off); this
+    /// one is admitted to nobody by the chart's policy, has its own few connection slots, and
+    /// so answers the kubelet while the others are full (issue 24: 64 idle connections to the
+    /// agent failed its liveness probe three times). Off unless set.
+    #[arg(long, env = "PEAKFIT_PROBE_LISTEN")]
+    pub probe_listen: Option<std::net::SocketAddr>,
 }
+
+/// Connections the probe listener serves at once: the kubelet runs a container's probes one
+/// at a time per probe kind (liveness, readiness, startup), so a handful is plenty.
+pub const PROBE_CONNECTIONS: u32 = 8;
 
 impl Default for ServeArgs {
     fn default() -> Self {
@@ -61,8 +73,38 @@ impl Default for ServeArgs {
             max_connections: 512,
             max_connections_per_peer: 64,
             header_timeout: Duration::from_secs(5),
+            probe_listen: None,
         }
     }
+}
+
+/// Binds `--probe-listen` (when set) and serves `app`, the server's health routes only, there
+/// until `shutdown`: [`serve`] under the same timeouts with [`PROBE_CONNECTIONS`] slots.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub async fn spawn_probes(
+    args: &ServeArgs,
+    app: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    use anyhow::Context as _;
+    let Some(addr) = args.probe_listen else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding --probe-listen {addr}"))?;
+    tracing::info!(listen = %listener.local_addr()?, "serving the health probes");
+    let limits = ServeArgs {
+        max_connections: PROBE_CONNECTIONS,
+        max_connections_per_peer: PROBE_CONNECTIONS,
+        probe_listen: None,
+        ..args.clone()
+    };
+    Ok(Some(tokio::spawn(async move {
+        serve(listener, plain, app, &limits, shutdown).await;
+    })))
 }
 
 /// Serves `app` on every connection `listener` accepts (after `handshake`, e.g. TLS) until

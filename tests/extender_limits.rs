@@ -32,6 +32,21 @@ fn start_agent(extra: &[&str]) -> Server {
     spawn(agent_command(), extra)
 }
 
+/// Starts one of the servers with extra flags.
+type Launch = fn(&[&str]) -> Server;
+
+/// `peakfit webhook` with the test certificate.
+fn start_webhook(extra: &[&str]) -> Server {
+    let tls = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/webhook-tls");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_peakfit"));
+    cmd.arg("webhook")
+        .arg("--tls-cert")
+        .arg(tls.join("a.crt"))
+        .arg("--tls-key")
+        .arg(tls.join("a.key"));
+    spawn(cmd, extra)
+}
+
 fn agent_command() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_peakfit"));
     cmd.args([
@@ -174,14 +189,7 @@ fn agent_half_sent_headers_are_dropped_after_the_idle_timeout() {
 /// timeout is 10 s).
 #[test]
 fn webhook_sigterm_with_a_silent_connection_exits_after_the_shutdown_deadline() {
-    let tls = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/webhook-tls");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_peakfit"));
-    cmd.arg("webhook")
-        .arg("--tls-cert")
-        .arg(tls.join("a.crt"))
-        .arg("--tls-key")
-        .arg(tls.join("a.key"));
-    let mut server = spawn(cmd, &["--shutdown-timeout", "1s", "--idle-timeout", "60s"]);
+    let mut server = start_webhook(&["--shutdown-timeout", "1s", "--idle-timeout", "60s"]);
     let mut silent = TcpStream::connect(server.addr).unwrap();
     // The start of a ClientHello, and no more.
     silent.write_all(&[0x16, 0x03, 0x01]).unwrap();
@@ -397,5 +405,76 @@ fn one_peer_holds_at_most_its_share_of_the_connections() {
             "the peer's slots did not come back: {reply:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// With every connection slot of the main listener held (the probe's 512 idle connections,
+/// scaled down to 2), the kubelet's probes still get their answer: `--probe-listen` is a
+/// listener of its own, which the chart's network policy opens to nobody.
+#[test]
+fn the_probe_listener_answers_while_the_main_one_is_full() {
+    let probe = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let full = [
+        "--max-connections",
+        "2",
+        "--header-timeout",
+        "60s",
+        "--probe-listen",
+        probe.as_str(),
+    ];
+    // One at a time: both bind the same probe port.
+    let servers: [(Launch, &[&str]); 3] = [
+        (start, &["/healthz", "/readyz"]),
+        (start_agent, &["/healthz"]),
+        (start_webhook, &["/healthz"]),
+    ];
+    for (launch, paths) in servers {
+        let server = launch(&full);
+        let probe: SocketAddr = probe.parse().unwrap();
+        let held: Vec<TcpStream> = (0..2)
+            .map(|_| TcpStream::connect(server.addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut blocked = TcpStream::connect(server.addr).unwrap();
+        blocked
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        blocked
+            .set_read_timeout(Some(Duration::from_millis(700)))
+            .unwrap();
+        assert!(
+            blocked.read(&mut [0u8; 64]).is_err(),
+            "the main listener answered with its slots held: the test shows nothing"
+        );
+        for path in paths {
+            let start = Instant::now();
+            let mut s = TcpStream::connect(probe).unwrap();
+            write!(
+                s,
+                "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let reply = read_all(&mut s, Duration::from_secs(5));
+            assert!(reply.starts_with("HTTP/1.1 200"), "{path}: {reply}");
+            assert!(
+                start.elapsed() < Duration::from_secs(1),
+                "{path} took {:?}",
+                start.elapsed()
+            );
+        }
+        // Only the probes are served there.
+        let mut s = TcpStream::connect(probe).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let reply = read_all(&mut s, Duration::from_secs(5));
+        assert!(reply.starts_with("HTTP/1.1 404"), "/metrics: {reply}");
+        drop(held);
+        drop(server);
+        // The next server binds the same probe port once this one has gone.
+        std::thread::sleep(Duration::from_millis(300));
     }
 }

@@ -217,6 +217,13 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         crate::shutdown::signal().await;
         let _ = stop_tx.send(true);
     });
+    let probes = crate::serve::spawn_probes(&args.serve, probe_router(), {
+        let mut stop = stop_rx.clone();
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        }
+    })
+    .await?;
     let server = tokio::spawn(serve(
         listener,
         router(&metrics),
@@ -258,7 +265,15 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     }
     tracing::info!("stopping");
     server.await?;
+    if let Some(probes) = probes {
+        probes.await?;
+    }
     Ok(())
+}
+
+/// `--probe-listen`'s routes: the liveness probe only.
+fn probe_router() -> Router {
+    Router::new().route("/healthz", get(|| async { "ok" }))
 }
 
 fn router(metrics: &AgentMetrics) -> Router {
@@ -269,9 +284,15 @@ fn router(metrics: &AgentMetrics) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(move || {
+            get(move |headers: axum::http::HeaderMap| {
                 let (registry, cache) = (registry.clone(), cache.clone());
-                async move { cache.serve(move || crate::metrics::encode(&registry)).await }
+                async move {
+                    cache
+                        .serve(crate::metrics::accepts_gzip(&headers), move || {
+                            crate::metrics::encode(&registry)
+                        })
+                        .await
+                }
             }),
         )
         // Liveness only: a node without a working driver is healthy for the agent (it reports

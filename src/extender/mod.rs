@@ -459,6 +459,12 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let probes = crate::serve::spawn_probes(
+        &args.serve,
+        routes::probe_router(ext.clone()),
+        stopped(stop.clone()),
+    )
+    .await?;
     tracing::info!(listen = %args.listen, scoring = ?args.scoring, "peakfit extender serving");
     crate::serve::serve(
         listener,
@@ -470,6 +476,9 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     .await;
     if let Some(ops) = ops {
         ops.await?;
+    }
+    if let Some(probes) = probes {
+        probes.await?;
     }
     tracing::info!("peakfit extender stopped");
     Ok(())

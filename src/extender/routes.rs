@@ -53,6 +53,16 @@ pub fn ops_router(ext: Shared) -> Router {
         .with_state(ext)
 }
 
+/// Only `GET /healthz /readyz`: what `--probe-listen` serves, to the kubelet alone.
+pub fn probe_router(ext: Shared) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(ext)
+}
+
 fn ops() -> Router<Shared> {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -426,10 +436,10 @@ async fn readyz(State(ext): State<Shared>) -> Response {
 }
 
 /// Rendered at most once per `Extender::scrape`'s age (a second in the binary).
-async fn metrics(State(ext): State<Shared>) -> Response {
+async fn metrics(State(ext): State<Shared>, headers: axum::http::HeaderMap) -> Response {
     let render = ext.clone();
     ext.scrape
-        .serve(move || {
+        .serve(crate::metrics::accepts_gzip(&headers), move || {
             render.refresh_pending_gauges();
             crate::metrics::encode(&render.metrics.registry)
         })

@@ -256,14 +256,24 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         }
     });
 
-    serve_with(
-        listener,
-        acceptor,
-        app,
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        crate::shutdown::signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let probes = crate::serve::spawn_probes(
         &args.serve,
-        crate::shutdown::signal(),
+        Router::new().route("/healthz", get(|| async { "ok" })),
+        stopped(stop.clone()),
     )
-    .await;
+    .await?;
+    serve_with(listener, acceptor, app, &args.serve, stopped(stop)).await;
+    if let Some(probes) = probes {
+        probes.await?;
+    }
     tracing::info!("webhook stopping");
     Ok(())
 }
