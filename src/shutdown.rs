@@ -21,3 +21,28 @@ pub async fn signal() {
     }
     let _ = tokio::signal::ctrl_c().await;
 }
+
+/// [`signal`], shared: every listener of a command (verbs, metrics, probes) stops on the one
+/// signal. Needs a tokio runtime.
+#[derive(Clone)]
+pub struct Stop(tokio::sync::watch::Receiver<bool>);
+
+impl Stop {
+    /// Starts waiting for the signal.
+    pub fn on_signal() -> Self {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            signal().await;
+            let _ = tx.send(true);
+        });
+        Self(rx)
+    }
+
+    /// Resolves once the signal has come (at once if it already has).
+    pub fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.0.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+}

@@ -434,14 +434,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        crate::shutdown::signal().await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+    let stop = crate::shutdown::Stop::on_signal();
     let ops = match args.metrics_listen {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr)
@@ -454,7 +447,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
                 stop.clone(),
             );
             Some(tokio::spawn(async move {
-                crate::serve::serve(l, crate::serve::plain, app, &serve_args, stopped(stop)).await;
+                crate::serve::serve(l, crate::serve::plain, app, &serve_args, stop.stopped()).await;
             }))
         }
         None => None,
@@ -462,7 +455,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     let probes = crate::serve::spawn_probes(
         &args.serve,
         routes::probe_router(ext.clone()),
-        stopped(stop.clone()),
+        stop.stopped(),
     )
     .await?;
     tracing::info!(listen = %args.listen, scoring = ?args.scoring, "peakfit extender serving");
@@ -471,7 +464,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         crate::serve::plain,
         routes::router(ext),
         &args.serve,
-        stopped(stop),
+        stop.stopped(),
     )
     .await;
     if let Some(ops) = ops {

@@ -256,21 +256,14 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         }
     });
 
-    let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        crate::shutdown::signal().await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+    let stop = crate::shutdown::Stop::on_signal();
     let probes = crate::serve::spawn_probes(
         &args.serve,
         Router::new().route("/healthz", get(|| async { "ok" })),
-        stopped(stop.clone()),
+        stop.stopped(),
     )
     .await?;
-    serve_with(listener, acceptor, app, &args.serve, stopped(stop)).await;
+    serve_with(listener, acceptor, app, &args.serve, stop.stopped()).await;
     if let Some(probes) = probes {
         probes.await?;
     }
