@@ -18,7 +18,7 @@ use peakfit::{agent, estimate, extender, sim, telemetry, webhook};
 /// people reading them are ML engineers running `peakfit estimate` and operators reading pod logs.
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init(&cli.log);
+    telemetry::init(&cli.log, cli.command.default_log());
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

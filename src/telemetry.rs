@@ -21,8 +21,10 @@ pub struct LogArgs {
     #[arg(long, env = "PEAKFIT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
     pub log_format: LogFormat,
     /// Log filter in `RUST_LOG` syntax (e.g. `info,peakfit=debug`); an invalid one is an error.
-    #[arg(long, env = "PEAKFIT_LOG", default_value = "info", global = true, value_parser = parse_filter)]
-    pub log: String,
+    /// Default: `info` for the servers (agent, extender, webhook), `warn` for the commands a
+    /// person runs (`simulate`, `estimate`, `crd`), whose output is their tables.
+    #[arg(long, env = "PEAKFIT_LOG", global = true, value_parser = parse_filter)]
+    pub log: Option<String>,
 }
 
 /// Checks a filter at parse time, so a typo is an error naming it rather than a silent `info`.
@@ -33,9 +35,11 @@ fn parse_filter(s: &str) -> Result<String, String> {
 }
 
 /// Logs go to stderr so that `--print`/`--json` output on stdout stays machine-readable.
-pub fn init(args: &LogArgs) {
-    // Checked by `parse_filter`; a `LogArgs` built by hand with a bad filter logs at `info`.
-    let filter = EnvFilter::try_new(&args.log).unwrap_or_else(|_| EnvFilter::new("info"));
+/// `default` is the filter when `--log` is not given (see [`LogArgs::log`]).
+pub fn init(args: &LogArgs, default: &str) {
+    // Checked by `parse_filter`; a `LogArgs` built by hand with a bad filter logs at `default`.
+    let filter = EnvFilter::try_new(args.log.as_deref().unwrap_or(default))
+        .unwrap_or_else(|_| EnvFilter::new(default));
     // Colour only on a terminal: escape codes in `kubectl logs` or a log pipeline are noise.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

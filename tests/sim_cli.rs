@@ -168,3 +168,38 @@ fn deployment_flags_default_to_the_charts_and_take_the_old_switch_values() {
         assert!(help.contains(s), "{s} missing from --help:\n{help}");
     }
 }
+
+/// `peakfit simulate` as the README's first command runs it, without `--log`: the tables and
+/// nothing else. It printed 13,319 INFO lines (one per simulated bind) around them (issue 22);
+/// a person's commands now log warnings only unless asked.
+#[test]
+fn simulate_logs_warnings_only_unless_asked() {
+    let out = tempfile::tempdir().unwrap();
+    let run = |log: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_peakfit"));
+        cmd.args(["simulate", "--seeds", "1", "--policies", "peakfit", "--out"])
+            .arg(out.path())
+            .env_remove("PEAKFIT_LOG")
+            .env_remove("RUST_LOG");
+        if let Some(log) = log {
+            cmd.args(["--log", log]);
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        (
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (stdout, stderr) = run(None);
+    assert!(stdout.contains("peakfit"), "no tables: {stdout}");
+    assert!(
+        !stderr.contains("INFO") && !stderr.contains("bound (in memory)"),
+        "{} bytes of logs: {}",
+        stderr.len(),
+        &stderr[..stderr.len().min(500)]
+    );
+    // Asked for, they are there.
+    let (_, stderr) = run(Some("info"));
+    assert!(stderr.contains("INFO"), "--log info logged nothing");
+}
