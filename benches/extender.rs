@@ -551,7 +551,7 @@ fn main() {
     let prescore = std::env::var("PEAKFIT_PRESCORE_INTERVAL")
         .ok()
         .map_or(Duration::from_millis(100), |v| {
-            peakfit::cli::parse_duration(&v).expect("PEAKFIT_PRESCORE_INTERVAL")
+            peakfit::flags::parse_duration(&v).expect("PEAKFIT_PRESCORE_INTERVAL")
         });
     if !prescore.is_zero() {
         ext.spawn_prescorer(prescore).unwrap();

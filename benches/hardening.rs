@@ -331,13 +331,20 @@ fn scrape(dir: &Path, seconds: f64) {
         lat
     };
     let mut c = Conn::open(addr);
-    let window = Duration::from_secs_f64(seconds / 3.0);
+    let window = Duration::from_secs_f64(seconds / 4.0);
     let mut quiet = prioritize(&mut c, Instant::now() + window);
     println!("scrape: prioritize of {NODES} nodes, alone and beside {FLOODERS} scrapers");
     summary("alone", &mut quiet);
     // As a plain HTTP client asks, then as Prometheus does (`Accept-Encoding: gzip` on every
     // scrape).
-    for (coding, headers) in [("identity", ""), ("gzip", "Accept-Encoding: gzip\r\n")] {
+    // Back to back (a stress: each scraper takes a whole core's worth of replies), then each
+    // once a second, Prometheus' most eager `scrape_interval` in practice.
+    let gzip = "Accept-Encoding: gzip\r\n";
+    for (coding, headers, every) in [
+        ("identity", "", Duration::ZERO),
+        ("gzip", gzip, Duration::ZERO),
+        ("gzip, each every 1 s", gzip, Duration::from_secs(1)),
+    ] {
         let stop = Arc::new(AtomicBool::new(false));
         let (scrapes, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let scrapers: Vec<_> = (0..FLOODERS)
@@ -346,11 +353,15 @@ fn scrape(dir: &Path, seconds: f64) {
                 std::thread::spawn(move || {
                     let mut c = Conn::open(addr);
                     while !stop.load(Ordering::Relaxed) {
+                        let next = Instant::now() + every;
                         let (status, body) = c.call_with("GET", "/metrics", headers, b"");
                         assert_eq!(status, 200);
                         assert!(!body.is_empty());
                         scrapes.fetch_add(1, Ordering::Relaxed);
                         bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+                        while !stop.load(Ordering::Relaxed) && Instant::now() < next {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
                     }
                 })
             })

@@ -1,11 +1,7 @@
-//! The command line: `peakfit`'s subcommands and the vocabulary their flags share (the kube client,
-//! durations, the log filter), so each is spelled and parsed once. Parsing only: no subcommand's
-//! work happens here, and nothing here talks to a cluster until a command asks for a client.
+//! The command line: `peakfit`'s subcommands and the global log flags. Parsing only: no
+//! subcommand's work happens here. It sits above every command (it names their `Args`); the
+//! vocabulary their flags share is [`crate::flags`], below them, so imports run one way.
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 use crate::{agent, estimate, extender, sim, telemetry, webhook};
@@ -49,78 +45,11 @@ impl Command {
     }
 }
 
-/// How a command reaches the API server; flattened into every command that needs a client.
-#[derive(Clone, Debug, Default, clap::Args)]
-pub struct ClientArgs {
-    /// Kubeconfig file; the in-cluster configuration (or the kubeconfig defaults) otherwise.
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-}
-
-impl ClientArgs {
-    /// A client from `--kubeconfig`, or the in-cluster configuration (then the defaults).
-    pub async fn client(&self) -> anyhow::Result<kube::Client> {
-        let config = match &self.kubeconfig {
-            Some(path) => {
-                let kc = kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(
-                    kc,
-                    &kube::config::KubeConfigOptions::default(),
-                )
-                .await?
-            }
-            None => kube::Config::infer().await?,
-        };
-        Ok(kube::Client::try_from(config)?)
-    }
-}
-
-/// The one duration syntax of every flag: `5s`, `500ms`, `1m30s`, `2h` or ISO 8601 (`PT5S`);
-/// `0` alone means zero. Negative durations are refused.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let d: jiff::SignedDuration = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a duration like 5s, 500ms or 2m: {e}"))?;
-    Duration::try_from(d).map_err(|_| format!("{s:?}: a duration must not be negative"))
-}
-
-/// [`parse_duration`] for intervals that cannot be zero (a poll every 0 s would spin).
-pub fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
-    if d.is_zero() {
-        return Err(format!("{s:?}: a duration must be more than zero"));
-    }
-    Ok(d)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
 
-    #[test]
-    fn durations_parse_in_the_friendly_format() {
-        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("PT5S"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
-        let err = parse_duration("fast").unwrap_err();
-        assert!(err.contains("\"fast\"") && err.contains("5s"), "{err}");
-        assert!(parse_duration("-5s").unwrap_err().contains("negative"));
-        assert!(
-            parse_nonzero_duration("0s")
-                .unwrap_err()
-                .contains("more than zero")
-        );
-        assert_eq!(parse_nonzero_duration("5s"), Ok(Duration::from_secs(5)));
-    }
+    use super::*;
 
     #[test]
     fn an_invalid_log_filter_is_an_error_naming_it() {

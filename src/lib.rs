@@ -14,6 +14,7 @@ pub mod clip;
 pub mod cluster;
 pub mod estimate;
 pub mod extender;
+pub mod flags;
 pub mod metrics;
 pub mod serve;
 pub mod shutdown;

@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 
-use crate::cli::parse_duration;
+use crate::flags::parse_duration;
 
 /// The connection limits, shared by `peakfit extender`, `peakfit webhook` and the agent's `/metrics`.
 #[derive(Clone, Debug, clap::Args)]

@@ -23,8 +23,8 @@ use axum::Router;
 use axum::routing::get;
 use tokio::sync::watch;
 
-use crate::cli::{ClientArgs, parse_nonzero_duration};
 use crate::cluster::{NodeGpuReport, NodeGpuReportSpec};
+use crate::flags::{ClientArgs, parse_nonzero_duration};
 use crate::inventory::NodeGpuReportStatus;
 
 use self::metrics::AgentMetrics;

@@ -20,10 +20,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use parking_lot::Mutex;
 
-use crate::cli::{ClientArgs, parse_duration};
 use crate::cluster::binding::{BindingWriter, KubeBinder, MemoryBinder};
 use crate::cluster::index::Index;
 pub use crate::cluster::watch::Readiness;
+use crate::flags::{ClientArgs, parse_duration};
 use crate::metrics::extender::{ExtenderMetrics, ReasonLabels};
 use crate::model::estimate::Platform;
 use crate::placement::memo::ClassIds;
