@@ -1,88 +1,131 @@
-//! A node's ledger, rebuilt from its report and its pods whenever either changes.
+//! A node's ledger, rebuilt from its report and its pods whenever either changes: the arithmetic
+//! in [`ledger_of`], a pure function of plain data, and around it in `Index::rebuild` what the
+//! index does with the result (warnings, the capacity per model, state interning, the changed
+//! set).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
+use super::report_view::ReportView;
 use super::slot::NodeState;
 use super::{Assignment, Index, PodEntry};
 use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey, ScoreInputs};
 
-impl Index {
-    /// Rebuilds one node's ledger from its report and its pods: O(pods on the node × GPUs).
-    pub(super) fn rebuild(&self, st: &mut NodeState, pods: &HashMap<PodKey, Box<PodEntry>>) {
-        let name = st.ledger.name.clone();
-        let mut ledger = NodeLedger::new(name.clone());
-        ledger.cpu_capacity_milli = st.allocatable.0;
-        ledger.memory_capacity_bytes = st.allocatable.1;
-        for key in &st.pods {
-            if let Some(pod) = pods.get(key) {
-                ledger.reserve_host(key, pod.host.cpu_milli, pod.host.memory_bytes);
+/// A node's ledger as [`ledger_of`] works it out, and the pods it had to charge elsewhere.
+#[derive(Debug)]
+pub(super) struct Rebuilt<'a> {
+    pub ledger: NodeLedger,
+    /// Pods with assigned GPUs the report does not list, and how many of those GPUs; their
+    /// memory was charged to the node's largest GPUs instead.
+    pub unreported: Vec<(&'a PodEntry, usize)>,
+}
+
+/// The ledger of node `name` from its allocatable (CPU millicores, memory bytes), its report and
+/// the pods bound to it, in the order given: O(pods × GPUs). No locks, no side effects, so that
+/// what the ledger holds can be tested row by row.
+///
+/// Every pod reserves its CPU and memory. With a report, a pod with an assignment reserves on
+/// each assigned GPU its `reserved-bytes`, or else what its request needs on a GPU of that size;
+/// each assigned GPU the report lacks is charged to the largest GPU the pod does not hold yet.
+/// Then the report's use is applied: a pod's processes on a GPU it reserved are its own (charged
+/// max(reserved, used)), and everything else the GPU uses is unattributed.
+pub(super) fn ledger_of<'a>(
+    name: &str,
+    allocatable: (Option<u64>, Option<u64>),
+    report: Option<&ReportView>,
+    pods: impl Iterator<Item = &'a PodEntry> + Clone,
+) -> Rebuilt<'a> {
+    let mut ledger = NodeLedger::new(name);
+    ledger.cpu_capacity_milli = allocatable.0;
+    ledger.memory_capacity_bytes = allocatable.1;
+    for pod in pods.clone() {
+        ledger.reserve_host(&pod.key, pod.host.cpu_milli, pod.host.memory_bytes);
+    }
+    let mut unreported = Vec::new();
+    let Some(report) = report else {
+        return Rebuilt { ledger, unreported };
+    };
+    ledger.observed_at_unix = report.observed_at_unix;
+    ledger.condition = match &report.nvml_down {
+        Some(reason) => NodeCondition::NvmlDown {
+            reason: reason.clone(),
+        },
+        None => NodeCondition::Ready,
+    };
+    ledger.gpus = report
+        .gpus
+        .iter()
+        .map(|g| GpuLedger::new(g.uuid.clone(), g.total).with_model(g.model.clone()))
+        .collect();
+    for pod in pods {
+        let Some(a) = &pod.assignment else { continue };
+        let key = pod.key.as_str();
+        let mut missing = 0;
+        for uuid in &a.gpu_uuids {
+            match ledger.gpus.iter().position(|g| &g.uuid == uuid) {
+                Some(i) => reserve_for(&mut ledger.gpus[i], key, pod, a),
+                None => missing += 1,
             }
         }
-        if let Some(report) = &st.report {
-            ledger.observed_at_unix = report.observed_at_unix;
-            ledger.condition = match &report.nvml_down {
-                Some(reason) => NodeCondition::NvmlDown {
-                    reason: reason.clone(),
-                },
-                None => NodeCondition::Ready,
-            };
-            ledger.gpus = report
+        // The pod runs here on GPUs the report does not list (a GPU fell out of the report, or
+        // the annotation was edited): its memory is still in use, so charge it to the node's
+        // largest GPUs it does not hold already, rather than call the node emptier than it is.
+        // Refusing the whole node instead would let one bad pod block every other pod there.
+        for _ in 0..missing {
+            let spare = ledger
                 .gpus
                 .iter()
-                .map(|g| GpuLedger::new(g.uuid.clone(), g.total).with_model(g.model.clone()))
-                .collect();
-            let mut unreported = BTreeSet::new();
-            for key in &st.pods {
-                let Some(pod) = pods.get(key) else { continue };
-                let Some(a) = &pod.assignment else { continue };
-                let mut missing = 0;
-                for uuid in &a.gpu_uuids {
-                    match ledger.gpus.iter().position(|g| &g.uuid == uuid) {
-                        Some(i) => reserve_for(&mut ledger.gpus[i], key, pod, a),
-                        None => missing += 1,
-                    }
-                }
-                // The pod runs here on GPUs the report does not list (a GPU fell out of the
-                // report, or the annotation was edited): its memory is still in use, so charge it
-                // to the node's largest GPUs it does not hold already, rather than call the node
-                // emptier than it is. Refusing the whole node instead would let one bad pod
-                // block every other pod there.
-                for _ in 0..missing {
-                    let spare = ledger
-                        .gpus
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, g)| g.reservation(key).is_none())
-                        .max_by_key(|(_, g)| (g.total_bytes, g.free_bytes()))
-                        .map(|(i, _)| i);
-                    if let Some(i) = spare {
-                        reserve_for(&mut ledger.gpus[i], key, pod, a);
-                    }
-                }
-                if missing > 0 {
-                    unreported.insert(key.clone());
-                    if !st.unreported_assignments.contains(key) {
-                        tracing::warn!(
-                            node = %name, pod = %pod.name, namespace = %pod.namespace, missing,
-                            assigned = %crate::clip::clip(&a.gpu_uuids.join(",")),
-                            "the pod's assigned GPUs are not in the node's report; charged to the node's largest GPUs"
-                        );
-                        self.warn_metric("assigned_gpu_not_reported");
-                    }
+                .enumerate()
+                .filter(|(_, g)| g.reservation(key).is_none())
+                .max_by_key(|(_, g)| (g.total_bytes, g.free_bytes()))
+                .map(|(i, _)| i);
+            if let Some(i) = spare {
+                reserve_for(&mut ledger.gpus[i], key, pod, a);
+            }
+        }
+        if missing > 0 {
+            unreported.push((pod, missing));
+        }
+    }
+    // Placement's rule: use by pods with a reservation on the device is theirs, everything else
+    // the device uses is unattributed.
+    for (gpu, seen) in ledger.gpus.iter_mut().zip(&report.gpus) {
+        let by_pods: u64 = seen.by_pod.iter().map(|(_, b)| *b).sum();
+        gpu.observe(
+            seen.total,
+            seen.driver_reserved,
+            seen.by_pod.iter().map(|(u, b)| (u.as_str(), *b)),
+            seen.used.saturating_sub(by_pods),
+        );
+    }
+    Rebuilt { ledger, unreported }
+}
+
+impl Index {
+    /// Rebuilds one node's ledger from its report and its pods ([`ledger_of`]), warns once per
+    /// pod about assigned GPUs the report lacks, and keeps the capacity per model, the node's
+    /// shared state and the changed set in step with the new ledger.
+    pub(super) fn rebuild(&self, st: &mut NodeState, pods: &HashMap<PodKey, Box<PodEntry>>) {
+        let name = st.ledger.name.clone();
+        let on_node = st.pods.iter().filter_map(|key| pods.get(key).map(|p| &**p));
+        let Rebuilt { ledger, unreported } =
+            ledger_of(&name, st.allocatable, st.report.as_ref(), on_node);
+        if st.report.is_some() {
+            for (pod, missing) in &unreported {
+                if !st.unreported_assignments.contains(&pod.key) {
+                    let assigned = pod
+                        .assignment
+                        .as_ref()
+                        .map(|a| a.gpu_uuids.join(","))
+                        .unwrap_or_default();
+                    tracing::warn!(
+                        node = %name, pod = %pod.name, namespace = %pod.namespace, missing,
+                        assigned = %crate::clip::clip(&assigned),
+                        "the pod's assigned GPUs are not in the node's report; charged to the node's largest GPUs"
+                    );
+                    self.warn_metric("assigned_gpu_not_reported");
                 }
             }
-            st.unreported_assignments = unreported;
-            // Placement's rule: use by pods with a reservation on the device is theirs,
-            // everything else the device uses is unattributed.
-            for (gpu, seen) in ledger.gpus.iter_mut().zip(&report.gpus) {
-                let by_pods: u64 = seen.by_pod.iter().map(|(_, b)| *b).sum();
-                gpu.observe(
-                    seen.total,
-                    seen.driver_reserved,
-                    seen.by_pod.iter().map(|(u, b)| (u.as_str(), *b)),
-                    seen.used.saturating_sub(by_pods),
-                );
-            }
+            st.unreported_assignments = unreported.iter().map(|(p, _)| p.key.clone()).collect();
         }
         if gpu_models_of(&st.ledger) != gpu_models_of(&ledger) {
             let mut cap = self.gpu_capacity.lock();
@@ -141,10 +184,246 @@ fn gpu_models_of(l: &NodeLedger) -> Vec<&str> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::cluster::index::{ASSIGNED_GPUS, RESERVED_BYTES};
-    use crate::cluster::test_support::{GIB, ledger, mk_node, mk_pod, mk_report, warnings};
     use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::cluster::index::report_view::ReportGpu;
+    use crate::cluster::index::{ASSIGNED_GPUS, RESERVED_BYTES};
+    use crate::cluster::resources::HostRequest;
+    use crate::cluster::test_support::{GIB, ledger, mk_node, mk_pod, mk_report, warnings};
+
+    /// One GPU of a report: `(uuid, total, used, driver reserve, use by pod uid)`.
+    type Gpu = (&'static str, u64, u64, u64, &'static [(&'static str, u64)]);
+
+    /// A pod bound to the node: `(key, CPU millicores, memory bytes, assigned GPUs,
+    /// reserved-bytes, peakfit.io/vram)`.
+    type Pod = (
+        &'static str,
+        u64,
+        u64,
+        &'static [&'static str],
+        Option<u64>,
+        Option<&'static str>,
+    );
+
+    /// One case of [`ledger_of`]: what the node has and holds, and what its ledger must say.
+    struct Row {
+        name: &'static str,
+        allocatable: (Option<u64>, Option<u64>),
+        /// `None`: no report yet.
+        report: Option<&'static [Gpu]>,
+        nvml_down: Option<&'static str>,
+        pods: &'static [Pod],
+        /// Per GPU of the report, in its order.
+        committed: &'static [u64],
+        unattributed: &'static [u64],
+        cpu_free: Option<u64>,
+        memory_free: Option<u64>,
+        condition: NodeCondition,
+        /// Pods charged elsewhere for assigned GPUs the report lacks, with how many.
+        unreported: &'static [(&'static str, usize)],
+    }
+
+    const fn row(name: &'static str) -> Row {
+        Row {
+            name,
+            allocatable: (None, None),
+            report: Some(&[]),
+            nvml_down: None,
+            pods: &[],
+            committed: &[],
+            unattributed: &[],
+            cpu_free: None,
+            memory_free: None,
+            condition: NodeCondition::Ready,
+            unreported: &[],
+        }
+    }
+
+    fn entry(&(key, cpu_milli, memory_bytes, gpus, reserved_bytes, vram): &Pod) -> PodEntry {
+        PodEntry {
+            key: key.into(),
+            namespace: "ml".into(),
+            name: format!("pod-{key}"),
+            has_uid: true,
+            node: Some("n".into()),
+            priority: 0,
+            request: vram.map_or(Ok(None), |v| {
+                crate::model::pod_request(&BTreeMap::from([("peakfit.io/vram".into(), v.into())]))
+            }),
+            assignment: (!gpus.is_empty()).then(|| Assignment {
+                gpu_uuids: gpus.iter().map(|g| (*g).to_owned()).collect(),
+                reserved_bytes,
+            }),
+            bound_here: false,
+            host: HostRequest {
+                cpu_milli,
+                memory_bytes,
+                gpu_products: Vec::new(),
+            },
+            model_config: None,
+        }
+    }
+
+    fn view(gpus: &[Gpu], nvml_down: Option<&str>) -> ReportView {
+        ReportView {
+            observed_at_unix: Some(1_800_000_000),
+            nvml_down: nvml_down.map(str::to_owned),
+            gpus: gpus
+                .iter()
+                .map(|&(uuid, total, used, driver_reserved, by_pod)| ReportGpu {
+                    uuid: uuid.into(),
+                    model: Arc::from("NVIDIA H100 80GB HBM3"),
+                    total,
+                    used,
+                    driver_reserved,
+                    by_pod: by_pod.iter().map(|&(u, b)| (u.to_owned(), b)).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// What `rebuild` computes, row by row: host requests, reservations by `reserved-bytes` or
+    /// by request, observed use against predictions, unattributed use, assigned GPUs missing
+    /// from the report, and the node's condition.
+    #[test]
+    fn ledger_of_computes_each_row() {
+        const G: u64 = GIB;
+        let rows = [
+            Row {
+                allocatable: (Some(16_000), Some(64 * G)),
+                report: None,
+                pods: &[
+                    ("a", 4_000, G, &["GPU-a"], Some(10 * G), None),
+                    ("b", 1_500, G, &[], None, None),
+                ],
+                cpu_free: Some(10_500),
+                memory_free: Some(62 * G),
+                condition: NodeCondition::NoReport,
+                ..row("without a report only the host requests count")
+            },
+            Row {
+                report: Some(&[("GPU-a", 80 * G, 0, 0, &[]), ("GPU-b", 80 * G, 0, 0, &[])]),
+                pods: &[("u1", 0, 0, &["GPU-b"], Some(21 * G), Some("20Gi"))],
+                committed: &[0, 21 * G],
+                unattributed: &[0, 0],
+                ..row("reserved-bytes is what the assigned GPU holds")
+            },
+            Row {
+                report: Some(&[("GPU-a", 40 * G, 0, 0, &[])]),
+                pods: &[("u1", 0, 0, &["GPU-a"], None, Some("10Gi"))],
+                committed: &[10 * G],
+                unattributed: &[0],
+                ..row("without reserved-bytes the request decides")
+            },
+            Row {
+                report: Some(&[("GPU-a", 80 * G, 0, 0, &[])]),
+                pods: &[("u1", 0, 0, &[], None, Some("10Gi"))],
+                committed: &[0],
+                unattributed: &[0],
+                ..row("a pod without an assignment holds no GPU")
+            },
+            Row {
+                report: Some(&[("GPU-a", 80 * G, 0, 0, &[]), ("GPU-b", 80 * G, 0, 0, &[])]),
+                pods: &[
+                    ("u1", 0, 0, &["GPU-a", "GPU-b"], Some(20 * G), None),
+                    ("u2", 0, 0, &["GPU-b"], Some(5 * G), None),
+                ],
+                committed: &[20 * G, 25 * G],
+                unattributed: &[0, 0],
+                ..row("a pod on two GPUs reserves on each")
+            },
+            Row {
+                // 30 GiB used: 25 by u1 (reserved 10), 3 by a pod with no reservation, 2 by no
+                // pod at all.
+                report: Some(&[(
+                    "GPU-a",
+                    80 * G,
+                    30 * G,
+                    0,
+                    &[("u1", 25 * G), ("stranger", 3 * G)],
+                )]),
+                pods: &[("u1", 0, 0, &["GPU-a"], Some(10 * G), None)],
+                committed: &[30 * G],
+                unattributed: &[5 * G],
+                ..row("use above the prediction counts; strangers are unattributed")
+            },
+            Row {
+                report: Some(&[("GPU-a", 80 * G, 3 * G, 0, &[("u1", 3 * G)])]),
+                pods: &[("u1", 0, 0, &["GPU-a"], Some(10 * G), None)],
+                committed: &[10 * G],
+                unattributed: &[0],
+                ..row("use below the prediction: the prediction stands")
+            },
+            Row {
+                // The device total lags its processes (different NVML calls).
+                report: Some(&[("GPU-a", 80 * G, G, 0, &[("u1", 4 * G)])]),
+                pods: &[("u1", 0, 0, &["GPU-a"], Some(2 * G), None)],
+                committed: &[4 * G],
+                unattributed: &[0],
+                ..row("unattributed use is never negative")
+            },
+            Row {
+                report: Some(&[("GPU-a", 80 * G, 0, G, &[])]),
+                committed: &[G],
+                unattributed: &[0],
+                ..row("the driver's reserve is committed")
+            },
+            Row {
+                report: Some(&[
+                    ("GPU-small", 24 * G, 0, 0, &[]),
+                    ("GPU-big", 80 * G, 0, 0, &[]),
+                    ("GPU-held", 80 * G, 0, 0, &[]),
+                ]),
+                pods: &[("u1", 0, 0, &["GPU-held", "GPU-gone"], Some(30 * G), None)],
+                committed: &[0, 30 * G, 30 * G],
+                unattributed: &[0, 0, 0],
+                unreported: &[("u1", 1)],
+                ..row("an assigned GPU the report lacks is charged to the largest other GPU")
+            },
+            Row {
+                report: Some(&[("GPU-a", 80 * G, 0, 0, &[])]),
+                nvml_down: Some("driver gone"),
+                pods: &[("u1", 0, 0, &["GPU-a"], Some(8 * G), None)],
+                committed: &[8 * G],
+                unattributed: &[0],
+                condition: NodeCondition::NvmlDown {
+                    reason: "driver gone".into(),
+                },
+                ..row("NVML down: the node's condition says so, the ledger is kept")
+            },
+        ];
+        for r in rows {
+            let pods: Vec<PodEntry> = r.pods.iter().map(entry).collect();
+            let report = r.report.map(|g| view(g, r.nvml_down));
+            let Rebuilt { ledger, unreported } =
+                ledger_of("n", r.allocatable, report.as_ref(), pods.iter());
+            let committed: Vec<u64> = ledger.gpus.iter().map(GpuLedger::committed_bytes).collect();
+            let unattributed: Vec<u64> = ledger.gpus.iter().map(|g| g.unattributed_bytes).collect();
+            let unreported: Vec<(&str, usize)> = unreported
+                .iter()
+                .map(|(p, n)| (p.key.as_str(), *n))
+                .collect();
+            assert_eq!(committed, r.committed, "{}: committed", r.name);
+            assert_eq!(unattributed, r.unattributed, "{}: unattributed", r.name);
+            assert_eq!(ledger.cpu_free_milli(), r.cpu_free, "{}: CPU", r.name);
+            assert_eq!(
+                ledger.memory_free_bytes(),
+                r.memory_free,
+                "{}: memory",
+                r.name
+            );
+            assert_eq!(ledger.condition, r.condition, "{}: condition", r.name);
+            assert_eq!(unreported, r.unreported, "{}: unreported", r.name);
+            assert_eq!(
+                ledger.observed_at_unix,
+                report.and_then(|v| v.observed_at_unix),
+                "{}",
+                r.name
+            );
+        }
+    }
 
     #[test]
     fn assigned_gpus_missing_from_the_report_are_charged_to_the_largest_gpus() {
