@@ -190,10 +190,9 @@ pub mod extender {
         pub outcome: &'static str,
     }
 
-    #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-    pub struct ReasonLabels {
-        pub reason: &'static str,
-    }
+    /// Defined beside the index, which counts its warnings with it; re-exported here with the
+    /// extender's other label sets.
+    pub use crate::cluster::index::ReasonLabels;
 
     #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
     pub struct GpuLabels {
@@ -509,6 +508,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use crate::cluster::index::{ASSIGNED_GPUS, Index};
+    use crate::cluster::test_support::{GIB, mk_pod, mk_report};
 
     fn headers(accept: &[&str]) -> axum::http::HeaderMap {
         let mut h = axum::http::HeaderMap::new();
@@ -581,5 +582,43 @@ mod tests {
             assert_eq!(r.status(), axum::http::StatusCode::INTERNAL_SERVER_ERROR);
             assert_eq!(body_of(r).await, (None, b"broken".to_vec()));
         }
+    }
+
+    // What the index's collector (`extender::IndexCollector`) exports.
+
+    /// A total above `i64::MAX` once went negative in the gauges; above 1 TiB a GPU is now
+    /// neither offered nor exported at all.
+    #[test]
+    fn a_gpu_above_a_tebibyte_is_neither_offered_nor_exported() {
+        let index = Arc::new(Index::new());
+        let m = extender::ExtenderMetrics::with_index(index.clone(), || 0);
+        index.apply_report(&mk_report("n1", &[("GPU-a", u64::MAX, 0, &[])]));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
+        assert!(!text.contains(r#"uuid="GPU-a""#), "{text}");
+    }
+
+    #[test]
+    fn metrics_follow_the_ledger() {
+        let index = Arc::new(Index::new());
+        let m = extender::ExtenderMetrics::with_index(index.clone(), || 0);
+        index.apply_report(&mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]));
+        let p = mk_pod(
+            "u1",
+            Some("n1"),
+            &[("peakfit.io/vram", "10Gi"), (ASSIGNED_GPUS, "GPU-a")],
+        );
+        index.apply_pod(&p);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
+        assert!(
+            text.contains(r#"peakfit_ledger_gpu_free_bytes{node="n1",uuid="GPU-a"} 75161927680"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"peakfit_pod_predicted_bytes{namespace="ml",pod="pod-u1",node="n1",uuid="GPU-a"} 10737418240"#), "{text}");
+        index.delete_pod(&p);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
+        assert!(!text.contains("pod-u1"), "{text}");
     }
 }

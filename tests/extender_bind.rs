@@ -124,22 +124,13 @@ fn reserved_on_gpu_b(index: &Index) -> bool {
 
 /// Fills every GPU of gpu-b with memory of no known pod, as a newer agent report would.
 fn fill_gpu_b(index: &Index) {
-    let mut report: Value = serde_json::json!({
-        "apiVersion": "peakfit.io/v1alpha1", "kind": "NodeGpuReport",
-        "metadata": {"name": "gpu-b"}, "spec": {"nodeName": "gpu-b"},
-        "status": {"observedAt": "2026-11-21T17:48:20Z", "nvml": {"up": true}, "gpus": []}
-    });
-    for i in 0..4 {
-        report["status"]["gpus"]
-            .as_array_mut()
-            .unwrap()
-            .push(serde_json::json!({
-                "index": i, "uuid": format!("GPU-0000000{i}-aaaa-bbbb-cccc-0000000000{i}"),
-                "memoryTotalBytes": 40960u64 << 20, "memoryUsedBytes": 38 * GIB,
-                "memoryFreeBytes": (40960u64 << 20) - 38 * GIB, "processes": []
-            }));
-    }
-    index.apply_report(&serde_json::from_value(report).unwrap());
+    let gpus = (0..4)
+        .map(|i| {
+            let uuid = format!("GPU-0000000{i}-aaaa-bbbb-cccc-0000000000{i}");
+            mk_gpu(i, uuid, 40960 << 20, 38 * GIB)
+        })
+        .collect();
+    index.apply_report(&mk_report("gpu-b", "2026-11-21T17:48:20Z", gpus));
 }
 
 #[tokio::test]
@@ -232,27 +223,15 @@ async fn concurrent_binds_to_one_node_never_double_book_a_gpu() {
     let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     // gpu-b now reports a single, empty 40 GiB GPU.
-    let mut report: Value = serde_json::json!({
-        "apiVersion": "peakfit.io/v1alpha1", "kind": "NodeGpuReport",
-        "metadata": {"name": "gpu-b"}, "spec": {"nodeName": "gpu-b"},
-        "status": {"observedAt": "2026-11-21T17:48:20Z", "nvml": {"up": true}, "gpus": [{
-            "index": 0, "uuid": "GPU-00000000-aaaa-bbbb-cccc-00000000000",
-            "memoryTotalBytes": 40960u64 << 20, "memoryUsedBytes": 0, "memoryFreeBytes": 40960u64 << 20,
-            "processes": []}]}
-    });
-    index.apply_report(&serde_json::from_value(report.take()).unwrap());
+    let gpu = mk_gpu(0, "GPU-00000000-aaaa-bbbb-cccc-00000000000", 40960 << 20, 0);
+    index.apply_report(&mk_report("gpu-b", "2026-11-21T17:48:20Z", vec![gpu]));
     // The fillers' GPUs 1-3 are gone from the report; the index would charge their 10 GiB to
     // the remaining GPU (a pod's memory does not vanish with its GPU's entry), so they go too.
     for n in 1..=3 {
         index.delete_pod_key(&format!("uid-filler-gpu-b-{n}"));
     }
     for name in ["a", "b"] {
-        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
-                         "annotations": {"peakfit.io/vram": "24Gi"}},
-            "spec": {"containers": [{"name": "c"}]}
-        }))
-        .unwrap();
+        let pod = mk_pod(name, &[("peakfit.io/vram", "24Gi")]);
         index.apply_pod(&pod);
     }
     let writer = Arc::new(SlowBinder::default());

@@ -8,13 +8,12 @@ use std::sync::Arc;
 
 use extender_support::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::ObjectMeta;
+use peakfit::cluster::NodeGpuReport;
 use peakfit::cluster::binding::MemoryBinder;
 use peakfit::cluster::index::Index;
-use peakfit::cluster::{NodeGpuReport, NodeGpuReportSpec};
 use peakfit::extender::Extender;
 use peakfit::extender::wire::{ExtenderArgs, ExtenderBindingArgs};
-use peakfit::inventory::{GpuDevice, NodeGpuReportStatus, NvmlStatus};
+use peakfit::inventory::GpuDevice;
 use peakfit::metrics::extender::ExtenderMetrics;
 use peakfit::placement::{
     FitConfig, PodClass, check_class, place_score, scores_0_to_10_unique, stable_name_hash,
@@ -30,42 +29,29 @@ fn node_name(n: usize) -> String {
 }
 
 fn report(n: usize, extra_used: u64) -> NodeGpuReport {
-    let name = node_name(n);
-    let mut r = NodeGpuReport::new(
-        &name,
-        NodeGpuReportSpec {
-            node_name: name.clone(),
-        },
-    );
-    r.status = Some(NodeGpuReportStatus {
-        observed_at: "2026-11-21T00:00:00Z".into(),
-        nvml: NvmlStatus {
-            up: true,
-            ..Default::default()
-        },
-        gpus: (0..GPUS)
-            .map(|g| GpuDevice {
-                index: peakfit::convert::usize_to_u32(g),
-                uuid: format!("GPU-{n:02}-{g}"),
-                name: "NVIDIA H100 80GB HBM3".into(),
-                memory_total_bytes: TOTAL,
-                // A process of no pod, different on every GPU: nodes start unlike each other.
-                memory_used_bytes: ((n * GPUS + g) % 7) as u64 * 5 * GIB + extra_used,
-                ..Default::default()
-            })
-            .collect(),
-        ..Default::default()
-    });
-    r
+    let gpus = (0..GPUS)
+        .map(|g| GpuDevice {
+            name: "NVIDIA H100 80GB HBM3".into(),
+            // A process of no pod, different on every GPU: nodes start unlike each other.
+            ..mk_gpu(
+                g,
+                format!("GPU-{n:02}-{g}"),
+                TOTAL,
+                ((n * GPUS + g) % 7) as u64 * 5 * GIB + extra_used,
+            )
+        })
+        .collect();
+    mk_report(&node_name(n), "2026-11-21T00:00:00Z", gpus)
 }
 
 fn pod(name: &str, vram: &str, gpus: u32) -> Pod {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
-                     "annotations": {"peakfit.io/vram": vram, "peakfit.io/gpus": gpus.to_string()}},
-        "spec": {"containers": [{"name": "c", "image": "x"}]},
-    }))
-    .unwrap()
+    mk_pod(
+        name,
+        &[
+            ("peakfit.io/vram", vram),
+            ("peakfit.io/gpus", &gpus.to_string()),
+        ],
+    )
 }
 
 fn args(pod: &Pod) -> ExtenderArgs {
@@ -129,13 +115,7 @@ fn filter_from_scratch(
 fn cluster() -> Arc<Index> {
     let index = Arc::new(Index::new());
     for n in 0..NODES {
-        index.apply_node(&Node {
-            metadata: ObjectMeta {
-                name: Some(node_name(n)),
-                ..Default::default()
-            },
-            ..Default::default()
-        });
+        index.apply_node(&mk_node(&node_name(n)));
         index.apply_report(&report(n, 0));
     }
     index
@@ -311,10 +291,6 @@ fn the_prescorer_fills_every_memo_once_and_then_only_what_changed() {
 fn a_gpuless_pod_goes_where_its_cpu_strands_fewest_gpus() {
     let index = Arc::new(Index::new());
     let with_cpu = |name: &str, cores: &str| Node {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..Default::default()
-        },
         status: Some(k8s_openapi::api::core::v1::NodeStatus {
             allocatable: Some(std::collections::BTreeMap::from([(
                 "cpu".to_owned(),
@@ -322,7 +298,7 @@ fn a_gpuless_pod_goes_where_its_cpu_strands_fewest_gpus() {
             )])),
             ..Default::default()
         }),
-        ..Default::default()
+        ..mk_node(name)
     };
     // Four GPUs each; 48 cores is what four typical pods below ask, 160 far more.
     index.apply_node(&with_cpu("node-00", "48"));

@@ -8,6 +8,8 @@ pub mod index;
 pub mod model_config;
 pub mod report;
 pub mod resources;
+#[cfg(test)]
+pub(crate) mod test_support;
 pub mod watch;
 
 pub use report::{NodeGpuReport, NodeGpuReportSpec};

@@ -227,7 +227,7 @@ pub fn spawn(client: Client, index: Arc<Index>, readiness: Readiness, model_conf
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::index::tests::{mk_pod, mk_report};
+    use crate::cluster::test_support::{mk_pod, mk_report};
 
     #[test]
     fn readiness_opens_after_every_watch() {

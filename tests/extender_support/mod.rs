@@ -1,5 +1,7 @@
 //! Shared by the extender's integration tests: the captured fixtures, an index built from their
-//! YAMLs plus the GPU reports in `tests/data`, and calling the real router without a socket.
+//! YAMLs plus the GPU reports in `tests/data`, calling the real router without a socket, and the
+//! builders of the Nodes, Pods and `NodeGpuReports` a test feeds the index itself (one copy, so
+//! a change to those objects is made once).
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -10,10 +12,13 @@ use axum::Router;
 use axum::body::Body;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Node, Pod, PodSpec};
+use kube::api::ObjectMeta;
 use peakfit::cluster::binding::{BindingWriter, MemoryBinder};
 use peakfit::cluster::index::Index;
+use peakfit::cluster::{NodeGpuReport, NodeGpuReportSpec};
 use peakfit::extender::{Extender, routes};
+use peakfit::inventory::{GpuDevice, NodeGpuReportStatus, NvmlStatus};
 use peakfit::metrics::extender::ExtenderMetrics;
 use tower::ServiceExt;
 
@@ -145,4 +150,74 @@ pub async fn call(
 pub fn json(bytes: &[u8]) -> serde_json::Value {
     serde_json::from_slice(bytes)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(bytes)))
+}
+
+/// A Node with nothing but its name.
+pub fn mk_node(name: &str) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// A pending pod in namespace `ml` with UID `uid-<name>`, one container, and these annotations.
+pub fn mk_pod(name: &str, annotations: &[(&str, &str)]) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some("ml".into()),
+            uid: Some(format!("uid-{name}")),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "c".into(),
+                image: Some("x".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// GPU number `index` of a report, `used` bytes of its `total` in use by no known pod.
+pub fn mk_gpu(index: usize, uuid: impl Into<String>, total: u64, used: u64) -> GpuDevice {
+    GpuDevice {
+        index: peakfit::convert::usize_to_u32(index),
+        uuid: uuid.into(),
+        memory_total_bytes: total,
+        memory_used_bytes: used,
+        memory_free_bytes: total.saturating_sub(used),
+        ..Default::default()
+    }
+}
+
+/// The report of `node`'s agent, NVML up, as observed at `observed_at` (RFC 3339).
+pub fn mk_report(node: &str, observed_at: &str, gpus: Vec<GpuDevice>) -> NodeGpuReport {
+    let mut r = NodeGpuReport::new(
+        node,
+        NodeGpuReportSpec {
+            node_name: node.to_owned(),
+        },
+    );
+    r.status = Some(NodeGpuReportStatus {
+        observed_at: observed_at.to_owned(),
+        nvml: NvmlStatus {
+            up: true,
+            ..Default::default()
+        },
+        gpus,
+        ..Default::default()
+    });
+    r
 }

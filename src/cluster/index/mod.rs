@@ -1,0 +1,148 @@
+//! The extender's view of the cluster: one ledger per node, fed one object at a time.
+//!
+//! Watches (or a file) call `apply_*`/`delete_*` for Nodes, Pods and `NodeGpuReports`; each call
+//! touches only the nodes that object concerns, so a request never rescans the cluster. A pod's
+//! annotations are parsed once, when it is indexed, and a pod with a bad annotation is remembered
+//! with its error without affecting any other pod.
+//!
+//! Locks: the pod table has one lock, every node its own. The order is always pod table, then
+//! node. Filter and prioritize only take node read locks; bind serialises on the node's
+//! `bind_lock` (async, held across the API calls) and writes the ledger only once the API said yes.
+//!
+//! One file per concern: `pod` (a pod's entry, parsed from its annotations), `report_view` (what
+//! is kept of a GPU report), `slot` (the node slots and the pod table, the two lock levels),
+//! `reconcile` (the watch's and bind's writes to the pod table), `rebuild` (a node's ledger from
+//! its report and pods), `states` and `scores` (what is remembered per node state), `reasons`
+//! (the warnings' metric label).
+
+mod pod;
+mod reasons;
+mod rebuild;
+mod reconcile;
+mod report_view;
+mod scores;
+mod slot;
+mod states;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+use crate::cluster::model_config::ModelConfigs;
+use crate::model::estimate::Platform;
+
+pub use pod::{
+    ASSIGNED_GPUS, Assignment, GPU_MEMORY_FRACTION, MAX_RESERVED_BYTES, PodEntry, RESERVED_BYTES,
+    pod_key, pod_request_of,
+};
+pub use reasons::ReasonLabels;
+pub use rebuild::free_outside_largest_gpu_ratio;
+pub use report_view::MAX_GPU_BYTES;
+pub use scores::{StateScores, Verdict};
+pub use slot::{NodeSlot, NodeState};
+
+use slot::PodTable;
+use states::States;
+
+/// From this many nodes on, a request's nodes are decided in parallel (below it the threads
+/// cost more than they save).
+pub const PARALLEL_FROM: usize = 256;
+
+/// The index. Cheap to share: wrap it in an `Arc`.
+#[derive(Default)]
+pub struct Index {
+    /// Hashed with foldhash: every request looks up thousands of names, and SipHash's defence
+    /// against chosen keys buys nothing for node names the API server hands out.
+    nodes: RwLock<HashMap<String, Arc<NodeSlot>, foldhash::fast::RandomState>>,
+    pods: RwLock<PodTable>,
+    /// Nodes whose ledger was rebuilt since the last `take_changed`, for the prescorer to
+    /// rescore only those. `None` until someone asks (`track_changes`), so that without a
+    /// consumer it does not grow.
+    changed: Mutex<Option<HashSet<String>>>,
+    /// GPUs per model over every node's ledger, and a counter bumped whenever it changes, so
+    /// the shape mix's model pressure follows the cluster's capacity.
+    gpu_capacity: Mutex<(u64, BTreeMap<String, u64>)>,
+    /// Cluster objects refused or repaired, by reason; exported as
+    /// `peakfit_index_warnings_total` (`metrics::extender::ExtenderMetrics::with_index`).
+    warnings: Family<ReasonLabels, Counter>,
+    /// The `peakfit.io/model-config` ConfigMaps the watch has seen, parsed.
+    model_configs: ModelConfigs,
+    /// The nodes' CUDA context (`--cuda-context`), counted in every modelled pod's demand.
+    platform: Platform,
+    /// GPU model names, one string each for every node's GPUs: scoring compares a GPU's model
+    /// with the shape mix's (fill patterns, model pressure) for every node of a request, and a
+    /// shared string answers by pointer where each node's own copy cost a cache miss (a tenth
+    /// of prioritize's time for a new class). At most `MAX_SHARED_MODELS`.
+    models: Mutex<Vec<Arc<str>>>,
+    /// One score memo per distinct node state (`placement::signature`), shared by the nodes in
+    /// that state.
+    states: Mutex<States>,
+    /// Which node's report first listed a GPU UUID: a UUID is one physical GPU, so a second
+    /// node reporting it (a copied report, a misconfigured agent) is warned about and counted.
+    gpu_owners: Mutex<HashMap<String, String>>,
+}
+
+impl std::fmt::Debug for Index {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Index")
+            .field("nodes", &self.nodes.read().len())
+            .field("pods", &self.pods.read().by_key.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Index {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An index whose modelled pods count this platform's CUDA context (the extender's
+    /// `--cuda-context`; [`Platform::default`] is the measured reference).
+    pub fn with_platform(platform: Platform) -> Self {
+        Self {
+            platform,
+            ..Self::default()
+        }
+    }
+
+    /// The labelled model-config ConfigMaps (fed by the ConfigMap watch).
+    pub fn model_configs(&self) -> &ModelConfigs {
+        &self.model_configs
+    }
+
+    /// From now on, remember which nodes change (see `take_changed`).
+    pub fn track_changes(&self) {
+        self.changed.lock().get_or_insert_with(HashSet::new);
+    }
+
+    /// The nodes whose ledger changed since the last call (and since `track_changes`), by name.
+    pub fn take_changed(&self) -> Vec<String> {
+        self.changed
+            .lock()
+            .as_mut()
+            .map(|c| c.drain().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn contains_pod(&self, key: &str) -> bool {
+        self.pods.read().by_key.contains_key(key)
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.pods.read().by_key.len()
+    }
+
+    /// GPUs per model in the cluster (by `GpuLedger::model`) and the counter that changes with
+    /// them.
+    pub fn gpu_capacity(&self) -> (u64, BTreeMap<String, u64>) {
+        self.gpu_capacity.lock().clone()
+    }
+
+    /// The counter of `gpu_capacity` alone, cheap enough for every request.
+    pub fn gpu_capacity_generation(&self) -> u64 {
+        self.gpu_capacity.lock().0
+    }
+}

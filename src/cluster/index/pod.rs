@@ -1,0 +1,207 @@
+//! A pod as the index keeps it: its key, node, assignment and request, parsed once from its
+//! annotations when it is indexed (and again when its model-config ConfigMap changes).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::Index;
+use crate::cluster::model_config::MODEL_CONFIG;
+use crate::cluster::resources::{HostRequest, host_claim_of, host_request_of};
+use crate::model::{self, AnnotationError, PodRequest};
+use crate::placement::PodKey;
+
+pub use crate::model::annotations::{ASSIGNED_GPUS, GPU_MEMORY_FRACTION, RESERVED_BYTES};
+
+/// Where a pod's GPU memory is committed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    pub gpu_uuids: Vec<String>,
+    /// Per GPU; `None` when the pod carries `assigned-gpus` only (then its request decides).
+    pub reserved_bytes: Option<u64>,
+}
+
+/// What the index keeps of a pod: a few hundred bytes, not the object.
+#[derive(Clone, Debug)]
+pub struct PodEntry {
+    pub key: PodKey,
+    pub namespace: String,
+    pub name: String,
+    /// Whether `key` is the pod's UID (else it is `namespace/name`).
+    pub has_uid: bool,
+    pub node: Option<String>,
+    pub priority: i32,
+    /// `Ok(None)`: no peakfit annotation (pass-through).
+    pub request: Result<Option<PodRequest>, AnnotationError>,
+    pub assignment: Option<Assignment>,
+    /// Recorded by our own bind before the watch shows the pod's new annotations.
+    pub bound_here: bool,
+    /// CPU, memory and GPU products it asks of its node, as kube-scheduler counts them.
+    pub host: HostRequest,
+    /// A pod naming a `peakfit.io/model-config` ConfigMap keeps its `peakfit.io/` annotations,
+    /// so that its request is worked out again when that ConfigMap arrives, changes or goes.
+    pub model_config: Option<Box<BTreeMap<String, String>>>,
+}
+
+/// The key a pod is indexed under: its UID, or `namespace/name` for objects without one
+/// (hand-written files).
+pub fn pod_key(pod: &Pod) -> PodKey {
+    match &pod.metadata.uid {
+        Some(uid) if !uid.is_empty() => uid.clone(),
+        _ => format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+            pod.metadata.name.as_deref().unwrap_or_default()
+        ),
+    }
+}
+
+/// The pod's own request, parsed from its annotations alone: a pod sized from a
+/// `peakfit.io/model-config` ConfigMap is refused here (see [`Index::request_of`]).
+pub fn pod_request_of(pod: &Pod) -> Result<Option<PodRequest>, AnnotationError> {
+    model::pod_request(annotations_of(pod))
+}
+
+fn annotations_of(pod: &Pod) -> &BTreeMap<String, String> {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    pod.metadata.annotations.as_ref().unwrap_or(&EMPTY)
+}
+
+/// The largest `reserved-bytes` the index believes: the bound `peakfit.io/vram` has (1 EiB).
+/// Only bind writes the annotation, but anyone who can edit a pod can change it, and an
+/// unbounded value summed with others overflowed the ledger.
+pub const MAX_RESERVED_BYTES: u64 = 1 << 60;
+
+/// `reserved-bytes` as written by bind (plain decimal bytes), if within `MAX_RESERVED_BYTES`;
+/// otherwise `None`, so the pod's own request decides what it holds.
+fn reserved_bytes(v: &str) -> Option<u64> {
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|&b| b <= MAX_RESERVED_BYTES)
+}
+
+impl PodEntry {
+    pub fn uid(&self) -> Option<&str> {
+        self.has_uid.then_some(self.key.as_str())
+    }
+
+    /// The entry of a pod whose request is `request` (see [`Index::request_of`]).
+    pub fn from_pod(pod: &Pod, request: Result<Option<PodRequest>, AnnotationError>) -> Self {
+        let ann = pod.metadata.annotations.as_ref();
+        let assignment = ann
+            .and_then(|a| a.get(ASSIGNED_GPUS))
+            .map(|gpus| Assignment {
+                gpu_uuids: gpus
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+                reserved_bytes: ann
+                    .and_then(|a| a.get(RESERVED_BYTES))
+                    .and_then(|v| reserved_bytes(v)),
+            })
+            .filter(|a| !a.gpu_uuids.is_empty());
+        let spec = pod.spec.as_ref();
+        Self {
+            key: pod_key(pod),
+            namespace: pod
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            has_uid: pod.metadata.uid.as_deref().is_some_and(|u| !u.is_empty()),
+            node: spec
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty()),
+            priority: spec.and_then(|s| s.priority).unwrap_or(0),
+            // Only a pod peakfit places needs its GPU products (bind's class); the watch sees
+            // every pod, and a foreign one's affinity list is not read.
+            host: if matches!(request, Ok(Some(_))) {
+                host_request_of(pod)
+            } else {
+                host_claim_of(pod)
+            },
+            request,
+            assignment,
+            bound_here: false,
+            model_config: ann.filter(|a| a.contains_key(MODEL_CONFIG)).map(|a| {
+                Box::new(
+                    a.iter()
+                        .filter(|(k, _)| k.starts_with(model::PREFIX))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                )
+            }),
+        }
+    }
+}
+
+impl Index {
+    /// A pod's request: its annotations over its `peakfit.io/model-config` ConfigMap's, if it
+    /// names one; a missing or unusable ConfigMap is this pod's error only.
+    pub fn request_of(&self, pod: &Pod) -> Result<Option<PodRequest>, AnnotationError> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        self.request_from(namespace, annotations_of(pod))
+    }
+
+    pub(super) fn request_from(
+        &self,
+        namespace: &str,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<Option<PodRequest>, AnnotationError> {
+        // Cut once here: the error is kept with the pod and quoted by filter, bind and logs.
+        match self
+            .model_configs
+            .resolve(namespace, annotations)
+            .map_err(crate::clip::annotation_error)?
+        {
+            Some(merged) => model::annotations::pod_request_on(&merged, self.platform),
+            None => model::annotations::pod_request_on(annotations, self.platform),
+        }
+        .map_err(crate::clip::annotation_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::test_support::mk_pod;
+    use k8s_openapi::api::core::v1::Pod;
+
+    #[test]
+    fn only_a_pod_peakfit_places_has_its_gpu_products_read() {
+        use k8s_openapi::api::core::v1::{
+            Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+        };
+        let with_products = |mut pod: Pod| {
+            let values: Vec<String> = (0..1_000).map(|i| format!("gpu-{}", i % 10)).collect();
+            pod.spec.as_mut().unwrap().affinity = Some(Affinity {
+                node_affinity: Some(NodeAffinity {
+                    required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                        node_selector_terms: vec![NodeSelectorTerm {
+                            match_expressions: Some(vec![NodeSelectorRequirement {
+                                key: crate::cluster::resources::GPU_PRODUCT_LABEL.into(),
+                                operator: "In".into(),
+                                values: Some(values),
+                            }]),
+                            ..Default::default()
+                        }],
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            pod
+        };
+        let foreign = with_products(mk_pod("f", Some("n1"), &[]));
+        let entry = PodEntry::from_pod(&foreign, pod_request_of(&foreign));
+        assert!(entry.host.gpu_products.is_empty(), "{:?}", entry.host);
+        let ours = with_products(mk_pod("o", None, &[("peakfit.io/vram", "10Gi")]));
+        let entry = PodEntry::from_pod(&ours, pod_request_of(&ours));
+        let expected: Vec<String> = (0..10).map(|i| format!("gpu-{i}")).collect();
+        assert_eq!(entry.host.gpu_products, expected);
+    }
+}

@@ -1,0 +1,194 @@
+//! The two levels of locks: the pod table (one lock) and a slot per node (its state behind its
+//! own lock, and the async lock bind holds across its API calls). The order is always pod
+//! table, then node.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use parking_lot::{RwLock, RwLockReadGuard};
+
+use super::report_view::ReportView;
+use super::scores::StateScores;
+use super::{Index, PARALLEL_FROM, PodEntry};
+use crate::cluster::resources::allocatable_of;
+use crate::placement::{NodeLedger, PodKey};
+
+/// Everything the index knows about one node.
+#[derive(Debug)]
+pub struct NodeState {
+    pub node_known: bool,
+    /// The Node's allocatable (CPU millicores, memory bytes), once its object was seen.
+    pub(super) allocatable: (Option<u64>, Option<u64>),
+    pub(super) report: Option<ReportView>,
+    pub(super) pods: BTreeSet<PodKey>,
+    pub ledger: NodeLedger,
+    /// The score memo of the ledger's state, rebuilt with it: shared by every node in the same
+    /// state (`placement::signature`), so that they are scored once per pod class between them.
+    pub(super) scores: Arc<StateScores>,
+    /// Pods whose assigned GPUs the report lacks, already warned about (warn once per pod, not
+    /// on every rebuild).
+    pub(super) unreported_assignments: BTreeSet<PodKey>,
+}
+
+/// One node: its state, and the lock bind holds across the API calls.
+#[derive(Debug)]
+pub struct NodeSlot {
+    pub bind_lock: tokio::sync::Mutex<()>,
+    pub(super) state: RwLock<NodeState>,
+}
+
+impl NodeSlot {
+    fn new(name: &str) -> Self {
+        Self {
+            bind_lock: tokio::sync::Mutex::new(()),
+            state: RwLock::new(NodeState {
+                node_known: false,
+                allocatable: (None, None),
+                report: None,
+                pods: BTreeSet::new(),
+                ledger: NodeLedger::new(name),
+                scores: Arc::default(),
+                unreported_assignments: BTreeSet::new(),
+            }),
+        }
+    }
+
+    pub fn read(&self) -> RwLockReadGuard<'_, NodeState> {
+        self.state.read()
+    }
+}
+
+impl NodeState {
+    /// The score memo of the ledger's state (`placement::memo`), shared with every node in the
+    /// same state.
+    pub fn scores(&self) -> &Arc<StateScores> {
+        &self.scores
+    }
+}
+
+#[derive(Default)]
+pub(super) struct PodTable {
+    /// Boxed: a map of 150,000 pods keeps ~40 % of its buckets empty, and an empty bucket
+    /// costs the size of its value.
+    pub(super) by_key: HashMap<PodKey, Box<PodEntry>>,
+    pub(super) by_name: HashMap<(String, String), PodKey>,
+}
+
+impl Index {
+    /// The slots of these nodes that the index still has.
+    pub fn slots_named(&self, names: &[String]) -> Vec<Arc<NodeSlot>> {
+        let nodes = self.nodes.read();
+        names.iter().filter_map(|n| nodes.get(n).cloned()).collect()
+    }
+
+    /// Reads every node's state, one node at a time, with a lookup from a reserved pod's key to
+    /// its (namespace, name): what the metrics collector (`metrics::extender::IndexCollector`)
+    /// reads at scrape time, so no series outlives the node, GPU or pod it describes.
+    pub fn visit_nodes(
+        &self,
+        mut f: impl FnMut(&NodeState, &dyn Fn(&str) -> Option<(String, String)>),
+    ) {
+        for slot in self.all_slots() {
+            // The order every writer takes them in (`rebuild`): the pods, then the node.
+            let pods = self.pods.read();
+            let st = slot.state.read();
+            f(&st, &|key| {
+                pods.by_key
+                    .get(key)
+                    .map(|p| (p.namespace.clone(), p.name.clone()))
+            });
+        }
+    }
+
+    pub fn node(&self, name: &str) -> Option<Arc<NodeSlot>> {
+        self.nodes.read().get(name).cloned()
+    }
+
+    /// The slots of `names` under one lock acquisition (a request asks for thousands).
+    /// `f` of every named node's slot (`None` for a node the index does not know), in order;
+    /// spread over the cores from `PARALLEL_FROM` names on. The lookups run in parallel too:
+    /// for thousands of names they cost as much as the decisions.
+    pub fn map_slots<T: Send>(
+        &self,
+        names: &[&str],
+        f: impl Fn(Option<&NodeSlot>) -> T + Sync,
+    ) -> Vec<T> {
+        use rayon::prelude::*;
+        // Recursive: a rayon worker waiting inside this call may run another request's part,
+        // which takes this lock again; an ordinary read would wait behind a queued writer.
+        let nodes = self.nodes.read_recursive();
+        let one = |n: &&str| f(nodes.get(*n).map(|s| &**s));
+        if names.len() >= PARALLEL_FROM {
+            names.par_iter().map(one).collect()
+        } else {
+            names.iter().map(one).collect()
+        }
+    }
+
+    /// Every node's slot, for a pass over the whole cluster that must not hold the node map
+    /// while it works.
+    pub fn all_slots(&self) -> Vec<Arc<NodeSlot>> {
+        self.nodes.read().values().cloned().collect()
+    }
+
+    pub fn node_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.nodes.read().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    pub(super) fn slot(&self, name: &str) -> Arc<NodeSlot> {
+        if let Some(s) = self.nodes.read().get(name) {
+            return s.clone();
+        }
+        self.nodes
+            .write()
+            .entry(name.to_owned())
+            .or_insert_with(|| Arc::new(NodeSlot::new(name)))
+            .clone()
+    }
+
+    pub fn apply_node(&self, node: &Node) {
+        let Some(name) = node.metadata.name.as_deref() else {
+            return;
+        };
+        let slot = self.slot(name);
+        let allocatable = allocatable_of(node);
+        let pods = self.pods.read();
+        let mut st = slot.state.write();
+        st.node_known = true;
+        if st.allocatable != allocatable {
+            st.allocatable = allocatable;
+            self.rebuild(&mut st, &pods.by_key);
+        }
+    }
+
+    pub fn delete_node(&self, name: &str) {
+        let Some(slot) = self.node(name) else { return };
+        let empty = {
+            let mut st = slot.state.write();
+            st.node_known = false;
+            st.report.is_none() && st.pods.is_empty()
+        };
+        if empty {
+            self.nodes.write().remove(name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::test_support::{ledger, mk_node};
+    use crate::placement::NodeCondition;
+
+    #[test]
+    fn moving_and_missing_nodes() {
+        let index = Index::new();
+        index.apply_node(&mk_node("n1"));
+        assert_eq!(ledger(&index, "n1").condition, NodeCondition::NoReport);
+        index.delete_node("n1");
+        assert!(index.node("n1").is_none());
+    }
+}
