@@ -428,6 +428,14 @@ fn the_default_render_holds_what_each_object_needs() {
         BTreeSet::from(["create".to_owned()])
     );
     assert!(of("", "pods").contains("patch"));
+    // Self-preemption: evictions (never plain deletes), the nomination, the victims' events.
+    assert_eq!(
+        of("", "pods/eviction"),
+        BTreeSet::from(["create".to_owned()])
+    );
+    assert_eq!(of("", "pods/status"), BTreeSet::from(["patch".to_owned()]));
+    assert!(!of("", "pods").contains("delete"));
+    assert!(of("", "events").contains("create"));
     assert!(of("peakfit.io", "nodegpureports").contains("watch"));
     // Model-config ConfigMaps: listed and watched by label, never read one by one or written.
     assert_eq!(

@@ -12,16 +12,14 @@
 
 mod e2e_support;
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use e2e_support::*;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 const NS: &str = "ml";
@@ -37,43 +35,12 @@ async fn a_high_priority_pod_evicts_the_fewest_gpu_memory_holders_and_binds() {
     let ext = c.start_extender("extender", &[]);
     c.start_scheduler("peakfit-scheduler", ext.port);
     c.start_webhook().await;
-    // The API server calls the webhook a moment after its configuration is created: wait until a
-    // dry-run pod comes back with the GPU memory request.
-    eventually(Duration::from_secs(20), "the webhook in effect", || async {
-        let dry = PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        };
-        let p = c
-            .pods(NS)
-            .create(&dry, &gpu_pod("probe", &[("peakfit.io/vram", "1Gi")]))
-            .await
-            .ok()?;
-        let r = p.spec?.containers[0].resources.clone()?.requests?;
-        r.contains_key(RESOURCE).then_some(())
-    })
-    .await;
+    c.wait_gpu_memory_requests(NS).await;
 
     // The agent advertised the GPU's 40 GiB on the Node.
-    let nodes: Api<Node> = Api::all(c.client.clone());
-    let advertised = eventually(
-        Duration::from_secs(30),
-        "GPU memory on the Node",
-        || async {
-            let n = nodes.get("a100-p").await.ok()?;
-            let a = n.status?.allocatable?;
-            a.get(RESOURCE).map(|q| q.0.clone())
-        },
-    )
-    .await;
-    assert_eq!(advertised, "40960");
-
-    let classes: Api<PriorityClass> = Api::all(c.client.clone());
-    for (name, value) in [("low", 100), ("high", 1_000_000)] {
-        let pc: PriorityClass =
-            serde_json::from_value(json!({"metadata": {"name": name}, "value": value})).unwrap();
-        classes.create(&PostParams::default(), &pc).await.unwrap();
-    }
+    assert_eq!(c.advertised_gpu_memory("a100-p").await, "40960");
+    c.priority_classes(&[("low", 100), ("high", 1_000_000)])
+        .await;
 
     // Three low-priority pods hold 12 + 12 + 13 GiB of the GPU and nothing else of note.
     for (name, vram) in [("low-a", "12Gi"), ("low-b", "12Gi"), ("low-c", "13Gi")] {
@@ -103,16 +70,7 @@ async fn a_high_priority_pod_evicts_the_fewest_gpu_memory_holders_and_binds() {
     let deleted = kubelet.await.unwrap();
 
     assert_eq!(node_of(&high), "a100-p");
-    let left: BTreeSet<String> = c
-        .pods(NS)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(kube::ResourceExt::name_any)
-        .collect();
+    let left = c.live_pods(NS).await;
     let evicted: Vec<&str> = ["low-a", "low-b", "low-c"]
         .into_iter()
         .filter(|n| !left.contains(*n))
@@ -175,34 +133,5 @@ async fn bind_output_on_a_bound_pod_cannot_be_overwritten(c: &Cluster, high: &Po
 }
 
 async fn create(c: &Cluster, name: &str, vram: &str, class: &str) {
-    let mut pod = gpu_pod(name, &[("peakfit.io/vram", vram)]);
-    let spec = pod.spec.as_mut().unwrap();
-    spec.priority_class_name = Some(class.into());
-    // The webhook sets the scheduler; the pod names none, as users' pods do.
-    spec.scheduler_name = None;
-    c.pods(NS)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap_or_else(|e| panic!("creating {name}: {e}"));
-}
-
-/// Deletes with grace 0 every pod that is terminating, until `stop`; the names it finished.
-async fn finish_deletions(pods: Api<Pod>, stop: Arc<AtomicBool>) -> BTreeSet<String> {
-    let mut done = BTreeSet::new();
-    while !stop.load(Ordering::Relaxed) {
-        if let Ok(list) = pods.list(&ListParams::default()).await {
-            for p in list.items {
-                if p.metadata.deletion_timestamp.is_some()
-                    && pods
-                        .delete(&p.name_any(), &DeleteParams::default().grace_period(0))
-                        .await
-                        .is_ok()
-                {
-                    done.insert(p.name_any());
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    done
+    create_prioritized(c, NS, name, &[("peakfit.io/vram", vram)], class).await;
 }

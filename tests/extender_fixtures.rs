@@ -184,7 +184,8 @@ fn offered_victims(request: &[u8]) -> BTreeMap<String, Vec<String>> {
     offered
 }
 
-/// Preempt's answer: nodes and victims are subsets of the offer, never empty; where the pod's
+/// Preempt's answer: nodes are a subset of the offer, victims too unless the offer frees too
+/// little (then lower-priority pods of the node join), never empty; where the pod's
 /// GPU memory fits already the offer comes back whole; otherwise evicting a node's victims lets
 /// the pod fit and sparing any one of them does not.
 fn check_preempt(index: &Index, request: &[u8], reply: &[u8]) -> BTreeMap<String, Vec<String>> {
@@ -213,12 +214,9 @@ fn check_preempt(index: &Index, request: &[u8], reply: &[u8]) -> BTreeMap<String
         .unwrap()
         .unwrap()
         .shape();
+    let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
     for (node, victims) in &answer {
         let offer = &offered[node];
-        assert!(
-            victims.iter().all(|u| offer.contains(u)),
-            "{node}: {victims:?} not in {offer:?}"
-        );
         let ledger = index.node(node).unwrap().read().ledger.clone();
         let key_of = |uid: &str| {
             index
@@ -232,6 +230,20 @@ fn check_preempt(index: &Index, request: &[u8], reply: &[u8]) -> BTreeMap<String
             }
             fit(&l, &shape, &FitConfig::default(), capture_clock()).is_ok()
         };
+        // Pods beyond the offer only where the whole offer frees too little, and only
+        // lower-priority pods of that node.
+        let whole_offer: Vec<&String> = offer.iter().collect();
+        for u in victims.iter().filter(|u| !offer.contains(u)) {
+            assert!(
+                !fits_without(&whole_offer),
+                "{node}: {u} added though {offer:?} frees enough"
+            );
+            let p = index
+                .find_pod(u, "", "")
+                .expect("an added victim is a known pod");
+            assert_eq!(p.node.as_deref(), Some(node.as_str()), "{u}");
+            assert!(p.priority < priority, "{u}: priority {}", p.priority);
+        }
         // kube-scheduler refuses a node with no victims ("expected at least one victim").
         assert!(!victims.is_empty(), "{node}: an empty victim list");
         if fits_without(&[]) {
@@ -485,12 +497,13 @@ async fn full_nodes_mode_replay() {
                     ),
                     // The embedder and the llama were bound by the default binder, so they hold
                     // no GPU memory in the ledger: offered for CPU (the pod asks 2 cores), kept.
+                    // Highest priority first, as kube-scheduler's node choice reads them.
                     (
                         "gpu-b".to_owned(),
                         vec![
+                            "95f6c7b2-2e1b-430d-b600-842f0d5f50e9".to_owned(),
                             "22adf216-ea6b-470a-922d-8176ea66fcee".to_owned(),
                             "3a6fbe4c-627e-4819-a2fb-ef389eb6f91a".to_owned(),
-                            "95f6c7b2-2e1b-430d-b600-842f0d5f50e9".to_owned(),
                         ],
                     ),
                 ]);

@@ -300,7 +300,7 @@ impl Extender {
         // The watch may have replaced the entry meanwhile; make sure the assignment stands.
         self.index
             .record_binding(&entry.key, &args.node, Some(assignment));
-        self.set_pending(&entry.key, None);
+        self.set_pending(&entry.key, None, Vec::new());
         Ok(Bound::Bound)
     }
 }

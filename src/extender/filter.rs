@@ -187,7 +187,7 @@ impl Extender {
                         reason: "invalid_annotation",
                     })
                     .inc_by(n as u64);
-                self.set_pending(&key, Some("invalid_annotation"));
+                self.set_pending(&key, Some("invalid_annotation"), Vec::new());
                 vec![false; n]
             }
             Ok(Some(req)) => {
@@ -261,6 +261,11 @@ impl Extender {
                         }
                     })
                     .collect();
+                let preemptible: Vec<String> = resolvable
+                    .iter()
+                    .take(super::PREEMPTIBLE_NODES_KEPT)
+                    .map(|(n, _)| n.clone())
+                    .collect();
                 // Built in bulk (sorted, then filled), not one insertion at a time.
                 failed = resolvable.into_iter().collect();
                 unresolvable = not_resolvable.into_iter().collect();
@@ -272,7 +277,7 @@ impl Extender {
                 }
                 let top = counts.iter().max_by_key(|(_, c)| **c).map(|(r, _)| *r);
                 let none_fits = !keep.iter().any(|&k| k);
-                self.set_pending(&key, if none_fits { top } else { None });
+                self.set_pending(&key, if none_fits { top } else { None }, preemptible);
                 keep
             }
         };

@@ -9,6 +9,7 @@ pub mod preempt;
 pub mod prescore;
 pub mod prioritize;
 pub mod routes;
+pub mod self_preempt;
 pub mod wire;
 
 use std::collections::HashMap;
@@ -89,6 +90,15 @@ pub struct ExtenderArgs {
     /// `patch` on nodes.
     #[arg(long, env = "PEAKFIT_NUDGE_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub nudge_interval: Duration,
+    /// How long a pod with priority must have waited, refused by filter on nodes where only
+    /// peakfit refuses it, with no preemption by kube-scheduler reaching `/preempt` for it, before
+    /// the extender evicts lower-priority pods for it itself (Eviction API, so `PodDisruptionBudgets`
+    /// hold) and nominates the node (`0`: never). kube-scheduler v1.36 cannot preempt where its
+    /// node-level count of GPU memory needs no victim (a one-GPU pod on a node whose GPUs are each
+    /// too full). Cluster mode only; needs `create` on pods/eviction and events, `patch` on
+    /// pods/status.
+    #[arg(long, env = "PEAKFIT_SELF_PREEMPT_AFTER", default_value = "5s", value_parser = parse_duration)]
+    pub self_preempt_after: Duration,
     /// The largest request body read (Kubernetes quantity). The largest real request, a
     /// full-node filter for 5,000 Nodes, is about 6 MiB; a larger body gets a 413.
     #[arg(long, env = "PEAKFIT_MAX_BODY_BYTES", default_value = "32Mi", value_parser = parse_bytes)]
@@ -184,7 +194,16 @@ fn gpu_models_of<'a>(
 struct Pending {
     since_unix: i64,
     reason: &'static str,
+    /// When filter first refused it everywhere (`since_unix` follows the test clock).
+    since: std::time::Instant,
+    /// Nodes that passed every kube-scheduler plugin and only filter refused, where evicting
+    /// pods could make room (the resolvable refusals of its last filter, at most
+    /// [`PREEMPTIBLE_NODES_KEPT`]): where `self_preempt` may look for victims.
+    preemptible: Vec<String>,
 }
+
+/// How many resolvable nodes a waiting pod keeps for `self_preempt`.
+pub const PREEMPTIBLE_NODES_KEPT: usize = 64;
 
 /// Everything a request needs; shared by every handler.
 pub struct Extender {
@@ -204,6 +223,9 @@ pub struct Extender {
     /// What the prescorer's last pass kept warm.
     warmed: Mutex<prescore::Warmed>,
     pending: Mutex<HashMap<PodKey, Pending>>,
+    /// When `/preempt` last named each pod peakfit places: the scheduler's own preemption
+    /// reached the extender for it, so `self_preempt` leaves it to the scheduler.
+    preempt_calls: Mutex<HashMap<PodKey, std::time::Instant>>,
     /// One bind at a time per pod.
     bind_locks: bind::PodLocks,
     clock: fn() -> i64,
@@ -234,6 +256,7 @@ impl Extender {
             class_ids: Mutex::new(ClassIds::default()),
             warmed: Mutex::new(prescore::Warmed::default()),
             pending: Mutex::new(HashMap::new()),
+            preempt_calls: Mutex::new(HashMap::new()),
             bind_locks: bind::PodLocks::default(),
             clock: now_unix,
             body: BodyLimits::default(),
@@ -326,16 +349,36 @@ impl Extender {
         shapes.observe_pod(key, class);
     }
 
-    fn set_pending(&self, key: &str, reason: Option<&'static str>) {
+    /// Records that kube-scheduler's preemption asked about this pod (see `preempt_calls`).
+    pub(crate) fn note_preempt_call(&self, key: &str) {
+        let mut calls = self.preempt_calls.lock();
+        // Bounded by the pods that exist: forget the others whenever it grows.
+        if calls.len() >= 1024 {
+            calls.retain(|k, _| self.index.contains_pod(k));
+        }
+        calls.insert(key.to_owned(), std::time::Instant::now());
+    }
+
+    /// When `/preempt` last named this pod, if it did.
+    pub(crate) fn last_preempt_call(&self, key: &str) -> Option<std::time::Instant> {
+        self.preempt_calls.lock().get(key).copied()
+    }
+
+    fn set_pending(&self, key: &str, reason: Option<&'static str>, preemptible: Vec<String>) {
         let mut p = self.pending.lock();
         match reason {
             Some(reason) => {
                 let now = self.now();
                 p.entry(key.to_owned())
-                    .and_modify(|e| e.reason = reason)
+                    .and_modify(|e| {
+                        e.reason = reason;
+                        e.preemptible.clone_from(&preemptible);
+                    })
                     .or_insert(Pending {
                         since_unix: now,
                         reason,
+                        since: std::time::Instant::now(),
+                        preemptible,
                     });
             }
             None => {
@@ -425,6 +468,11 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     if !args.prescore_interval.is_zero() {
         ext.spawn_prescorer(args.prescore_interval)
             .context("starting the prescore thread")?;
+    }
+    if let Some(client) = &nudge_client
+        && !args.self_preempt_after.is_zero()
+    {
+        self_preempt::spawn(ext.clone(), client.clone(), args.self_preempt_after);
     }
     if let Some(client) = nudge_client
         && !args.nudge_interval.is_zero()

@@ -727,6 +727,63 @@ impl Cluster {
         port
     }
 
+    /// The API server calls the webhook a moment after its configuration is created: waits until
+    /// a dry-run pod in `ns` comes back requesting `peakfit.io/gpu-memory-mib`.
+    pub async fn wait_gpu_memory_requests(&self, ns: &str) {
+        eventually(Duration::from_secs(20), "the webhook in effect", || async {
+            let dry = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            let p = self
+                .pods(ns)
+                .create(&dry, &gpu_pod("probe", &[("peakfit.io/vram", "1Gi")]))
+                .await
+                .ok()?;
+            let r = p.spec?.containers[0].resources.clone()?.requests?;
+            r.contains_key("peakfit.io/gpu-memory-mib").then_some(())
+        })
+        .await;
+    }
+
+    /// `peakfit.io/gpu-memory-mib` in the Node's allocatable, once its agent advertised it.
+    pub async fn advertised_gpu_memory(&self, node: &str) -> String {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        eventually(
+            Duration::from_secs(30),
+            "GPU memory on the Node",
+            || async {
+                let a = nodes.get(node).await.ok()?.status?.allocatable?;
+                a.get("peakfit.io/gpu-memory-mib").map(|q| q.0.clone())
+            },
+        )
+        .await
+    }
+
+    /// Creates `PriorityClasses` `(name, value)`.
+    pub async fn priority_classes(&self, classes: &[(&str, i32)]) {
+        let api: Api<k8s_openapi::api::scheduling::v1::PriorityClass> =
+            Api::all(self.client.clone());
+        for (name, value) in classes {
+            let pc = serde_json::from_value(json!({"metadata": {"name": name}, "value": value}))
+                .unwrap();
+            api.create(&PostParams::default(), &pc).await.unwrap();
+        }
+    }
+
+    /// The names of the pods of `ns` that exist and are not being deleted.
+    pub async fn live_pods(&self, ns: &str) -> std::collections::BTreeSet<String> {
+        self.pods(ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(ResourceExt::name_any)
+            .collect()
+    }
+
     pub fn pods(&self, ns: &str) -> Api<Pod> {
         Api::namespaced(self.client.clone(), ns)
     }
@@ -869,6 +926,50 @@ impl Cluster {
         let (_, text) = http_get(e.port, "/metrics").expect("extender serves /metrics");
         metric_value(&text, name, labels)
     }
+}
+
+/// Creates a pod of the peakfit profile with these annotations and priority class, naming no
+/// scheduler (the webhook sets it, as for users' pods).
+pub async fn create_prioritized(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    annotations: &[(&str, &str)],
+    class: &str,
+) {
+    let mut pod = gpu_pod(name, annotations);
+    let spec = pod.spec.as_mut().unwrap();
+    spec.priority_class_name = Some(class.into());
+    spec.scheduler_name = None;
+    c.pods(ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("creating {name}: {e}"));
+}
+
+/// Plays the kubelet's part of graceful deletions (there is none): deletes with grace 0 every
+/// pod of `pods` that is terminating, until `stop`; returns the names it finished.
+pub async fn finish_deletions(
+    pods: Api<Pod>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::collections::BTreeSet<String> {
+    let mut done = std::collections::BTreeSet::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Ok(list) = pods.list(&ListParams::default()).await {
+            for p in list.items {
+                if p.metadata.deletion_timestamp.is_some()
+                    && pods
+                        .delete(&p.name_any(), &DeleteParams::default().grace_period(0))
+                        .await
+                        .is_ok()
+                {
+                    done.insert(p.name_any());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    done
 }
 
 /// A sample's value in a Prometheus text exposition: summed over the series of `name` whose

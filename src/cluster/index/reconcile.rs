@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 
 use super::{Assignment, Index, PodEntry, RESERVED_BYTES, pod_key};
 use crate::cluster::model_config::MODEL_CONFIG;
+use crate::placement::PodKey;
 
 impl Index {
     /// Records a model-config ConfigMap (new, changed or unlabelled) and works out again the
@@ -159,6 +160,23 @@ impl Index {
             st.pods.remove(key);
             self.rebuild(&mut st, &pods.by_key);
         }
+    }
+
+    /// The pods the index places on `node` (bound, or bound by our own bind in flight).
+    /// `/preempt` reads them to add victims the scheduler's dry run spared: its node-level count
+    /// cannot see that a GPU is full.
+    pub fn pods_on(&self, node: &str) -> Vec<PodEntry> {
+        let Some(slot) = self.node(node) else {
+            return Vec::new();
+        };
+        // The node's lock is let go before the pod table's is taken (`upsert` takes them the
+        // other way round).
+        let keys: Vec<PodKey> = slot.read().pods.iter().cloned().collect();
+        let pods = self.pods.read();
+        keys.iter()
+            .filter_map(|k| pods.by_key.get(k))
+            .map(|p| PodEntry::clone(p))
+            .collect()
     }
 
     /// Finds a pod by UID, else by namespace and name.
