@@ -152,6 +152,7 @@ pub async fn serve<IO, F, H>(
         let service = Noting {
             inner: TowerToHyperService::new(app.clone()),
             started: started.clone(),
+            peer,
         };
         let handshake = handshake.clone();
         let mut draining = draining.clone();
@@ -262,21 +263,30 @@ impl Drop for PeerSlot {
     }
 }
 
+/// The address a request came from, in its extensions: handlers that ration something per
+/// client (`/metrics`) read it.
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub std::net::SocketAddr);
+
 /// The connection's service, noting that a request arrived (its headers were read): until then
-/// the connection has --header-timeout from accept.
+/// the connection has --header-timeout from accept. It also tells the request its [`Peer`].
 struct Noting<S> {
     inner: S,
     started: Arc<std::sync::atomic::AtomicBool>,
+    peer: std::net::SocketAddr,
 }
 
-impl<S: hyper::service::Service<R>, R> hyper::service::Service<R> for Noting<S> {
+impl<S: hyper::service::Service<http::Request<B>>, B> hyper::service::Service<http::Request<B>>
+    for Noting<S>
+{
     type Response = S::Response;
     type Error = S::Error;
     type Future = S::Future;
 
-    fn call(&self, req: R) -> Self::Future {
+    fn call(&self, mut req: http::Request<B>) -> Self::Future {
         self.started
             .store(true, std::sync::atomic::Ordering::Release);
+        req.extensions_mut().insert(Peer(self.peer));
         self.inner.call(req)
     }
 }

@@ -284,16 +284,21 @@ fn router(metrics: &AgentMetrics) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(move |headers: axum::http::HeaderMap| {
-                let (registry, cache) = (registry.clone(), cache.clone());
-                async move {
-                    cache
-                        .serve(crate::metrics::accepts_gzip(&headers), move || {
-                            crate::metrics::encode(&registry)
-                        })
-                        .await
-                }
-            }),
+            get(
+                move |peer: Option<axum::Extension<crate::serve::Peer>>,
+                      headers: axum::http::HeaderMap| {
+                    let (registry, cache) = (registry.clone(), cache.clone());
+                    async move {
+                        cache
+                            .serve(
+                                crate::metrics::accepts_gzip(&headers),
+                                peer.map(|p| p.0.0.ip()),
+                                move || crate::metrics::encode(&registry),
+                            )
+                            .await
+                    }
+                },
+            ),
         )
         // Liveness only: a node without a working driver is healthy for the agent (it reports
         // that), and restarting would not fix the driver.

@@ -436,10 +436,15 @@ async fn readyz(State(ext): State<Shared>) -> Response {
 }
 
 /// Rendered at most once per `Extender::scrape`'s age (a second in the binary).
-async fn metrics(State(ext): State<Shared>, headers: axum::http::HeaderMap) -> Response {
+async fn metrics(
+    State(ext): State<Shared>,
+    peer: Option<axum::Extension<crate::serve::Peer>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
     let render = ext.clone();
+    let peer = peer.map(|p| p.0.0.ip());
     ext.scrape
-        .serve(crate::metrics::accepts_gzip(&headers), move || {
+        .serve(crate::metrics::accepts_gzip(&headers), peer, move || {
             render.refresh_pending_gauges();
             crate::metrics::encode(&render.metrics.registry)
         })

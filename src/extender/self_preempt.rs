@@ -379,7 +379,7 @@ mod tests {
     use super::*;
     use crate::cluster::binding::MemoryBinder;
     use crate::cluster::index::Index;
-    use crate::cluster::index::tests::{mk_node, mk_pod, mk_report};
+    use crate::cluster::test_support::{mk_node, mk_pod, mk_report};
     use crate::metrics::extender::ExtenderMetrics;
 
     const GIB: u64 = 1 << 30;
@@ -391,7 +391,7 @@ mod tests {
         index.apply_node(&mk_node("n"));
         let uuids: Vec<String> = (0..8).map(|i| format!("GPU-{i}")).collect();
         let procs: Vec<Vec<(&str, u64)>> = vec![Vec::new(); 8];
-        let gpus_report: Vec<crate::cluster::index::tests::MkGpu<'_>> = uuids
+        let gpus_report: Vec<crate::cluster::test_support::MkGpu<'_>> = uuids
             .iter()
             .zip(&procs)
             .map(|(u, p)| (u.as_str(), 80 * GIB, 0, p.as_slice()))
