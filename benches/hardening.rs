@@ -35,6 +35,8 @@ mod webhook_support;
 const NODES: usize = 5_000;
 const BINDS: usize = 400;
 const FLOODERS: usize = 8;
+/// Alone/scraped window pairs per scrape mode.
+const PAIRS: u32 = 5;
 
 fn binary() -> PathBuf {
     std::env::var_os("PEAKFIT_BIN").map_or_else(|| env!("CARGO_BIN_EXE_peakfit").into(), Into::into)
@@ -331,47 +333,64 @@ fn scrape(dir: &Path, seconds: f64) {
         lat
     };
     let mut c = Conn::open(addr);
-    let window = Duration::from_secs_f64(seconds / 4.0);
-    let mut quiet = prioritize(&mut c, Instant::now() + window);
     println!("scrape: prioritize of {NODES} nodes, alone and beside {FLOODERS} scrapers");
-    summary("alone", &mut quiet);
+    // Alone and scraped alternate in short windows (`PAIRS` of each per mode), so a shared
+    // machine's load drifting over the run falls on both sides alike.
+    let window = Duration::from_secs_f64(seconds / f64::from(3 * 2 * PAIRS));
     // As a plain HTTP client asks, then as Prometheus does (`Accept-Encoding: gzip` on every
-    // scrape).
-    // Back to back (a stress: each scraper takes a whole core's worth of replies), then each
-    // once a second, Prometheus' most eager `scrape_interval` in practice.
+    // scrape): back to back (a stress: each scraper takes all it can get), then each once a
+    // second, Prometheus' most eager `scrape_interval` in practice.
     let gzip = "Accept-Encoding: gzip\r\n";
     for (coding, headers, every) in [
         ("identity", "", Duration::ZERO),
         ("gzip", gzip, Duration::ZERO),
         ("gzip, each every 1 s", gzip, Duration::from_secs(1)),
     ] {
-        let stop = Arc::new(AtomicBool::new(false));
+        let (stop, active) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
         let (scrapes, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let scrapers: Vec<_> = (0..FLOODERS)
             .map(|_| {
-                let (stop, scrapes, bytes) = (stop.clone(), scrapes.clone(), bytes.clone());
+                let (stop, active) = (stop.clone(), active.clone());
+                let (scrapes, bytes) = (scrapes.clone(), bytes.clone());
                 std::thread::spawn(move || {
                     let mut c = Conn::open(addr);
                     while !stop.load(Ordering::Relaxed) {
+                        if !active.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(5));
+                            continue;
+                        }
                         let next = Instant::now() + every;
                         let (status, body) = c.call_with("GET", "/metrics", headers, b"");
                         assert_eq!(status, 200);
                         assert!(!body.is_empty());
                         scrapes.fetch_add(1, Ordering::Relaxed);
                         bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
-                        while !stop.load(Ordering::Relaxed) && Instant::now() < next {
+                        while active.load(Ordering::Relaxed) && Instant::now() < next {
                             std::thread::sleep(Duration::from_millis(10));
                         }
                     }
                 })
             })
             .collect();
-        let mut busy = prioritize(&mut c, Instant::now() + window);
+        let (mut quiet, mut busy) = (Vec::new(), Vec::new());
+        for _ in 0..PAIRS {
+            active.store(false, Ordering::Relaxed);
+            // A scrape in flight when the window turns finishes in the quiet one's first
+            // moments; they are not counted.
+            std::thread::sleep(Duration::from_millis(200));
+            quiet.extend(prioritize(&mut c, Instant::now() + window));
+            active.store(true, Ordering::Relaxed);
+            busy.extend(prioritize(&mut c, Instant::now() + window));
+        }
         stop.store(true, Ordering::Relaxed);
         for s in scrapers {
             s.join().unwrap();
         }
         let n = scrapes.load(Ordering::Relaxed);
+        summary(&format!("alone, beside the {coding} windows"), &mut quiet);
         summary(
             &format!(
                 "scraped, {coding} ({n} scrapes, {:.1} MB each)",
