@@ -114,8 +114,12 @@ impl<S: GpuSource> Poller<S> {
                 }
             }
         }
-        self.history.observe(&reading.gpus);
-        report::build(jiff::Timestamp::now(), reading, self.history.typical())
+        let now = jiff::Timestamp::now();
+        self.history.observe(&reading.gpus, now);
+        let pod_peaks = self.history.running_peaks(&reading.gpus);
+        let mut status = report::build(now, reading, self.history.typical());
+        status.pod_peaks = pod_peaks;
+        status
     }
 }
 

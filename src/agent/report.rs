@@ -29,6 +29,7 @@ pub fn build(
         gpus: reading.gpus,
         summary,
         agent_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+        pod_peaks: Vec::new(),
     }
 }
 
@@ -56,6 +57,18 @@ pub fn summarize(gpus: &[GpuDevice], typical_pod_bytes: Option<u64>) -> NodeMemo
     }
 }
 
+/// Each pod's summed use of `gpu` (processes tied to no pod are left out).
+fn per_pod(gpu: &GpuDevice) -> BTreeMap<&str, u64> {
+    let mut per_pod: BTreeMap<&str, u64> = BTreeMap::new();
+    for p in &gpu.processes {
+        if let (Some(uid), Some(bytes)) = (&p.pod_uid, p.used_bytes) {
+            let b = per_pod.entry(uid).or_default();
+            *b = b.saturating_add(bytes);
+        }
+    }
+    per_pod
+}
+
 /// What a typical pod of this node uses per GPU: the median, over the most recent (pod, device)
 /// pairs seen on the node, of the most memory that pod's processes used on that device.
 ///
@@ -63,7 +76,8 @@ pub fn summarize(gpus: &[GpuDevice], typical_pod_bytes: Option<u64>) -> NodeMemo
 /// figure follows the node's current workload.
 #[derive(Debug)]
 pub struct PodUsageHistory {
-    peaks: BTreeMap<(String, String), u64>,
+    /// Per (pod UID, GPU UUID): the highest use seen and when.
+    peaks: BTreeMap<(String, String), (u64, jiff::Timestamp)>,
     order: VecDeque<(String, String)>,
     capacity: usize,
 }
@@ -83,19 +97,17 @@ impl PodUsageHistory {
         }
     }
 
-    /// Records the per-pod use on each device of a reading.
-    pub fn observe(&mut self, gpus: &[GpuDevice]) {
+    /// Records the per-pod use on each device of a reading taken at `at`.
+    pub fn observe(&mut self, gpus: &[GpuDevice], at: jiff::Timestamp) {
         for gpu in gpus {
-            let mut per_pod: BTreeMap<&str, u64> = BTreeMap::new();
-            for p in &gpu.processes {
-                if let (Some(uid), Some(bytes)) = (&p.pod_uid, p.used_bytes) {
-                    *per_pod.entry(uid).or_default() += bytes;
-                }
-            }
-            for (uid, bytes) in per_pod {
+            for (uid, bytes) in per_pod(gpu) {
                 let key = (uid.to_string(), gpu.uuid.clone());
                 match self.peaks.get_mut(&key) {
-                    Some(peak) => *peak = (*peak).max(bytes),
+                    Some(peak) => {
+                        if bytes > peak.0 {
+                            *peak = (bytes, at);
+                        }
+                    }
                     None => {
                         if self.order.len() == self.capacity
                             && let Some(old) = self.order.pop_front()
@@ -103,16 +115,39 @@ impl PodUsageHistory {
                             self.peaks.remove(&old);
                         }
                         self.order.push_back(key.clone());
-                        self.peaks.insert(key, bytes);
+                        self.peaks.insert(key, (bytes, at));
                     }
                 }
             }
         }
     }
 
+    /// The peaks of the (pod, GPU) pairs `gpus` shows running now, at most
+    /// [`crate::inventory::MAX_POD_PEAKS`]: what the report publishes, so the extender counts
+    /// each pod at no less than the most it has used (a spike between two writes included).
+    pub fn running_peaks(&self, gpus: &[GpuDevice]) -> Vec<crate::inventory::PodPeak> {
+        let mut out = Vec::new();
+        for gpu in gpus {
+            for (uid, _) in per_pod(gpu) {
+                if out.len() == crate::inventory::MAX_POD_PEAKS {
+                    return out;
+                }
+                if let Some((bytes, at)) = self.peaks.get(&(uid.to_owned(), gpu.uuid.clone())) {
+                    out.push(crate::inventory::PodPeak {
+                        pod_uid: uid.to_owned(),
+                        gpu_uuid: gpu.uuid.clone(),
+                        peak_bytes: *bytes,
+                        at: at.to_string(),
+                    });
+                }
+            }
+        }
+        out
+    }
+
     /// The median peak (the lower middle one for an even count); `None` before any pod was seen.
     pub fn typical(&self) -> Option<u64> {
-        let mut v: Vec<u64> = self.peaks.values().copied().collect();
+        let mut v: Vec<u64> = self.peaks.values().map(|p| p.0).collect();
         if v.is_empty() {
             return None;
         }
@@ -259,19 +294,48 @@ mod tests {
             proc(3, Some("pod-b"), 10 * GIB),
             proc(4, None, 50 * GIB), // no pod: not a pod's size
         ];
-        h.observe(std::slice::from_ref(&g));
+        h.observe(std::slice::from_ref(&g), jiff::Timestamp::UNIX_EPOCH);
         assert_eq!(h.typical(), Some(6 * GIB));
         // pod-a grows: its peak is kept, not its latest value.
         g.processes = vec![proc(1, Some("pod-a"), 12 * GIB)];
-        h.observe(std::slice::from_ref(&g));
+        h.observe(std::slice::from_ref(&g), jiff::Timestamp::UNIX_EPOCH);
         g.processes = vec![proc(1, Some("pod-a"), GIB)];
-        h.observe(std::slice::from_ref(&g));
+        h.observe(std::slice::from_ref(&g), jiff::Timestamp::UNIX_EPOCH);
         assert_eq!(h.typical(), Some(10 * GIB));
         // Capacity 3: a fourth and fifth pair push out the oldest (pod-a, then pod-b).
         g.processes = vec![proc(5, Some("pod-c"), GIB), proc(6, Some("pod-d"), GIB)];
-        h.observe(std::slice::from_ref(&g));
+        h.observe(std::slice::from_ref(&g), jiff::Timestamp::UNIX_EPOCH);
         assert_eq!(h.peaks.len(), 3);
         assert_eq!(h.typical(), Some(GIB));
+    }
+
+    /// Issue 21: a spike between two report writes was lost (the report carried only the use
+    /// at its poll). Each running pod's highest use per GPU is published, with when.
+    #[test]
+    fn running_pods_peaks_are_published_with_when_and_gone_pods_are_not() {
+        let mut h = PodUsageHistory::with_capacity(8);
+        let t = |s: i64| jiff::Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let mut g = gpu("GPU-a", 80 * GIB, 0);
+        g.processes = vec![proc(1, Some("pod-a"), 4 * GIB), proc(2, Some("pod-b"), GIB)];
+        h.observe(std::slice::from_ref(&g), t(0));
+        g.processes = vec![
+            proc(1, Some("pod-a"), 30 * GIB),
+            proc(2, Some("pod-b"), GIB),
+        ];
+        h.observe(std::slice::from_ref(&g), t(5));
+        // Back down, and pod-b gone.
+        g.processes = vec![proc(1, Some("pod-a"), 6 * GIB)];
+        h.observe(std::slice::from_ref(&g), t(10));
+        let peaks = h.running_peaks(std::slice::from_ref(&g));
+        assert_eq!(
+            peaks,
+            [crate::inventory::PodPeak {
+                pod_uid: "pod-a".into(),
+                gpu_uuid: "GPU-a".into(),
+                peak_bytes: 30 * GIB,
+                at: t(5).to_string(),
+            }]
+        );
     }
 
     #[test]

@@ -451,6 +451,7 @@ impl Cluster {
                 stranded_bytes: 0,
             },
             agent_version: Some(env!("CARGO_PKG_VERSION").into()),
+            pod_peaks: Vec::new(),
         };
         let mut publisher = peakfit::agent::publish::Publisher::new(self.client.clone(), name);
         publisher

@@ -102,6 +102,27 @@ pub struct NodeGpuReportStatus {
     /// The agent's version, to spot mixed rollouts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_version: Option<String>,
+    /// Each running pod's highest use of each GPU since it started there, as the agent saw it
+    /// at every poll: a spike between two report writes is kept here, and the extender counts
+    /// the pod at no less (issue 21). At most [`MAX_POD_PEAKS`] entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_peaks: Vec<PodPeak>,
+}
+
+/// The most `pod_peaks` a report carries: the pods of one node are few (110 by the kubelet's
+/// default `maxPods`), each on a few GPUs; 256 entries are about 40 KB of report.
+pub const MAX_POD_PEAKS: usize = 256;
+
+/// One pod's highest use of one GPU since it started on it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodPeak {
+    pub pod_uid: String,
+    pub gpu_uuid: String,
+    /// Its processes' summed use at the poll that saw the most.
+    pub peak_bytes: u64,
+    /// When that poll was (RFC 3339).
+    pub at: String,
 }
 
 impl GpuDevice {

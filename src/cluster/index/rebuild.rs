@@ -88,12 +88,35 @@ pub(super) fn ledger_of<'a>(
     }
     // Placement's rule: use by pods with a reservation on the device is theirs, everything else
     // the device uses is unattributed.
+    // A pod is observed at the most it has used (the agent's `podPeaks`: a spike between two
+    // report writes stays counted), never less than now; the unattributed rest is what the GPU
+    // uses now beyond its pods' use now.
     for (gpu, seen) in ledger.gpus.iter_mut().zip(&report.gpus) {
         let by_pods: u64 = seen.by_pod.iter().map(|(_, b)| *b).sum();
+        // Only pods placed here have their peak counted; a stranger's use is unattributed use
+        // now, and observed_bytes stays what the GPU uses now.
+        let placed = |uid: &str| gpu.reservations().contains_key(uid);
+        let peak_of = |uid: &str| {
+            seen.peak_by_pod
+                .iter()
+                .find(|(u, _)| u == uid && placed(u))
+                .map_or(0, |(_, b)| *b)
+        };
+        let mut observed: Vec<(&str, u64)> = seen
+            .by_pod
+            .iter()
+            .map(|(u, b)| (u.as_str(), (*b).max(peak_of(u))))
+            .collect();
+        // A pod idle at this poll (no process on the GPU now) still has its peak.
+        for (u, b) in &seen.peak_by_pod {
+            if placed(u) && !observed.iter().any(|(o, _)| o == u) {
+                observed.push((u.as_str(), *b));
+            }
+        }
         gpu.observe(
             seen.total,
             seen.driver_reserved,
-            seen.by_pod.iter().map(|(u, b)| (u.as_str(), *b)),
+            observed,
             seen.used.saturating_sub(by_pods),
         );
     }
@@ -279,6 +302,7 @@ mod tests {
                     used,
                     driver_reserved,
                     by_pod: by_pod.iter().map(|&(u, b)| (u.to_owned(), b)).collect(),
+                    peak_by_pod: Vec::new(),
                 })
                 .collect(),
         }
@@ -480,6 +504,38 @@ mod tests {
             &[("peakfit.io/vram", "10Gi"), (ASSIGNED_GPUS, "GPU-a")],
         ));
         assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 30 * GIB);
+    }
+
+    /// Issue 21: a pod's spike between two report writes was forgotten at the next write; the
+    /// agent's `podPeaks` keep it, and the ledger counts the pod at its peak (used now: 12 GiB;
+    /// peak 30; predicted 10), also while it has no process on the GPU, and never a stranger's
+    /// peak.
+    #[test]
+    fn a_pod_is_counted_at_its_published_peak() {
+        let index = Index::new();
+        index.apply_pod(&mk_pod(
+            "u1",
+            Some("n1"),
+            &[("peakfit.io/vram", "10Gi"), (ASSIGNED_GPUS, "GPU-a")],
+        ));
+        let mut r = mk_report("n1", &[("GPU-a", 80 * GIB, 12 * GIB, &[("u1", 12 * GIB)])]);
+        let peak = |uid: &str, bytes: u64| crate::inventory::PodPeak {
+            pod_uid: uid.into(),
+            gpu_uuid: "GPU-a".into(),
+            peak_bytes: bytes,
+            at: "2027-01-15T00:00:00Z".into(),
+        };
+        r.status.as_mut().unwrap().pod_peaks =
+            vec![peak("u1", 30 * GIB), peak("stranger", 40 * GIB)];
+        index.apply_report(&r);
+        let g = &ledger(&index, "n1").gpus[0];
+        assert_eq!(g.reservations()["u1"].observed_bytes, 30 * GIB);
+        assert_eq!(g.free_bytes(), 50 * GIB);
+        // No process now: still its peak.
+        let mut idle = mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]);
+        idle.status.as_mut().unwrap().pod_peaks = vec![peak("u1", 30 * GIB)];
+        index.apply_report(&idle);
+        assert_eq!(ledger(&index, "n1").gpus[0].free_bytes(), 50 * GIB);
     }
 
     #[test]

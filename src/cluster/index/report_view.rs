@@ -26,6 +26,9 @@ pub(super) struct ReportGpu {
     pub(super) driver_reserved: u64,
     /// Memory of processes the agent tied to a pod UID.
     pub(super) by_pod: Vec<(String, u64)>,
+    /// The most each running pod has used of this GPU (the report's `podPeaks`), at most the
+    /// GPU's total: the pod is counted at no less.
+    pub(super) peak_by_pod: Vec<(String, u64)>,
 }
 
 impl ReportView {
@@ -85,6 +88,13 @@ impl ReportView {
                     // Never more than the GPU has: a report is believed only within itself.
                     used: g.memory_used_bytes.min(g.memory_total_bytes),
                     driver_reserved: g.memory_reserved_bytes.min(g.memory_total_bytes),
+                    peak_by_pod: status
+                        .pod_peaks
+                        .iter()
+                        .filter(|p| p.gpu_uuid == g.uuid)
+                        .take(crate::inventory::MAX_POD_PEAKS)
+                        .map(|p| (p.pod_uid.clone(), p.peak_bytes.min(g.memory_total_bytes)))
+                        .collect(),
                     by_pod,
                 }
             })
