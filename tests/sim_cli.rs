@@ -203,3 +203,29 @@ fn simulate_logs_warnings_only_unless_asked() {
     let (_, stderr) = run(Some("info"));
     assert!(stderr.contains("INFO"), "--log info logged nothing");
 }
+
+/// The built-in run's holds: on by default, `off` for today's extender, a bad cap refused.
+#[test]
+fn reserve_flags_set_the_holds_or_turn_them_off() {
+    let on = args(&[]).reserve().unwrap();
+    assert_eq!((on.after_min, on.deadline_min, on.per_node), (30, 60, 0.1));
+    let set = args(&[
+        "--reserve-after",
+        "90m",
+        "--reserve-deadline",
+        "2h",
+        "--reserve-max",
+        "0.5",
+    ])
+    .reserve()
+    .unwrap();
+    assert_eq!(
+        (set.after_min, set.deadline_min, set.per_node),
+        (90, 120, 0.5)
+    );
+    assert_eq!(args(&["--reserve-after", "off"]).reserve(), None);
+    let mut argv = vec!["simulate", "--reserve-max", "0"];
+    assert!(Cli::try_parse_from(&argv).is_err());
+    argv[2] = "-1";
+    assert!(Cli::try_parse_from(&argv).is_err());
+}

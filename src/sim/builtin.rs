@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::dynamic::{self, Accounting, DynNode, DynPod, DynamicResult, KindWaits};
+use super::dynamic::{self, Accounting, DynNode, DynPod, DynamicResult, KindWaits, Reserve};
 use super::openb::{NodeSpec, PodSpec, model_memory_mib};
 use super::profiles::{self, Kind, Profile};
 use super::{CUT_STOCK_LEGEND, Policy, RunResult, SimulateArgs, mean, run_deployed, svg};
@@ -441,6 +441,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         .collect();
     let horizon = 24 * 60;
     let dyn_nodes = dynamic_nodes();
+    let reserve = args.reserve();
     let dyn_jobs: Vec<(u64, Accounting)> = seeds
         .iter()
         .flat_map(|&s| Accounting::ALL.iter().map(move |&a| (s, a)))
@@ -449,14 +450,27 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         .par_iter()
         .map(|&(seed, accounting)| {
             let pods = dynamic_pods(&resolved, &real, horizon, 30.0, seed);
-            let result = dynamic::simulate(&dyn_nodes, &pods, accounting, horizon, seed);
+            let result = dynamic::simulate(
+                &dyn_nodes,
+                &pods,
+                accounting,
+                horizon,
+                seed,
+                reserve.as_ref(),
+            );
             bar.inc(1);
             DynamicRun { seed, result }
         })
         .collect();
     bar.finish_and_clear();
 
-    let table = builtin_table(&packing, &dynamic, seeds.len());
+    let table = builtin_table(
+        &packing,
+        &dynamic,
+        seeds.len(),
+        reserve.as_ref(),
+        dyn_nodes.len(),
+    );
     let report = Report {
         cluster: CLUSTER
             .iter()
@@ -525,7 +539,13 @@ fn cluster_text(k: usize) -> String {
         .join(", ")
 }
 
-fn builtin_table(packing: &[RunResult], dynamic: &[DynamicRun], seeds: usize) -> String {
+fn builtin_table(
+    packing: &[RunResult],
+    dynamic: &[DynamicRun],
+    seeds: usize,
+    reserve: Option<&Reserve>,
+    nodes: usize,
+) -> String {
     let mut out = String::new();
     out.push_str(&format!(
         "Built-in cluster: {}; {seeds} seed(s), {SPREAD}\n\n\
@@ -534,8 +554,23 @@ fn builtin_table(packing: &[RunResult], dynamic: &[DynamicRun], seeds: usize) ->
         cluster_text(PACKING_SCALE)
     ));
     out.push_str(&packing_table(packing));
-    out.push_str(&dynamic_table(dynamic));
+    out.push_str(&dynamic_table(dynamic, reserve, nodes));
     out
+}
+
+/// What the peakfit column's holds were, so a table says how to get it again.
+fn reserve_text(reserve: Option<&Reserve>, nodes: usize) -> String {
+    match reserve {
+        Some(r) => format!(
+            "peakfit holds the node and GPUs a pod will get once it has waited {} min and fits \
+             nowhere, for at most {} min, at most {} hold(s) at once (--reserve-after, \
+             --reserve-deadline, --reserve-max)",
+            r.after_min,
+            r.deadline_min,
+            r.config(nodes).max_holds
+        ),
+        None => "peakfit holds no memory for pods that wait (--reserve-after off)".to_owned(),
+    }
 }
 
 /// Unallocated % per policy, best first, and the cutting-stock reference of the same pods.
@@ -601,7 +636,7 @@ fn packing_table(packing: &[RunResult]) -> String {
 type Measure = (&'static str, usize, fn(&DynamicResult) -> f64);
 
 /// One row per measure, one column per accounting, then who waits per pod kind.
-fn dynamic_table(dynamic: &[DynamicRun]) -> String {
+fn dynamic_table(dynamic: &[DynamicRun], reserve: Option<&Reserve>, nodes: usize) -> String {
     let runs = |a: Accounting| -> Vec<&DynamicResult> {
         dynamic
             .iter()
@@ -613,14 +648,15 @@ fn dynamic_table(dynamic: &[DynamicRun]) -> String {
         "\nPods come and go for 24 h, memory follows profiles. started = at least once (later \
          OOM-killed or not); clean = never OOM-killed or failed at start; queued = waiting when \
          the 24 h end (never started, or killed and queued again); wait = arrival (or kill) to \
-         start, per start\n  {:<26}",
+         start, per start; {}\n  {:<26}",
+        reserve_text(reserve, nodes),
         "accounting"
     );
     for a in Accounting::ALL {
         out.push_str(&format!("{:>17}", a.name()));
     }
     out.push('\n');
-    let measures: [Measure; 13] = [
+    let measures: [Measure; 15] = [
         ("pods", 0, |r| r.pods as f64),
         ("started", 0, |r| r.pods_placed as f64),
         ("started, clean", 0, |r| r.pods_placed_never_killed as f64),
@@ -636,6 +672,8 @@ fn dynamic_table(dynamic: &[DynamicRun]) -> String {
         ("wait, mean (min)", 1, |r| r.mean_pending_min),
         ("wait, p95 (min)", 0, |r| r.p95_pending_min),
         ("memory used (%)", 1, |r| r.mean_memory_used_pct),
+        ("holds made", 1, |r| r.holds_made as f64),
+        ("holds expired", 1, |r| r.holds_expired as f64),
     ];
     for (name, decimals, f) in measures {
         out.push_str(&format!("  {name:<26}"));
@@ -646,12 +684,12 @@ fn dynamic_table(dynamic: &[DynamicRun]) -> String {
         out.push('\n');
     }
     out.push_str(&format!(
-        "\nWho waits, per pod kind: wait p95 / mean (min, per start) and pods queued at 24 h, \
-         mean over seeds of each seed's figure\n  {:<24}",
+        "\nWho waits, per pod kind: wait p95 ± sd / mean (min, per start) and pods queued at \
+         24 h, mean over seeds of each seed's figure (sd: of the seeds' p95)\n  {:<24}",
         "kind"
     ));
     for a in Accounting::ALL {
-        out.push_str(&format!("{:>22}", format!("{} p95/mean/q", a.name())));
+        out.push_str(&format!("{:>26}", format!("{} p95/mean/q", a.name())));
     }
     out.push('\n');
     let mut kinds: Vec<&str> = Vec::new();
@@ -666,30 +704,31 @@ fn dynamic_table(dynamic: &[DynamicRun]) -> String {
         out.push_str(&format!("  {kind:<24}"));
         for a in Accounting::ALL {
             // Waits over the seeds where the kind started at all; queued over every seed.
-            let of = |f: fn(&KindWaits) -> f64, started_only: bool| {
-                mean(
-                    runs(a)
-                        .iter()
-                        .filter_map(|r| r.by_kind.iter().find(|k| k.kind == kind))
-                        .filter(|k| !started_only || k.starts > 0)
-                        .map(f),
-                )
+            let of = |f: fn(&KindWaits) -> f64, started_only: bool| -> Vec<f64> {
+                runs(a)
+                    .iter()
+                    .filter_map(|r| r.by_kind.iter().find(|k| k.kind == kind))
+                    .filter(|k| !started_only || k.starts > 0)
+                    .map(f)
+                    .collect()
             };
-            let wait = |f: fn(&KindWaits) -> f64| {
-                let m = of(f, true);
-                if m.is_nan() {
-                    "-".to_owned()
-                } else {
-                    format!("{m:.0}")
-                }
+            let p95 = of(|k| k.p95_pending_min, true);
+            let p95 = if p95.is_empty() {
+                "-".to_owned()
+            } else {
+                mean_sd(&p95, 0)
+            };
+            let wait_mean = mean(of(|k| k.mean_pending_min, true).into_iter());
+            let wait_mean = if wait_mean.is_nan() {
+                "-".to_owned()
+            } else {
+                format!("{wait_mean:.0}")
             };
             let cell = format!(
-                "{} / {} / {:.1}",
-                wait(|k| k.p95_pending_min),
-                wait(|k| k.mean_pending_min),
-                of(|k| k.waiting_at_end as f64, false)
+                "{p95} / {wait_mean} / {:.1}",
+                mean(of(|k| k.waiting_at_end as f64, false).into_iter())
             );
-            out.push_str(&format!("{cell:>22}"));
+            out.push_str(&format!("{cell:>26}"));
         }
         out.push('\n');
     }
@@ -830,14 +869,14 @@ mod tests {
                 })
             })
             .collect();
-        let table = dynamic_table(&dynamic);
+        let table = dynamic_table(&dynamic, None, 20);
         let p95 = table.lines().find(|l| l.contains("wait, p95")).unwrap();
         assert_eq!(p95.matches("50 ± 10").count(), 3, "{table}");
         let big = table
             .lines()
             .find(|l| l.trim_start().starts_with("big"))
             .unwrap();
-        assert_eq!(big.matches("50 / 25 / 2.0").count(), 3, "{table}");
+        assert_eq!(big.matches("50 ± 10 / 25 / 2.0").count(), 3, "{table}");
         // A kind that never started has no wait to show, only its queue.
         let never = table
             .lines()
@@ -851,8 +890,8 @@ mod tests {
         let resolved = resolve().unwrap();
         let pods = dynamic_pods(&resolved, &[], 12 * 60, 30.0, 1);
         let nodes = dynamic_nodes();
-        let peak = dynamic::simulate(&nodes, &pods, Accounting::Peakfit, 12 * 60, 1);
-        let declared = dynamic::simulate(&nodes, &pods, Accounting::Declared, 12 * 60, 1);
+        let peak = dynamic::simulate(&nodes, &pods, Accounting::Peakfit, 12 * 60, 1, None);
+        let declared = dynamic::simulate(&nodes, &pods, Accounting::Declared, 12 * 60, 1, None);
         assert_eq!(peak.oom_events, 0, "{peak:?}");
         assert!(declared.oom_events > 0, "{declared:?}");
         assert!(peak.pods_placed > pods.len() / 2, "{peak:?}");
@@ -867,8 +906,9 @@ mod tests {
         for seed in [1, 2] {
             let pods = dynamic_pods(&resolved, &[], 12 * 60, 30.0, seed);
             let nodes = dynamic_nodes();
-            let peak = dynamic::simulate(&nodes, &pods, Accounting::Peakfit, 12 * 60, seed);
-            let declared = dynamic::simulate(&nodes, &pods, Accounting::Declared, 12 * 60, seed);
+            let peak = dynamic::simulate(&nodes, &pods, Accounting::Peakfit, 12 * 60, seed, None);
+            let declared =
+                dynamic::simulate(&nodes, &pods, Accounting::Declared, 12 * 60, seed, None);
             assert!(
                 peak.pods_pending_at_end <= declared.pods_pending_at_end,
                 "seed {seed}: peakfit {peak:?}\ndeclared {declared:?}"

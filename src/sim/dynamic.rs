@@ -13,11 +13,16 @@
 //! engine whose share of that GPU cannot hold its weights) fails at once and is queued again;
 //! only accountings that do not ask the model can put it there.
 //!
+//! Under the peakfit accounting a pod that has waited `Reserve::after_min` and fits nowhere gets
+//! a hold (`placement::hold`): the node and GPUs it will get keep its memory, other pods bind
+//! there only beside it, and it starts there once the holders have left, or anywhere sooner.
+//! Without it the ledger starves the pods that need whole GPUs (issue 22).
+//!
 //! "Placed" counts a pod once it has started, however its runs end: declared-only and live-free
 //! start pods that are then OOM-killed and started again, so the counters also say how many
 //! pods were never killed and how many ran to completion without a kill.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -26,8 +31,37 @@ use serde::{Deserialize, Serialize};
 use super::nearest_rank;
 use super::profiles::Profile;
 use crate::placement::{
-    self, Demand, FitConfig, GpuLedger, NodeLedger, PodClass, PodShape, ScoringPolicy, ShapeStats,
+    self, Demand, FitConfig, GpuLedger, HoldConfig, Holds, NodeLedger, PodClass, PodShape,
+    ScoringPolicy, ShapeStats,
 };
+
+/// Holds for starving pods under the peakfit accounting (`--reserve-*`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reserve {
+    /// Minutes a pod waits, fitting nowhere, before it gets a hold.
+    pub after_min: u64,
+    /// Minutes a hold lasts before it is dropped (and may be made again).
+    pub deadline_min: u64,
+    /// Holds at once, as a fraction of the nodes (rounded up, at least one).
+    pub per_node: f64,
+}
+
+impl Reserve {
+    /// The core's settings for a cluster of `nodes` nodes.
+    pub fn config(&self, nodes: usize) -> HoldConfig {
+        HoldConfig {
+            after_secs: min_to_secs(self.after_min),
+            deadline_secs: min_to_secs(self.deadline_min),
+            max_holds: crate::convert::f64_to_usize((self.per_node * nodes as f64).ceil()).max(1),
+        }
+    }
+}
+
+/// The simulator's minutes as the core's seconds (its holds keep Unix seconds, as the extender
+/// will).
+fn min_to_secs(min: u64) -> i64 {
+    crate::convert::u64_to_i64(min.saturating_mul(60))
+}
 
 /// How the scheduler counts memory as taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -118,6 +152,12 @@ pub struct DynamicResult {
     /// Who waits: the same figures per pod kind, in the order the kinds first arrive.
     #[serde(default)]
     pub by_kind: Vec<KindWaits>,
+    /// Holds made for starving pods (peakfit with `Reserve` only), re-made ones included.
+    #[serde(default)]
+    pub holds_made: usize,
+    /// Holds dropped at their deadline before their pod started.
+    #[serde(default)]
+    pub holds_expired: usize,
 }
 
 /// The waits of one pod kind: each start's minutes from arrival (or from the kill that queued
@@ -180,14 +220,20 @@ struct Running {
     key: String,
 }
 
-/// Replays `pods` on `nodes` for `horizon_min` minutes under one accounting.
+/// Replays `pods` on `nodes` for `horizon_min` minutes under one accounting; `reserve` gives
+/// the peakfit accounting holds for starving pods (the other accountings ignore it).
 pub fn simulate(
     nodes: &[DynNode],
     pods: &[DynPod],
     accounting: Accounting,
     horizon_min: u64,
     seed: u64,
+    reserve: Option<&Reserve>,
 ) -> DynamicResult {
+    let hold_cfg = reserve
+        .filter(|_| accounting == Accounting::Peakfit)
+        .map(|r| r.config(nodes.len()));
+    let mut holds = Holds::default();
     let cfg = FitConfig {
         safety_margin_bytes: FitConfig::default().safety_margin_bytes,
         max_report_age_secs: None,
@@ -230,6 +276,8 @@ pub fn simulate(
     let mut committed_sum = 0.0;
     let mut starts = 0u64;
     for minute in 0..horizon_min {
+        let now = min_to_secs(minute);
+        out.holds_expired += holds.expire(&mut ledgers, now).len();
         // Departures.
         running.retain(|r| {
             let done = minute >= r.start_min + pods[r.pod].duration_min;
@@ -260,12 +308,22 @@ pub fn simulate(
         while let Some((p, arrived)) = pending.pop_front() {
             let class = class_of(&pods[p], accounting);
             stats.observe_pod(&pods_keys[p], &class);
-            if refused.0.contains(&class) {
-                still.push_back((p, arrived));
-                continue;
-            }
-            match place(&ledgers, &class, &stats, &cfg, &mut rng) {
+            // A pod with a hold sees more memory than the others (its own hold is free to it),
+            // so another pod's refusal says nothing about it.
+            let holder = holds
+                .get(&pods_keys[p])
+                .is_some()
+                .then_some(pods_keys[p].as_str());
+            let placed = if holder.is_none() && refused.0.contains(&class) {
+                None
+            } else {
+                place(&ledgers, &class, holder, &stats, &cfg, &mut rng)
+            };
+            match placed {
                 Some((n, placement)) => {
+                    if holder.is_some() {
+                        holds.end(&pods_keys[p], &mut ledgers);
+                    }
                     let pod = &pods[p];
                     let key = format!("pod-{p}-{starts}");
                     starts += 1;
@@ -306,10 +364,34 @@ pub fn simulate(
                     refused.0.clear();
                 }
                 None => {
-                    if refused.0.is_empty() {
-                        refused.1 = free_now(&ledgers);
+                    if holder.is_none() {
+                        if refused.0.is_empty() {
+                            refused.1 = free_now(&ledgers);
+                        }
+                        if !refused.0.contains(&class) {
+                            refused.0.push(class.clone());
+                        }
                     }
-                    refused.0.push(class);
+                    if let Some(hc) = &hold_cfg
+                        && holds.due(&pods_keys[p], min_to_secs(minute - arrived), hc)
+                    {
+                        // The holders' start times, as the extender sees pods' start times;
+                        // never how long they will run.
+                        let started_at: HashMap<&str, i64> = running
+                            .iter()
+                            .map(|r| (r.key.as_str(), min_to_secs(r.start_min)))
+                            .collect();
+                        let made = holds.make(
+                            &pods_keys[p],
+                            &class,
+                            &mut ledgers,
+                            &cfg,
+                            hc,
+                            |k| started_at.get(k).copied(),
+                            now,
+                        );
+                        out.holds_made += usize::from(made.is_some());
+                    }
                     still.push_back((p, arrived));
                 }
             }
@@ -414,10 +496,12 @@ fn class_of(pod: &DynPod, accounting: Accounting) -> PodClass {
     })
 }
 
-/// The extender's filter and prioritize over every node; ties broken at random.
+/// The extender's filter and prioritize over every node; ties broken at random. `holder`: the
+/// pod's key when it has a hold, which it sees as free (`NodeLedger::seen_by`).
 fn place(
     ledgers: &[NodeLedger],
     class: &PodClass,
+    holder: Option<&str>,
     stats: &ShapeStats,
     cfg: &FitConfig,
     rng: &mut ChaCha8Rng,
@@ -426,7 +510,11 @@ fn place(
     let mut best: Option<(f64, usize, placement::Placement)> = None;
     let mut ties = 0u32;
     for (n, ledger) in ledgers.iter().enumerate() {
-        let Ok(scored) = placement::place(ledger, class, ScoringPolicy::Peakfit, &mix, cfg, 0)
+        let seen = match holder {
+            Some(pod) => ledger.seen_by(pod),
+            None => std::borrow::Cow::Borrowed(ledger),
+        };
+        let Ok(scored) = placement::place(&seen, class, ScoringPolicy::Peakfit, &mix, cfg, 0)
         else {
             continue;
         };
@@ -476,9 +564,9 @@ mod tests {
             gpu_bytes: vec![40 * GI],
         }];
         let pods: Vec<_> = (0..3).map(growing_pod).collect();
-        let declared = simulate(&nodes, &pods, Accounting::Declared, 120, 1);
-        let live = simulate(&nodes, &pods, Accounting::LiveFree, 120, 1);
-        let peak = simulate(&nodes, &pods, Accounting::Peakfit, 120, 1);
+        let declared = simulate(&nodes, &pods, Accounting::Declared, 120, 1, None);
+        let live = simulate(&nodes, &pods, Accounting::LiveFree, 120, 1, None);
+        let peak = simulate(&nodes, &pods, Accounting::Peakfit, 120, 1, None);
         assert!(declared.oom_events > 0, "{declared:?}");
         assert!(live.oom_events > 0, "{live:?}");
         assert_eq!(peak.oom_events, 0, "{peak:?}");
@@ -514,7 +602,7 @@ mod tests {
         // a, a, b, a, b, then three more a that cannot start within 55 minutes.
         let kinds = ["a", "a", "b", "a", "b", "a", "a", "a"];
         let pods: Vec<DynPod> = kinds.iter().map(|k| pod(k)).collect();
-        let r = simulate(&nodes, &pods, Accounting::Peakfit, 55, 1);
+        let r = simulate(&nodes, &pods, Accounting::Peakfit, 55, 1, None);
         // Starts at 0, 10, 20, 30, 40, 50: a waits 0, 10, 30, 50; b waits 20, 40.
         assert_eq!(r.pods_placed, 6, "{r:?}");
         assert_eq!(r.mean_pending_min, 25.0);
@@ -532,6 +620,59 @@ mod tests {
         );
         assert_eq!((a.waiting_at_end, b.waiting_at_end), (2, 0));
         assert_eq!(r.pods_pending_at_end, 2);
+    }
+
+    #[test]
+    fn a_hold_lets_a_pod_needing_whole_gpus_start_through_a_stream_of_small_ones() {
+        // Two 40 GiB GPUs; a 15 GiB pod arrives every 10 minutes and runs 30, so three are
+        // always running and the two GPUs are never empty together. The 2 x 30 GiB pod that
+        // arrives at minute 5 starves without a hold; with one (made after 30 minutes) the
+        // small pods stop binding beside it and it starts once those running have left.
+        let nodes = vec![DynNode {
+            name: "n".into(),
+            gpu_bytes: vec![40 * GI, 40 * GI],
+        }];
+        let small = |arrival| DynPod {
+            kind: "small".into(),
+            duration_min: 30,
+            predicted: Demand::fixed(15 * GI),
+            profile: Profile {
+                minutes: vec![1.0; 30],
+            },
+            ..growing_pod(arrival)
+        };
+        let mut pods: Vec<DynPod> = (0..40).map(|i| small(i * 10)).collect();
+        pods.push(DynPod {
+            kind: "big".into(),
+            gpus: 2,
+            duration_min: 20,
+            profile: Profile {
+                minutes: vec![1.0; 20],
+            },
+            ..growing_pod(5)
+        });
+        let reserve = Reserve {
+            after_min: 30,
+            deadline_min: 120,
+            per_node: 1.0,
+        };
+        let big = |r: &DynamicResult| r.by_kind.iter().find(|k| k.kind == "big").cloned();
+        let off = simulate(&nodes, &pods, Accounting::Peakfit, 400, 1, None);
+        assert_eq!(big(&off).unwrap().starts, 0, "{off:?}");
+        let on = simulate(&nodes, &pods, Accounting::Peakfit, 400, 1, Some(&reserve));
+        let b = big(&on).unwrap();
+        assert_eq!(b.starts, 1, "{on:?}");
+        // Held at 35, started once the small pods running then have ended.
+        assert!(
+            b.mean_pending_min >= 30.0 && b.mean_pending_min <= 65.0,
+            "{on:?}"
+        );
+        // The small pods queued behind the hold wait 30 minutes too and may get one after.
+        assert!(on.holds_made >= 1, "{on:?}");
+        assert_eq!((on.oom_events, on.holds_expired), (0, 0), "{on:?}");
+        // Only the peakfit accounting holds.
+        let declared = simulate(&nodes, &pods, Accounting::Declared, 400, 1, Some(&reserve));
+        assert_eq!(declared.holds_made, 0);
     }
 
     #[test]
@@ -573,11 +714,11 @@ mod tests {
         hog.declared_bytes = 70 * GI;
         hog.duration_min = 30;
         let pods = vec![hog, engine];
-        let declared = simulate(&nodes, &pods, Accounting::Declared, 200, 1);
+        let declared = simulate(&nodes, &pods, Accounting::Declared, 200, 1, None);
         assert!(declared.start_failures > 0, "{declared:?}");
         assert_eq!(declared.pods_failed_at_start, 1, "{declared:?}");
         assert!(declared.pods_completed_without_kill <= 1, "{declared:?}");
-        let peak = simulate(&nodes, &pods, Accounting::Peakfit, 200, 1);
+        let peak = simulate(&nodes, &pods, Accounting::Peakfit, 200, 1, None);
         assert_eq!(peak.start_failures, 0, "{peak:?}");
         assert_eq!(peak.pods_completed_without_kill, 2, "{peak:?}");
     }

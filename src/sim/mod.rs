@@ -83,6 +83,52 @@ pub struct SimulateArgs {
         value_parser = parse_gpuless_pods
     )]
     pub gpuless_pods: GpulessPods,
+    /// The built-in 24 h run, peakfit accounting: a pod that has waited this long and fits
+    /// nowhere gets a hold, the node and GPUs it will get keeping its memory (others bind there
+    /// only beside it) until it starts. `off` turns holds off (today's extender).
+    #[arg(
+        long,
+        env = "PEAKFIT_SIM_RESERVE_AFTER",
+        default_value = "30m",
+        value_name = "DURATION|off",
+        value_parser = parse_reserve_after
+    )]
+    pub reserve_after: ReserveAfter,
+    /// How long a hold lasts before it is dropped (and may be made again, elsewhere if the
+    /// cluster has changed).
+    #[arg(long, env = "PEAKFIT_SIM_RESERVE_DEADLINE", default_value = "1h", value_parser = crate::cli::parse_nonzero_duration)]
+    pub reserve_deadline: std::time::Duration,
+    /// Holds at once, as a fraction of the nodes (rounded up, at least one). Each hold idles
+    /// memory while its GPUs drain; on the built-in run more than 0.1 (two holds on its 20
+    /// nodes) made every kind wait longer (docs/simulate.md).
+    #[arg(long, env = "PEAKFIT_SIM_RESERVE_MAX", default_value = "0.1", value_parser = parse_node_fraction)]
+    pub reserve_max: f64,
+}
+
+/// `--reserve-after`: a wait, or `None` for no holds. A type of its own because clap reads an
+/// `Option` field as an optional flag, not as a value that may say `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReserveAfter(pub Option<std::time::Duration>);
+
+/// A duration, or `off` for no holds at all.
+pub fn parse_reserve_after(s: &str) -> Result<ReserveAfter, String> {
+    if s.trim() == "off" {
+        return Ok(ReserveAfter(None));
+    }
+    crate::cli::parse_duration(s)
+        .map(|d| ReserveAfter(Some(d)))
+        .map_err(|e| format!("--reserve-after (or PEAKFIT_SIM_RESERVE_AFTER): {e}, or off"))
+}
+
+/// A fraction of the nodes, more than 0 (1 = as many holds as nodes).
+pub fn parse_node_fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if f > 0.0 && f.is_finite() => Ok(f),
+        _ => Err(format!(
+            "--reserve-max (or PEAKFIT_SIM_RESERVE_MAX) {s:?}: a fraction of the nodes above 0, \
+             such as 0.25"
+        )),
+    }
 }
 
 /// kube-scheduler's profile for peakfit's pods (`--scheduler-profile`).
@@ -118,6 +164,16 @@ impl SimulateArgs {
             profile: self.scheduler_profile,
             gpuless: self.gpuless_pods,
         }
+    }
+
+    /// The holds of the built-in 24 h run; `None` when `--reserve-after off`.
+    pub fn reserve(&self) -> Option<dynamic::Reserve> {
+        let minutes = |d: std::time::Duration| d.as_secs().div_ceil(60);
+        self.reserve_after.0.map(|after| dynamic::Reserve {
+            after_min: minutes(after),
+            deadline_min: minutes(self.reserve_deadline).max(1),
+            per_node: self.reserve_max,
+        })
     }
 }
 

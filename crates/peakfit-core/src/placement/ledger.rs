@@ -9,6 +9,7 @@
 //! sums up to date as reservations and observations change: reading a device is O(1), reading a
 //! node O(devices), and nothing rescans pods per request.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -30,6 +31,30 @@ pub struct Reservation {
     pub predicted_bytes: u64,
     /// What the agent last saw the pod's processes use on this GPU.
     pub observed_bytes: u64,
+}
+
+/// Memory a GPU keeps for a pod that has starved (see `placement::hold`): committed for every
+/// other pod, so they bind here only beside it, and not for the pod itself, which is why it is
+/// an entry of its own kind and not a `Reservation` (those count for everyone).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuHold {
+    pub pod: PodKey,
+    /// What the held pod will reserve here (its share on this GPU, without the margin: a pod
+    /// that binds beside it keeps its own margin free, which is the held pod's).
+    pub bytes: u64,
+}
+
+/// A hold that cannot be placed as asked.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HoldError {
+    #[error("GPU {gpu} of node {node} already holds memory for pod {holder}")]
+    Taken {
+        node: String,
+        gpu: usize,
+        holder: PodKey,
+    },
+    #[error("node {node} has no GPU {gpu}")]
+    NoSuchGpu { node: String, gpu: usize },
 }
 
 impl Reservation {
@@ -61,6 +86,10 @@ pub struct GpuLedger {
     charged_sum: u64,
     /// Σ observed bytes of `reservations`.
     observed_sum: u64,
+    /// Memory kept for a starving pod; one at most, so that two starving pods never wait on
+    /// the same departures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hold: Option<GpuHold>,
 }
 
 impl GpuLedger {
@@ -180,10 +209,47 @@ impl GpuLedger {
         self.resum();
     }
 
+    /// What every pod but the holder sees as taken: reservations, unattributed use, the
+    /// driver's reserve, and the hold.
     pub fn committed_bytes(&self) -> u64 {
         self.charged_sum
             .saturating_add(self.unattributed_bytes)
             .saturating_add(self.driver_reserved_bytes)
+            .saturating_add(self.held_bytes())
+    }
+
+    /// The memory kept for a starving pod (0 without a hold).
+    pub fn held_bytes(&self) -> u64 {
+        self.hold.as_ref().map_or(0, |h| h.bytes)
+    }
+
+    pub fn hold(&self) -> Option<&GpuHold> {
+        self.hold.as_ref()
+    }
+
+    /// Keeps `bytes` for `pod`, replacing a hold of the same pod; `Err` with the holder when
+    /// another pod holds this GPU.
+    pub fn set_hold(&mut self, pod: &str, bytes: u64) -> Result<(), PodKey> {
+        match &self.hold {
+            Some(h) if h.pod != pod => Err(h.pod.clone()),
+            _ => {
+                self.hold = Some(GpuHold {
+                    pod: pod.to_owned(),
+                    bytes,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// Drops `pod`'s hold; whether there was one.
+    pub fn clear_hold(&mut self, pod: &str) -> bool {
+        if self.hold.as_ref().is_some_and(|h| h.pod == pod) {
+            self.hold = None;
+            true
+        } else {
+            false
+        }
     }
 
     pub fn free_bytes(&self) -> u64 {
@@ -346,6 +412,63 @@ impl NodeLedger {
             found |= gpu.release(pod).is_some();
         }
         found
+    }
+
+    /// Keeps the placement's bytes on its GPUs for `pod` (a starving pod's hold), replacing an
+    /// earlier hold of the pod on this node. Nothing changes when a GPU is missing or held for
+    /// another pod.
+    pub fn hold(&mut self, pod: &str, placement: &Placement) -> Result<(), HoldError> {
+        for &gpu in &placement.gpu_indices {
+            match self.gpus.get(gpu).and_then(GpuLedger::hold) {
+                None if gpu >= self.gpus.len() => {
+                    return Err(HoldError::NoSuchGpu {
+                        node: self.name.clone(),
+                        gpu,
+                    });
+                }
+                Some(h) if h.pod != pod => {
+                    return Err(HoldError::Taken {
+                        node: self.name.clone(),
+                        gpu,
+                        holder: h.pod.clone(),
+                    });
+                }
+                _ => {}
+            }
+        }
+        self.unhold(pod);
+        for (&gpu, &bytes) in placement.gpu_indices.iter().zip(&placement.per_gpu_bytes) {
+            self.gpus[gpu]
+                .set_hold(pod, bytes)
+                .expect("checked above: no other pod holds it");
+        }
+        Ok(())
+    }
+
+    /// Drops every hold of `pod` on this node; whether there was one.
+    pub fn unhold(&mut self, pod: &str) -> bool {
+        let mut found = false;
+        for gpu in &mut self.gpus {
+            found |= gpu.clear_hold(pod);
+        }
+        found
+    }
+
+    /// The node as `pod` sees it: its own hold is memory kept for it, not taken from it. Borrowed
+    /// (no copy) unless the pod holds GPUs here, so the fit and scoring code run unchanged on
+    /// what this returns.
+    pub fn seen_by(&self, pod: &str) -> Cow<'_, NodeLedger> {
+        if self
+            .gpus
+            .iter()
+            .any(|g| g.hold.as_ref().is_some_and(|h| h.pod == pod))
+        {
+            let mut own = self.clone();
+            own.unhold(pod);
+            Cow::Owned(own)
+        } else {
+            Cow::Borrowed(self)
+        }
     }
 
     /// CPU still free for pods; `None` when the node does not track CPU.

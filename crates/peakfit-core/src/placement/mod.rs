@@ -5,6 +5,7 @@
 pub mod demand;
 pub mod fit;
 pub mod frag;
+pub mod hold;
 pub mod ledger;
 pub mod memo;
 pub mod patterns;
@@ -17,8 +18,10 @@ pub use frag::{
     FragState, FragUnit, ShapeMix, ShapeStats, ShapeStatsConfig, fragmentation_ratio,
     node_fragmentation,
 };
+pub use hold::{Hold, HoldConfig, Holds, choose_hold};
 pub use ledger::{
-    GpuLedger, NodeCondition, NodeLedger, NodeSummary, PodKey, ReportError, Reservation,
+    GpuHold, GpuLedger, HoldError, NodeCondition, NodeLedger, NodeSummary, PodKey, ReportError,
+    Reservation,
 };
 pub use score::{
     Scored, ScoringPolicy, Tuning, place, place_score, place_tuned, score, scores_0_to_10,
