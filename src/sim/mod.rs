@@ -96,7 +96,7 @@ pub struct SimulateArgs {
     pub reserve_after: ReserveAfter,
     /// How long a hold lasts before it is dropped (and may be made again, elsewhere if the
     /// cluster has changed).
-    #[arg(long, env = "PEAKFIT_SIM_RESERVE_DEADLINE", default_value = "1h", value_parser = crate::cli::parse_nonzero_duration)]
+    #[arg(long, env = "PEAKFIT_SIM_RESERVE_DEADLINE", default_value = "1h", value_parser = crate::flags::parse_nonzero_duration)]
     pub reserve_deadline: std::time::Duration,
     /// Holds at once, as a fraction of the nodes (rounded up, at least one). Each hold idles
     /// memory while its GPUs drain; on the built-in run more than 0.1 (two holds on its 20
@@ -115,7 +115,7 @@ pub fn parse_reserve_after(s: &str) -> Result<ReserveAfter, String> {
     if s.trim() == "off" {
         return Ok(ReserveAfter(None));
     }
-    crate::cli::parse_duration(s)
+    crate::flags::parse_duration(s)
         .map(|d| ReserveAfter(Some(d)))
         .map_err(|e| format!("--reserve-after (or PEAKFIT_SIM_RESERVE_AFTER): {e}, or off"))
 }
