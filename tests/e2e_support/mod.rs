@@ -626,7 +626,8 @@ impl Cluster {
             config["extenders"][0]["urlPrefix"],
             format!("http://127.0.0.1:{extender_port}")
         );
-        config["clientConnection"] = json!({ "kubeconfig": "KUBECONFIG_PATH" });
+        // The chart's rate (qps, burst) stays, so kube-scheduler checks it too.
+        config["clientConnection"]["kubeconfig"] = json!("KUBECONFIG_PATH");
         config
     }
 
