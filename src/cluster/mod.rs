@@ -11,6 +11,7 @@ pub mod resources;
 #[cfg(test)]
 pub(crate) mod test_support;
 pub mod watch;
+pub mod workload;
 
 pub use report::{NodeGpuReport, NodeGpuReportSpec};
 

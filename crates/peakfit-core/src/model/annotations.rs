@@ -126,6 +126,10 @@ pub const ASSIGNED_GPUS: &str = "peakfit.io/assigned-gpus";
 pub const RESERVED_BYTES: &str = "peakfit.io/reserved-bytes";
 /// Written by bind for fraction-budget engines: the share of the GPU to tell the engine.
 pub const GPU_MEMORY_FRACTION: &str = "peakfit.io/gpu-memory-fraction";
+/// Names the pod's workload (whose observed peaks size its next pods, issue 21) over its
+/// controller chain. Not an input of the model: it neither opts a pod in nor changes its size,
+/// and is not refused. (`peakfit.io/workload` was taken: inference, training, LoRA.)
+pub const WORKLOAD_NAME: &str = "peakfit.io/workload-name";
 /// Written by bind; reading them back must neither opt a pod in nor be refused.
 pub const OUTPUT_KEYS: &[&str] = &[ASSIGNED_GPUS, RESERVED_BYTES, GPU_MEMORY_FRACTION];
 
@@ -909,6 +913,7 @@ impl Spec {
             "headroom" => self.headroom = Some(fraction(key, v, false, 10.0)?),
             k if OUTPUT_KEYS
                 .iter()
+                .chain([&WORKLOAD_NAME])
                 .any(|o| o.strip_prefix(PREFIX) == Some(k)) => {}
             _ => {
                 return Err(AnnotationError::new(
@@ -1252,6 +1257,12 @@ mod tests {
             ("gpu-memory-fraction", "0.4500"),
         ]);
         assert_eq!(pod_request(&outputs), Ok(None));
+        // A workload's name alone opts nothing in, and beside inputs changes nothing.
+        assert_eq!(pod_request(&ann(&[("workload-name", "ml/chat")])), Ok(None));
+        assert_eq!(
+            pod_request(&ann(&[("vram", "20Gi"), ("workload-name", "ml/chat")])),
+            pod_request(&ann(&[("vram", "20Gi")]))
+        );
     }
 
     #[test]
