@@ -9,6 +9,7 @@
 pub use peakfit_core::{convert, inventory, model, placement};
 
 pub mod agent;
+pub mod background;
 pub mod cli;
 pub mod clip;
 pub mod cluster;

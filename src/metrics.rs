@@ -80,8 +80,9 @@ struct Render {
 
 /// `/metrics` as last rendered, served again to every scrape within `max_age` of it. At 5,000
 /// nodes a render is 14 MB and tens of milliseconds of CPU; eight scrapers rendering each their
-/// own took prioritize's p50 from 2.5 ms to 291 ms (issue 24). One scrape renders, on the
-/// blocking pool, while the others wait for its result instead of rendering again.
+/// own took prioritize's p50 from 2.5 ms to 291 ms (issue 24). One scrape renders, on
+/// a thread of lower priority (`crate::background`, nice 10), while the others wait for its
+/// result instead of rendering again: on a busy machine the verbs get the cores first.
 ///
 /// A scraper that accepts gzip (Prometheus does) gets the render compressed, once per render:
 /// copying 14 MB into a socket per scrape was what was left of the scrapers' cost (eight of
@@ -141,10 +142,14 @@ impl RenderCache {
             Some((body, None)) => {
                 let text = body.clone();
                 let gz = Some(
-                    tokio::task::spawn_blocking(move || match &text {
-                        Ok(text) => gzipped(text),
-                        Err(e) => Err(e.clone()),
-                    })
+                    crate::background::run(
+                        "metrics-gzip",
+                        crate::background::RENDER_NICE,
+                        move || match &text {
+                            Ok(text) => gzipped(text),
+                            Err(e) => Err(e.clone()),
+                        },
+                    )
                     .await
                     .unwrap_or_else(|e| Err(format!("compressing the metrics failed: {e}"))),
                 );
@@ -154,11 +159,16 @@ impl RenderCache {
                 (body, gz)
             }
             _ => {
-                let (body, gz) = tokio::task::spawn_blocking(move || {
-                    let body = render();
-                    let gz = gzip.then(|| body.as_ref().map_or_else(|e| Err(e.clone()), gzipped));
-                    (body, gz)
-                })
+                let (body, gz) = crate::background::run(
+                    "metrics-render",
+                    crate::background::RENDER_NICE,
+                    move || {
+                        let body = render();
+                        let gz =
+                            gzip.then(|| body.as_ref().map_or_else(|e| Err(e.clone()), gzipped));
+                        (body, gz)
+                    },
+                )
                 .await
                 .unwrap_or_else(|e| (Err(format!("rendering the metrics failed: {e}")), None));
                 let generation = last.as_ref().map_or(0, |r| r.generation + 1);

@@ -152,7 +152,7 @@ impl Extender {
         std::thread::Builder::new()
             .name("peakfit-prescore".into())
             .spawn(move || {
-                lower_priority();
+                crate::background::lower_priority(PRESCORE_NICE);
                 loop {
                     std::thread::sleep(every);
                     let Some(ext) = ext.upgrade() else { return };
@@ -166,15 +166,9 @@ impl Extender {
     }
 }
 
-/// Gives the calling thread the lowest scheduling priority (nice 19): what the prescorer
-/// computes is a head start, never worth a request's time. A pass over a new mix solves its
-/// fill patterns and, where no two nodes are alike, scores thousands of states (tens of
-/// milliseconds of CPU) while each request wants every core for its parallel scan; at nice 19
-/// it gets what the requests leave (`docs/tuning.md`). Linux sets the nice value per thread when
-/// given the thread's id.
-fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    if let Err(e) = rustix::process::setpriority_process(Some(rustix::thread::gettid()), 19) {
-        tracing::debug!(error = %e, "could not lower the prescorer's priority");
-    }
-}
+/// The prescorer's nice value, the lowest: what it computes is a head start, never worth a
+/// request's time. A pass over a new mix solves its fill patterns and, where no two nodes are
+/// alike, scores thousands of states (tens of milliseconds of CPU) while each request wants
+/// every core for its parallel scan; at nice 19 it gets what the requests leave
+/// (`docs/tuning.md`).
+const PRESCORE_NICE: i32 = 19;
