@@ -78,6 +78,12 @@ impl Default for ServeArgs {
     }
 }
 
+/// `GET /healthz` answering `ok` while the process serves: the liveness probe of the agent and
+/// the webhook, on their main listener and on `--probe-listen`.
+pub fn liveness_router() -> Router {
+    Router::new().route("/healthz", axum::routing::get(|| async { "ok" }))
+}
+
 /// Binds `--probe-listen` (when set) and serves `app`, the server's health routes only, there
 /// until `shutdown`: [`serve`] under the same timeouts with [`PROBE_CONNECTIONS`] slots.
 ///

@@ -251,7 +251,9 @@ fn agent_connections_beyond_the_cap_wait_for_a_slot() {
     ]));
 }
 
-fn connections_beyond_the_cap_wait(server: &Server) {
+/// Holds every slot of a server started with `--max-connections 2`, then asks `/healthz` on a
+/// third connection and checks it gets no answer within 700 ms: the held ones, and the third.
+fn fill_two_slots(server: &Server) -> (Vec<TcpStream>, TcpStream) {
     let held: Vec<TcpStream> = (0..2)
         .map(|_| TcpStream::connect(server.addr).unwrap())
         .collect();
@@ -263,11 +265,15 @@ fn connections_beyond_the_cap_wait(server: &Server) {
     third
         .set_read_timeout(Some(Duration::from_millis(700)))
         .unwrap();
-    let mut buf = [0u8; 64];
     assert!(
-        third.read(&mut buf).is_err(),
+        third.read(&mut [0u8; 64]).is_err(),
         "a third connection was served while two were held"
     );
+    (held, third)
+}
+
+fn connections_beyond_the_cap_wait(server: &Server) {
+    let (held, mut third) = fill_two_slots(server);
     drop(held);
     let reply = read_all(&mut third, Duration::from_secs(20));
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
@@ -448,21 +454,7 @@ fn the_probe_listener_answers_while_the_main_one_is_full() {
     for (launch, paths) in servers {
         let server = launch(&full);
         let probe: SocketAddr = probe.parse().unwrap();
-        let held: Vec<TcpStream> = (0..2)
-            .map(|_| TcpStream::connect(server.addr).unwrap())
-            .collect();
-        std::thread::sleep(Duration::from_millis(200));
-        let mut blocked = TcpStream::connect(server.addr).unwrap();
-        blocked
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        blocked
-            .set_read_timeout(Some(Duration::from_millis(700)))
-            .unwrap();
-        assert!(
-            blocked.read(&mut [0u8; 64]).is_err(),
-            "the main listener answered with its slots held: the test shows nothing"
-        );
+        let (held, _blocked) = fill_two_slots(&server);
         for path in paths {
             let start = Instant::now();
             let mut s = TcpStream::connect(probe).unwrap();

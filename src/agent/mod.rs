@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use axum::Router;
 use axum::routing::get;
-use tokio::sync::watch;
 
 use crate::cluster::{NodeGpuReport, NodeGpuReportSpec};
 use crate::flags::{ClientArgs, parse_nonzero_duration};
@@ -216,27 +215,18 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         heartbeat = ?args.heartbeat,
         "peakfit agent started"
     );
-    let (stop_tx, stop_rx) = watch::channel(false);
-    tokio::spawn(async move {
-        crate::shutdown::signal().await;
-        let _ = stop_tx.send(true);
-    });
-    let probes = crate::serve::spawn_probes(&args.serve, probe_router(), {
-        let mut stop = stop_rx.clone();
-        async move {
-            let _ = stop.wait_for(|s| *s).await;
-        }
-    })
-    .await?;
-    let server = tokio::spawn(serve(
-        listener,
-        router(&metrics),
-        args.serve.clone(),
-        stop_rx.clone(),
-    ));
+    let stop = crate::shutdown::Stop::on_signal();
+    let probes =
+        crate::serve::spawn_probes(&args.serve, crate::serve::liveness_router(), stop.stopped())
+            .await?;
+    let server = {
+        let (router, args, stopped) = (router(&metrics), args.serve.clone(), stop.stopped());
+        tokio::spawn(async move {
+            crate::serve::serve(listener, crate::serve::plain, router, &args, stopped).await;
+        })
+    };
 
     let mut gate = PublishGate::new(args.heartbeat);
-    let mut stop = stop_rx;
     loop {
         let started = Instant::now();
         // NVML calls block (a driver can take milliseconds, more when a GPU is in trouble), so
@@ -264,7 +254,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         }
         tokio::select! {
             () = tokio::time::sleep(args.poll_interval.saturating_sub(started.elapsed())) => {}
-            _ = stop.wait_for(|s| *s) => break,
+            () = stop.stopped() => break,
         }
     }
     tracing::info!("stopping");
@@ -273,11 +263,6 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         probes.await?;
     }
     Ok(())
-}
-
-/// `--probe-listen`'s routes: the liveness probe only.
-fn probe_router() -> Router {
-    Router::new().route("/healthz", get(|| async { "ok" }))
 }
 
 fn router(metrics: &AgentMetrics) -> Router {
@@ -306,19 +291,7 @@ fn router(metrics: &AgentMetrics) -> Router {
         )
         // Liveness only: a node without a working driver is healthy for the agent (it reports
         // that), and restarting would not fix the driver.
-        .route("/healthz", get(|| async { "ok" }))
-}
-
-async fn serve(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    args: crate::serve::ServeArgs,
-    mut stop: watch::Receiver<bool>,
-) {
-    let stopped = async move {
-        let _ = stop.wait_for(|s| *s).await;
-    };
-    crate::serve::serve(listener, crate::serve::plain, router, &args, stopped).await;
+        .merge(crate::serve::liveness_router())
 }
 
 #[cfg(test)]

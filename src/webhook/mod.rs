@@ -257,12 +257,9 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     });
 
     let stop = crate::shutdown::Stop::on_signal();
-    let probes = crate::serve::spawn_probes(
-        &args.serve,
-        Router::new().route("/healthz", get(|| async { "ok" })),
-        stop.stopped(),
-    )
-    .await?;
+    let probes =
+        crate::serve::spawn_probes(&args.serve, crate::serve::liveness_router(), stop.stopped())
+            .await?;
     serve_with(listener, acceptor, app, &args.serve, stop.stopped()).await;
     if let Some(probes) = probes {
         probes.await?;

@@ -88,11 +88,13 @@ impl ReportView {
                     // Never more than the GPU has: a report is believed only within itself.
                     used: g.memory_used_bytes.min(g.memory_total_bytes),
                     driver_reserved: g.memory_reserved_bytes.min(g.memory_total_bytes),
+                    // Bounded before it is searched: a report longer than the agent writes is
+                    // read no further than the agent's bound.
                     peak_by_pod: status
                         .pod_peaks
                         .iter()
-                        .filter(|p| p.gpu_uuid == g.uuid)
                         .take(crate::inventory::MAX_POD_PEAKS)
+                        .filter(|p| p.gpu_uuid == g.uuid)
                         .map(|p| (p.pod_uid.clone(), p.peak_bytes.min(g.memory_total_bytes)))
                         .collect(),
                     by_pod,
