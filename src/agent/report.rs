@@ -30,6 +30,7 @@ pub fn build(
         summary,
         agent_version: Some(env!("CARGO_PKG_VERSION").to_string()),
         pod_peaks: Vec::new(),
+        pod_resources: None,
     }
 }
 

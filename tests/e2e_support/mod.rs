@@ -452,6 +452,7 @@ impl Cluster {
             },
             agent_version: Some(env!("CARGO_PKG_VERSION").into()),
             pod_peaks: Vec::new(),
+            pod_resources: None,
         };
         let mut publisher = peakfit::agent::publish::Publisher::new(self.client.clone(), name);
         publisher

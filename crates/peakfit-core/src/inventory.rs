@@ -43,6 +43,67 @@ pub struct GpuDevice {
     /// Fields the driver could not provide (e.g. `processes: NotSupported`); the rest is valid.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub degraded: Vec<String>,
+    /// The pods the kubelet gave this device to through a device plugin or a DRA claim, read
+    /// from its `PodResources` API (issue 23). peakfit shares memory only on devices nobody else
+    /// was given: the kubelet does not know peakfit's placements, and whoever allocates last on
+    /// a shared device runs out of memory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held_by: Vec<DeviceHolder>,
+}
+
+/// How the kubelet handed a device to a container.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum HolderKind {
+    /// A device plugin's extended resource (`nvidia.com/gpu`).
+    #[default]
+    DevicePlugin,
+    /// A DRA `ResourceClaim` allocated by a driver (`gpu.nvidia.com`).
+    Dra,
+}
+
+/// One container the kubelet gave a device to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceHolder {
+    pub namespace: String,
+    pub pod_name: String,
+    #[serde(default)]
+    pub container: String,
+    pub kind: HolderKind,
+    /// The device plugin's resource name (`nvidia.com/gpu`), or the DRA driver's name
+    /// (`gpu.nvidia.com`).
+    pub resource: String,
+    /// For a DRA allocation: the claim, as `<namespace>/<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+}
+
+impl DeviceHolder {
+    /// `ml/trainer-0 through nvidia.com/gpu` or `ml/trainer-0 through claim ml/gpus (gpu.nvidia.com)`:
+    /// what a filter reason and an event name.
+    pub fn describe(&self) -> String {
+        match (&self.kind, &self.claim) {
+            (HolderKind::Dra, Some(claim)) => format!(
+                "{}/{} through claim {claim} ({})",
+                self.namespace, self.pod_name, self.resource
+            ),
+            _ => format!(
+                "{}/{} through {}",
+                self.namespace, self.pod_name, self.resource
+            ),
+        }
+    }
+}
+
+/// Whether the agent could read the kubelet's `PodResources` API, and if not why: without it the
+/// agent cannot tell which devices the kubelet handed out (issue 23).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodResourcesStatus {
+    pub up: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// A process using GPU memory, attributed to a pod when its cgroup says which one.
@@ -107,6 +168,10 @@ pub struct NodeGpuReportStatus {
     /// the pod at no less (issue 21). At most [`MAX_POD_PEAKS`] entries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pod_peaks: Vec<PodPeak>,
+    /// Whether the kubelet's `PodResources` API was read at this poll; `None` from an agent that
+    /// does not read it (older, or `--pod-resources-socket ""`), where `held_by` means nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_resources: Option<PodResourcesStatus>,
 }
 
 /// The most `pod_peaks` a report carries: the pods of one node are few (110 by the kubelet's
@@ -129,5 +194,40 @@ impl GpuDevice {
     /// Whether pods can be placed on this device itself (a MIG parent cannot; its instances can).
     pub fn is_schedulable(&self) -> bool {
         !self.mig_enabled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_holder_is_described_by_pod_and_resource_or_claim() {
+        let mut h = DeviceHolder {
+            namespace: "ml".into(),
+            pod_name: "trainer-0".into(),
+            container: "main".into(),
+            kind: HolderKind::DevicePlugin,
+            resource: "nvidia.com/gpu".into(),
+            claim: None,
+        };
+        assert_eq!(h.describe(), "ml/trainer-0 through nvidia.com/gpu");
+        h.kind = HolderKind::Dra;
+        h.resource = "gpu.nvidia.com".into();
+        h.claim = Some("ml/gpus".into());
+        assert_eq!(
+            h.describe(),
+            "ml/trainer-0 through claim ml/gpus (gpu.nvidia.com)"
+        );
+    }
+
+    #[test]
+    fn a_report_without_holders_reads_as_before() {
+        let d: GpuDevice = serde_json::from_str(
+            r#"{"index":0,"uuid":"GPU-0","memoryTotalBytes":1,"memoryUsedBytes":0,"memoryFreeBytes":1}"#,
+        )
+        .unwrap();
+        assert!(d.held_by.is_empty());
+        assert!(!serde_json::to_string(&d).unwrap().contains("heldBy"));
     }
 }
