@@ -3,9 +3,13 @@
 //! within one staleness window, and when it resumes a waiting pod binds within seconds (the
 //! extender nudges the scheduler; kube-scheduler does not watch reports).
 //!
+//! Issue 23: an agent reading its kubelet's `PodResources` API (a fake kubelet on a unix socket)
+//! publishes which pods hold which GPUs, and advertises only the GPUs nobody holds.
+//!
 //! Needs `../shared/tools/k8s` and the fake NVML library; fails, never skips, without them.
 
 mod e2e_support;
+mod pod_resources_support;
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +17,8 @@ use e2e_support::*;
 use kube::Api;
 use kube::ResourceExt;
 use peakfit::cluster::NodeGpuReport;
+use peakfit::inventory::HolderKind;
+use pod_resources_support::{FakeKubelet, allocatable, device_plugin_pod, dra_pod, holders};
 
 const NS: &str = "ml";
 
@@ -94,4 +100,71 @@ async fn a_stopped_agent_makes_its_node_stale_and_a_resumed_one_brings_it_back()
         c.metric(&ext, "peakfit_extender_node_nudges_total", "")
     );
     c.assert_no_overcommit().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_the_kubelet_handed_out_are_published_and_not_advertised() {
+    let c = Cluster::up().await;
+    let gpus: Vec<Gpu> = (0..4).map(|i| Gpu::h100("dp-a", i)).collect();
+    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    // A trainer holds two GPUs through NVIDIA's device plugin, a claim holds one through DRA
+    // (NVIDIA's driver names it after the GPU's minor number, which the fake NVML makes the
+    // index), one is free.
+    let kubelet = FakeKubelet::start(&c.path("dp-a.kubelet.sock"));
+    kubelet.set(
+        vec![
+            device_plugin_pod(NS, "trainer-0", "nvidia.com/gpu", &uuids[..2]),
+            dra_pod(NS, "infer-0", "gpus", "gpu.nvidia.com", "gpu-2"),
+        ],
+        vec![allocatable("nvidia.com/gpu", &uuids)],
+    );
+    c.add_gpu_node_with_kubelet("dp-a", gpus.clone(), Some(&kubelet.socket))
+        .await;
+    c.wait_reports().await;
+
+    let reports: Api<NodeGpuReport> = Api::all(c.client.clone());
+    let status = reports.get("dp-a").await.unwrap().status.unwrap();
+    assert_eq!(
+        status.pod_resources.as_ref().map(|p| p.up),
+        Some(true),
+        "{:?}",
+        status.pod_resources
+    );
+    assert_eq!(
+        holders(&status),
+        [
+            vec![format!("{NS}/trainer-0 through nvidia.com/gpu")],
+            vec![format!("{NS}/trainer-0 through nvidia.com/gpu")],
+            vec![format!(
+                "{NS}/infer-0 through claim {NS}/gpus (gpu.nvidia.com)"
+            )],
+            vec![],
+        ]
+    );
+    assert_eq!(status.gpus[2].held_by[0].kind, HolderKind::Dra);
+    // One free H100: 80 GiB advertised, not 320.
+    assert_eq!(
+        c.advertised_gpu_memory("dp-a").await,
+        (80 * 1024).to_string()
+    );
+
+    // The trainer ends: within a few polls (500 ms each) the report frees its GPUs and the Node
+    // advertises them again.
+    kubelet.set(
+        vec![dra_pod(NS, "infer-0", "gpus", "gpu.nvidia.com", "gpu-2")],
+        vec![allocatable("nvidia.com/gpu", &uuids)],
+    );
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.client.clone());
+    eventually(
+        Duration::from_secs(30),
+        "the freed GPUs published and advertised",
+        || async {
+            let s = reports.get("dp-a").await.ok()?.status?;
+            let held: Vec<usize> = s.gpus.iter().map(|g| g.held_by.len()).collect();
+            let a = nodes.get("dp-a").await.ok()?.status?.allocatable?;
+            let mib = a.get("peakfit.io/gpu-memory-mib")?.0.clone();
+            (held == [0, 0, 1, 0] && mib == (3 * 80 * 1024).to_string()).then_some(())
+        },
+    )
+    .await;
 }

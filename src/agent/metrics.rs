@@ -48,6 +48,10 @@ pub struct AgentMetrics {
     poll_duration: Histogram,
     publish_errors: Counter,
     last_publish: Gauge<f64, AtomicU64>,
+    pod_resources_up: Family<NodeLabels, Gauge>,
+    held_gpus: Family<NodeLabels, Gauge>,
+    unmapped_devices: Family<NodeLabels, Gauge>,
+    allocatable_gpus: Family<NodeLabels, Gauge>,
 }
 
 impl AgentMetrics {
@@ -63,6 +67,10 @@ impl AgentMetrics {
         let poll_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
         let publish_errors = Counter::default();
         let last_publish = Gauge::<f64, AtomicU64>::default();
+        let pod_resources_up = Family::<NodeLabels, Gauge>::default();
+        let held_gpus = Family::<NodeLabels, Gauge>::default();
+        let unmapped_devices = Family::<NodeLabels, Gauge>::default();
+        let allocatable_gpus = Family::<NodeLabels, Gauge>::default();
         registry.register(
             "peakfit_gpu_memory_total_bytes",
             "GPU memory of a schedulable device (whole GPU or MIG instance)",
@@ -108,6 +116,26 @@ impl AgentMetrics {
             "Unix time of the last successful NodeGpuReport write",
             last_publish.clone(),
         );
+        registry.register(
+            "peakfit_agent_pod_resources_up",
+            "1 when the kubelet's PodResources API answered the last poll",
+            pod_resources_up.clone(),
+        );
+        registry.register(
+            "peakfit_agent_held_gpus",
+            "Schedulable GPU devices the kubelet gave to a pod (device plugin or DRA); not shared",
+            held_gpus.clone(),
+        );
+        registry.register(
+            "peakfit_agent_pod_resources_unmapped_devices",
+            "GPU allocations or allocatable ids from the kubelet that name no device NVML lists",
+            unmapped_devices.clone(),
+        );
+        registry.register(
+            "peakfit_agent_pod_resources_allocatable_gpus",
+            "GPU device-plugin devices the kubelet can allocate (GetAllocatableResources)",
+            allocatable_gpus.clone(),
+        );
         Self {
             node: node.into(),
             registry: Arc::new(registry),
@@ -120,6 +148,10 @@ impl AgentMetrics {
             poll_duration,
             publish_errors,
             last_publish,
+            pod_resources_up,
+            held_gpus,
+            unmapped_devices,
+            allocatable_gpus,
         }
     }
 
@@ -169,6 +201,28 @@ impl AgentMetrics {
         }
     }
 
+    /// What the poll's `PodResources` read found (not called when it is not read, so an agent
+    /// with `--pod-resources-socket ""` exports none of these series).
+    pub fn record_pod_resources(&self, stats: &crate::agent::pod_resources::Stats) {
+        let labels = NodeLabels {
+            node: self.node.clone(),
+        };
+        self.pod_resources_up
+            .get_or_create(&labels)
+            .set(i64::from(stats.up));
+        self.held_gpus
+            .get_or_create(&labels)
+            .set(count(stats.held_devices));
+        self.unmapped_devices
+            .get_or_create(&labels)
+            .set(count(stats.unmapped));
+        if let Some(n) = stats.allocatable {
+            self.allocatable_gpus.get_or_create(&labels).set(count(n));
+        } else {
+            self.allocatable_gpus.remove(&labels);
+        }
+    }
+
     pub fn publish_failed(&self) {
         self.publish_errors.inc();
     }
@@ -180,6 +234,10 @@ impl AgentMetrics {
 
 fn saturating_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
@@ -241,6 +299,33 @@ mod tests {
         );
         assert!(
             text.contains("peakfit_agent_poll_duration_seconds_count 2"),
+            "{text}"
+        );
+        assert!(!text.contains("peakfit_agent_pod_resources_up{"), "{text}");
+
+        m.record_pod_resources(&crate::agent::pod_resources::Stats {
+            up: true,
+            held_devices: 3,
+            unmapped: 1,
+            allocatable: Some(8),
+        });
+        let text = render(&m);
+        for line in [
+            r#"peakfit_agent_pod_resources_up{node="node-a"} 1"#,
+            r#"peakfit_agent_held_gpus{node="node-a"} 3"#,
+            r#"peakfit_agent_pod_resources_unmapped_devices{node="node-a"} 1"#,
+            r#"peakfit_agent_pod_resources_allocatable_gpus{node="node-a"} 8"#,
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+        m.record_pod_resources(&crate::agent::pod_resources::Stats::default());
+        let text = render(&m);
+        assert!(
+            text.contains(r#"peakfit_agent_pod_resources_up{node="node-a"} 0"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains("peakfit_agent_pod_resources_allocatable_gpus{"),
             "{text}"
         );
     }

@@ -8,6 +8,7 @@
 
 pub mod metrics;
 pub mod nvml;
+pub mod pod_resources;
 pub mod pods;
 pub mod publish;
 pub mod report;
@@ -28,6 +29,7 @@ use crate::inventory::NodeGpuReportStatus;
 
 use self::metrics::AgentMetrics;
 use self::nvml::{GpuSource, NvmlSource};
+use self::pod_resources::{GpuResources, PodResourcesReader};
 use self::publish::{NodeCapacity, Publisher};
 use self::report::{PodUsageHistory, PublishGate};
 
@@ -77,13 +79,61 @@ pub struct AgentArgs {
     /// SIGTERM the agent exits within `--shutdown-timeout` whatever is still open.
     #[command(flatten)]
     pub serve: crate::serve::ServeArgs,
+    /// The kubelet's `PodResources` socket, to learn which GPUs it gave to pods through a device
+    /// plugin or DRA (those are not shared, nor advertised). Empty: not read.
+    #[arg(
+        long,
+        env = "PEAKFIT_POD_RESOURCES_SOCKET",
+        default_value = DEFAULT_POD_RESOURCES_SOCKET
+    )]
+    pub pod_resources_socket: String,
+    /// Longest wait for the kubelet's answer in one poll: a hung kubelet delays the report by
+    /// this much, no more.
+    #[arg(long, env = "PEAKFIT_POD_RESOURCES_TIMEOUT", default_value = "1s", value_parser = parse_nonzero_duration)]
+    pub pod_resources_timeout: Duration,
+    /// Device-plugin resources whose devices are GPUs: names, or prefixes ending in `*`.
+    #[arg(
+        long,
+        env = "PEAKFIT_GPU_RESOURCES",
+        value_delimiter = ',',
+        default_value = "nvidia.com/gpu,nvidia.com/mig-*"
+    )]
+    pub gpu_resources: Vec<String>,
+    /// DRA drivers whose devices are GPUs.
+    #[arg(
+        long,
+        env = "PEAKFIT_GPU_DRA_DRIVERS",
+        value_delimiter = ',',
+        default_value = "gpu.nvidia.com"
+    )]
+    pub gpu_dra_drivers: Vec<String>,
 }
 
-/// One poll: read the GPUs, attribute processes to pods, build the status.
+/// Where the kubelet serves its `PodResources` API.
+pub const DEFAULT_POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
+
+impl AgentArgs {
+    /// The `PodResources` reader the flags ask for; `None` with `--pod-resources-socket ""`.
+    pub fn pod_resources(&self) -> anyhow::Result<Option<PodResourcesReader>> {
+        if self.pod_resources_socket.trim().is_empty() {
+            return Ok(None);
+        }
+        let filter = GpuResources::new(&self.gpu_resources, &self.gpu_dra_drivers)?;
+        Ok(Some(PodResourcesReader::new(
+            self.pod_resources_socket.trim(),
+            self.pod_resources_timeout,
+            filter,
+        )?))
+    }
+}
+
+/// One poll: read the GPUs, ask the kubelet who holds them, attribute processes to pods, build
+/// the status.
 pub struct Poller<S> {
     source: S,
     proc_root: PathBuf,
     history: PodUsageHistory,
+    pod_resources: Option<PodResourcesReader>,
 }
 
 impl<S: GpuSource> Poller<S> {
@@ -92,11 +142,29 @@ impl<S: GpuSource> Poller<S> {
             source,
             proc_root: proc_root.into(),
             history: PodUsageHistory::default(),
+            pod_resources: None,
         }
     }
 
+    /// Reads the kubelet's `PodResources` API at each poll too.
+    #[must_use]
+    pub fn with_pod_resources(mut self, reader: Option<PodResourcesReader>) -> Self {
+        self.pod_resources = reader;
+        self
+    }
+
+    /// What the last poll's `PodResources` read found; `None` when it is not read.
+    pub fn pod_resources_stats(&self) -> Option<&pod_resources::Stats> {
+        self.pod_resources.as_ref().map(PodResourcesReader::stats)
+    }
+
+    /// Blocks (NVML, and the kubelet up to its timeout): call it off the async workers.
     pub fn poll(&mut self) -> NodeGpuReportStatus {
         let mut reading = self.source.read();
+        let pod_resources = self
+            .pod_resources
+            .as_mut()
+            .map(|r| r.read(&mut reading.gpus, &reading.minor_numbers));
         // One read of a process's cgroup per poll, however many GPUs list it (a process on 8
         // GPUs was read 8 times; a poll reads a few, not one per process per GPU).
         let mut seen: std::collections::HashMap<u32, Option<pods::PodRef>> =
@@ -118,6 +186,7 @@ impl<S: GpuSource> Poller<S> {
         let pod_peaks = self.history.running_peaks(&reading.gpus);
         let mut status = report::build(now, reading, self.history.typical());
         status.pod_peaks = pod_peaks;
+        status.pod_resources = pod_resources;
         status
     }
 }
@@ -197,10 +266,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             .map(|r| NodeCapacity::new(client.clone(), &node, r));
         Sink::Cluster(Box::new(Publisher::new(client, &node)), Box::new(capacity))
     };
-    let mut poller = Poller::new(NvmlSource::new(&args.nvml_lib), &args.proc_root);
+    let mut poller = Poller::new(NvmlSource::new(&args.nvml_lib), &args.proc_root)
+        .with_pod_resources(args.pod_resources()?);
 
     if args.once {
-        let status = poller.poll();
+        // The PodResources client blocks on its own runtime, which an async worker may not do.
+        let status = tokio::task::spawn_blocking(move || poller.poll())
+            .await
+            .context("the GPU poll panicked")?;
         return sink.write(&node, &status).await;
     }
 
@@ -239,6 +312,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         .context("the GPU poll panicked")?;
         poller = returned;
         metrics.record(&status, started.elapsed());
+        if let Some(stats) = poller.pod_resources_stats() {
+            metrics.record_pod_resources(stats);
+        }
         let now = Instant::now();
         if gate.due(&status, now) {
             match sink.write(&node, &status).await {

@@ -7,6 +7,7 @@
 //! with `nvml.up = false` and the reason, and the source tries again later with a backoff, so a
 //! node without a working driver never crash-loops the `DaemonSet`.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,9 @@ use crate::inventory::{GpuDevice, GpuProcess, NvmlStatus};
 pub struct Reading {
     pub nvml: NvmlStatus,
     pub gpus: Vec<GpuDevice>,
+    /// Each physical GPU's device minor number (`/dev/nvidia<minor>`) by UUID, where NVML gives
+    /// it: NVIDIA's DRA driver names GPUs after it (`gpu-<minor>`), and it need not be the index.
+    pub minor_numbers: BTreeMap<String, u32>,
 }
 
 impl Reading {
@@ -34,6 +38,7 @@ impl Reading {
                 reason: Some(reason.into()),
             },
             gpus: Vec::new(),
+            minor_numbers: BTreeMap::new(),
         }
     }
 }
@@ -190,6 +195,7 @@ fn is_fatal(e: &NvmlError) -> bool {
 fn read_all(nvml: &Nvml) -> Result<Reading, NvmlError> {
     let count = nvml.device_count()?;
     let mut gpus = Vec::with_capacity(count as usize);
+    let mut minor_numbers = BTreeMap::new();
     for index in 0..count {
         let device = match nvml.device_by_index(index) {
             Ok(d) => d,
@@ -201,7 +207,14 @@ fn read_all(nvml: &Nvml) -> Result<Reading, NvmlError> {
                 continue;
             }
         };
+        let at = gpus.len();
         read_gpu(&device, index, &mut gpus);
+        // Only DRA's device names need it; a driver without it maps `gpu-<n>` by index.
+        if let (Ok(minor), Some(gpu)) = (device.minor_number(), gpus.get(at))
+            && !gpu.uuid.is_empty()
+        {
+            minor_numbers.insert(gpu.uuid.clone(), minor);
+        }
     }
     Ok(Reading {
         nvml: NvmlStatus {
@@ -210,6 +223,7 @@ fn read_all(nvml: &Nvml) -> Result<Reading, NvmlError> {
             reason: None,
         },
         gpus,
+        minor_numbers,
     })
 }
 

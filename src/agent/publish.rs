@@ -71,17 +71,26 @@ impl NodeCapacity {
     }
 
     /// Whole MiB of the node's schedulable GPU memory (MIG parents excluded), rounded down so the
-    /// scheduler never sees more than the extender will place.
+    /// scheduler never sees more than the extender will place. Devices the kubelet gave to a pod
+    /// (`held_by`, issue 23) are left out: their memory is that pod's, and counting it would let
+    /// kube-scheduler fit peakfit pods into it.
     pub fn mib(status: &NodeGpuReportStatus) -> u64 {
-        status.summary.total_bytes >> 20
+        let bytes: u64 = status
+            .gpus
+            .iter()
+            .filter(|g| g.is_schedulable() && g.held_by.is_empty())
+            .map(|g| g.memory_total_bytes)
+            .fold(0, u64::saturating_add);
+        bytes >> 20
     }
 
     /// Patches the Node when the amount changed (or `READVERTISE` passed). A node whose NVML is
-    /// down keeps what it advertised: the extender refuses it anyway, and a driver hiccup should
-    /// not make the scheduler see the node's pods as over its capacity.
+    /// down (or lists no GPU) keeps what it advertised: the extender refuses it anyway, and a
+    /// driver hiccup should not make the scheduler see the node's pods as over its capacity. A
+    /// node whose every GPU is held advertises 0.
     pub async fn advertise(&mut self, status: &NodeGpuReportStatus) -> Result<(), PublishError> {
         let mib = Self::mib(status);
-        if !status.nvml.up || mib == 0 {
+        if !status.nvml.up || status.summary.total_bytes == 0 {
             return Ok(());
         }
         if let Some((was, at)) = self.advertised
@@ -172,5 +181,49 @@ impl Publisher {
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::{DeviceHolder, GpuDevice, HolderKind};
+
+    const GIB: u64 = 1 << 30;
+
+    fn gpu(uuid: &str, total: u64) -> GpuDevice {
+        GpuDevice {
+            uuid: uuid.into(),
+            memory_total_bytes: total,
+            memory_free_bytes: total,
+            ..GpuDevice::default()
+        }
+    }
+
+    /// Issue 23: a GPU the kubelet handed out is not peakfit's to offer kube-scheduler.
+    #[test]
+    fn advertised_memory_leaves_out_held_devices_and_mig_parents() {
+        let mut parent = gpu("GPU-c", 40 * GIB);
+        parent.mig_enabled = true;
+        let mut held = gpu("GPU-b", 80 * GIB);
+        held.held_by = vec![DeviceHolder {
+            namespace: "ml".into(),
+            pod_name: "trainer-0".into(),
+            container: "main".into(),
+            kind: HolderKind::Dra,
+            resource: "gpu.nvidia.com".into(),
+            claim: Some("ml/gpus".into()),
+        }];
+        let mut mig = gpu("MIG-c1", 20 * GIB);
+        mig.mig_parent_uuid = Some("GPU-c".into());
+        let status = NodeGpuReportStatus {
+            gpus: vec![gpu("GPU-a", 80 * GIB), held, parent, mig],
+            ..NodeGpuReportStatus::default()
+        };
+        assert_eq!(NodeCapacity::mib(&status), 100 * 1024);
+        // Nothing held: every schedulable device counts (what `summary.totalBytes` says).
+        let mut free = status.clone();
+        free.gpus[1].held_by.clear();
+        assert_eq!(NodeCapacity::mib(&free), 180 * 1024);
     }
 }

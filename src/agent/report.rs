@@ -1,8 +1,9 @@
 //! Turning a reading into the `NodeGpuReport` status, and deciding when it is worth writing.
 //!
 //! The API server should see a write only when the extender would decide differently: memory moved
-//! by more than max(1 % of the GPU, 256 MiB), a process or pod came or went, NVML went up or down
-//! — and at least once per heartbeat, so the extender can tell a quiet node from a dead agent.
+//! by more than max(1 % of the GPU, 256 MiB), a process or pod came or went, NVML or the kubelet's
+//! `PodResources` API went up or down, the kubelet gave a device to a pod or took it back — and at
+//! least once per heartbeat, so the extender can tell a quiet node from a dead agent.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -159,7 +160,10 @@ impl PodUsageHistory {
 
 /// Whether `next` differs from `prev` in a way the extender would care about.
 pub fn significant_change(prev: &NodeGpuReportStatus, next: &NodeGpuReportStatus) -> bool {
-    if prev.nvml != next.nvml || prev.gpus.len() != next.gpus.len() {
+    if prev.nvml != next.nvml
+        || prev.pod_resources != next.pod_resources
+        || prev.gpus.len() != next.gpus.len()
+    {
         return true;
     }
     prev.gpus.iter().zip(&next.gpus).any(|(a, b)| {
@@ -168,6 +172,8 @@ pub fn significant_change(prev: &NodeGpuReportStatus, next: &NodeGpuReportStatus
             || a.memory_total_bytes != b.memory_total_bytes
             || a.mig_enabled != b.mig_enabled
             || a.degraded != b.degraded
+            // A device handed to a pod (or freed) changes where peakfit may place at once.
+            || a.held_by != b.held_by
             || a.memory_used_bytes.abs_diff(b.memory_used_bytes) > threshold
             || a.memory_reserved_bytes.abs_diff(b.memory_reserved_bytes) > threshold
             || process_keys(a) != process_keys(b)
@@ -260,6 +266,7 @@ mod tests {
                     ..NvmlStatus::default()
                 },
                 gpus,
+                ..Reading::default()
             },
             None,
         )
@@ -384,8 +391,45 @@ mod tests {
         grown.processes[0].used_bytes = Some(3 * GIB);
         assert!(significant_change(&prev, &status(vec![grown])));
 
-        let mut same = status(vec![g]);
+        let mut same = status(vec![g.clone()]);
         same.observed_at = "2030-01-01T00:00:00Z".into();
         assert!(!significant_change(&prev, &same), "time alone is no change");
+    }
+
+    /// Issue 23: a device the kubelet hands to a pod (or takes back) must reach the extender at
+    /// once, not at the next heartbeat, and so must the kubelet's socket going away.
+    #[test]
+    fn holders_and_the_kubelets_socket_are_news() {
+        use crate::inventory::{DeviceHolder, HolderKind, PodResourcesStatus};
+        let g = gpu("GPU-a", 80 * GIB, 10 * GIB);
+        let mut prev = status(vec![g.clone()]);
+        prev.pod_resources = Some(PodResourcesStatus {
+            up: true,
+            reason: None,
+        });
+
+        let mut held = prev.clone();
+        held.gpus[0].held_by = vec![DeviceHolder {
+            namespace: "ml".into(),
+            pod_name: "trainer-0".into(),
+            container: "main".into(),
+            kind: HolderKind::DevicePlugin,
+            resource: "nvidia.com/gpu".into(),
+            claim: None,
+        }];
+        assert!(significant_change(&prev, &held));
+        assert!(significant_change(&held, &prev), "freed is news too");
+
+        let mut other = held.clone();
+        other.gpus[0].held_by[0].pod_name = "trainer-1".into();
+        assert!(significant_change(&held, &other));
+
+        let mut down = prev.clone();
+        down.pod_resources = Some(PodResourcesStatus {
+            up: false,
+            reason: Some("timeout".into()),
+        });
+        assert!(significant_change(&prev, &down));
+        assert!(!significant_change(&held, &held.clone()));
     }
 }

@@ -157,6 +157,9 @@ pub struct GpuNode {
     pub name: String,
     pub gpus: Vec<Gpu>,
     pub nvml_config: PathBuf,
+    /// The node's kubelet `PodResources` socket (a fake one the test serves); `None`: the agent
+    /// does not read one (`--pod-resources-socket ""`).
+    pub pod_resources_socket: Option<PathBuf>,
     agent: Option<Proc>,
 }
 
@@ -367,17 +370,29 @@ impl Cluster {
     /// Creates a Ready Node with 64 CPUs (status through the status subresource, as a kubelet
     /// would), writes its fake NVML configuration and starts its agent.
     pub async fn add_gpu_node(&self, name: &str, gpus: Vec<Gpu>) {
+        self.add_gpu_node_with_kubelet(name, gpus, None).await;
+    }
+
+    /// [`Cluster::add_gpu_node`] whose agent reads the kubelet's `PodResources` API on
+    /// `pod_resources_socket` (a fake kubelet the test serves there).
+    pub async fn add_gpu_node_with_kubelet(
+        &self,
+        name: &str,
+        gpus: Vec<Gpu>,
+        pod_resources_socket: Option<&Path>,
+    ) {
         self.create_ready_node(name, None).await;
         let nvml_config = self.path(&format!("{name}.nvml.yaml"));
         let mut node = GpuNode {
             name: name.to_owned(),
             gpus,
             nvml_config,
+            pod_resources_socket: pod_resources_socket.map(Path::to_path_buf),
             agent: None,
         };
         write_nvml_config(&node, &[]);
         std::fs::create_dir_all(self.path("proc")).unwrap();
-        node.agent = Some(self.spawn_agent(name, &node.nvml_config));
+        node.agent = Some(self.spawn_agent(&node));
         self.nodes.lock().unwrap().insert(name.to_owned(), node);
     }
 
@@ -465,12 +480,14 @@ impl Cluster {
                 name: name.to_owned(),
                 gpus,
                 nvml_config: PathBuf::new(),
+                pod_resources_socket: None,
                 agent: None,
             },
         );
     }
 
-    fn spawn_agent(&self, name: &str, config: &Path) -> Proc {
+    fn spawn_agent(&self, node: &GpuNode) -> Proc {
+        let (name, config) = (node.name.as_str(), node.nvml_config.as_path());
         let args: Vec<String> = vec![
             "agent".into(),
             "--node-name".into(),
@@ -487,6 +504,11 @@ impl Cluster {
             self.path("proc").display().to_string(),
             "--kubeconfig".into(),
             self.kubeconfig.display().to_string(),
+            "--pod-resources-socket".into(),
+            node.pod_resources_socket
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
         ];
         self.spawn(
             &format!("agent-{name}"),
@@ -503,8 +525,8 @@ impl Cluster {
     /// Starts a node's agent again.
     pub fn resume_agent(&self, node: &str) {
         let mut nodes = self.nodes.lock().unwrap();
-        let n = nodes.get_mut(node).unwrap();
-        n.agent = Some(self.spawn_agent(node, &n.nvml_config));
+        let agent = self.spawn_agent(&nodes[node]);
+        nodes.get_mut(node).unwrap().agent = Some(agent);
     }
 
     /// Memory used on a node's GPUs by processes of no pod (uuid → bytes): the agent sees it

@@ -71,6 +71,9 @@ struct Device {
     /// For a MIG instance: its GPU instance id.
     #[serde(default)]
     gpu_instance_id: Option<u32>,
+    /// What `nvmlDeviceGetMinorNumber` answers (`/dev/nvidia<minor>`); defaults to the index.
+    #[serde(default)]
+    minor: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -298,6 +301,21 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(h: Handle, out: *mut c_uint) -> Ret 
         // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
         Some((gpu, _)) => unsafe { write(out, c_uint::try_from(gpu).unwrap_or(c_uint::MAX)) },
         None => INVALID_ARGUMENT,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(h: Handle, out: *mut c_uint) -> Ret {
+    with_device("nvmlDeviceGetMinorNumber", h, |_, d| match decode(h) {
+        // The real driver has minor numbers for physical GPUs only.
+        Some((gpu, None)) => {
+            let minor = d
+                .minor
+                .unwrap_or_else(|| c_uint::try_from(gpu).unwrap_or(c_uint::MAX));
+            // SAFETY: the output pointers are the caller's, writable as NVML's contract says; `write` returns INVALID_ARGUMENT for null.
+            unsafe { write(out, minor) }
+        }
+        _ => INVALID_ARGUMENT,
     })
 }
 
