@@ -227,6 +227,8 @@ fn bad_values_are_refused_at_render() {
     for bad in [
         &["--set", "agent.port=not-a-port"][..],
         &["--set", "webhook.requireVram=sometimes"],
+        &["--set", "agent.podResources.gpuResources={nvidia.com/*gpu}"],
+        &["--set", "agent.podResources.hostPath=relative/path"],
         &[
             "--set",
             "alerts.enabled=true",
@@ -567,6 +569,88 @@ fn values_move_what_they_name() {
             .iter()
             .any(|d| d["kind"] == "DaemonSet" || d["kind"] == "MutatingWebhookConfiguration"),
         "components can be turned off"
+    );
+}
+
+/// Issue 23: the agent reads the kubelet's `PodResources` socket through a read-only hostPath
+/// mount, as root without capabilities (the socket is root's, mode 0755); turned off, neither the
+/// mount nor the socket is there.
+#[test]
+fn the_agent_mounts_the_kubelets_pod_resources_socket_read_only() {
+    let docs = render(&[]);
+    let ds: DaemonSet = one(&docs, "DaemonSet", Some("agent"));
+    let pod = pod_spec(ds.spec.as_ref().map(|s| &s.template));
+    let agent = container(pod, "agent");
+    assert_eq!(
+        env_value(agent, "PEAKFIT_POD_RESOURCES_SOCKET"),
+        "/var/lib/kubelet/pod-resources/kubelet.sock"
+    );
+    assert_eq!(
+        env_value(agent, "PEAKFIT_GPU_RESOURCES"),
+        "nvidia.com/gpu,nvidia.com/mig-*"
+    );
+    assert_eq!(
+        env_value(agent, "PEAKFIT_GPU_DRA_DRIVERS"),
+        "gpu.nvidia.com"
+    );
+    assert_eq!(env_value(agent, "PEAKFIT_POD_RESOURCES_TIMEOUT"), "1s");
+    let mount = agent
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "pod-resources")
+        .expect("the pod-resources mount");
+    assert_eq!(mount.mount_path, "/var/lib/kubelet/pod-resources");
+    assert_eq!(mount.read_only, Some(true));
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "pod-resources")
+        .and_then(|v| v.host_path.clone())
+        .expect("the pod-resources hostPath");
+    assert_eq!(volume.path, "/var/lib/kubelet/pod-resources");
+    let sc = agent.security_context.clone().unwrap();
+    assert_eq!(sc.run_as_user, Some(0));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        sc.capabilities.and_then(|c| c.drop),
+        Some(vec!["ALL".to_string()])
+    );
+
+    let docs = render(&[
+        "--set",
+        "agent.podResources.enabled=false",
+        "--set",
+        "agent.podResources.hostPath=/srv/kubelet/pod-resources",
+    ]);
+    let ds: DaemonSet = one(&docs, "DaemonSet", Some("agent"));
+    let pod = pod_spec(ds.spec.as_ref().map(|s| &s.template));
+    let agent = container(pod, "agent");
+    assert_eq!(env_value(agent, "PEAKFIT_POD_RESOURCES_SOCKET"), "");
+    assert!(
+        !agent
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "pod-resources")
+    );
+    assert!(
+        !pod.volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == "pod-resources")
+    );
+
+    let docs = render(&[
+        "--set",
+        "agent.podResources.hostPath=/srv/kubelet/pod-resources/",
+    ]);
+    let ds: DaemonSet = one(&docs, "DaemonSet", Some("agent"));
+    let pod = pod_spec(ds.spec.as_ref().map(|s| &s.template));
+    assert_eq!(
+        env_value(container(pod, "agent"), "PEAKFIT_POD_RESOURCES_SOCKET"),
+        "/srv/kubelet/pod-resources/kubelet.sock"
     );
 }
 
