@@ -193,6 +193,12 @@ async fn all_exposed() -> BTreeSet<String> {
         ..Default::default()
     };
     agent.record(&status, Duration::from_millis(2));
+    agent.record_pod_resources(&peakfit::agent::pod_resources::Stats {
+        up: true,
+        held_devices: 1,
+        unmapped: 0,
+        allocatable: Some(1),
+    });
     agent.publish_failed();
     agent.published(jiff::Timestamp::now());
     exposed(&agent.registry(), &mut names);
