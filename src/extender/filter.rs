@@ -11,7 +11,7 @@ use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
 use crate::cluster::index::pod_key;
 use crate::cluster::resources::host_request_of;
 use crate::metrics::extender::{DecisionLabels, ReasonLabels, ScoreSourceLabels};
-use crate::placement::fit::{check_class, node_usable};
+use crate::placement::fit::{check_class, need_on, node_usable};
 use crate::placement::memo::fresh_id;
 use crate::placement::{FitConfig, NodeLedger, PodShape, Rejection};
 
@@ -117,15 +117,8 @@ pub fn resolvable_by_preemption(
                 .gpus
                 .iter()
                 .filter(|g| {
-                    let need = shape
-                        .demand
-                        .bytes_on(g.total_bytes)
-                        .saturating_add(cfg.safety_margin_bytes);
-                    shape.demand.runs_on(g.total_bytes)
-                        && g.total_bytes
-                            .saturating_sub(g.driver_reserved_bytes)
-                            .saturating_sub(g.unattributed_bytes)
-                            >= need
+                    let (_, need) = need_on(&shape.demand, g, cfg.safety_margin_bytes);
+                    shape.demand.runs_on(g.total_bytes) && g.room_without_pods() >= need
                 })
                 .count();
             crate::convert::usize_to_u32(could) >= shape.gpus.max(1)
@@ -137,6 +130,43 @@ pub fn resolvable_by_preemption(
         | Rejection::TooFewGpus { .. }
         | Rejection::GpuTooSmall { .. } => false,
     }
+}
+
+/// The words naming the node's GPUs that the kubelet gave to pods peakfit did not place ("GPU 3
+/// (GPU-…) is held by ml/trainer-0 through nvidia.com/gpu"), for a refusal about GPUs or memory,
+/// and whether the pod would fit but for them (`fits`: the fit on the node with the holders
+/// gone), which makes the reason `gpu_held`. `None` when no GPU of the node is held. Per node,
+/// outside the per-state memo: nodes in one state can have different holders.
+fn held_words(
+    ledger: &NodeLedger,
+    r: &Rejection,
+    fits: impl Fn(&NodeLedger) -> bool,
+) -> Option<(String, bool)> {
+    if !matches!(
+        r,
+        Rejection::NotEnoughMemory { .. } | Rejection::TooFewGpus { .. }
+    ) {
+        return None;
+    }
+    let held: Vec<String> = ledger
+        .gpus
+        .iter()
+        .filter_map(|g| g.granted().map(|grant| grant.describe(&g.uuid)))
+        .collect();
+    if held.is_empty() {
+        return None;
+    }
+    let mut freed = ledger.clone();
+    for g in &mut freed.gpus {
+        g.set_granted(None);
+    }
+    Some((
+        format!(
+            "{} (peakfit shares no GPU the kubelet gave to a pod it did not place)",
+            held.join("; ")
+        ),
+        fits(&freed),
+    ))
 }
 
 impl Extender {
@@ -202,10 +232,22 @@ impl Extender {
                 // state under this request's id. Whether the node is usable now moves with the
                 // clock, so that is checked for each node.
                 let request = fresh_id();
-                let refusal = |ledger: &NodeLedger, r: &Rejection, words: String| Refusal {
-                    reason: r.reason(),
-                    resolvable: resolvable_by_preemption(ledger, &shape, &self.fit, r),
-                    words,
+                let refusal = |ledger: &NodeLedger, r: &Rejection, words: String| {
+                    let held = held_words(ledger, r, |l| {
+                        check_class(l, &class, &self.fit, now).is_ok()
+                    });
+                    Refusal {
+                        reason: if held.as_ref().is_some_and(|h| h.1) {
+                            "gpu_held"
+                        } else {
+                            r.reason()
+                        },
+                        resolvable: resolvable_by_preemption(ledger, &shape, &self.fit, r),
+                        words: match held {
+                            Some((h, _)) => format!("{words}; {h}"),
+                            None => words,
+                        },
+                    }
                 };
                 // Outer `None`: the index does not know the node; inner: it fits. The words
                 // are written here, in parallel: for thousands of refused nodes they cost more
