@@ -41,8 +41,14 @@ pub struct ConflictEvent {
 
 /// The two events of one conflict: on the peakfit pod and on the holder.
 pub fn events_of(c: &HolderConflict, holder_uid: Option<String>) -> [ConflictEvent; 2] {
-    let gpu = format!("GPU {} ({}) of node {}", c.gpu_index, c.gpu_uuid, c.node);
-    let holder = c.holder.describe();
+    use crate::clip::clip;
+    let gpu = format!(
+        "GPU {} ({}) of node {}",
+        c.gpu_index,
+        clip(&c.gpu_uuid),
+        clip(&c.node)
+    );
+    let holder = clip(&c.holder.describe()).into_owned();
     let (ns, pod) = &c.pod;
     let hash = {
         let mut h = foldhash::fast::FixedState::with_seed(0x7065_616b_6669_7423).build_hasher();
@@ -73,13 +79,17 @@ pub fn events_of(c: &HolderConflict, holder_uid: Option<String>) -> [ConflictEve
             reason: "GpuSharedWithPeakfit",
             message: format!(
                 "peakfit: {gpu}, which the kubelet gave this pod ({}), is also assigned to \
-                 peakfit pod {ns}/{pod}; whichever allocates last runs out of GPU memory. Keep \
+                 peakfit pod {}/{}; whichever allocates last runs out of GPU memory. Keep \
                  device-plugin and DRA pods off peakfit's GPUs (chart README, \"Supported \
                  set-ups\")",
-                c.holder
-                    .claim
-                    .as_deref()
-                    .map_or_else(|| c.holder.resource.clone(), |cl| format!("claim {cl}")),
+                clip(
+                    &c.holder
+                        .claim
+                        .as_deref()
+                        .map_or_else(|| c.holder.resource.clone(), |cl| format!("claim {cl}"))
+                ),
+                clip(ns),
+                clip(pod),
             ),
         },
     ]
@@ -155,7 +165,8 @@ pub(crate) fn pod_event(
             ..Default::default()
         },
         reason: Some(reason.to_owned()),
-        message: Some(crate::clip::clip(message).into_owned()),
+        // An event's note is at most 1 KiB (events.k8s.io/v1); the names in it are cut already.
+        message: Some(crate::clip::clip_to(message, crate::clip::MAX_MESSAGE_BYTES).into_owned()),
         type_: Some(type_.to_owned()),
         first_timestamp: Some(now.clone()),
         last_timestamp: Some(now),
