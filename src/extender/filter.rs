@@ -351,3 +351,61 @@ impl Extender {
             .inc();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::DeviceHolder;
+    use crate::placement::{GpuLedger, Grant};
+
+    const GI: u64 = 1 << 30;
+
+    fn rejection() -> Rejection {
+        Rejection::NotEnoughMemory {
+            needed_per_gpu_bytes: GI,
+            margin_bytes: 0,
+            needed_gpus: 1,
+            fitting_gpus: 0,
+            gpus: 2,
+            best_free_bytes: 0,
+            best_gpu_total_bytes: GI,
+        }
+    }
+
+    /// Held GPUs are named for refusals about GPUs or memory only, and make the reason
+    /// `gpu_held` only when the pod would fit with the holders gone.
+    #[test]
+    fn held_gpus_are_named_and_decide_the_reason_only_when_they_are_why() {
+        let mut node = NodeLedger::with_gpus(
+            "n",
+            vec![
+                GpuLedger::new("GPU-a", 24 * GI),
+                GpuLedger::new("GPU-b", 24 * GI),
+            ],
+        );
+        assert_eq!(held_words(&node, &rejection(), |_| true), None);
+        node.gpus[1].set_granted(Some(Grant {
+            index: 1,
+            holders: vec![DeviceHolder {
+                namespace: "ml".into(),
+                pod_name: "trainer-0".into(),
+                resource: "nvidia.com/gpu".into(),
+                ..Default::default()
+            }],
+        }));
+        let fits_freed = |l: &NodeLedger| l.gpus.iter().all(|g| g.free_bytes() == 24 * GI);
+        let (words, why) = held_words(&node, &rejection(), fits_freed).unwrap();
+        assert!(
+            words.starts_with("GPU 1 (GPU-b) is held by ml/trainer-0 through nvidia.com/gpu"),
+            "{words}"
+        );
+        assert!(why);
+        let (_, why) = held_words(&node, &rejection(), |_| false).unwrap();
+        assert!(!why);
+        assert_eq!(
+            held_words(&node, &Rejection::NoReport, |_| true),
+            None,
+            "a node-wide refusal is not about GPUs"
+        );
+    }
+}
