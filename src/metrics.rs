@@ -396,6 +396,8 @@ pub mod extender {
         gpu_free: Family<GpuLabels, Gauge>,
         node_fragmentation: Family<NodeLabels, FloatGauge>,
         node_report_age: Family<NodeLabels, FloatGauge>,
+        gpu_held: Family<GpuLabels, Gauge>,
+        node_holder_conflicts: Family<NodeLabels, Gauge>,
         pod_predicted: Family<PodGpuLabels, Gauge>,
         pod_observed: Family<PodGpuLabels, Gauge>,
         gpus: usize,
@@ -428,6 +430,9 @@ pub mod extender {
                         .get_or_create(&l)
                         .set(bytes(g.observed_bytes()));
                     s.gpu_free.get_or_create(&l).set(bytes(g.free_bytes()));
+                    s.gpu_held
+                        .get_or_create(&l)
+                        .set(i64::from(g.granted().is_some()));
                     s.gpus += 1;
                     for (key, r) in g.reservations() {
                         let Some((namespace, pod)) = pod_name(key) else {
@@ -459,6 +464,17 @@ pub mod extender {
                     s.node_fragmentation
                         .get_or_create(&labels)
                         .set(free_outside_largest_gpu_ratio(&st.ledger));
+                    // Per node, every node with a report (0 included), so an alert can tell
+                    // "resolved" from "not reported": one series per node, as fragmentation.
+                    let conflicts = st
+                        .ledger
+                        .gpus
+                        .iter()
+                        .filter(|g| g.granted().is_some() && !g.reservations().is_empty())
+                        .count();
+                    s.node_holder_conflicts
+                        .get_or_create(&labels)
+                        .set(i64::try_from(conflicts).unwrap_or(i64::MAX));
                     s.nodes += 1;
                 }
             });
@@ -514,6 +530,13 @@ pub mod extender {
             )?;
             family(
                 e,
+                "ledger_gpu_held",
+                "1 when the kubelet gave the GPU to a pod peakfit did not place (device plugin or DRA): committed in full, offered to no peakfit pod",
+                s.gpus,
+                &s.gpu_held,
+            )?;
+            family(
+                e,
                 "node_fragmentation_ratio",
                 "Share of the node's free GPU memory outside its largest free GPU (0..1)",
                 s.nodes,
@@ -525,6 +548,13 @@ pub mod extender {
                 "Age of the node's NodeGpuReport",
                 s.aged,
                 &s.node_report_age,
+            )?;
+            family(
+                e,
+                "gpu_holder_conflicts",
+                "GPUs the kubelet gave to a pod peakfit did not place while peakfit pods are assigned to them (whoever allocates last runs out of memory)",
+                s.nodes,
+                &s.node_holder_conflicts,
             )?;
             family(
                 e,

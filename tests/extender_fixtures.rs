@@ -432,6 +432,8 @@ async fn node_cache_mode_replay() {
         "peakfit_ledger_gpu_free_bytes",
         "peakfit_node_fragmentation_ratio",
         "peakfit_node_report_age_seconds",
+        "peakfit_ledger_gpu_held",
+        "peakfit_gpu_holder_conflicts",
         "peakfit_pod_predicted_bytes",
         "peakfit_pod_observed_bytes",
     ] {
@@ -625,4 +627,91 @@ async fn an_invalid_annotation_is_unresolvable_everywhere_and_named() {
             .iter()
             .all(|h| h["Score"] == 0)
     );
+}
+
+/// Issue 23: on a node whose kubelet gave GPUs 0 and 1 to a device-plugin pod and GPU 2 to a DRA
+/// claim, a pod is offered GPU 3 alone; one needing two GPUs is refused with the holders named
+/// and counted as `gpu_held`, and none of the held GPUs is scored as free.
+#[tokio::test]
+async fn filter_names_the_pods_the_kubelet_gave_gpus_to() {
+    use peakfit::inventory::{DeviceHolder, HolderKind};
+    const GIB: u64 = 1 << 30;
+    let index = std::sync::Arc::new(Index::new());
+    let at = jiff::Timestamp::from_second(capture_clock())
+        .unwrap()
+        .to_string();
+    let dp = DeviceHolder {
+        namespace: "ml".into(),
+        pod_name: "trainer-0".into(),
+        container: "main".into(),
+        kind: HolderKind::DevicePlugin,
+        resource: "nvidia.com/gpu".into(),
+        claim: None,
+    };
+    let dra = DeviceHolder {
+        pod_name: "infer-0".into(),
+        kind: HolderKind::Dra,
+        resource: "gpu.nvidia.com".into(),
+        claim: Some("ml/gpus".into()),
+        ..dp.clone()
+    };
+    let mut gpus: Vec<_> = (0..4)
+        .map(|i| mk_gpu(i, format!("GPU-{i}"), 24 * GIB, 0))
+        .collect();
+    gpus[0].held_by = vec![dp.clone()];
+    gpus[1].held_by = vec![dp];
+    gpus[2].held_by = vec![dra];
+    index.apply_report(&mk_report("mixed", &at, gpus));
+    index.apply_node(&mk_node("mixed"));
+    let h = harness(index.clone());
+    let filter = |pod: &Pod| {
+        serde_json::to_vec(&serde_json::json!({"Pod": pod, "NodeNames": ["mixed"]})).unwrap()
+    };
+    let one = mk_pod("one", &[("peakfit.io/vram", "10Gi")]);
+    index.apply_pod(&one);
+    let (_, reply) = call(&h.router, "POST", "/filter", filter(&one)).await;
+    assert_eq!(json(&reply)["NodeNames"], serde_json::json!(["mixed"]));
+    let two = mk_pod(
+        "two",
+        &[("peakfit.io/vram", "10Gi"), ("peakfit.io/gpus", "2")],
+    );
+    index.apply_pod(&two);
+    let (_, reply) = call(&h.router, "POST", "/filter", filter(&two)).await;
+    let reply = json(&reply);
+    assert_eq!(reply["NodeNames"], serde_json::json!([]));
+    let words = reply["FailedAndUnresolvableNodes"]["mixed"]
+        .as_str()
+        .unwrap();
+    for held in [
+        "GPU 0 (GPU-0) is held by ml/trainer-0 through nvidia.com/gpu",
+        "GPU 1 (GPU-1) is held by ml/trainer-0 through nvidia.com/gpu",
+        "GPU 2 (GPU-2) is held by ml/infer-0 through claim ml/gpus (gpu.nvidia.com)",
+    ] {
+        assert!(words.contains(held), "{words}");
+    }
+    assert!(!words.contains("GPU 3 "), "{words}");
+    let (_, metrics) = call(&h.router, "GET", "/metrics", vec![]).await;
+    let text = String::from_utf8(metrics).unwrap();
+    assert!(
+        text.contains(r#"peakfit_extender_rejections_total{reason="gpu_held"} 1"#),
+        "{text}"
+    );
+    for (uuid, held) in [("GPU-0", 1), ("GPU-2", 1), ("GPU-3", 0)] {
+        let series = format!(r#"peakfit_ledger_gpu_held{{node="mixed",uuid="{uuid}"}} {held}"#);
+        assert!(text.contains(&series), "{series}\n{text}");
+    }
+    assert!(
+        text.contains(r#"peakfit_gpu_holder_conflicts{node="mixed"} 0"#),
+        "{text}"
+    );
+    let free: Vec<u64> = index
+        .node("mixed")
+        .unwrap()
+        .read()
+        .ledger
+        .gpus
+        .iter()
+        .map(|g| g.free_bytes() / GIB)
+        .collect();
+    assert_eq!(free, [0, 0, 0, 24]);
 }

@@ -215,6 +215,7 @@ fn webhook() -> &'static Mutator {
         runtime_class_name: Some("nvidia".into()),
         gpu_memory_resource: Some("peakfit.io/gpu-memory-mib".into()),
         require_vram: peakfit::webhook::RequireVram::Off,
+        convert_device_plugin_requests: false,
     })
 }
 

@@ -15,6 +15,7 @@ fn app() -> axum::Router {
         runtime_class_name: None,
         gpu_memory_resource: None,
         require_vram: peakfit::webhook::RequireVram::Off,
+        convert_device_plugin_requests: false,
     })
 }
 
@@ -294,6 +295,7 @@ async fn admitted_with_resource(annotations: Value, containers: Value) -> (Value
         runtime_class_name: None,
         gpu_memory_resource: Some("peakfit.io/gpu-memory-mib".into()),
         require_vram: peakfit::webhook::RequireVram::Off,
+        convert_device_plugin_requests: false,
     });
     let body = review(&annotations, &containers, &json!([]));
     let request = Request::post("/mutate")
@@ -372,6 +374,7 @@ async fn admit_under(policy: peakfit::webhook::RequireVram, annotations: Value) 
         runtime_class_name: None,
         gpu_memory_resource: None,
         require_vram: policy,
+        convert_device_plugin_requests: false,
     });
     let body = review(
         &annotations,

@@ -18,6 +18,7 @@ async fn send(method: &str, path: &str, content_type: &str, body: Vec<u8>) -> (S
         runtime_class_name: None,
         gpu_memory_resource: None,
         require_vram: peakfit::webhook::RequireVram::Off,
+        convert_device_plugin_requests: false,
     });
     let request = Request::builder()
         .method(method)

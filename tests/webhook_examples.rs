@@ -49,6 +49,7 @@ async fn admit(mut pod: Value) -> (Value, Vec<Value>) {
         runtime_class_name: None,
         gpu_memory_resource: None,
         require_vram: peakfit::webhook::RequireVram::Off,
+        convert_device_plugin_requests: false,
     });
     let request = Request::post("/mutate")
         .header("content-type", "application/json")

@@ -60,6 +60,7 @@ fn peak_while_answering(body: Vec<u8>) -> (usize, Vec<u8>) {
         runtime_class_name: Some("nvidia".into()),
         gpu_memory_resource: Some("peakfit.io/gpu-memory-mib".into()),
         require_vram: peakfit::webhook::RequireVram::Off,
+        convert_device_plugin_requests: false,
     });
     let request = Request::post("/mutate")
         .header("content-type", "application/json")
@@ -134,6 +135,7 @@ fn sixteen_concurrent_4_mib_reviews_stay_far_under_the_chart_limit() {
         runtime_class_name: None,
         gpu_memory_resource: None,
         require_vram: peakfit::webhook::RequireVram::Off,
+        convert_device_plugin_requests: false,
     });
     let body = axum::body::Bytes::from(body);
     let base = NOW.load(Ordering::Relaxed);

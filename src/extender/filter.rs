@@ -11,7 +11,7 @@ use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
 use crate::cluster::index::pod_key;
 use crate::cluster::resources::host_request_of;
 use crate::metrics::extender::{DecisionLabels, ReasonLabels, ScoreSourceLabels};
-use crate::placement::fit::{check_class, node_usable};
+use crate::placement::fit::{check_class, need_on, node_usable};
 use crate::placement::memo::fresh_id;
 use crate::placement::{FitConfig, NodeLedger, PodShape, Rejection};
 
@@ -117,15 +117,8 @@ pub fn resolvable_by_preemption(
                 .gpus
                 .iter()
                 .filter(|g| {
-                    let need = shape
-                        .demand
-                        .bytes_on(g.total_bytes)
-                        .saturating_add(cfg.safety_margin_bytes);
-                    shape.demand.runs_on(g.total_bytes)
-                        && g.total_bytes
-                            .saturating_sub(g.driver_reserved_bytes)
-                            .saturating_sub(g.unattributed_bytes)
-                            >= need
+                    let (_, need) = need_on(&shape.demand, g, cfg.safety_margin_bytes);
+                    shape.demand.runs_on(g.total_bytes) && g.room_without_pods() >= need
                 })
                 .count();
             crate::convert::usize_to_u32(could) >= shape.gpus.max(1)
@@ -137,6 +130,43 @@ pub fn resolvable_by_preemption(
         | Rejection::TooFewGpus { .. }
         | Rejection::GpuTooSmall { .. } => false,
     }
+}
+
+/// The words naming the node's GPUs that the kubelet gave to pods peakfit did not place ("GPU 3
+/// (GPU-…) is held by ml/trainer-0 through nvidia.com/gpu"), for a refusal about GPUs or memory,
+/// and whether the pod would fit but for them (`fits`: the fit on the node with the holders
+/// gone), which makes the reason `gpu_held`. `None` when no GPU of the node is held. Per node,
+/// outside the per-state memo: nodes in one state can have different holders.
+fn held_words(
+    ledger: &NodeLedger,
+    r: &Rejection,
+    fits: impl Fn(&NodeLedger) -> bool,
+) -> Option<(String, bool)> {
+    if !matches!(
+        r,
+        Rejection::NotEnoughMemory { .. } | Rejection::TooFewGpus { .. }
+    ) {
+        return None;
+    }
+    let held: Vec<String> = ledger
+        .gpus
+        .iter()
+        .filter_map(|g| g.granted().map(|grant| grant.describe(&g.uuid)))
+        .collect();
+    if held.is_empty() {
+        return None;
+    }
+    let mut freed = ledger.clone();
+    for g in &mut freed.gpus {
+        g.set_granted(None);
+    }
+    Some((
+        format!(
+            "{} (peakfit shares no GPU the kubelet gave to a pod it did not place)",
+            held.join("; ")
+        ),
+        fits(&freed),
+    ))
 }
 
 impl Extender {
@@ -202,10 +232,22 @@ impl Extender {
                 // state under this request's id. Whether the node is usable now moves with the
                 // clock, so that is checked for each node.
                 let request = fresh_id();
-                let refusal = |ledger: &NodeLedger, r: &Rejection, words: String| Refusal {
-                    reason: r.reason(),
-                    resolvable: resolvable_by_preemption(ledger, &shape, &self.fit, r),
-                    words,
+                let refusal = |ledger: &NodeLedger, r: &Rejection, words: String| {
+                    let held = held_words(ledger, r, |l| {
+                        check_class(l, &class, &self.fit, now).is_ok()
+                    });
+                    Refusal {
+                        reason: if held.as_ref().is_some_and(|h| h.1) {
+                            "gpu_held"
+                        } else {
+                            r.reason()
+                        },
+                        resolvable: resolvable_by_preemption(ledger, &shape, &self.fit, r),
+                        words: match held {
+                            Some((h, _)) => format!("{words}; {h}"),
+                            None => words,
+                        },
+                    }
                 };
                 // Outer `None`: the index does not know the node; inner: it fits. The words
                 // are written here, in parallel: for thousands of refused nodes they cost more
@@ -307,5 +349,63 @@ impl Extender {
             .decisions
             .get_or_create(&DecisionLabels { verb, outcome })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::DeviceHolder;
+    use crate::placement::{GpuLedger, Grant};
+
+    const GI: u64 = 1 << 30;
+
+    fn rejection() -> Rejection {
+        Rejection::NotEnoughMemory {
+            needed_per_gpu_bytes: GI,
+            margin_bytes: 0,
+            needed_gpus: 1,
+            fitting_gpus: 0,
+            gpus: 2,
+            best_free_bytes: 0,
+            best_gpu_total_bytes: GI,
+        }
+    }
+
+    /// Held GPUs are named for refusals about GPUs or memory only, and make the reason
+    /// `gpu_held` only when the pod would fit with the holders gone.
+    #[test]
+    fn held_gpus_are_named_and_decide_the_reason_only_when_they_are_why() {
+        let mut node = NodeLedger::with_gpus(
+            "n",
+            vec![
+                GpuLedger::new("GPU-a", 24 * GI),
+                GpuLedger::new("GPU-b", 24 * GI),
+            ],
+        );
+        assert_eq!(held_words(&node, &rejection(), |_| true), None);
+        node.gpus[1].set_granted(Some(Grant {
+            index: 1,
+            holders: vec![DeviceHolder {
+                namespace: "ml".into(),
+                pod_name: "trainer-0".into(),
+                resource: "nvidia.com/gpu".into(),
+                ..Default::default()
+            }],
+        }));
+        let fits_freed = |l: &NodeLedger| l.gpus.iter().all(|g| g.free_bytes() == 24 * GI);
+        let (words, why) = held_words(&node, &rejection(), fits_freed).unwrap();
+        assert!(
+            words.starts_with("GPU 1 (GPU-b) is held by ml/trainer-0 through nvidia.com/gpu"),
+            "{words}"
+        );
+        assert!(why);
+        let (_, why) = held_words(&node, &rejection(), |_| false).unwrap();
+        assert!(!why);
+        assert_eq!(
+            held_words(&node, &Rejection::NoReport, |_| true),
+            None,
+            "a node-wide refusal is not about GPUs"
+        );
     }
 }

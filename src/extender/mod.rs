@@ -3,6 +3,7 @@
 //! index) nor write a Pod except through `cluster::binding`; bind records its own decision only.
 
 pub mod bind;
+pub mod conflicts;
 pub mod filter;
 pub mod nudge;
 pub mod preempt;
@@ -473,6 +474,9 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         && !args.self_preempt_after.is_zero()
     {
         self_preempt::spawn(ext.clone(), client.clone(), args.self_preempt_after);
+    }
+    if let Some(client) = &nudge_client {
+        conflicts::spawn(ext.clone(), client.clone(), conflicts::INTERVAL);
     }
     if let Some(client) = nudge_client
         && !args.nudge_interval.is_zero()

@@ -57,6 +57,18 @@ pub struct WebhookArgs {
     /// classes are the measured error bands `peakfit estimate` prints.
     #[arg(long, env = "PEAKFIT_REQUIRE_VRAM", value_enum, default_value_t = RequireVram::Off)]
     pub require_vram: RequireVram,
+    /// Turn `nvidia.com/gpu: N` of an opted-in pod (its namespace's label, or a `peakfit.io/`
+    /// annotation) into a peakfit pod of N whole GPUs: the resource is removed from its
+    /// containers and `peakfit.io/gpus: N` (and, unless the pod sizes itself, `gpu-share: 1`)
+    /// set, so that peakfit assigns its GPUs and the device plugin never hands out one that
+    /// peakfit pods share (issue 23). `false` leaves such pods to the device plugin.
+    #[arg(
+        long,
+        env = "PEAKFIT_CONVERT_DEVICE_PLUGIN_REQUESTS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub convert_device_plugin_requests: bool,
     /// Review bytes being read or answered at once, all reviews together (Kubernetes quantity,
     /// at least the 4 MiB a review may be): a review waits (up to --body-timeout, then 503) for
     /// room, so memory stays bounded however many large pods are created at once. A review
@@ -240,6 +252,7 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
         gpu_memory_resource: Some(args.gpu_memory_resource.trim().to_owned())
             .filter(|r| !r.is_empty()),
         require_vram: args.require_vram,
+        convert_device_plugin_requests: args.convert_device_plugin_requests,
     };
     let app = router_with(mutator, limits(args.max_body_bytes_in_flight, &args.serve));
     let listener = TcpListener::bind(args.listen)

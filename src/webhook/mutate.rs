@@ -84,7 +84,13 @@ pub struct Mutator {
     pub gpu_memory_resource: Option<String>,
     /// Which modelled pods must state `peakfit.io/vram` instead (`--require-vram`).
     pub require_vram: RequireVram,
+    /// Turn an opted-in pod's `nvidia.com/gpu: N` into a peakfit pod of N whole GPUs
+    /// (`--convert-device-plugin-requests`, see [`device_plugin_conversion`]).
+    pub convert_device_plugin_requests: bool,
 }
+
+/// The device plugin's extended resource that `--convert-device-plugin-requests` converts.
+pub const DEVICE_PLUGIN_GPU: &str = "nvidia.com/gpu";
 
 /// Which pods the webhook refuses unless they give `peakfit.io/vram`: those whose workload kind
 /// the peak-memory model does not cover, or covers with a confidence class at or below the one
@@ -320,13 +326,30 @@ impl Mutator {
                 return Decision::PassThrough;
             }
         };
-        let annotations = object.metadata.annotations.clone().unwrap_or_default();
+        let mut annotations = object.metadata.annotations.clone().unwrap_or_default();
         // Refusals quote the annotation cut to 256 bytes (`clip`): the API server shows the
         // message to the pod's author and logs it.
-        let spec = match model::Spec::parse(&annotations) {
+        let mut spec = match model::Spec::parse(&annotations) {
             Ok(spec) => spec,
             Err(e) => return Decision::Refuse(crate::clip::annotation_error(e).to_string()),
         };
+        let mut ops = PatchWriter::default();
+        let mut warnings = Vec::new();
+        if self.convert_device_plugin_requests
+            && (opt_in == OptIn::Namespace || !spec.is_empty())
+            && let Some(conversion) = device_plugin_conversion(&pod_spec, &annotations)
+        {
+            conversion.write(
+                object.metadata.annotations.is_none(),
+                &mut annotations,
+                &mut ops,
+                &mut warnings,
+            );
+            spec = match model::Spec::parse(&annotations) {
+                Ok(spec) => spec,
+                Err(e) => return Decision::Refuse(crate::clip::annotation_error(e).to_string()),
+            };
+        }
         // A model in a ConfigMap is sized by the extender, which reads it: the webhook decides
         // from the review alone, so it checks the annotations and leaves the size open.
         let deferred = spec.model_config.is_some() && spec.vram.is_none();
@@ -342,8 +365,6 @@ impl Mutator {
         if opted && let Some(why) = self.require_vram.refusal(&spec) {
             return Decision::Refuse(why);
         }
-        let mut ops = PatchWriter::default();
-        let mut warnings = Vec::new();
         // Bind's output on a pod being created is forged or copied (a restored backup, a
         // template that kept them): the extender's index would believe it and count memory
         // on GPUs nobody reserved. Removed whether or not the pod opts in.
@@ -420,6 +441,138 @@ impl Mutator {
             return Decision::PassThrough;
         }
         Decision::Mutate { ops, warnings }
+    }
+}
+
+/// How an opted-in pod's device-plugin GPUs become peakfit's (issue 23): the kubelet hands
+/// `nvidia.com/gpu` devices out by itself, knowing nothing of peakfit's placements, so a pod
+/// peakfit schedules that also asks the device plugin for GPUs could be given a GPU peakfit
+/// pods share (and the device plugin's count would not match the GPUs peakfit assigned). Such
+/// a pod is made a peakfit pod of N whole GPUs instead, and peakfit is the one allocator.
+#[derive(Debug, PartialEq, Eq)]
+struct Conversion {
+    /// The GPUs: the containers' sum, or the largest init container's if more (init containers
+    /// run one at a time, before the others, as the kubelet counts them).
+    gpus: u64,
+    /// (field, container index, `requests`/`limits`) entries that name the resource.
+    remove: Vec<(&'static str, usize, &'static str)>,
+    /// The pod already says how much memory it needs (`vram`, a model...): only the count is set.
+    sized: bool,
+}
+
+/// The conversion of a pod that asks for `nvidia.com/gpu`, if it does. A pod giving its own
+/// `peakfit.io/gpus` keeps it; a pod with a peakfit request keeps its sizing, and one without
+/// takes whole GPUs (`gpu-share: 1`, which fits only a GPU nobody else uses).
+fn device_plugin_conversion(
+    spec: &SpecView,
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Option<Conversion> {
+    let count = |c: &ContainerView, field: &str| -> Option<u64> {
+        let r = c.resources.as_ref()?;
+        let map = if field == "limits" {
+            r.limits.as_ref()
+        } else {
+            r.requests.as_ref()
+        }?;
+        map.get(DEVICE_PLUGIN_GPU)
+            .map(|q| q.0.trim().parse::<u64>().unwrap_or(0))
+    };
+    let mut remove = Vec::new();
+    let (mut sum, mut init_max) = (0u64, 0u64);
+    for (field, list) in [
+        ("containers", &spec.containers),
+        ("initContainers", &spec.init_containers),
+    ] {
+        for (i, c) in list.as_deref().unwrap_or_default().iter().enumerate() {
+            // Limits decide an extended resource (requests, when given, must equal them).
+            let n = count(c, "limits").or_else(|| count(c, "requests"));
+            for part in ["requests", "limits"] {
+                if count(c, part).is_some() {
+                    remove.push((field, i, part));
+                }
+            }
+            let n = n.unwrap_or(0);
+            if field == "containers" {
+                sum = sum.saturating_add(n);
+            } else {
+                init_max = init_max.max(n);
+            }
+        }
+    }
+    if remove.is_empty() {
+        return None;
+    }
+    let sized = model::Spec::parse(annotations).is_ok_and(|s| {
+        s.vram.is_some()
+            || s.gpu_share.is_some()
+            || model::pod_request(annotations).is_ok_and(|r| r.is_some())
+    });
+    Some(Conversion {
+        gpus: sum.max(init_max),
+        remove,
+        sized,
+    })
+}
+
+impl Conversion {
+    /// The patch: the resource out of every container, and the annotations in (`fresh`: the pod
+    /// has no annotations map yet). `annotations` becomes what the pod will carry.
+    fn write(
+        &self,
+        fresh: bool,
+        annotations: &mut std::collections::BTreeMap<String, String>,
+        ops: &mut PatchWriter,
+        warnings: &mut Vec<String>,
+    ) {
+        for &(field, index, part) in &self.remove {
+            ops.remove(&[
+                "spec",
+                field,
+                &index.to_string(),
+                "resources",
+                part,
+                DEVICE_PLUGIN_GPU,
+            ]);
+        }
+        let gpus_key = format!("{}gpus", model::annotations::PREFIX);
+        let share_key = format!("{}gpu-share", model::annotations::PREFIX);
+        let mut added: Vec<(String, String)> = Vec::new();
+        if self.gpus == 0 {
+            warnings.push(format!(
+                "removed {DEVICE_PLUGIN_GPU}: 0 GPUs asked; peakfit places this pod on no GPU"
+            ));
+            return;
+        }
+        if !annotations.contains_key(&gpus_key) {
+            added.push((gpus_key.clone(), self.gpus.to_string()));
+        }
+        if !self.sized {
+            added.push((share_key, "1".to_owned()));
+        }
+        if fresh && !added.is_empty() {
+            let map: std::collections::BTreeMap<&str, &str> = added
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            ops.add(&["metadata", "annotations"], &map);
+        } else {
+            for (k, v) in &added {
+                ops.add(&["metadata", "annotations", k], v);
+            }
+        }
+        let said: Vec<String> = added.iter().map(|(k, v)| format!("{k}: {v:?}")).collect();
+        warnings.push(format!(
+            "converted {DEVICE_PLUGIN_GPU}: {} into {}: peakfit assigns this pod's GPUs, so that \
+             the device plugin never gives it (or another pod) a GPU peakfit pods share \
+             (webhook --convert-device-plugin-requests)",
+            self.gpus,
+            if said.is_empty() {
+                "the pod's own peakfit.io/ annotations".to_owned()
+            } else {
+                said.join(", ")
+            }
+        ));
+        annotations.extend(added);
     }
 }
 
@@ -711,6 +864,7 @@ mod tests {
             runtime_class_name: None,
             gpu_memory_resource: None,
             require_vram: RequireVram::Off,
+            convert_device_plugin_requests: false,
         }
     }
 
@@ -933,6 +1087,125 @@ mod tests {
         let review: Review = serde_json::from_value(other).unwrap();
         assert_eq!(
             mutator().decide(&review.try_into().unwrap(), OptIn::Namespace),
+            Decision::PassThrough
+        );
+    }
+
+    fn converting() -> Mutator {
+        Mutator {
+            convert_device_plugin_requests: true,
+            ..mutator()
+        }
+    }
+
+    fn ops_of(d: Decision) -> (Vec<PatchOperation>, Vec<String>) {
+        let Decision::Mutate { ops, warnings } = d else {
+            panic!("not mutated: {d:?}")
+        };
+        (ops.decoded(), warnings)
+    }
+
+    /// Issue 23: `nvidia.com/gpu: 2` in an opted-in namespace becomes a peakfit pod of two whole
+    /// GPUs: the resource leaves every container, the annotations say so, and the pod is
+    /// pinned like any peakfit pod.
+    #[test]
+    fn a_device_plugin_request_in_an_opted_in_namespace_becomes_whole_gpus() {
+        let p = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "trainer", "namespace": "ml"},
+            "spec": {"containers": [
+                {"name": "a", "image": "i", "resources": {
+                    "limits": {"nvidia.com/gpu": "1", "cpu": "2"},
+                    "requests": {"nvidia.com/gpu": "1"}}},
+                {"name": "b", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+            ]},
+        });
+        let review = review_of(&p, "CREATE");
+        let (ops, warnings) =
+            ops_of(converting().decide(&review.try_into().unwrap(), OptIn::Namespace));
+        for path in [
+            [
+                "spec",
+                "containers",
+                "0",
+                "resources",
+                "requests",
+                "nvidia.com/gpu",
+            ],
+            [
+                "spec",
+                "containers",
+                "0",
+                "resources",
+                "limits",
+                "nvidia.com/gpu",
+            ],
+            [
+                "spec",
+                "containers",
+                "1",
+                "resources",
+                "limits",
+                "nvidia.com/gpu",
+            ],
+        ] {
+            assert!(
+                ops.contains(&remove(&path)),
+                "{path:?} not removed: {ops:?}"
+            );
+        }
+        assert!(
+            ops.contains(&add(
+                &["metadata", "annotations"],
+                json!({"peakfit.io/gpus": "2", "peakfit.io/gpu-share": "1"})
+            )),
+            "{ops:?}"
+        );
+        assert!(ops.iter().any(|o| matches!(o, PatchOperation::Add(a)
+            if a.path.as_str() == "/spec/containers/0/env")));
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("converted nvidia.com/gpu: 2")),
+            "{warnings:?}"
+        );
+
+        // Switched off, the same pod is left to the device plugin (only scheduled by peakfit).
+        let review = review_of(&p, "CREATE");
+        let d = mutator().decide(&review.try_into().unwrap(), OptIn::Namespace);
+        let (ops, _) = ops_of(d);
+        assert!(
+            !ops.iter().any(|o| matches!(o, PatchOperation::Remove(_))),
+            "{ops:?}"
+        );
+    }
+
+    /// A pod that sizes itself keeps its sizing and its own GPU count; one of a namespace not
+    /// opted in (no peakfit annotation on `/mutate`) is not touched.
+    #[test]
+    fn a_sized_pod_keeps_its_sizing_and_others_pass() {
+        let sized = pod(
+            &json!({"peakfit.io/vram": "20Gi"}),
+            &json!([{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]),
+        );
+        let review = review_of(&sized, "CREATE");
+        let (ops, _) = ops_of(converting().decide(&review.try_into().unwrap(), OptIn::Annotation));
+        assert!(ops.contains(&add(
+            &["metadata", "annotations", "peakfit.io/gpus"],
+            "3".into()
+        )));
+        assert!(
+            !ops.iter().any(|o| o.path().as_str().contains("gpu-share")),
+            "{ops:?}"
+        );
+
+        let plain = pod(
+            &json!({}),
+            &json!([{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+        );
+        let review = review_of(&plain, "CREATE");
+        assert_eq!(
+            converting().decide(&review.try_into().unwrap(), OptIn::Annotation),
             Decision::PassThrough
         );
     }

@@ -436,8 +436,72 @@ impl Cluster {
     /// the GPUs idle and `observedAt` now. For the benches, where thousands of agent processes
     /// cannot run; the extender needs a `--max-report-age` longer than the run.
     pub async fn add_reported_node(&self, name: &str, gpus: Vec<Gpu>) {
-        use peakfit::inventory::{GpuDevice, NodeGpuReportStatus, NodeMemorySummary, NvmlStatus};
         self.create_ready_node(name, Some(gpus.len())).await;
+        self.publish_report(name, &gpus, &[]).await;
+        self.nodes.lock().unwrap().insert(
+            name.to_owned(),
+            GpuNode {
+                name: name.to_owned(),
+                gpus,
+                nvml_config: PathBuf::new(),
+                pod_resources_socket: None,
+                agent: None,
+            },
+        );
+    }
+
+    /// `add_reported_node` whose report lists, per GPU index, the pods the kubelet gave it to
+    /// (`heldBy`, issue 23), as the agent writes them from the kubelet's `PodResources` API; the
+    /// Node also advertises `peakfit.io/gpu-memory-mib` for its GPUs nobody holds, as the agent
+    /// does, so pods the webhook sized pass kube-scheduler's own fit.
+    pub async fn add_held_node(
+        &self,
+        name: &str,
+        gpus: Vec<Gpu>,
+        held: &[(usize, peakfit::inventory::DeviceHolder)],
+    ) {
+        self.add_reported_node(name, gpus.clone()).await;
+        self.publish_report(name, &gpus, held).await;
+        let free_mib: u64 = gpus
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !held.iter().any(|(j, _)| j == i))
+            .map(|(_, g)| g.total >> 20)
+            .sum();
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let r = json!({ "cpu": "64", "memory": "512Gi", "pods": "110",
+                        "nvidia.com/gpu": gpus.len().to_string(),
+                        "peakfit.io/gpu-memory-mib": free_mib.to_string() });
+        nodes
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": { "capacity": r, "allocatable": r } })),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Writes `name`'s report again with these holders (`observedAt` now), as its agent would at
+    /// its next poll.
+    pub async fn set_holders(
+        &self,
+        name: &str,
+        held: &[(usize, peakfit::inventory::DeviceHolder)],
+    ) {
+        let gpus = self.gpus_of(name);
+        self.publish_report(name, &gpus, held).await;
+    }
+
+    async fn publish_report(
+        &self,
+        name: &str,
+        gpus: &[Gpu],
+        held: &[(usize, peakfit::inventory::DeviceHolder)],
+    ) {
+        use peakfit::inventory::{
+            GpuDevice, NodeGpuReportStatus, NodeMemorySummary, NvmlStatus, PodResourcesStatus,
+        };
         let total: u64 = gpus.iter().map(|g| g.total).sum();
         let status = NodeGpuReportStatus {
             observed_at: jiff::Timestamp::now().to_string(),
@@ -456,6 +520,11 @@ impl Cluster {
                     pci_bus_id: Some(format!("00000000:{:02x}:00.0", 0x10 + i)),
                     memory_total_bytes: g.total,
                     memory_free_bytes: g.total,
+                    held_by: held
+                        .iter()
+                        .filter(|(j, _)| *j == i)
+                        .map(|(_, h)| h.clone())
+                        .collect(),
                     ..Default::default()
                 })
                 .collect(),
@@ -467,23 +536,16 @@ impl Cluster {
             },
             agent_version: Some(env!("CARGO_PKG_VERSION").into()),
             pod_peaks: Vec::new(),
-            pod_resources: None,
+            pod_resources: (!held.is_empty()).then_some(PodResourcesStatus {
+                up: true,
+                reason: None,
+            }),
         };
         let mut publisher = peakfit::agent::publish::Publisher::new(self.client.clone(), name);
         publisher
             .publish(&status)
             .await
             .unwrap_or_else(|e| panic!("writing the NodeGpuReport of {name}: {e}"));
-        self.nodes.lock().unwrap().insert(
-            name.to_owned(),
-            GpuNode {
-                name: name.to_owned(),
-                gpus,
-                nvml_config: PathBuf::new(),
-                pod_resources_socket: None,
-                agent: None,
-            },
-        );
     }
 
     fn spawn_agent(&self, node: &GpuNode) -> Proc {

@@ -44,6 +44,7 @@ impl Webhook {
             runtime_class_name: None,
             gpu_memory_resource: None,
             require_vram: peakfit::webhook::RequireVram::Off,
+            convert_device_plugin_requests: false,
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve(listener, acceptor, app, async {

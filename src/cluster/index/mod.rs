@@ -42,7 +42,7 @@ pub use reasons::ReasonLabels;
 pub use rebuild::free_outside_largest_gpu_ratio;
 pub use report_view::MAX_GPU_BYTES;
 pub use scores::{StateScores, Verdict};
-pub use slot::{NodeSlot, NodeState};
+pub use slot::{HolderConflict, NodeSlot, NodeState};
 
 use slot::PodTable;
 use states::States;

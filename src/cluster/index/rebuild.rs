@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use super::report_view::ReportView;
 use super::slot::NodeState;
 use super::{Assignment, Index, PodEntry};
-use crate::placement::{GpuLedger, NodeCondition, NodeLedger, PodKey, ScoreInputs};
+use crate::inventory::DeviceHolder;
+use crate::placement::{GpuLedger, Grant, NodeCondition, NodeLedger, PodKey, ScoreInputs};
 
 /// A node's ledger as [`ledger_of`] works it out, and the pods it had to charge elsewhere.
 #[derive(Debug)]
@@ -56,6 +57,7 @@ pub(super) fn ledger_of<'a>(
         .iter()
         .map(|g| GpuLedger::new(g.uuid.clone(), g.total).with_model(g.model.clone()))
         .collect();
+    let pods_for_grants = pods.clone();
     for pod in pods {
         let Some(a) = &pod.assignment else { continue };
         let key = pod.key.as_str();
@@ -86,6 +88,7 @@ pub(super) fn ledger_of<'a>(
             unreported.push((pod, missing));
         }
     }
+    grant_devices(&mut ledger, report, pods_for_grants);
     // Placement's rule: use by pods with a reservation on the device is theirs, everything else
     // the device uses is unattributed.
     // A pod is observed at the most it has used (the agent's `podPeaks`: a spike between two
@@ -121,6 +124,50 @@ pub(super) fn ledger_of<'a>(
         );
     }
     Rebuilt { ledger, unreported }
+}
+
+/// Marks the devices the kubelet gave to pods peakfit did not place there (issue 23): such a
+/// device is committed in full to its holder and offered to no peakfit pod.
+///
+/// "Placed there by peakfit" means: a pod bound to this node whose `peakfit.io/assigned-gpus`
+/// names this device. Only bind writes that annotation, and the pod's UID-keyed reservation is
+/// on the device already, so its memory is counted; any other holder (a pod of the default
+/// scheduler with `nvidia.com/gpu`, a DRA claim, a peakfit pod given a *different* GPU by a
+/// device plugin) owns the device as far as the kubelet is concerned and may fill it at any time.
+fn grant_devices<'a>(
+    ledger: &mut NodeLedger,
+    report: &ReportView,
+    pods: impl Iterator<Item = &'a PodEntry>,
+) {
+    if report.gpus.iter().all(|g| g.holders.is_empty()) {
+        return;
+    }
+    let placed: Vec<(&str, &str, &[String])> = pods
+        .filter_map(|p| {
+            let a = p.assignment.as_ref()?;
+            Some((
+                p.namespace.as_str(),
+                p.name.as_str(),
+                a.gpu_uuids.as_slice(),
+            ))
+        })
+        .collect();
+    for (gpu, seen) in ledger.gpus.iter_mut().zip(&report.gpus) {
+        let holders: Vec<DeviceHolder> = seen
+            .holders
+            .iter()
+            .filter(|h| {
+                !placed.iter().any(|(ns, name, uuids)| {
+                    *ns == h.namespace && *name == h.pod_name && uuids.contains(&gpu.uuid)
+                })
+            })
+            .cloned()
+            .collect();
+        gpu.set_granted(Some(Grant {
+            index: seen.index,
+            holders,
+        }));
+    }
 }
 
 impl Index {
@@ -303,6 +350,8 @@ mod tests {
                     driver_reserved,
                     by_pod: by_pod.iter().map(|&(u, b)| (u.to_owned(), b)).collect(),
                     peak_by_pod: Vec::new(),
+                    index: 0,
+                    holders: Vec::new(),
                 })
                 .collect(),
         }
@@ -492,6 +541,84 @@ mod tests {
                 .iter()
                 .all(|g| g.committed_bytes() == 0)
         );
+    }
+
+    fn holder(pod: &str, kind: crate::inventory::HolderKind) -> crate::inventory::DeviceHolder {
+        crate::inventory::DeviceHolder {
+            namespace: "ml".into(),
+            pod_name: pod.into(),
+            container: "main".into(),
+            kind,
+            resource: "nvidia.com/gpu".into(),
+            claim: None,
+        }
+    }
+
+    /// Issue 23: a GPU the kubelet gave to a pod peakfit did not place is committed in full and
+    /// names its holder; one it gave to the peakfit pod assigned to it is that pod's, counted
+    /// by its reservation; a peakfit pod given a *different* GPU by a device plugin holds that
+    /// one like a stranger; a conflict (a peakfit pod on a granted GPU) counts both.
+    #[test]
+    fn granted_gpus_are_committed_to_holders_peakfit_did_not_place() {
+        use crate::inventory::HolderKind::{DevicePlugin, Dra};
+        let index = Index::new();
+        index.apply_pod(&mk_pod(
+            "u1",
+            Some("n1"),
+            &[
+                ("peakfit.io/vram", "4Gi"),
+                (ASSIGNED_GPUS, "GPU-0"),
+                (RESERVED_BYTES, &(4 * GIB).to_string()),
+            ],
+        ));
+        // The kubelet's view: u1 (pod-u1) holds GPU-0 (its own) and GPU-1 (not assigned to
+        // it); trainer-0 holds GPU-2 through a DRA claim; GPU-3 is free.
+        let mut r = mk_report(
+            "n1",
+            &[
+                ("GPU-0", 24 * GIB, 0, &[]),
+                ("GPU-1", 24 * GIB, 0, &[]),
+                ("GPU-2", 24 * GIB, 2 * GIB, &[]),
+                ("GPU-3", 24 * GIB, 0, &[]),
+            ],
+        );
+        let gpus = &mut r.status.as_mut().unwrap().gpus;
+        gpus[0].held_by = vec![holder("pod-u1", DevicePlugin)];
+        gpus[1].held_by = vec![holder("pod-u1", DevicePlugin)];
+        gpus[2].held_by = vec![holder("trainer-0", Dra)];
+        index.apply_report(&r);
+        let l = ledger(&index, "n1");
+        let held: Vec<bool> = l.gpus.iter().map(|g| g.granted().is_some()).collect();
+        assert_eq!(held, [false, true, true, false]);
+        let committed: Vec<u64> = l.gpus.iter().map(|g| g.committed_bytes() / GIB).collect();
+        assert_eq!(committed, [4, 24, 24, 0]);
+        assert_eq!(
+            l.gpus[2].granted().unwrap().describe("GPU-2"),
+            "GPU 2 (GPU-2) is held by ml/trainer-0 through nvidia.com/gpu"
+        );
+        assert!(index.holder_conflicts().is_empty());
+
+        // A report giving GPU-0 to trainer-0 as well: a conflict, counted at once.
+        let mut r2 = r.clone();
+        r2.status.as_mut().unwrap().gpus[0]
+            .held_by
+            .push(holder("trainer-0", DevicePlugin));
+        index.apply_report(&r2);
+        assert_eq!(ledger(&index, "n1").gpus[0].committed_bytes(), 28 * GIB);
+        let c = index.holder_conflicts();
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            (c[0].node.as_str(), c[0].gpu_uuid.as_str(), c[0].gpu_index),
+            ("n1", "GPU-0", 0)
+        );
+        assert_eq!(
+            (c[0].pod.1.as_str(), c[0].pod_uid.as_deref()),
+            ("pod-u1", Some("u1"))
+        );
+        assert_eq!(c[0].holder.pod_name, "trainer-0");
+        // The holder gone: the conflict and the grant with it.
+        index.apply_report(&r);
+        assert!(index.holder_conflicts().is_empty());
     }
 
     #[test]

@@ -29,7 +29,16 @@ pub(super) struct ReportGpu {
     /// The most each running pod has used of this GPU (the report's `podPeaks`), at most the
     /// GPU's total: the pod is counted at no less.
     pub(super) peak_by_pod: Vec<(String, u64)>,
+    /// NVML index, for the words about holders.
+    pub(super) index: u32,
+    /// Who the kubelet gave this device to (`heldBy`), at most [`MAX_HOLDERS`]; which of them
+    /// are peakfit's own pods is decided in `rebuild`, which knows the pods.
+    pub(super) holders: Vec<crate::inventory::DeviceHolder>,
 }
+
+/// The most holders kept per device: a device plugin gives a GPU to one container (time-slicing
+/// replicas to a few); more is a broken report, and a few names say enough.
+pub(super) const MAX_HOLDERS: usize = 8;
 
 impl ReportView {
     /// `models`: the index's model names, so that the GPUs of one model share one string.
@@ -98,6 +107,8 @@ impl ReportView {
                         .map(|p| (p.pod_uid.clone(), p.peak_bytes.min(g.memory_total_bytes)))
                         .collect(),
                     by_pod,
+                    index: g.index,
+                    holders: g.held_by.iter().take(MAX_HOLDERS).cloned().collect(),
                 }
             })
             .collect();

@@ -67,6 +67,40 @@ impl NodeState {
     }
 }
 
+/// A peakfit pod and a holder the kubelet gave the same GPU to: whoever allocates last there
+/// runs out of memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderConflict {
+    pub node: String,
+    pub gpu_uuid: String,
+    pub gpu_index: u32,
+    /// The peakfit pod: (namespace, name).
+    pub pod: (String, String),
+    /// Its UID, when the index keys it by one.
+    pub pod_uid: Option<String>,
+    pub holder: crate::inventory::DeviceHolder,
+}
+
+impl HolderConflict {
+    /// One string per conflict, the same in every replica and after a restart: the events'
+    /// names are made from it, so that the API server keeps one event per conflict.
+    pub fn key(&self) -> String {
+        format!(
+            "{}|{}|{}/{}|{}/{}|{}",
+            self.node,
+            self.gpu_uuid,
+            self.pod.0,
+            self.pod.1,
+            self.holder.namespace,
+            self.holder.pod_name,
+            self.holder
+                .claim
+                .as_deref()
+                .unwrap_or(&self.holder.resource)
+        )
+    }
+}
+
 #[derive(Default)]
 pub(super) struct PodTable {
     /// Boxed: a map of 150,000 pods keeps ~40 % of its buckets empty, and an empty bucket
@@ -99,6 +133,32 @@ impl Index {
                     .map(|p| (p.namespace.clone(), p.name.clone()))
             });
         }
+    }
+
+    /// Every peakfit pod assigned to a GPU that the kubelet gave to a pod peakfit did not place
+    /// (issue 23), one entry per (pod, GPU, holder): what the conflict events are written for.
+    pub fn holder_conflicts(&self) -> Vec<HolderConflict> {
+        let mut out = Vec::new();
+        self.visit_nodes(|st, pod_name| {
+            for g in &st.ledger.gpus {
+                let Some(grant) = g.granted() else { continue };
+                for key in g.reservations().keys() {
+                    let Some(pod) = pod_name(key) else { continue };
+                    for holder in &grant.holders {
+                        out.push(HolderConflict {
+                            node: st.ledger.name.clone(),
+                            gpu_uuid: g.uuid.clone(),
+                            gpu_index: grant.index,
+                            pod: pod.clone(),
+                            pod_uid: (key.as_str() != format!("{}/{}", pod.0, pod.1))
+                                .then(|| key.clone()),
+                            holder: holder.clone(),
+                        });
+                    }
+                }
+            }
+        });
+        out
     }
 
     pub fn node(&self, name: &str) -> Option<Arc<NodeSlot>> {

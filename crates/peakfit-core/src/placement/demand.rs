@@ -38,6 +38,14 @@ impl Demand {
         }
     }
 
+    /// A whole GPU (`peakfit.io/gpu-share: 1`, a converted `nvidia.com/gpu` request, openb's
+    /// `gpu_milli: 1000`): the pod takes a GPU nobody else uses, as it is, so it needs what an
+    /// empty GPU offers (its size less the driver's reserve) and no safety margin: there is no
+    /// neighbour to keep it from. See `fit::need_on`.
+    pub fn is_whole_gpu(&self) -> bool {
+        self.fixed_bytes == 0 && self.gpu_fraction >= 1.0
+    }
+
     /// Whether a GPU of this size can host the pod at all.
     pub fn runs_on(&self, gpu_total: u64) -> bool {
         gpu_total >= self.min_gpu_total_bytes

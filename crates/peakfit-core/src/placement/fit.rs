@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::demand::{PodClass, PodShape};
+use super::demand::{Demand, PodClass, PodShape};
 use super::ledger::{GpuLedger, NodeCondition, NodeLedger};
 
 /// Tunables of the fit; the same values serve filter and bind so that what filter admits, bind
@@ -209,6 +209,19 @@ pub fn node_usable(node: &NodeLedger, cfg: &FitConfig, now_unix: i64) -> Result<
     Ok(())
 }
 
+/// (bytes one share of `demand` reserves on `gpu`, free bytes it needs there): its share plus
+/// the margin, or for a whole GPU ([`Demand::is_whole_gpu`]) what an empty GPU offers, no
+/// margin, so that a whole-GPU pod fits exactly an empty GPU (before, `gpu-share: 1` asked the
+/// GPU's size plus the margin and fitted nowhere with a margin or a driver reserve).
+pub fn need_on(demand: &Demand, gpu: &GpuLedger, margin_bytes: u64) -> (u64, u64) {
+    if demand.is_whole_gpu() {
+        let whole = gpu.total_bytes.saturating_sub(gpu.driver_reserved_bytes);
+        return (whole, whole);
+    }
+    let share = demand.bytes_on(gpu.total_bytes);
+    (share, share.saturating_add(margin_bytes))
+}
+
 /// The bytes one share of `class` takes on `gpu`, if the GPU can take it now (accepted model,
 /// big enough, free memory for the share plus the margin).
 pub fn share_on(gpu: &GpuLedger, class: &PodClass, cfg: &FitConfig) -> Option<u64> {
@@ -216,8 +229,8 @@ pub fn share_on(gpu: &GpuLedger, class: &PodClass, cfg: &FitConfig) -> Option<u6
     if !demand.runs_on(gpu.total_bytes) || !class.accepts_model(&gpu.model) {
         return None;
     }
-    let need = demand.bytes_on(gpu.total_bytes);
-    (gpu.free_bytes() >= need.saturating_add(cfg.safety_margin_bytes)).then_some(need)
+    let (share, need) = need_on(demand, gpu, cfg.safety_margin_bytes);
+    (gpu.free_bytes() >= need).then_some(share)
 }
 
 /// (GPU index, bytes) pairs: candidate GPUs, or the GPUs chosen. Inline up to a whole node of
@@ -324,9 +337,10 @@ pub fn check_class(
             .iter()
             .max_by_key(|g| g.free_bytes())
             .expect("a GPU big enough exists: checked above");
+        let (share, need) = need_on(demand, best, cfg.safety_margin_bytes);
         return Err(Rejection::NotEnoughMemory {
-            needed_per_gpu_bytes: demand.bytes_on(best.total_bytes),
-            margin_bytes: cfg.safety_margin_bytes,
+            needed_per_gpu_bytes: share,
+            margin_bytes: need - share,
             needed_gpus: needed,
             fitting_gpus: fitting,
             gpus: crate::convert::usize_to_u32(usable.len()),
@@ -554,6 +568,46 @@ mod tests {
              its weights, activations and the KV cache of the declared batch x context-tokens; \
              largest GPU here has 24.0 GiB"
         );
+    }
+
+    /// A whole-GPU pod (`gpu-share: 1`, a converted `nvidia.com/gpu: N`) fits an empty GPU
+    /// exactly, driver reserve and margin notwithstanding, and no GPU anything else uses or the
+    /// kubelet gave away.
+    #[test]
+    fn a_whole_gpu_pod_takes_only_empty_gpus_that_nobody_holds() {
+        let mut n = node(&[24 * GI, 24 * GI, 24 * GI]);
+        for g in &mut n.gpus {
+            g.driver_reserved_bytes = 400 << 20;
+        }
+        let whole = |gpus| PodShape {
+            gpus,
+            demand: Demand::fraction(1.0),
+        };
+        let cfg = FitConfig::default();
+        assert!(cfg.safety_margin_bytes > 0);
+        let p = fit(&n, &whole(3), &cfg, NOW).unwrap();
+        assert_eq!(p.per_gpu_bytes, vec![24 * GI - (400 << 20); 3]);
+        // One GPU with a little use, one given to a device-plugin pod: one GPU left.
+        n.gpus[0].unattributed_bytes = 1 << 20;
+        n.gpus[1].set_granted(Some(crate::placement::Grant {
+            index: 1,
+            holders: vec![crate::inventory::DeviceHolder::default()],
+        }));
+        assert_eq!(fit(&n, &whole(1), &cfg, NOW).unwrap().gpu_indices, vec![2]);
+        let r = fit(&n, &whole(2), &cfg, NOW).unwrap_err();
+        assert!(matches!(
+            r,
+            Rejection::NotEnoughMemory {
+                fitting_gpus: 1,
+                margin_bytes: 0,
+                ..
+            }
+        ));
+        // Placed: the GPU is full.
+        let mut placed = n.clone();
+        placed.reserve("w", &[2], &[24 * GI - (400 << 20)]);
+        assert_eq!(placed.gpus[2].free_bytes(), 0);
+        assert!(fit(&placed, &whole(1), &cfg, NOW).is_err());
     }
 
     #[test]

@@ -540,7 +540,7 @@ fn share_need(class: &PodClass, gpu: &GpuLedger, margin: u64) -> u64 {
     if class.shape.gpus == 0 || !d.runs_on(gpu.total_bytes) || !class.accepts_model(&gpu.model) {
         return u64::MAX;
     }
-    d.bytes_on(gpu.total_bytes).saturating_add(margin)
+    super::fit::need_on(d, gpu, margin).1
 }
 
 impl<'a> FragState<'a> {

@@ -223,13 +223,10 @@ pub fn choose_hold(
                     && demand.runs_on(g.total_bytes)
             })
             .filter_map(|(i, g)| {
-                let share = demand.bytes_on(g.total_bytes);
-                let need = share.saturating_add(fit.safety_margin_bytes);
-                let room = g
-                    .total_bytes
-                    .saturating_sub(g.driver_reserved_bytes)
-                    .saturating_sub(g.unattributed_bytes);
-                (room >= need).then(|| (i, share, blockers_on(g, need, &started_at, now_unix)))
+                let (share, need) =
+                    crate::placement::fit::need_on(demand, g, fit.safety_margin_bytes);
+                (g.room_without_pods() >= need)
+                    .then(|| (i, share, blockers_on(g, need, &started_at, now_unix)))
             })
             .collect();
         if gpus.len() < wanted {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::inventory::NodeGpuReportStatus;
+use crate::inventory::{DeviceHolder, NodeGpuReportStatus};
 
 use super::demand::PodClass;
 use super::fit::Placement;
@@ -90,6 +90,35 @@ pub struct GpuLedger {
     /// the same departures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     hold: Option<GpuHold>,
+    /// Set when the kubelet gave this device to a pod peakfit did not place (a device plugin's
+    /// `nvidia.com/gpu`, a DRA claim): that pod may use all of it whenever it likes, so the
+    /// device is committed in full to it and offered to no peakfit pod (issue 23). Boxed: most
+    /// devices have none, and the index keeps tens of thousands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    granted: Option<Box<Grant>>,
+}
+
+/// Who the kubelet gave a device to, outside peakfit, and the device's NVML index: what a
+/// filter reason and an event name ("GPU 3 (GPU-…) is held by ml/trainer-0 through
+/// nvidia.com/gpu").
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// NVML index of the physical GPU (a MIG instance shares its parent's).
+    pub index: u32,
+    /// At least one.
+    pub holders: Vec<DeviceHolder>,
+}
+
+impl Grant {
+    /// `GPU 3 (GPU-…) is held by ml/trainer-0 through nvidia.com/gpu` (holders joined by `and`).
+    pub fn describe(&self, uuid: &str) -> String {
+        let who: Vec<String> = self.holders.iter().map(DeviceHolder::describe).collect();
+        format!(
+            "GPU {} ({uuid}) is held by {}",
+            self.index,
+            who.join(" and ")
+        )
+    }
 }
 
 impl GpuLedger {
@@ -210,12 +239,41 @@ impl GpuLedger {
     }
 
     /// What every pod but the holder sees as taken: reservations, unattributed use, the
-    /// driver's reserve, and the hold.
+    /// driver's reserve, and the hold. A device the kubelet granted to someone else counts in
+    /// full for that holder (its use and the driver's reserve are within it), plus whatever
+    /// peakfit pods reserve on it too: a conflict then reads as more committed than the device
+    /// has, which is the truth.
     pub fn committed_bytes(&self) -> u64 {
-        self.charged_sum
-            .saturating_add(self.unattributed_bytes)
-            .saturating_add(self.driver_reserved_bytes)
+        let base = if self.granted.is_some() {
+            self.total_bytes
+        } else {
+            self.unattributed_bytes
+                .saturating_add(self.driver_reserved_bytes)
+        };
+        base.saturating_add(self.charged_sum)
             .saturating_add(self.held_bytes())
+    }
+
+    /// The pods outside peakfit the kubelet gave this device to, if any.
+    pub fn granted(&self) -> Option<&Grant> {
+        self.granted.as_deref()
+    }
+
+    /// Records who outside peakfit the kubelet gave this device to; `None` or no holders clears it.
+    pub fn set_granted(&mut self, grant: Option<Grant>) {
+        self.granted = grant.filter(|g| !g.holders.is_empty()).map(Box::new);
+    }
+
+    /// What peakfit pods could have of this device with every peakfit pod gone: nothing on a
+    /// device granted to someone else, else its size less the driver's reserve and the use no
+    /// eviction frees. What preemption and holds may hope for.
+    pub fn room_without_pods(&self) -> u64 {
+        if self.granted.is_some() {
+            return 0;
+        }
+        self.total_bytes
+            .saturating_sub(self.driver_reserved_bytes)
+            .saturating_sub(self.unattributed_bytes)
     }
 
     /// The memory kept for a starving pod (0 without a hold).
@@ -519,6 +577,13 @@ impl NodeLedger {
                 .remove(&dev.uuid)
                 .unwrap_or_else(|| GpuLedger::new(dev.uuid.clone(), dev.memory_total_bytes));
             gpu.model = shared_model(&mut models, &dev.name);
+            // Every holder is recorded: this ledger keys pods by UID and cannot tell whether a
+            // holder (named by namespace and name) is a pod of its own; the extender's index,
+            // which can, drops those before it builds its ledgers (`cluster::index::rebuild`).
+            gpu.set_granted(Some(Grant {
+                index: dev.index,
+                holders: dev.held_by.clone(),
+            }));
             let attributed: Vec<(&str, u64)> = dev
                 .processes
                 .iter()
@@ -724,6 +789,53 @@ mod tests {
         let s = node.summary();
         assert_eq!(s.free_bytes, 34 * GI);
         assert_eq!(s.largest_free_block_bytes, 34 * GI);
+    }
+
+    fn holder(pod: &str) -> DeviceHolder {
+        DeviceHolder {
+            namespace: "ml".into(),
+            pod_name: pod.into(),
+            container: "main".into(),
+            kind: crate::inventory::HolderKind::DevicePlugin,
+            resource: "nvidia.com/gpu".into(),
+            claim: None,
+        }
+    }
+
+    /// Issue 23: a GPU the kubelet gave to a pod peakfit did not place is committed in full at
+    /// once, whatever NVML says of its use; a peakfit pod on it too reads as over-committed.
+    #[test]
+    fn a_granted_gpu_is_committed_in_full_and_a_conflict_over_it() {
+        let mut node = NodeLedger::new("n");
+        let mut held = device("GPU-h", 24 * GI, 0);
+        held.index = 3;
+        held.held_by = vec![holder("trainer-0")];
+        node.apply_report(&status(vec![device("GPU-f", 24 * GI, 0), held]))
+            .unwrap();
+        let g = &node.gpus[1];
+        assert_eq!(
+            g.granted().unwrap().describe(&g.uuid),
+            "GPU 3 (GPU-h) is held by ml/trainer-0 through nvidia.com/gpu"
+        );
+        assert_eq!((g.committed_bytes(), g.free_bytes()), (24 * GI, 0));
+        assert_eq!(g.room_without_pods(), 0);
+        assert_eq!(node.summary().free_bytes, 24 * GI);
+        // A peakfit pod assigned to it as well: both count.
+        node.reserve("p", &[1], &[20 * GI]);
+        assert_eq!(node.gpus[1].committed_bytes(), 44 * GI);
+        assert_eq!(node.summary().committed_bytes, 24 * GI);
+        // The holder leaves: the next report frees the GPU, the pod's reservation stays.
+        node.apply_report(&status(vec![
+            device("GPU-f", 24 * GI, 0),
+            device("GPU-h", 24 * GI, 0),
+        ]))
+        .unwrap();
+        let g = &node.gpus[1];
+        assert!(g.granted().is_none());
+        assert_eq!(
+            (g.committed_bytes(), g.room_without_pods()),
+            (20 * GI, 24 * GI)
+        );
     }
 
     #[test]
