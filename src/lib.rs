@@ -6,7 +6,7 @@
 //! items the core defines.
 #![forbid(unsafe_code)]
 
-pub use peakfit_core::{convert, inventory, model, placement};
+pub use peakfit_core::{convert, inventory, learn, model, placement};
 
 pub mod agent;
 pub mod background;

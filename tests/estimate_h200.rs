@@ -130,3 +130,31 @@ fn estimate_matches_the_h200_rows_counter_by_counter() {
         }
     }
 }
+
+/// The simulator draws its pods' model errors from these rows (`sim::real_peak`): its table must
+/// be today's model on them, or the 24 h run measures a model that no longer exists.
+#[test]
+fn the_simulators_model_errors_are_todays() {
+    let rows = score();
+    let table = peakfit::sim::real_peak::H200_NVML_RATIOS;
+    let mut wanted = String::new();
+    for r in &rows {
+        let (measured, predicted) = r.counters[2];
+        wanted.push_str(&format!(
+            "    ({:?}, {:?}, {:.4}),\n",
+            r.id,
+            r.workload,
+            measured / predicted
+        ));
+    }
+    assert_eq!(table.len(), rows.len(), "update the table to:\n{wanted}");
+    for (r, (id, workload, ratio)) in rows.iter().zip(table) {
+        let (measured, predicted) = r.counters[2];
+        assert_eq!((r.id.as_str(), r.workload.as_str()), (id, workload));
+        assert!(
+            (measured / predicted - ratio).abs() < 0.0001,
+            "{id}: {:.4} against {ratio}; update the table to:\n{wanted}",
+            measured / predicted
+        );
+    }
+}

@@ -42,12 +42,20 @@ fn builtin_default_writes_report_and_charts() {
         serde_json::from_slice(&std::fs::read(out.path().join("builtin-report.json")).unwrap())
             .unwrap();
     let dynamic = report["dynamic"].as_array().unwrap();
-    assert_eq!(dynamic.len(), 3);
-    let peakfit = dynamic
-        .iter()
-        .find(|d| d["accounting"] == "peakfit")
-        .unwrap();
-    assert_eq!(peakfit["oom_events"], 0);
+    assert_eq!(dynamic.len(), 4);
+    for accounting in ["peakfit", "learned"] {
+        let run = dynamic
+            .iter()
+            .find(|d| d["accounting"] == accounting)
+            .unwrap();
+        assert_eq!(run["oom_events"], 0, "{accounting}");
+        // Seven workloads, each with a second pod that ran.
+        assert_eq!(
+            run["second_pods"].as_array().unwrap().len(),
+            7,
+            "{accounting}"
+        );
+    }
     let packing = report["packing"].as_array().unwrap();
     assert_eq!(packing.len(), 2);
     // The cutting-stock reference is per run, and the same for every policy of a seed (they
@@ -228,4 +236,46 @@ fn reserve_flags_set_the_holds_or_turn_them_off() {
     assert!(Cli::try_parse_from(&argv).is_err());
     argv[2] = "-1";
     assert!(Cli::try_parse_from(&argv).is_err());
+}
+
+/// The learned accounting's flags: the core's defaults, set values, and bad values refused with
+/// the flag, the variable and what is allowed.
+#[test]
+fn learn_flags_set_the_policy_and_refuse_bad_values() {
+    use peakfit::learn::{LearnMode, LearnPolicy};
+    assert_eq!(args(&[]).learn_policy(), LearnPolicy::default());
+    let set = args(&[
+        "--learn",
+        "all",
+        "--learn-margin",
+        "0.1",
+        "--learn-min-runtime",
+        "90m",
+    ])
+    .learn_policy();
+    assert_eq!(
+        (
+            set.mode,
+            set.margin,
+            set.min_runtime_secs,
+            set.min_pods_down
+        ),
+        (LearnMode::All, 0.1, 5400, 2)
+    );
+    assert_eq!(
+        args(&["--learn", "off"]).learn_policy().mode,
+        LearnMode::Off
+    );
+    for (flag, value, says) in [
+        ("--learn", "sometimes", "PEAKFIT_SIM_LEARN"),
+        ("--learn-margin", "11", "from 0 to 10"),
+        ("--learn-margin", "five", "PEAKFIT_SIM_LEARN_MARGIN"),
+        ("--learn-min-runtime", "soon", "--learn-min-runtime"),
+    ] {
+        let err = Cli::try_parse_from(["simulate", flag, value])
+            .err()
+            .unwrap_or_else(|| panic!("{flag} {value} accepted"))
+            .to_string();
+        assert!(err.contains(says), "{flag} {value}: {err}");
+    }
 }

@@ -5,7 +5,8 @@
 //!
 //! Two experiments run on it: the openb-style packing experiment (pods arrive and stay until
 //! 1.3 × the GPU capacity has been asked for) under every policy, and the dynamic experiment
-//! (pods come and go, memory use follows profiles) under the three accountings.
+//! (pods come and go, memory use follows profiles) under the four accountings. Each template is
+//! one workload: the learned accounting sizes its pods from its earlier ones.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -16,10 +17,14 @@ use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::dynamic::{self, Accounting, DynNode, DynPod, DynamicResult, KindWaits, Reserve};
+use super::dynamic::{
+    self, Accounting, DynNode, DynPod, DynamicResult, KindWaits, Reserve, SecondPod,
+};
 use super::openb::{NodeSpec, PodSpec, model_memory_mib};
 use super::profiles::{self, Kind, Profile};
+use super::real_peak;
 use super::{CUT_STOCK_LEGEND, Policy, RunResult, SimulateArgs, mean, run_deployed, svg};
+use crate::learn::LearnPolicy;
 use crate::model;
 use crate::placement::Demand;
 
@@ -204,8 +209,9 @@ pub fn gpu_bytes(model: &str) -> u64 {
     model_memory_mib(model) << 20
 }
 
-/// A template's demand from the peak-memory model, as the extender would compute it.
-fn demand_of(t: &Template) -> anyhow::Result<(u32, Demand)> {
+/// A template's demand from the peak-memory model, as the extender would compute it, and
+/// whether it is its explicit `vram` (the model did not know its annotations).
+fn demand_of(t: &Template) -> anyhow::Result<(u32, Demand, bool)> {
     let ann = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
         pairs
             .iter()
@@ -213,14 +219,27 @@ fn demand_of(t: &Template) -> anyhow::Result<(u32, Demand)> {
             .collect()
     };
     let from_model = model::pod_request(&ann(t.annotations));
-    let req = match from_model {
-        Ok(Some(r)) => r,
-        _ => model::pod_request(&ann(&[("vram", t.fallback_vram)]))
-            .with_context(|| format!("built-in template {}", t.name))?
-            .with_context(|| format!("built-in template {}: no demand", t.name))?,
+    let (req, explicit) = match from_model {
+        Ok(Some(r)) => (r, false),
+        _ => (
+            model::pod_request(&ann(&[("vram", t.fallback_vram)]))
+                .with_context(|| format!("built-in template {}", t.name))?
+                .with_context(|| format!("built-in template {}: no demand", t.name))?,
+            true,
+        ),
     };
     let gpus = if req.gpus == 0 { 1 } else { req.gpus };
-    Ok((gpus, req.demand))
+    Ok((gpus, req.demand, explicit))
+}
+
+/// Which measured rows a template's model error is drawn from: `engine` for a serving engine
+/// (none measured: it takes the budget it is told), otherwise its `workload` annotation.
+fn error_class(t: &Template) -> &'static str {
+    let get = |key: &str| t.annotations.iter().find(|(k, _)| *k == key).map(|kv| kv.1);
+    match get("engine") {
+        Some(e) if e != "hf" => "engine",
+        _ => get("workload").unwrap_or("inference"),
+    }
 }
 
 /// The GPU models a demand can run on, and its share of one GPU (milli) on the smallest of them.
@@ -268,14 +287,20 @@ struct Resolved<'a> {
     t: &'a Template,
     gpus: u32,
     demand: Demand,
+    explicit: bool,
 }
 
 fn resolve() -> anyhow::Result<Vec<Resolved<'static>>> {
     TEMPLATES
         .iter()
         .map(|t| {
-            let (gpus, demand) = demand_of(t)?;
-            Ok(Resolved { t, gpus, demand })
+            let (gpus, demand, explicit) = demand_of(t)?;
+            Ok(Resolved {
+                t,
+                gpus,
+                demand,
+                explicit,
+            })
         })
         .collect()
 }
@@ -331,9 +356,12 @@ fn dynamic_nodes() -> Vec<DynNode> {
         .collect()
 }
 
-/// Poisson arrivals over `horizon_min` minutes; each pod's real peak is 85–100 % of the model's
-/// prediction, and its declared request is what a dashboard shows: its median use, plus up to
-/// 20 %, rounded up to a GiB.
+/// Poisson arrivals over `horizon_min` minutes. Each pod's real peak is the prediction × its
+/// workload's model error (one draw per template and seed from the H200 rows of its kind,
+/// `real_peak::draw_workload_error`) × for serving pods its own share of the workload's highest
+/// peak (`real_peak::serving_spread`; engines and training runs peak where their config puts
+/// them). Its declared request is what a dashboard shows: its median use, plus up to 20 %,
+/// rounded up to a GiB.
 fn dynamic_pods(
     resolved: &[Resolved],
     real: &[Profile],
@@ -341,6 +369,14 @@ fn dynamic_pods(
     per_hour: f64,
     seed: u64,
 ) -> Vec<DynPod> {
+    // The errors come from a stream of their own, so the arrivals, durations and curves are
+    // those of the same seed before errors were drawn.
+    let mut errors = ChaCha8Rng::seed_from_u64(seed);
+    errors.set_stream(1);
+    let workload_error: Vec<f64> = resolved
+        .iter()
+        .map(|r| real_peak::draw_workload_error(error_class(r.t), &mut errors))
+        .collect();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let total: f64 = resolved.iter().map(|r| r.t.weight).sum();
     let mut out = Vec::new();
@@ -351,13 +387,14 @@ fn dynamic_pods(
             return out;
         }
         let mut x = rng.random_range(0.0..total);
-        let r = resolved
+        let i = resolved
             .iter()
-            .find(|r| {
+            .position(|r| {
                 x -= r.t.weight;
                 x < 0.0
             })
-            .unwrap_or(&resolved[0]);
+            .unwrap_or(0);
+        let r = &resolved[i];
         let Some((models, _)) = openb_fit(&r.demand) else {
             continue;
         };
@@ -372,7 +409,13 @@ fn dynamic_pods(
                 &mut rng,
             )
         };
-        let true_peak_fraction = rng.random_range(0.85..1.0);
+        let spread = real_peak::serving_spread(rng.random::<f64>());
+        let true_peak_fraction = workload_error[i]
+            * if r.t.kind == Kind::Serving {
+                spread
+            } else {
+                1.0
+            };
         let smallest = gpu_bytes(models[0]);
         let peak = r.demand.bytes_on(smallest) as f64 * true_peak_fraction;
         let declared = peak * profile.median() * rng.random_range(1.0..1.2);
@@ -386,6 +429,7 @@ fn dynamic_pods(
             declared_bytes,
             true_peak_fraction,
             profile,
+            explicit: r.explicit,
         });
     }
 }
@@ -442,6 +486,8 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     let horizon = 24 * 60;
     let dyn_nodes = dynamic_nodes();
     let reserve = args.reserve();
+    let learn = args.learn_policy();
+    learn.validate()?;
     let dyn_jobs: Vec<(u64, Accounting)> = seeds
         .iter()
         .flat_map(|&s| Accounting::ALL.iter().map(move |&a| (s, a)))
@@ -457,6 +503,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
                 horizon,
                 seed,
                 reserve.as_ref(),
+                &learn,
             );
             bar.inc(1);
             DynamicRun { seed, result }
@@ -468,7 +515,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         &packing,
         &dynamic,
         seeds.len(),
-        reserve.as_ref(),
+        (reserve.as_ref(), &learn),
         dyn_nodes.len(),
     );
     let report = Report {
@@ -543,7 +590,7 @@ fn builtin_table(
     packing: &[RunResult],
     dynamic: &[DynamicRun],
     seeds: usize,
-    reserve: Option<&Reserve>,
+    (reserve, learn): (Option<&Reserve>, &LearnPolicy),
     nodes: usize,
 ) -> String {
     let mut out = String::new();
@@ -555,6 +602,71 @@ fn builtin_table(
     ));
     out.push_str(&packing_table(packing));
     out.push_str(&dynamic_table(dynamic, reserve, nodes));
+    out.push_str(&second_pod_table(dynamic, learn));
+    out
+}
+
+/// What the learned column did, so a table says how to get it again.
+fn learn_text(learn: &LearnPolicy) -> String {
+    format!(
+        "learned sizes pods (--learn {}) at their workload's highest observed peak + {} % once \
+         a pod was seen above the prediction, and below the prediction only after {} pods ran {} min \
+         (--learn-margin, --learn-min-runtime)",
+        learn.mode,
+        learn.margin * 100.0,
+        learn.min_pods_down,
+        learn.min_runtime_secs / 60
+    )
+}
+
+/// Each workload's second pod: how far its size was from its real peak, pooled over the seeds.
+fn second_pod_table(dynamic: &[DynamicRun], learn: &LearnPolicy) -> String {
+    let mut out = format!(
+        "\nEach workload's second pod to run (one per workload and seed; the first can only \
+         have the model): |sized - real peak| / real peak, real peak = its highest use over its \
+         run; live-free reserves nothing. {}\n  {:<14}{:>6}{:>9}{:>9}{:>9}{:>14}\n",
+        learn_text(learn),
+        "accounting",
+        "pods",
+        "p50 %",
+        "p90 %",
+        "max %",
+        "under-sized"
+    );
+    for a in [
+        Accounting::Declared,
+        Accounting::Peakfit,
+        Accounting::Learned,
+    ] {
+        let pods: Vec<&SecondPod> = dynamic
+            .iter()
+            .filter(|d| d.result.accounting == a.name())
+            .flat_map(|d| &d.result.second_pods)
+            .collect();
+        let mut errors: Vec<f64> = pods.iter().map(|p| p.error() * 100.0).collect();
+        errors.sort_by(f64::total_cmp);
+        let q = |p: f64| -> f64 {
+            if errors.is_empty() {
+                return f64::NAN;
+            }
+            let rank = crate::convert::f64_to_usize((p * errors.len() as f64).ceil())
+                .clamp(1, errors.len());
+            errors[rank - 1]
+        };
+        let under = pods
+            .iter()
+            .filter(|p| p.sized_bytes < p.real_peak_bytes)
+            .count();
+        out.push_str(&format!(
+            "  {:<14}{:>6}{:>9.1}{:>9.1}{:>9.1}{:>14}\n",
+            a.name(),
+            pods.len(),
+            q(0.5),
+            q(0.9),
+            q(1.0),
+            format!("{under} of {}", pods.len())
+        ));
+    }
     out
 }
 
@@ -871,30 +983,65 @@ mod tests {
             .collect();
         let table = dynamic_table(&dynamic, None, 20);
         let p95 = table.lines().find(|l| l.contains("wait, p95")).unwrap();
-        assert_eq!(p95.matches("50 ± 10").count(), 3, "{table}");
+        assert_eq!(p95.matches("50 ± 10").count(), 4, "{table}");
         let big = table
             .lines()
             .find(|l| l.trim_start().starts_with("big"))
             .unwrap();
-        assert_eq!(big.matches("50 ± 10 / 25 / 2.0").count(), 3, "{table}");
+        assert_eq!(big.matches("50 ± 10 / 25 / 2.0").count(), 4, "{table}");
         // A kind that never started has no wait to show, only its queue.
         let never = table
             .lines()
             .find(|l| l.trim_start().starts_with("never"))
             .unwrap();
-        assert_eq!(never.matches("- / - / 4.0").count(), 3, "{table}");
+        assert_eq!(never.matches("- / - / 4.0").count(), 4, "{table}");
     }
 
     #[test]
-    fn peakfit_has_no_ooms_on_the_builtin_workload() {
+    fn the_ledger_accountings_have_no_ooms_on_the_builtin_workload() {
         let resolved = resolve().unwrap();
         let pods = dynamic_pods(&resolved, &[], 12 * 60, 30.0, 1);
         let nodes = dynamic_nodes();
-        let peak = dynamic::simulate(&nodes, &pods, Accounting::Peakfit, 12 * 60, 1, None);
-        let declared = dynamic::simulate(&nodes, &pods, Accounting::Declared, 12 * 60, 1, None);
+        let learn = LearnPolicy::default();
+        let run = |a| dynamic::simulate(&nodes, &pods, a, 12 * 60, 1, None, &learn);
+        let (peak, learned, declared) = (
+            run(Accounting::Peakfit),
+            run(Accounting::Learned),
+            run(Accounting::Declared),
+        );
+        println!("peakfit {peak:?}\nlearned {learned:?}");
         assert_eq!(peak.oom_events, 0, "{peak:?}");
+        assert_eq!(learned.oom_events, 0, "{learned:?}");
         assert!(declared.oom_events > 0, "{declared:?}");
         assert!(peak.pods_placed > pods.len() / 2, "{peak:?}");
+        assert!(learned.pods_placed > pods.len() / 2, "{learned:?}");
+    }
+
+    #[test]
+    fn a_seed_gives_the_same_pods_and_the_same_learned_run() {
+        let resolved = resolve().unwrap();
+        let pods = |seed| dynamic_pods(&resolved, &[], 6 * 60, 30.0, seed);
+        let (a, b) = (pods(7), pods(7));
+        let peaks = |p: &[DynPod]| p.iter().map(|p| p.true_peak_fraction).collect::<Vec<_>>();
+        assert_eq!(peaks(&a), peaks(&b));
+        assert_ne!(peaks(&a), peaks(&pods(8)));
+        // One model error per workload: the pods of a training template share their fraction.
+        let tune: Vec<f64> = a
+            .iter()
+            .filter(|p| p.kind == "qwen3-1.7b fine-tune")
+            .map(|p| p.true_peak_fraction)
+            .collect();
+        assert!(
+            tune.len() > 1 && tune.iter().all(|f| *f == tune[0]),
+            "{tune:?}"
+        );
+        let nodes = dynamic_nodes();
+        let learn = LearnPolicy::default();
+        let run = || dynamic::simulate(&nodes, &a, Accounting::Learned, 6 * 60, 7, None, &learn);
+        let (x, y) = (run(), run());
+        assert_eq!(x, y);
+        assert_eq!(x.starts, y.starts);
+        assert!(!x.second_pods.is_empty(), "{x:?}");
     }
 
     /// Issue 5's "places at least as many pods as declared-only", read as pods holding a
@@ -906,9 +1053,9 @@ mod tests {
         for seed in [1, 2] {
             let pods = dynamic_pods(&resolved, &[], 12 * 60, 30.0, seed);
             let nodes = dynamic_nodes();
-            let peak = dynamic::simulate(&nodes, &pods, Accounting::Peakfit, 12 * 60, seed, None);
-            let declared =
-                dynamic::simulate(&nodes, &pods, Accounting::Declared, 12 * 60, seed, None);
+            let learn = LearnPolicy::default();
+            let run = |a| dynamic::simulate(&nodes, &pods, a, 12 * 60, seed, None, &learn);
+            let (peak, declared) = (run(Accounting::Peakfit), run(Accounting::Declared));
             assert!(
                 peak.pods_pending_at_end <= declared.pods_pending_at_end,
                 "seed {seed}: peakfit {peak:?}\ndeclared {declared:?}"

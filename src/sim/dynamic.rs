@@ -1,11 +1,14 @@
 //! Memory that changes over time: pods arrive and leave, and each pod's real GPU memory use
-//! follows a profile. The same arrivals are replayed under three accountings of what is free:
+//! follows a profile. The same arrivals are replayed under four accountings of what is free:
 //!
 //! - `declared`: the sum of declared requests (how HAMi, gpushare and KAI decide);
 //! - `live-free`: the memory NVML shows free right now (a naive NVML scheduler);
-//! - `peakfit`: the extender's ledger, each pod at max(predicted peak, observed use).
+//! - `peakfit`: the extender's ledger, each pod at max(predicted peak, observed use);
+//! - `learned`: the same ledger, each new pod sized by `learn::size_pod` from what the earlier
+//!   pods of its workload (`DynPod::kind`) were seen to use in this run, as the agent sees them:
+//!   each run's peak so far and its time so far.
 //!
-//! All three place with the extender's own `placement::place` (peakfit scoring over the shapes
+//! All four place with the extender's own `placement::place` (peakfit scoring over the shapes
 //! seen so far, fed to `ShapeStats` as the extender does) on a `NodeLedger`; only what the
 //! ledger holds, and the demand it is asked for, differ. A GPU whose pods' real use exceeds its
 //! memory at a sample is an OOM event: the youngest pod on it is killed and queued again. A pod
@@ -13,7 +16,7 @@
 //! engine whose share of that GPU cannot hold its weights) fails at once and is queued again;
 //! only accountings that do not ask the model can put it there.
 //!
-//! Under the peakfit accounting a pod that has waited `Reserve::after_min` and fits nowhere gets
+//! Under the peakfit and learned accountings a pod that has waited `Reserve::after_min` and fits nowhere gets
 //! a hold (`placement::hold`): the node and GPUs it will get keep its memory, other pods bind
 //! there only beside it, and it starts there once the holders have left, or anywhere sooner.
 //! Without it the ledger starves the pods that need whole GPUs (issue 22).
@@ -30,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use super::nearest_rank;
 use super::profiles::Profile;
+use crate::learn::{self, LearnPolicy, PodObservation, WorkloadHistory};
 use crate::placement::{
     self, Demand, FitConfig, GpuLedger, HoldConfig, Holds, NodeLedger, PodClass, PodShape,
     ScoringPolicy, ShapeStats,
@@ -70,13 +74,15 @@ pub enum Accounting {
     Declared,
     LiveFree,
     Peakfit,
+    Learned,
 }
 
 impl Accounting {
-    pub const ALL: [Accounting; 3] = [
+    pub const ALL: [Accounting; 4] = [
         Accounting::Declared,
         Accounting::LiveFree,
         Accounting::Peakfit,
+        Accounting::Learned,
     ];
 
     pub fn name(self) -> &'static str {
@@ -84,7 +90,13 @@ impl Accounting {
             Accounting::Declared => "declared",
             Accounting::LiveFree => "live-free",
             Accounting::Peakfit => "peakfit",
+            Accounting::Learned => "learned",
         }
+    }
+
+    /// The extender's ledger (with holds), whether or not it learns.
+    pub fn is_ledger(self) -> bool {
+        matches!(self, Accounting::Peakfit | Accounting::Learned)
     }
 }
 
@@ -98,6 +110,7 @@ pub struct DynNode {
 /// One pod of the dynamic workload.
 #[derive(Clone, Debug)]
 pub struct DynPod {
+    /// Its workload (a Deployment, a Job): the pods the learned accounting learns from.
     pub kind: String,
     pub arrival_min: u64,
     pub duration_min: u64,
@@ -109,6 +122,36 @@ pub struct DynPod {
     /// The pod's real peak as a fraction of the predicted bytes on the GPU it lands on.
     pub true_peak_fraction: f64,
     pub profile: Profile,
+    /// Its demand is its own `peakfit.io/vram`, not the model's (learned only under
+    /// `--learn all`).
+    pub explicit: bool,
+}
+
+/// A workload's second pod to run: what it was sized at and what it really peaked at, per GPU.
+/// The first pod of a workload has only the model; the second is the first that can learn.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SecondPod {
+    pub kind: String,
+    /// What the accounting reserved for it per GPU (declared: its request; live-free: nothing).
+    pub sized_bytes: u64,
+    /// The highest per-GPU use it reaches over its whole run (profile and duration).
+    pub real_peak_bytes: u64,
+}
+
+impl SecondPod {
+    /// |sized − real peak| / real peak.
+    pub fn error(&self) -> f64 {
+        (self.sized_bytes as f64 - self.real_peak_bytes as f64).abs()
+            / (self.real_peak_bytes.max(1)) as f64
+    }
+}
+
+/// One start of a pod: when, and the per-GPU bytes the accounting reserved for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Start {
+    pub pod: usize,
+    pub minute: u64,
+    pub sized_bytes: u64,
 }
 
 /// What one accounting did with the arrivals.
@@ -158,6 +201,12 @@ pub struct DynamicResult {
     /// Holds dropped at their deadline before their pod started.
     #[serde(default)]
     pub holds_expired: usize,
+    /// Each workload's second pod to run, in the order they ran.
+    #[serde(default)]
+    pub second_pods: Vec<SecondPod>,
+    /// Every run's start and size, in order (for tests; not in the report).
+    #[serde(skip)]
+    pub starts: Vec<Start>,
 }
 
 /// The waits of one pod kind: each start's minutes from arrival (or from the kill that queued
@@ -218,10 +267,56 @@ struct Running {
     /// Real peak bytes per GPU on the GPUs it runs on.
     peak_bytes: u64,
     key: String,
+    /// Its entry in what the agent has seen of each run.
+    seen: usize,
+}
+
+/// What the agent has seen of one run of a pod: the learned accounting's evidence.
+#[derive(Clone, Copy, Debug)]
+struct SeenRun {
+    kind: usize,
+    start_min: u64,
+    end_min: Option<u64>,
+    peak_bytes: u64,
+    samples: u32,
+}
+
+/// The history of workload `kind` at `minute`: every run of it sampled at least once, with its
+/// peak so far and its time so far (to its end, for runs that ended).
+fn history_of(seen: &[SeenRun], kind: usize, minute: u64, policy: &LearnPolicy) -> WorkloadHistory {
+    WorkloadHistory::from_pods(
+        seen.iter()
+            .filter(|r| r.kind == kind && r.samples > 0)
+            .map(|r| PodObservation {
+                peak_bytes: r.peak_bytes,
+                runtime_secs: r.end_min.unwrap_or(minute).saturating_sub(r.start_min) * 60,
+            }),
+        policy.min_runtime_secs,
+    )
+}
+
+/// The learned accounting's demand for `pod`. An engine that takes a fraction of the GPU uses
+/// that fraction whatever was seen (the model predicts exactly its budget), so it keeps its
+/// prediction; a fixed-size pod is sized by the core's rule.
+fn learned_demand(pod: &DynPod, history: &WorkloadHistory, policy: &LearnPolicy) -> Demand {
+    if pod.predicted.gpu_fraction > 0.0 {
+        return pod.predicted;
+    }
+    let sized = learn::size_pod(
+        pod.predicted.fixed_bytes,
+        pod.explicit,
+        Some(history),
+        policy,
+    );
+    Demand {
+        fixed_bytes: sized.bytes,
+        ..pod.predicted
+    }
 }
 
 /// Replays `pods` on `nodes` for `horizon_min` minutes under one accounting; `reserve` gives
-/// the peakfit accounting holds for starving pods (the other accountings ignore it).
+/// the ledger accountings holds for starving pods (the others ignore it), `learn` how the
+/// learned accounting sizes pods from their workload's earlier ones.
 pub fn simulate(
     nodes: &[DynNode],
     pods: &[DynPod],
@@ -229,9 +324,10 @@ pub fn simulate(
     horizon_min: u64,
     seed: u64,
     reserve: Option<&Reserve>,
+    learn: &LearnPolicy,
 ) -> DynamicResult {
     let hold_cfg = reserve
-        .filter(|_| accounting == Accounting::Peakfit)
+        .filter(|_| accounting.is_ledger())
         .map(|r| r.config(nodes.len()));
     let mut holds = Holds::default();
     let cfg = FitConfig {
@@ -275,13 +371,31 @@ pub fn simulate(
     let mut used_sum = 0.0;
     let mut committed_sum = 0.0;
     let mut starts = 0u64;
+    let mut kinds: Vec<&str> = Vec::new();
+    let kind_of: Vec<usize> = pods
+        .iter()
+        .map(|p| {
+            kinds.iter().position(|k| *k == p.kind).unwrap_or_else(|| {
+                kinds.push(&p.kind);
+                kinds.len() - 1
+            })
+        })
+        .collect();
+    let mut seen: Vec<SeenRun> = Vec::new();
+    // Each workload's history, built at most once a minute: within the scheduling pass nothing
+    // the agent sees changes (runs started in it have no sample yet).
+    let mut histories: Vec<Option<WorkloadHistory>> = vec![None; kinds.len()];
+    let mut ran = vec![false; pods.len()];
+    let mut pods_run_per_kind = vec![0u32; kinds.len()];
     for minute in 0..horizon_min {
         let now = min_to_secs(minute);
         out.holds_expired += holds.expire(&mut ledgers, now).len();
+        histories.fill(None);
         // Departures.
         running.retain(|r| {
             let done = minute >= r.start_min + pods[r.pod].duration_min;
             if done {
+                seen[r.seen].end_min = Some(minute);
                 ledgers[r.node].release(&r.key);
                 out.pods_completed += 1;
                 if !killed[r.pod] && !failed_at_start[r.pod] {
@@ -306,7 +420,22 @@ pub fn simulate(
         }
         let mut still = VecDeque::with_capacity(pending.len());
         while let Some((p, arrived)) = pending.pop_front() {
-            let class = class_of(&pods[p], accounting);
+            let demand = match accounting {
+                Accounting::Peakfit => pods[p].predicted,
+                Accounting::Declared | Accounting::LiveFree => {
+                    Demand::fixed(pods[p].declared_bytes)
+                }
+                Accounting::Learned => {
+                    let k = kind_of[p];
+                    let h =
+                        *histories[k].get_or_insert_with(|| history_of(&seen, k, minute, learn));
+                    learned_demand(&pods[p], &h, learn)
+                }
+            };
+            let class = PodClass::from(PodShape {
+                gpus: pods[p].gpus,
+                demand,
+            });
             stats.observe_pod(&pods_keys[p], &class);
             // A pod with a hold sees more memory than the others (its own hold is free to it),
             // so another pod's refusal says nothing about it.
@@ -346,12 +475,40 @@ pub fn simulate(
                     let reserve_bytes = match accounting {
                         Accounting::Declared => pod.declared_bytes,
                         Accounting::LiveFree => 0,
-                        Accounting::Peakfit => predicted,
+                        Accounting::Peakfit | Accounting::Learned => demand.bytes_on(gpu_total),
                     };
                     let per_gpu = vec![reserve_bytes; placement.gpu_indices.len()];
                     ledgers[n].reserve(&key, &placement.gpu_indices, &per_gpu);
                     let peak_bytes =
                         crate::convert::f64_to_u64(predicted as f64 * pod.true_peak_fraction);
+                    out.starts.push(Start {
+                        pod: p,
+                        minute,
+                        sized_bytes: reserve_bytes,
+                    });
+                    if !ran[p] {
+                        ran[p] = true;
+                        pods_run_per_kind[kind_of[p]] += 1;
+                        if pods_run_per_kind[kind_of[p]] == 2 {
+                            let whole_run = pod
+                                .profile
+                                .peak_within(crate::convert::u64_to_usize(pod.duration_min));
+                            out.second_pods.push(SecondPod {
+                                kind: pod.kind.clone(),
+                                sized_bytes: reserve_bytes,
+                                real_peak_bytes: crate::convert::f64_to_u64(
+                                    peak_bytes as f64 * whole_run,
+                                ),
+                            });
+                        }
+                    }
+                    seen.push(SeenRun {
+                        kind: kind_of[p],
+                        start_min: minute,
+                        end_min: None,
+                        peak_bytes: 0,
+                        samples: 0,
+                    });
                     running.push(Running {
                         pod: p,
                         node: n,
@@ -359,6 +516,7 @@ pub fn simulate(
                         start_min: minute,
                         peak_bytes,
                         key,
+                        seen: seen.len() - 1,
                     });
                     waits.push((p, minute - arrived));
                     refused.0.clear();
@@ -413,6 +571,9 @@ pub fn simulate(
             for &g in &r.gpus {
                 use_per_gpu[r.node][g].push((r.key.as_str(), now));
             }
+            let s = &mut seen[r.seen];
+            s.peak_bytes = s.peak_bytes.max(now);
+            s.samples += 1;
         }
         if accounting != Accounting::Declared {
             for (n, gpus) in use_per_gpu.iter().enumerate() {
@@ -447,6 +608,7 @@ pub fn simulate(
                     .map(|(i, _)| i);
                 if let Some(i) = victim {
                     let r = running.swap_remove(i);
+                    seen[r.seen].end_min = Some(minute);
                     ledgers[r.node].release(&r.key);
                     gpu_minutes_lost += (minute - r.start_min + 1) * r.gpus.len() as u64;
                     if !killed[r.pod] {
@@ -482,18 +644,6 @@ fn free_now(ledgers: &[NodeLedger]) -> Vec<u64> {
         .iter()
         .flat_map(|l| l.gpus.iter().map(GpuLedger::free_bytes))
         .collect()
-}
-
-/// The pod as each accounting's scheduler is asked to place it.
-fn class_of(pod: &DynPod, accounting: Accounting) -> PodClass {
-    let demand = match accounting {
-        Accounting::Peakfit => pod.predicted,
-        Accounting::Declared | Accounting::LiveFree => Demand::fixed(pod.declared_bytes),
-    };
-    PodClass::from(PodShape {
-        gpus: pod.gpus,
-        demand,
-    })
 }
 
 /// The extender's filter and prioritize over every node; ties broken at random. `holder`: the
@@ -554,6 +704,7 @@ mod tests {
             declared_bytes: 12 * GI,
             true_peak_fraction: 1.0,
             profile: Profile { minutes },
+            explicit: false,
         }
     }
 
@@ -564,9 +715,33 @@ mod tests {
             gpu_bytes: vec![40 * GI],
         }];
         let pods: Vec<_> = (0..3).map(growing_pod).collect();
-        let declared = simulate(&nodes, &pods, Accounting::Declared, 120, 1, None);
-        let live = simulate(&nodes, &pods, Accounting::LiveFree, 120, 1, None);
-        let peak = simulate(&nodes, &pods, Accounting::Peakfit, 120, 1, None);
+        let declared = simulate(
+            &nodes,
+            &pods,
+            Accounting::Declared,
+            120,
+            1,
+            None,
+            &LearnPolicy::default(),
+        );
+        let live = simulate(
+            &nodes,
+            &pods,
+            Accounting::LiveFree,
+            120,
+            1,
+            None,
+            &LearnPolicy::default(),
+        );
+        let peak = simulate(
+            &nodes,
+            &pods,
+            Accounting::Peakfit,
+            120,
+            1,
+            None,
+            &LearnPolicy::default(),
+        );
         assert!(declared.oom_events > 0, "{declared:?}");
         assert!(live.oom_events > 0, "{live:?}");
         assert_eq!(peak.oom_events, 0, "{peak:?}");
@@ -602,7 +777,15 @@ mod tests {
         // a, a, b, a, b, then three more a that cannot start within 55 minutes.
         let kinds = ["a", "a", "b", "a", "b", "a", "a", "a"];
         let pods: Vec<DynPod> = kinds.iter().map(|k| pod(k)).collect();
-        let r = simulate(&nodes, &pods, Accounting::Peakfit, 55, 1, None);
+        let r = simulate(
+            &nodes,
+            &pods,
+            Accounting::Peakfit,
+            55,
+            1,
+            None,
+            &LearnPolicy::default(),
+        );
         // Starts at 0, 10, 20, 30, 40, 50: a waits 0, 10, 30, 50; b waits 20, 40.
         assert_eq!(r.pods_placed, 6, "{r:?}");
         assert_eq!(r.mean_pending_min, 25.0);
@@ -657,9 +840,25 @@ mod tests {
             per_node: 1.0,
         };
         let big = |r: &DynamicResult| r.by_kind.iter().find(|k| k.kind == "big").cloned();
-        let off = simulate(&nodes, &pods, Accounting::Peakfit, 400, 1, None);
+        let off = simulate(
+            &nodes,
+            &pods,
+            Accounting::Peakfit,
+            400,
+            1,
+            None,
+            &LearnPolicy::default(),
+        );
         assert_eq!(big(&off).unwrap().starts, 0, "{off:?}");
-        let on = simulate(&nodes, &pods, Accounting::Peakfit, 400, 1, Some(&reserve));
+        let on = simulate(
+            &nodes,
+            &pods,
+            Accounting::Peakfit,
+            400,
+            1,
+            Some(&reserve),
+            &LearnPolicy::default(),
+        );
         let b = big(&on).unwrap();
         assert_eq!(b.starts, 1, "{on:?}");
         // Held at 35, started once the small pods running then have ended.
@@ -671,8 +870,133 @@ mod tests {
         assert!(on.holds_made >= 1, "{on:?}");
         assert_eq!((on.oom_events, on.holds_expired), (0, 0), "{on:?}");
         // Only the peakfit accounting holds.
-        let declared = simulate(&nodes, &pods, Accounting::Declared, 400, 1, Some(&reserve));
+        let declared = simulate(
+            &nodes,
+            &pods,
+            Accounting::Declared,
+            400,
+            1,
+            Some(&reserve),
+            &LearnPolicy::default(),
+        );
         assert_eq!(declared.holds_made, 0);
+    }
+
+    /// A 36 GiB GPU; pods the model sizes at 10 GiB really peak at 13 (30 % over), starting
+    /// at 30 % of it and reaching it after 30 minutes. The first runs alone for an hour; three
+    /// more arrive at 60-62.
+    fn under_predicted() -> (Vec<DynNode>, Vec<DynPod>) {
+        let nodes = vec![DynNode {
+            name: "n".into(),
+            gpu_bytes: vec![36 * GI],
+        }];
+        let minutes: Vec<f64> = (0..600).map(|m| if m < 30 { 0.3 } else { 1.0 }).collect();
+        let pod = |arrival| DynPod {
+            kind: "chat".into(),
+            arrival_min: arrival,
+            duration_min: 600,
+            predicted: Demand::fixed(10 * GI),
+            true_peak_fraction: 1.3,
+            profile: Profile {
+                minutes: minutes.clone(),
+            },
+            ..growing_pod(arrival)
+        };
+        (nodes, vec![pod(0), pod(60), pod(61), pod(62)])
+    }
+
+    #[test]
+    fn a_workload_under_predicted_by_30_percent_oom_kills_without_learning_only() {
+        let (nodes, pods) = under_predicted();
+        let learn = LearnPolicy::default();
+        let run = |a, l: &LearnPolicy| simulate(&nodes, &pods, a, 700, 1, None, l);
+        // The ledger sees the first pod at 13 GiB, but the next two look like 10 GiB each while
+        // they ramp: three fit (13 + 10 + 10 + margin <= 36) and at their peak they need 39.
+        let peak = run(Accounting::Peakfit, &learn);
+        assert!(peak.oom_events > 0, "{peak:?}");
+        assert!(peak.pods_oom_killed > 0, "{peak:?}");
+        // Learning sizes every later pod at 13 × 1.05: two fit, the others wait their turn.
+        let learned = run(Accounting::Learned, &learn);
+        assert_eq!(learned.oom_events, 0, "{learned:?}");
+        let real = crate::convert::f64_to_u64((10 * GI) as f64 * 1.3);
+        let sized: Vec<u64> = learned.starts.iter().map(|s| s.sized_bytes).collect();
+        assert_eq!(sized[0], 10 * GI);
+        assert!(sized.len() >= 3, "{sized:?}");
+        assert!(
+            sized[1..].iter().all(|&b| b == learn.with_margin(real)),
+            "{sized:?}"
+        );
+        assert_eq!(
+            learned.second_pods,
+            vec![SecondPod {
+                kind: "chat".into(),
+                sized_bytes: learn.with_margin(real),
+                real_peak_bytes: real,
+            }]
+        );
+        // `--learn off` is the peakfit column.
+        let off = LearnPolicy {
+            mode: crate::learn::LearnMode::Off,
+            ..learn
+        };
+        let learned_off = run(Accounting::Learned, &off);
+        assert_eq!(learned_off.oom_events, peak.oom_events);
+        assert_eq!(learned_off.starts, peak.starts);
+    }
+
+    #[test]
+    fn an_over_sized_workload_is_sized_down_only_after_two_pods_ran_the_minimum() {
+        // 40 GiB predicted, 20 used from the first minute, one hour to trust. Pods start as
+        // they arrive (the GPU holds all of them).
+        let nodes = vec![DynNode {
+            name: "n".into(),
+            gpu_bytes: vec![400 * GI],
+        }];
+        let pod = |arrival| DynPod {
+            kind: "batch".into(),
+            arrival_min: arrival,
+            duration_min: 300,
+            predicted: Demand::fixed(40 * GI),
+            true_peak_fraction: 0.5,
+            profile: Profile {
+                minutes: vec![1.0; 300],
+            },
+            ..growing_pod(arrival)
+        };
+        let arrivals = [0, 10, 30, 65, 75];
+        let pods: Vec<DynPod> = arrivals.iter().map(|&a| pod(a)).collect();
+        let learn = LearnPolicy {
+            min_runtime_secs: 3600,
+            ..LearnPolicy::default()
+        };
+        let r = simulate(&nodes, &pods, Accounting::Learned, 200, 1, None, &learn);
+        let sized: Vec<(u64, u64)> = r.starts.iter().map(|s| (s.minute, s.sized_bytes)).collect();
+        // At 65 only the first has run an hour; at 75 the second has too.
+        let down = learn.with_margin(20 * GI);
+        assert_eq!(
+            sized,
+            vec![
+                (0, 40 * GI),
+                (10, 40 * GI),
+                (30, 40 * GI),
+                (65, 40 * GI),
+                (75, down)
+            ]
+        );
+        assert_eq!(r.oom_events, 0);
+        // Sizing down never goes below what any pod was seen at: a fourth pod of the same
+        // workload at 30 GiB, seen for a minute, lifts the floor at once.
+        let mut pods = pods;
+        pods.push(DynPod {
+            true_peak_fraction: 0.75,
+            ..pod(73)
+        });
+        let r = simulate(&nodes, &pods, Accounting::Learned, 200, 1, None, &learn);
+        let last = r.starts.last().unwrap();
+        assert_eq!(
+            (last.minute, last.sized_bytes),
+            (75, learn.with_margin(30 * GI))
+        );
     }
 
     #[test]
@@ -714,11 +1038,27 @@ mod tests {
         hog.declared_bytes = 70 * GI;
         hog.duration_min = 30;
         let pods = vec![hog, engine];
-        let declared = simulate(&nodes, &pods, Accounting::Declared, 200, 1, None);
+        let declared = simulate(
+            &nodes,
+            &pods,
+            Accounting::Declared,
+            200,
+            1,
+            None,
+            &LearnPolicy::default(),
+        );
         assert!(declared.start_failures > 0, "{declared:?}");
         assert_eq!(declared.pods_failed_at_start, 1, "{declared:?}");
         assert!(declared.pods_completed_without_kill <= 1, "{declared:?}");
-        let peak = simulate(&nodes, &pods, Accounting::Peakfit, 200, 1, None);
+        let peak = simulate(
+            &nodes,
+            &pods,
+            Accounting::Peakfit,
+            200,
+            1,
+            None,
+            &LearnPolicy::default(),
+        );
         assert_eq!(peak.start_failures, 0, "{peak:?}");
         assert_eq!(peak.pods_completed_without_kill, 2, "{peak:?}");
     }

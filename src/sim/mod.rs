@@ -10,6 +10,7 @@ pub mod expected;
 pub mod frag;
 pub mod openb;
 pub mod profiles;
+pub mod real_peak;
 pub mod replay;
 pub mod svg;
 pub mod via_extender;
@@ -21,6 +22,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
+
+use crate::learn::{LearnMode, LearnPolicy};
 
 pub use replay::{CurvePoint, Policy, RunResult, run_deployed, run_one};
 
@@ -103,6 +106,39 @@ pub struct SimulateArgs {
     /// nodes) made every kind wait longer (docs/simulate.md).
     #[arg(long, env = "PEAKFIT_SIM_RESERVE_MAX", default_value = "0.1", value_parser = parse_node_fraction)]
     pub reserve_max: f64,
+    /// The built-in 24 h run's `learned` accounting: which pods are sized from what their
+    /// workload's earlier pods were seen to use: `off`, `predicted` (pods sized by the model) or
+    /// `all` (explicit `peakfit.io/vram` too).
+    #[arg(long, env = "PEAKFIT_SIM_LEARN", default_value = "predicted", value_parser = parse_learn_mode)]
+    pub learn: LearnMode,
+    /// Fraction added above a workload's highest observed peak (0.05 = 5 %).
+    #[arg(long, env = "PEAKFIT_SIM_LEARN_MARGIN", default_value = "0.05", value_parser = parse_learn_margin)]
+    pub learn_margin: f64,
+    /// How long a pod must have run before its peak counts for sizing its workload *below* the
+    /// prediction (two such pods are needed); serving pods grow for hours after they start.
+    #[arg(long, env = "PEAKFIT_SIM_LEARN_MIN_RUNTIME", default_value = "6h", value_parser = crate::flags::parse_duration)]
+    pub learn_min_runtime: std::time::Duration,
+}
+
+/// `off`, `predicted` or `all`.
+pub fn parse_learn_mode(s: &str) -> Result<LearnMode, String> {
+    s.trim()
+        .parse()
+        .map_err(|e| format!("--learn (or PEAKFIT_SIM_LEARN): {e}"))
+}
+
+/// A margin the core's `LearnPolicy::validate` accepts.
+pub fn parse_learn_margin(s: &str) -> Result<f64, String> {
+    let margin = s.trim().parse::<f64>().map_err(|_| {
+        format!("--learn-margin (or PEAKFIT_SIM_LEARN_MARGIN) {s:?}: a fraction such as 0.05")
+    })?;
+    LearnPolicy {
+        margin,
+        ..LearnPolicy::default()
+    }
+    .validate()
+    .map_err(|e| format!("--learn-margin (or PEAKFIT_SIM_LEARN_MARGIN): {e}"))?;
+    Ok(margin)
 }
 
 /// `--reserve-after`: a wait, or `None` for no holds. A type of its own because clap reads an
@@ -163,6 +199,16 @@ impl SimulateArgs {
         Deployment {
             profile: self.scheduler_profile,
             gpuless: self.gpuless_pods,
+        }
+    }
+
+    /// How the built-in 24 h run's learned accounting sizes pods.
+    pub fn learn_policy(&self) -> LearnPolicy {
+        LearnPolicy {
+            mode: self.learn,
+            margin: self.learn_margin,
+            min_runtime_secs: self.learn_min_runtime.as_secs(),
+            ..LearnPolicy::default()
         }
     }
 

@@ -31,6 +31,19 @@ impl Profile {
             .unwrap_or(1.0)
     }
 
+    /// The highest fraction reached in the first `minutes` minutes (a pod that runs shorter
+    /// than its curve never meets the rest of it).
+    pub fn peak_within(&self, minutes: usize) -> f64 {
+        if self.minutes.is_empty() {
+            return 1.0;
+        }
+        self.minutes
+            .iter()
+            .take(minutes.max(1))
+            .copied()
+            .fold(0.0, f64::max)
+    }
+
     /// The median of the curve (what a dashboard shows as "typical use").
     pub fn median(&self) -> f64 {
         let mut v = self.minutes.clone();
@@ -50,6 +63,17 @@ impl Profile {
 /// container_ip`). Pods with fewer than `min_samples` samples are dropped; gaps are bridged by
 /// holding the last value.
 pub fn load_tarball(path: &Path, min_samples: usize) -> Result<Vec<Profile>, TraceError> {
+    Ok(load_tarball_peaks(path, min_samples)?
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect())
+}
+
+/// `load_tarball`, each curve with its peak in bytes (what the fractions are of).
+pub fn load_tarball_peaks(
+    path: &Path,
+    min_samples: usize,
+) -> Result<Vec<(Profile, f64)>, TraceError> {
     let io = |source| TraceError::Io {
         path: path.to_owned(),
         source,
@@ -70,7 +94,11 @@ pub fn load_tarball(path: &Path, min_samples: usize) -> Result<Vec<Profile>, Tra
     parse_csv(path, text.as_bytes(), min_samples)
 }
 
-fn parse_csv(path: &Path, bytes: &[u8], min_samples: usize) -> Result<Vec<Profile>, TraceError> {
+fn parse_csv(
+    path: &Path,
+    bytes: &[u8],
+    min_samples: usize,
+) -> Result<Vec<(Profile, f64)>, TraceError> {
     let mut rdr = csv::Reader::from_reader(bytes);
     let mut by_pod: HashMap<String, Vec<(f64, f64)>> = HashMap::new();
     for row in rdr.records() {
@@ -107,8 +135,9 @@ fn parse_csv(path: &Path, bytes: &[u8], min_samples: usize) -> Result<Vec<Profil
                 minutes.push(v);
             }
         }
+        let peak = minutes.iter().copied().fold(0.0, f64::max);
         if let Some(p) = Profile::normalised(minutes) {
-            out.push(p);
+            out.push((p, peak));
         }
     }
     Ok(out)
@@ -186,8 +215,11 @@ mod tests {
         let csv = "timestamp_anon,value,container_ip\n0,10,a\n60,20,a\n180,40,a\n0,5,b\n";
         let p = parse_csv(Path::new("x"), csv.as_bytes(), 2).unwrap();
         assert_eq!(p.len(), 1);
-        assert_eq!(p[0].minutes, vec![0.25, 0.5, 0.5, 1.0]);
-        assert_eq!(p[0].at(99), 1.0);
+        assert_eq!(p[0].0.minutes, vec![0.25, 0.5, 0.5, 1.0]);
+        assert_eq!(p[0].0.at(99), 1.0);
+        assert_eq!(p[0].1, 40.0);
+        assert_eq!(p[0].0.peak_within(2), 0.5);
+        assert_eq!(p[0].0.peak_within(9), 1.0);
     }
 
     #[test]

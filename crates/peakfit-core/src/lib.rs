@@ -1,4 +1,5 @@
-//! peakfit's pure core: what a pod needs (the peak-memory model) and where it fits (the placement).
+//! peakfit's pure core: what a pod needs (the peak-memory model, corrected by what its workload
+//! was seen to use: `learn`) and where it fits (the placement).
 //!
 //! Everything here is a function of its arguments. It may not touch Kubernetes (no kube,
 //! k8s-openapi), async runtimes (tokio), command lines (clap), HTTP (axum) or files: the
@@ -9,5 +10,6 @@
 
 pub mod convert;
 pub mod inventory;
+pub mod learn;
 pub mod model;
 pub mod placement;
