@@ -123,6 +123,14 @@ fn device_plugin_and_dra_holders_reach_the_report_and_leave_the_advertised_memor
         "ghost's GPU-not-here is reported, not dropped"
     );
     assert_eq!(stats.allocatable, Some(4));
+    // GetAllocatableResources is asked once a minute, List at every poll; the last allocatable
+    // answer still counts.
+    let before = kubelet.calls();
+    let again = p.poll();
+    assert_eq!(kubelet.calls() - before, 1);
+    assert_eq!(holders(&again), expected_holders());
+    assert_eq!(p.pod_resources_stats().unwrap().allocatable, Some(4));
+    assert_eq!(p.pod_resources_stats().unwrap().unmapped, 1);
 
     // The trainer ends: its GPUs are free at the next poll.
     kubelet.set(

@@ -55,7 +55,7 @@ pub struct Allocations {
     /// `List`: every pod's devices, device plugin and DRA.
     pub pods: Vec<proto::PodResources>,
     /// `GetAllocatableResources`' device-plugin devices; `None` where the kubelet does not serve
-    /// it (before 1.23, or its feature gate off).
+    /// it (before 1.23, or its feature gate off) or it was not asked this time.
     pub allocatable: Option<Vec<proto::ContainerDevices>>,
 }
 
@@ -67,7 +67,14 @@ pub struct Client {
     socket: PathBuf,
     timeout: Duration,
     allocatable_served: bool,
+    /// When `GetAllocatableResources` last answered: the devices a kubelet can allocate change
+    /// only when a device plugin registers, so it is asked once per [`ALLOCATABLE_EVERY`], not at
+    /// every poll (one call per poll instead of two).
+    allocatable_at: Option<std::time::Instant>,
 }
+
+/// How often `GetAllocatableResources` is asked.
+pub const ALLOCATABLE_EVERY: Duration = Duration::from_secs(60);
 
 impl Client {
     /// Connects lazily: nothing touches the socket before the first [`Client::read`].
@@ -101,6 +108,7 @@ impl Client {
             socket,
             timeout,
             allocatable_served: true,
+            allocatable_at: None,
         })
     }
 
@@ -108,11 +116,14 @@ impl Client {
         &self.socket
     }
 
-    /// Asks `List` and `GetAllocatableResources` at once (two streams on one connection), within
-    /// the timeout. Must not be called from an async task (it blocks on its own runtime).
+    /// Asks `List` (and, when due, `GetAllocatableResources`: two streams on one connection at
+    /// once) within the timeout. Must not be called from an async task (it blocks on its own runtime).
     pub fn read(&mut self) -> Result<Allocations, PodResourcesError> {
         let (mut list_api, mut alloc_api) = (self.api.clone(), self.api.clone());
-        let ask_allocatable = self.allocatable_served;
+        let ask_allocatable = self.allocatable_served
+            && self
+                .allocatable_at
+                .is_none_or(|at| at.elapsed() >= ALLOCATABLE_EVERY);
         let runtime = self.runtime.as_ref().ok_or_else(|| {
             PodResourcesError::Runtime(std::io::Error::other("client already shut down"))
         })?;
@@ -148,7 +159,10 @@ impl Client {
             .pod_resources;
         let allocatable = match allocatable {
             None => None,
-            Some(Ok(r)) => Some(r.into_inner().devices),
+            Some(Ok(r)) => {
+                self.allocatable_at = Some(std::time::Instant::now());
+                Some(r.into_inner().devices)
+            }
             Some(Err(s)) if s.code() == tonic::Code::Unimplemented => {
                 tracing::info!(
                     socket = %self.socket.display(),

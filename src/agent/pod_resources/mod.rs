@@ -49,6 +49,9 @@ pub struct PodResourcesReader {
     last_holders: BTreeMap<String, Vec<DeviceHolder>>,
     last_reason: Option<String>,
     last_unmapped: Vec<Unmapped>,
+    /// The last `GetAllocatableResources` answer (asked once a minute), checked against every
+    /// reading.
+    allocatable: Option<Vec<proto::ContainerDevices>>,
     stats: Stats,
 }
 
@@ -64,6 +67,7 @@ impl PodResourcesReader {
             last_holders: BTreeMap::new(),
             last_reason: None,
             last_unmapped: Vec::new(),
+            allocatable: None,
             stats: Stats::default(),
         })
     }
@@ -81,8 +85,11 @@ impl PodResourcesReader {
     ) -> PodResourcesStatus {
         match self.client.read() {
             Ok(answer) => {
+                if answer.allocatable.is_some() {
+                    self.allocatable = answer.allocatable;
+                }
                 let mut unmapped = holders::assign(&answer.pods, gpus, minors, &self.filter);
-                if let Some(allocatable) = &answer.allocatable {
+                if let Some(allocatable) = &self.allocatable {
                     unmapped.extend(holders::unknown_allocatable(
                         allocatable,
                         gpus,
@@ -112,7 +119,7 @@ impl PodResourcesReader {
                     up: true,
                     held_devices: held_devices(gpus),
                     unmapped: unmapped.len(),
-                    allocatable: answer.allocatable.as_ref().map(|a| {
+                    allocatable: self.allocatable.as_ref().map(|a| {
                         a.iter()
                             .filter(|d| self.filter.is_gpu_resource(&d.resource_name))
                             .map(|d| d.device_ids.len())
