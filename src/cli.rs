@@ -28,7 +28,7 @@ pub enum Command {
     Estimate(estimate::EstimateArgs),
     /// Replay a cluster and a workload through the placement code under several policies.
     Simulate(sim::SimulateArgs),
-    /// Print the `NodeGpuReport` `CustomResourceDefinition` as YAML.
+    /// Print the `NodeGpuReport` and `GpuWorkloadProfile` `CustomResourceDefinitions` as YAML.
     Crd,
 }
 

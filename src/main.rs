@@ -54,7 +54,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Estimate(args) => estimate::run(&args),
         Command::Simulate(args) => sim::run(&args),
         Command::Crd => {
-            print!("{}", peakfit::cluster::crd_yaml()?);
+            print!("{}", peakfit::cluster::all_crds_yaml()?);
             Ok(())
         }
     }

@@ -191,6 +191,12 @@ impl Extender {
                 vec![false; n]
             }
             Ok(Some(req)) => {
+                let sizing = self.sized_pod(&req, &pod);
+                let note = sizing.note;
+                let req = sizing.request;
+                if let Some(n) = &note {
+                    tracing::debug!(sizing = %n, "sized from the workload's profile");
+                }
                 let shape = req.shape();
                 let class = self.class_of(&req, &host_request_of(&pod));
                 self.learn(&key, &class);
@@ -202,10 +208,15 @@ impl Extender {
                 // state under this request's id. Whether the node is usable now moves with the
                 // clock, so that is checked for each node.
                 let request = fresh_id();
+                // A pod sized from its workload's profile says so in every refusal: the number
+                // refused is not the one its annotations predict.
                 let refusal = |ledger: &NodeLedger, r: &Rejection, words: String| Refusal {
                     reason: r.reason(),
                     resolvable: resolvable_by_preemption(ledger, &shape, &self.fit, r),
-                    words,
+                    words: match &note {
+                        Some(n) => format!("{words} ({n})"),
+                        None => words,
+                    },
                 };
                 // Outer `None`: the index does not know the node; inner: it fits. The words
                 // are written here, in parallel: for thousands of refused nodes they cost more

@@ -43,7 +43,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, EvictParams, Patch, PatchParams, PostParams};
 
 use super::Extender;
@@ -187,49 +187,26 @@ async fn evict(
 
 /// A `Preempted` event on the victim, as kube-scheduler writes for its own (best effort).
 async fn record_event(client: &kube::Client, victim: &PodEntry, preemptor: &Pod, node: &str) {
-    let ns = victim.namespace.clone();
-    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
     let who = format!(
         "{}/{}",
         preemptor.metadata.namespace.as_deref().unwrap_or_default(),
         preemptor.metadata.name.as_deref().unwrap_or_default()
     );
-    let event = Event {
-        metadata: kube::api::ObjectMeta {
-            generate_name: Some(format!("{}.", victim.name)),
-            namespace: Some(ns.clone()),
-            ..Default::default()
+    crate::cluster::events::record(
+        client,
+        &crate::cluster::events::PodRef {
+            namespace: &victim.namespace,
+            name: &victim.name,
+            uid: victim.uid(),
         },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(victim.name.clone()),
-            namespace: Some(ns),
-            uid: victim.uid().map(str::to_owned),
-            ..Default::default()
-        },
-        reason: Some("Preempted".into()),
-        message: Some(
-            crate::clip::clip(&format!(
-                "peakfit: evicted on node {node} to free GPU memory for {who}, of higher priority \
+        "Preempted",
+        &format!(
+            "peakfit: evicted on node {node} to free GPU memory for {who}, of higher priority \
              (kube-scheduler's preemption counts GPU memory per node and found no victim)"
-            ))
-            .into_owned(),
         ),
-        type_: Some("Normal".into()),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        count: Some(1),
-        source: Some(k8s_openapi::api::core::v1::EventSource {
-            component: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    if let Err(e) = events.create(&PostParams::default(), &event).await {
-        tracing::debug!(error = %e, "could not record the Preempted event");
-    }
+        FIELD_MANAGER,
+    )
+    .await;
 }
 
 /// Runs the loop until the process ends: every half `after` (at most a second apart).

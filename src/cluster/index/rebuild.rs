@@ -286,6 +286,9 @@ mod tests {
                 gpu_products: Vec::new(),
             },
             model_config: None,
+            workload: None,
+            explicit: vram.is_some(),
+            started_unix: None,
         }
     }
 
