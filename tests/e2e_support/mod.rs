@@ -421,44 +421,8 @@ impl Cluster {
     /// the GPUs idle and `observedAt` now. For the benches, where thousands of agent processes
     /// cannot run; the extender needs a `--max-report-age` longer than the run.
     pub async fn add_reported_node(&self, name: &str, gpus: Vec<Gpu>) {
-        use peakfit::inventory::{GpuDevice, NodeGpuReportStatus, NodeMemorySummary, NvmlStatus};
         self.create_ready_node(name, Some(gpus.len())).await;
-        let total: u64 = gpus.iter().map(|g| g.total).sum();
-        let status = NodeGpuReportStatus {
-            observed_at: jiff::Timestamp::now().to_string(),
-            nvml: NvmlStatus {
-                up: true,
-                driver_version: Some("550.54.15".into()),
-                reason: None,
-            },
-            gpus: gpus
-                .iter()
-                .enumerate()
-                .map(|(i, g)| GpuDevice {
-                    index: peakfit::convert::usize_to_u32(i),
-                    uuid: g.uuid.clone(),
-                    name: g.name.into(),
-                    pci_bus_id: Some(format!("00000000:{:02x}:00.0", 0x10 + i)),
-                    memory_total_bytes: g.total,
-                    memory_free_bytes: g.total,
-                    ..Default::default()
-                })
-                .collect(),
-            summary: NodeMemorySummary {
-                total_bytes: total,
-                free_bytes: total,
-                largest_free_block_bytes: gpus.iter().map(|g| g.total).max().unwrap_or(0),
-                stranded_bytes: 0,
-            },
-            agent_version: Some(env!("CARGO_PKG_VERSION").into()),
-            pod_peaks: Vec::new(),
-            pod_resources: None,
-        };
-        let mut publisher = peakfit::agent::publish::Publisher::new(self.client.clone(), name);
-        publisher
-            .publish(&status)
-            .await
-            .unwrap_or_else(|e| panic!("writing the NodeGpuReport of {name}: {e}"));
+        publish_report(&self.client, name, &gpus, &[]).await;
         self.nodes.lock().unwrap().insert(
             name.to_owned(),
             GpuNode {
@@ -468,6 +432,14 @@ impl Cluster {
                 agent: None,
             },
         );
+    }
+
+    /// Publishes a node's report again (a node of [`Cluster::add_reported_node`]) with
+    /// `observedAt` now and these pods' peaks, as `(pod UID, GPU UUID, bytes)`: what the agent
+    /// writes once it has seen the pods' processes on the GPUs.
+    pub async fn publish_pod_peaks(&self, node: &str, peaks: &[(&str, &str, u64)]) {
+        let gpus = self.gpus_of(node);
+        publish_report(&self.client, node, &gpus, peaks).await;
     }
 
     fn spawn_agent(&self, name: &str, config: &Path) -> Proc {
@@ -1011,6 +983,59 @@ fn write_nvml_config(node: &GpuNode, used: &[(&str, u64)]) {
     let tmp = node.nvml_config.with_extension("tmp");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, &node.nvml_config).unwrap();
+}
+
+/// A node's `NodeGpuReport` with its GPUs idle, `observedAt` now and `peaks` as its `podPeaks`,
+/// written by the agent's own publisher (the same object and server-side apply).
+async fn publish_report(client: &Client, name: &str, gpus: &[Gpu], peaks: &[(&str, &str, u64)]) {
+    use peakfit::inventory::{
+        GpuDevice, NodeGpuReportStatus, NodeMemorySummary, NvmlStatus, PodPeak,
+    };
+    let total: u64 = gpus.iter().map(|g| g.total).sum();
+    let now = jiff::Timestamp::now().to_string();
+    let status = NodeGpuReportStatus {
+        observed_at: now.clone(),
+        nvml: NvmlStatus {
+            up: true,
+            driver_version: Some("550.54.15".into()),
+            reason: None,
+        },
+        gpus: gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| GpuDevice {
+                index: peakfit::convert::usize_to_u32(i),
+                uuid: g.uuid.clone(),
+                name: g.name.into(),
+                pci_bus_id: Some(format!("00000000:{:02x}:00.0", 0x10 + i)),
+                memory_total_bytes: g.total,
+                memory_free_bytes: g.total,
+                ..Default::default()
+            })
+            .collect(),
+        summary: NodeMemorySummary {
+            total_bytes: total,
+            free_bytes: total,
+            largest_free_block_bytes: gpus.iter().map(|g| g.total).max().unwrap_or(0),
+            stranded_bytes: 0,
+        },
+        agent_version: Some(env!("CARGO_PKG_VERSION").into()),
+        pod_peaks: peaks
+            .iter()
+            .map(|&(pod, gpu, bytes)| PodPeak {
+                pod_uid: pod.into(),
+                gpu_uuid: gpu.into(),
+                peak_bytes: bytes,
+                at: now.clone(),
+            })
+            .collect(),
+        pod_resources: None,
+    };
+    let mut publisher = peakfit::agent::publish::Publisher::new(client.clone(), name);
+    publisher
+        .publish(&status)
+        .await
+        .unwrap_or_else(|e| panic!("writing the NodeGpuReport of {name}: {e}"));
 }
 
 /// A pod of the peakfit profile: one container, 1 CPU, the annotations given.
