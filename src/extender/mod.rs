@@ -555,7 +555,16 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         .cuda_context
         .map_or_else(Platform::default, |cuda_context| Platform { cuda_context });
     let index = Arc::new(Index::with_platform(platform));
-    let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), now_unix));
+    let policy = args.learn.policy()?;
+    let profiles = Arc::new(ProfileStore::default());
+    profiles.set_policy(policy);
+    let metrics = Arc::new(
+        ExtenderMetrics::with_index(index.clone(), now_unix).with_profiles(
+            profiles.clone(),
+            args.learn.profile_metrics_top,
+            now_unix,
+        ),
+    );
     let fit = FitConfig {
         safety_margin_bytes: args.safety_margin,
         // A file is a snapshot: the age of its reports says nothing about live agents.
@@ -568,9 +577,6 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     metrics
         .node_report_age_limit
         .set(fit.max_report_age_secs.unwrap_or(0) as f64);
-    let policy = args.learn.policy()?;
-    let profiles = Arc::new(ProfileStore::default());
-    profiles.set_policy(policy);
     let learning = policy.mode != LearnMode::Off;
     let mut nudge_client = None;
     let (binder, readiness): (Arc<dyn BindingWriter>, Readiness) = match &args.from_file {
