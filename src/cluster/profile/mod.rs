@@ -5,7 +5,8 @@
 //!
 //! One object per workload ([`crate::cluster::workload::WorkloadKey`]), in the workload's
 //! namespace. The spec names the workload; the status holds the numbers. Kept small and bounded:
-//! at most [`MAX_POD_RECORDS`] pods are listed, the rest live on in the lifetime figures.
+//! every running pod is listed (up to `store::MAX_LIVE_RECORDS`) and at most [`MAX_POD_RECORDS`]
+//! in all once they stop; the rest live on in the lifetime figures.
 
 pub mod leader;
 pub mod store;

@@ -279,9 +279,14 @@ pub fn fold(
         s.predicted_bytes = newest.predicted_bytes;
         s.explicit = newest.explicit;
     }
+    // Every pod running now stays listed (up to `MAX_LIVE_RECORDS`), or it would be counted
+    // again as new at the next fold; finished ones fill the list up to `MAX_POD_RECORDS`.
     s.pods
         .sort_by_key(|r| (unix(&r.last_seen), unix(&r.started)));
-    let excess = s.pods.len().saturating_sub(MAX_POD_RECORDS);
+    let now_text = rfc3339(now_unix);
+    let live = s.pods.iter().filter(|r| r.last_seen == now_text).count();
+    let keep = MAX_POD_RECORDS.max(live.min(MAX_LIVE_RECORDS));
+    let excess = s.pods.len().saturating_sub(keep);
     s.pods.drain(..excess);
     s.observed_peak_bytes = s
         .pods
@@ -314,6 +319,9 @@ fn p95(mut v: Vec<u64>) -> u64 {
     let rank = (v.len() * 95).div_ceil(100).max(1);
     v[rank - 1]
 }
+
+/// The most running pods a profile lists (about 150 bytes each: 150 KB of object).
+pub const MAX_LIVE_RECORDS: usize = 1024;
 
 /// Granularity of a recommendation: half a GiB, so it reads as an annotation a person writes.
 const STEP: u64 = 512 << 20;
@@ -400,6 +408,14 @@ mod tests {
             );
         }
         assert_eq!(s.pods.len(), MAX_POD_RECORDS);
+        // More pods running at once than are listed: folding them again counts none twice.
+        let many: Vec<Observed> = (0..100)
+            .map(|i| seen(&format!("m{i}"), t0 + 500, GIB))
+            .collect();
+        let once = fold(Some(&s), &many, t0 + 600, 0.0);
+        let again = fold(Some(&once), &many, t0 + 660, 0.0);
+        assert_eq!(once.pods_seen, 201);
+        assert_eq!(again.pods_seen, 201);
         assert!(s.pods.iter().all(|p| p.uid != "big"));
         assert_eq!(s.pods_seen, 101);
         assert_eq!(s.observed_peak_bytes, 40 * GIB);
