@@ -4,7 +4,7 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::{agent, estimate, extender, sim, telemetry, webhook};
+use crate::{agent, estimate, extender, recommend, sim, telemetry, webhook};
 
 /// Places GPU pods by their predicted peak VRAM.
 #[derive(Parser)]
@@ -26,9 +26,12 @@ pub enum Command {
     Webhook(webhook::WebhookArgs),
     /// Predict a pod's peak VRAM per GPU from its annotations.
     Estimate(estimate::EstimateArgs),
+    /// Per workload, what its pods were seen to use and the `peakfit.io/vram` to annotate, from
+    /// the cluster's `GpuWorkloadProfiles` or a file of them.
+    Recommend(recommend::RecommendArgs),
     /// Replay a cluster and a workload through the placement code under several policies.
     Simulate(sim::SimulateArgs),
-    /// Print the `NodeGpuReport` `CustomResourceDefinition` as YAML.
+    /// Print the `NodeGpuReport` and `GpuWorkloadProfile` `CustomResourceDefinitions` as YAML.
     Crd,
 }
 
@@ -40,7 +43,7 @@ impl Command {
     pub fn default_log(&self) -> &'static str {
         match self {
             Self::Agent(_) | Self::Extender(_) | Self::Webhook(_) => "info",
-            Self::Estimate(_) | Self::Simulate(_) | Self::Crd => "warn",
+            Self::Estimate(_) | Self::Simulate(_) | Self::Recommend(_) | Self::Crd => "warn",
         }
     }
 }

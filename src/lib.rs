@@ -17,6 +17,7 @@ pub mod estimate;
 pub mod extender;
 pub mod flags;
 pub mod metrics;
+pub mod recommend;
 pub mod serve;
 pub mod shutdown;
 pub mod sim;

@@ -12,7 +12,7 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use peakfit::cli::{Cli, Command};
-use peakfit::{agent, estimate, extender, sim, telemetry, webhook};
+use peakfit::{agent, estimate, extender, recommend, sim, telemetry, webhook};
 
 /// Errors print as one readable line (`error: …: cause`), never as a Debug dump or backtrace: the
 /// people reading them are ML engineers running `peakfit estimate` and operators reading pod logs.
@@ -53,8 +53,9 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Webhook(args) => serve(webhook::run(args)),
         Command::Estimate(args) => estimate::run(&args),
         Command::Simulate(args) => sim::run(&args),
+        Command::Recommend(args) => recommend::run(&args),
         Command::Crd => {
-            print!("{}", peakfit::cluster::crd_yaml()?);
+            print!("{}", peakfit::cluster::all_crds_yaml()?);
             Ok(())
         }
     }

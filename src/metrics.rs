@@ -213,6 +213,7 @@ pub mod extender {
     use prometheus_client::registry::Registry;
 
     use crate::cluster::index::{Index, free_outside_largest_gpu_ratio};
+    use crate::cluster::profile::store::ProfileStore;
 
     #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
     pub struct VerbLabels {
@@ -375,6 +376,23 @@ pub mod extender {
         }
     }
 
+    impl ExtenderMetrics {
+        /// Adds the per-workload gauges of `profiles` (at most `top` workloads).
+        pub fn with_profiles(
+            mut self,
+            profiles: Arc<ProfileStore>,
+            top: usize,
+            clock: fn() -> i64,
+        ) -> Self {
+            self.registry.register_collector(Box::new(ProfileCollector {
+                profiles,
+                top,
+                clock,
+            }));
+            self
+        }
+    }
+
     /// The ledger gauges, read from the index at scrape time.
     pub struct IndexCollector {
         index: Arc<Index>,
@@ -494,6 +512,112 @@ pub mod extender {
             return Ok(());
         }
         metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+    }
+
+    #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+    pub struct WorkloadLabels {
+        pub namespace: String,
+        pub kind: String,
+        pub workload: String,
+        /// The hash of the pods' `peakfit.io/*` inputs: two workloads of one name with other
+        /// inputs are two profiles.
+        pub inputs: String,
+    }
+
+    /// A workload is exported while it was seen running within this long: `lastSeen` moves at
+    /// least every `cluster::profile::writer::REFRESH` (10 min) while its pods run, and a workload
+    /// that stopped should neither keep an alert firing nor hold a series.
+    pub const WORKLOAD_LIVE_SECS: i64 = 15 * 60;
+
+    /// The per-workload gauges, read from the profile store at scrape time. Bounded: at most
+    /// `top` workloads (the largest observed peaks first), the rest counted in
+    /// `peakfit_workload_series_dropped`; three series each.
+    pub struct ProfileCollector {
+        profiles: Arc<ProfileStore>,
+        top: usize,
+        clock: fn() -> i64,
+    }
+
+    impl std::fmt::Debug for ProfileCollector {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("ProfileCollector")
+                .field("top", &self.top)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl Collector for ProfileCollector {
+        fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+            let now = (self.clock)();
+            let mut live: Vec<_> = self
+                .profiles
+                .all()
+                .into_iter()
+                .filter(|(_, k)| {
+                    k.status
+                        .last_seen
+                        .parse::<jiff::Timestamp>()
+                        .is_ok_and(|t| now - t.as_second() <= WORKLOAD_LIVE_SECS)
+                })
+                .collect();
+            live.sort_by(|a, b| {
+                b.1.status
+                    .observed_peak_bytes
+                    .cmp(&a.1.status.observed_peak_bytes)
+                    .then_with(|| a.0.cmp(&b.0))
+            });
+            let dropped = live.len().saturating_sub(self.top);
+            live.truncate(self.top);
+            let predicted = Family::<WorkloadLabels, Gauge>::default();
+            let observed = Family::<WorkloadLabels, Gauge>::default();
+            let recommended = Family::<WorkloadLabels, Gauge>::default();
+            for (key, known) in &live {
+                let l = WorkloadLabels {
+                    namespace: key.namespace.clone(),
+                    kind: key.kind.clone(),
+                    workload: key.name.clone(),
+                    inputs: key.inputs.clone(),
+                };
+                let s = &known.status;
+                predicted.get_or_create(&l).set(bytes(s.predicted_bytes));
+                observed.get_or_create(&l).set(bytes(s.observed_peak_bytes));
+                recommended
+                    .get_or_create(&l)
+                    .set(bytes(s.recommended_bytes));
+            }
+            let e = &mut encoder;
+            family(
+                e,
+                "workload_predicted_bytes",
+                "The model's per-GPU peak for the workload's newest pod (GpuWorkloadProfile)",
+                live.len(),
+                &predicted,
+            )?;
+            family(
+                e,
+                "workload_observed_peak_bytes",
+                "The highest per-GPU peak any pod of the workload reached",
+                live.len(),
+                &observed,
+            )?;
+            family(
+                e,
+                "workload_recommended_bytes",
+                "The peakfit.io/vram to annotate: the observed peak plus --learn-margin",
+                live.len(),
+                &recommended,
+            )?;
+            let d = Gauge::<i64>::default();
+            d.set(i64::try_from(dropped).unwrap_or(i64::MAX));
+            family(
+                e,
+                "workload_series_dropped",
+                "Running workloads left out of the peakfit_workload_* series (beyond \
+                 --profile-metrics-top)",
+                1,
+                &d,
+            )
+        }
     }
 
     impl Collector for IndexCollector {

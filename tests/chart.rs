@@ -29,6 +29,7 @@ const KUBE_VERSION: &str = "1.33.0";
 const CHART: &str = "charts/peakfit";
 const ALL_VALUES: &str = "charts/peakfit/ci/all-features-values.yaml";
 const CRD_COPY: &str = "charts/peakfit/files/crd/nodegpureports.peakfit.io.yaml";
+const PROFILE_CRD_COPY: &str = "charts/peakfit/files/crd/gpuworkloadprofiles.peakfit.io.yaml";
 const DEPLOY: &str = "deploy/peakfit.yaml";
 
 fn root() -> &'static Path {
@@ -184,6 +185,10 @@ fn golden(path: &str, want: &str) {
 #[test]
 fn the_charts_crd_copy_is_what_peakfit_crd_prints() {
     golden(CRD_COPY, &peakfit::cluster::crd_yaml().unwrap());
+    golden(
+        PROFILE_CRD_COPY,
+        &peakfit::cluster::profile_crd_yaml().unwrap(),
+    );
 }
 
 #[test]

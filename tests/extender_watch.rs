@@ -215,7 +215,7 @@ async fn without_the_configmap_watch_no_configmap_is_asked_for() {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(svc, "default");
     let index = Arc::new(Index::new());
-    let readiness = Readiness::waiting_for(peakfit::cluster::watch::watches(false));
+    let readiness = Readiness::waiting_for(peakfit::cluster::watch::watches(false, false));
     let held = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let asked = Arc::new(parking_lot::Mutex::new(Vec::new()));
     tokio::spawn(serve(handle, lists(false), Vec::new(), held, asked.clone()));

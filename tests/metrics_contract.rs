@@ -10,7 +10,9 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::Request;
 use peakfit::cluster::binding::MemoryBinder;
-use peakfit::cluster::index::Index;
+use peakfit::cluster::index::{Index, Observed};
+use peakfit::cluster::profile::store::{ProfileStore, fold};
+use peakfit::cluster::workload::WorkloadKey;
 use peakfit::extender::{Extender, routes};
 use peakfit::inventory::{GpuDevice, GpuProcess, NodeGpuReportStatus, NvmlStatus};
 use peakfit::placement::FitConfig;
@@ -89,9 +91,30 @@ fn chart_file(rel: &str) -> String {
 async fn all_exposed() -> BTreeSet<String> {
     // Wired as `peakfit extender` wires them: the index keeps the ledger gauges current.
     let index = Arc::new(Index::new());
-    let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), || {
-        jiff::Timestamp::now().as_second()
-    }));
+    let now = || jiff::Timestamp::now().as_second();
+    // One workload profile, as the profile watch would hold it, for the peakfit_workload_*
+    // gauges.
+    let profiles = Arc::new(ProfileStore::default());
+    let seen = Observed {
+        uid: "u-chat".into(),
+        name: "chat-0".into(),
+        predicted_bytes: 20 << 30,
+        explicit: false,
+        gpus: 1,
+        started_unix: now() - 600,
+        peak_bytes: 23 << 30,
+    };
+    profiles.set(
+        WorkloadKey {
+            namespace: "ml".into(),
+            kind: "Deployment".into(),
+            name: "chat".into(),
+            inputs: "0123456789abcdef".into(),
+        },
+        fold(None, &[seen], now(), 0.05),
+    );
+    let metrics =
+        Arc::new(ExtenderMetrics::with_index(index.clone(), now).with_profiles(profiles, 100, now));
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/cluster.yaml");
     peakfit::cluster::file::load_into(&index, &path).expect("example cluster loads");
     let ext = Arc::new(

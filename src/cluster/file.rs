@@ -117,6 +117,15 @@ pub fn load_str(index: &Index, text: &str, p: &str) -> Result<usize, FileError> 
     Ok(n)
 }
 
+/// Every object of a file's text (JSON, or YAML documents), `List`s unwrapped.
+pub fn objects(text: &str) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    for doc in parse_documents(text)? {
+        flatten(doc, &mut out);
+    }
+    Ok(out)
+}
+
 fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
     if text.trim_start().starts_with(['{', '[']) {
         return serde_json::from_str::<Value>(text)

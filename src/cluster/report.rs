@@ -33,7 +33,14 @@ pub struct NodeGpuReportSpec {
 pub fn crd()
 -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     use kube::CustomResourceExt;
-    let mut value = serde_json::to_value(NodeGpuReport::crd()).expect("a CRD serialises to JSON");
+    known_formats_only(&NodeGpuReport::crd())
+}
+
+/// `crd` less the `format`s Kubernetes does not know (shared with the profile CRD).
+pub(crate) fn known_formats_only(
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    let mut value = serde_json::to_value(crd).expect("a CRD serialises to JSON");
     strip_unknown_formats(&mut value);
     serde_json::from_value(value).expect("stripping formats keeps a valid CRD")
 }

@@ -9,9 +9,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
-use super::NodeGpuReport;
 use super::index::{Index, pod_key};
 use super::model_config;
+use super::profile::store::ProfileStore;
+use super::{GpuWorkloadProfile, NodeGpuReport};
 
 /// Ready once every watch has listed its objects (kubert's `Initialized` gate): until then the
 /// index could call a busy node free.
@@ -39,23 +40,41 @@ impl Readiness {
     }
 }
 
-/// How many watches must list before the extender is ready: Nodes, Pods, `NodeGpuReports` and
-/// the model-config ConfigMaps (a pod naming one would be refused until they are listed).
-pub const WATCHES: usize = 4;
+/// How many watches must list before the extender is ready: Nodes, Pods, `NodeGpuReports`, the
+/// model-config ConfigMaps (a pod naming one would be refused until they are listed) and the
+/// `GpuWorkloadProfiles` (a pod of a known workload would be sized from its prediction alone).
+pub const WATCHES: usize = 5;
 
-/// [`WATCHES`], less the ConfigMap watch when it is off.
-pub const fn watches(model_configs: bool) -> usize {
-    if model_configs { WATCHES } else { WATCHES - 1 }
+/// [`WATCHES`], less the ConfigMap watch and the profile watch when they are off.
+pub fn watches(model_configs: bool, profiles: bool) -> usize {
+    WATCHES - usize::from(!model_configs) - usize::from(!profiles)
 }
 
-/// How one kind of object enters and leaves the index.
+/// Starts the `GpuWorkloadProfile` watch (with `--learn` other than `off`), feeding `store`;
+/// counts towards `readiness` like the others.
+pub fn spawn_profiles(client: Client, store: Arc<ProfileStore>, readiness: Readiness) {
+    use tracing::Instrument as _;
+    tokio::spawn(
+        run_watch::<GpuWorkloadProfile>(
+            Api::all(client),
+            watcher::Config::default().any_semantic(),
+            store,
+            readiness,
+        )
+        .instrument(tracing::info_span!("watch", kind = "GpuWorkloadProfile")),
+    );
+}
+
+/// How one kind of object enters and leaves what it feeds (the index, or the profile store).
 trait Indexed: Resource + Clone + std::fmt::Debug + Send + 'static {
+    type Target: Send + Sync + 'static;
     fn key(&self) -> String;
-    fn apply(index: &Index, obj: &Self);
-    fn delete(index: &Index, key: &str);
+    fn apply(index: &Self::Target, obj: &Self);
+    fn delete(index: &Self::Target, key: &str);
 }
 
 impl Indexed for Node {
+    type Target = Index;
     fn key(&self) -> String {
         self.name_any()
     }
@@ -68,6 +87,7 @@ impl Indexed for Node {
 }
 
 impl Indexed for NodeGpuReport {
+    type Target = Index;
     fn key(&self) -> String {
         self.name_any()
     }
@@ -80,6 +100,7 @@ impl Indexed for NodeGpuReport {
 }
 
 impl Indexed for Pod {
+    type Target = Index;
     fn key(&self) -> String {
         pod_key(self)
     }
@@ -93,6 +114,7 @@ impl Indexed for Pod {
 
 /// Labelled model-config ConfigMaps, keyed `namespace/name`.
 impl Indexed for ConfigMap {
+    type Target = Index;
     fn key(&self) -> String {
         format!(
             "{}/{}",
@@ -110,10 +132,28 @@ impl Indexed for ConfigMap {
     }
 }
 
+/// `GpuWorkloadProfiles`, keyed `namespace/name`, into the profile store.
+impl Indexed for GpuWorkloadProfile {
+    type Target = ProfileStore;
+    fn key(&self) -> String {
+        format!(
+            "{}/{}",
+            self.metadata.namespace.as_deref().unwrap_or_default(),
+            self.name_any()
+        )
+    }
+    fn apply(store: &ProfileStore, obj: &Self) {
+        store.apply(obj);
+    }
+    fn delete(store: &ProfileStore, key: &str) {
+        store.delete_object(key);
+    }
+}
+
 /// Applies one watcher event. A relist (`Init` … `InitDone`) deletes what it no longer lists;
 /// returns true on `InitDone`.
 fn handle<K: Indexed>(
-    index: &Index,
+    index: &K::Target,
     known: &mut HashSet<String>,
     relist: &mut Option<HashSet<String>>,
     event: watcher::Event<K>,
@@ -150,8 +190,12 @@ fn handle<K: Indexed>(
     false
 }
 
-async fn run_watch<K>(api: Api<K>, config: watcher::Config, index: Arc<Index>, readiness: Readiness)
-where
+async fn run_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    index: Arc<K::Target>,
+    readiness: Readiness,
+) where
     K: Indexed + serde::de::DeserializeOwned,
     K::DynamicType: Default,
 {
@@ -165,7 +209,7 @@ where
     while let Some(event) = stream.next().await {
         match event {
             Ok(e) => {
-                if handle(&index, &mut known, &mut relist, e) && !synced {
+                if handle(&*index, &mut known, &mut relist, e) && !synced {
                     synced = true;
                     readiness.synced();
                     tracing::info!(kind = %K::kind(&Default::default()), objects = known.len(), "watch synced");

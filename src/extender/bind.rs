@@ -237,6 +237,15 @@ impl Extender {
             self.index.record_binding(&entry.key, &args.node, None);
             return Ok(Bound::Bound);
         };
+        // Sized as filter and prioritize sized it: the reservation bind writes is the learned
+        // size, so the running pod is counted at it (and at its observed peak if higher).
+        let request = self
+            .sized(
+                &request,
+                || entry.workload.as_deref().cloned(),
+                entry.explicit,
+            )
+            .request;
         let class = self.class_of(&request, &entry.host);
         let mix = self.shapes.lock().mix();
         let (annotations, assignment) = {

@@ -221,6 +221,12 @@ impl Extender {
                 vec![false; n]
             }
             Ok(Some(req)) => {
+                let sizing = self.sized_pod(&req, &pod);
+                let note = sizing.note;
+                let req = sizing.request;
+                if let Some(n) = &note {
+                    tracing::debug!(sizing = %n, "sized from the workload's profile");
+                }
                 let shape = req.shape();
                 let class = self.class_of(&req, &host_request_of(&pod));
                 self.learn(&key, &class);
@@ -232,10 +238,16 @@ impl Extender {
                 // state under this request's id. Whether the node is usable now moves with the
                 // clock, so that is checked for each node.
                 let request = fresh_id();
+                // A pod sized from its workload's profile says so in every refusal: the number
+                // refused is not the one its annotations predict.
                 let refusal = |ledger: &NodeLedger, r: &Rejection, words: String| {
                     let held = held_words(ledger, r, |l| {
                         check_class(l, &class, &self.fit, now).is_ok()
                     });
+                    let words = match held.as_ref() {
+                        Some((h, _)) => format!("{words}; {h}"),
+                        None => words,
+                    };
                     Refusal {
                         reason: if held.as_ref().is_some_and(|h| h.1) {
                             "gpu_held"
@@ -243,8 +255,8 @@ impl Extender {
                             r.reason()
                         },
                         resolvable: resolvable_by_preemption(ledger, &shape, &self.fit, r),
-                        words: match held {
-                            Some((h, _)) => format!("{words}; {h}"),
+                        words: match &note {
+                            Some(n) => format!("{words} ({n})"),
                             None => words,
                         },
                     }

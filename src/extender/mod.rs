@@ -24,12 +24,14 @@ use parking_lot::Mutex;
 
 use crate::cluster::binding::{BindingWriter, KubeBinder, MemoryBinder};
 use crate::cluster::index::Index;
+use crate::cluster::profile::store::ProfileStore;
 pub use crate::cluster::watch::Readiness;
 use crate::flags::{ClientArgs, parse_duration};
 use crate::metrics::extender::{ExtenderMetrics, ReasonLabels};
 use crate::model::estimate::Platform;
 use crate::placement::memo::ClassIds;
 use crate::placement::{FitConfig, PodClass, PodKey, ScoringPolicy, ShapeStats};
+use peakfit_core::learn::{LearnMode, LearnPolicy};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct ExtenderArgs {
@@ -111,7 +113,74 @@ pub struct ExtenderArgs {
     #[arg(long, env = "PEAKFIT_MAX_BODY_BYTES_IN_FLIGHT", default_value = "64Mi", value_parser = parse_bytes)]
     pub max_body_bytes_in_flight: u64,
     #[command(flatten)]
+    pub learn: LearnArgs,
+    #[command(flatten)]
     pub serve: crate::serve::ServeArgs,
+}
+
+/// Learning from what pods used (issue 21): the `GpuWorkloadProfiles` and the sizing from them.
+#[derive(Clone, Debug, clap::Args)]
+pub struct LearnArgs {
+    /// Which pods are sized from what their workload's pods were seen to use: `off`,
+    /// `predicted` (pods the model sizes) or `all` (also pods that set `peakfit.io/vram`).
+    /// Anything but `off` watches `GpuWorkloadProfiles`, and the replica holding the profile
+    /// Lease writes them.
+    #[arg(long, env = "PEAKFIT_LEARN", default_value_t = LearnMode::Predicted, value_parser = learn_mode_parser())]
+    pub learn: LearnMode,
+    /// Fraction added above a workload's observed per-GPU peak when a pod is sized from it
+    /// (0 to 10; 0.05 = 5 %).
+    #[arg(long, env = "PEAKFIT_LEARN_MARGIN", default_value_t = LearnPolicy::DEFAULT_MARGIN)]
+    pub learn_margin: f64,
+    /// How long a pod must have run before its peak may size its workload below the prediction
+    /// (default 6h: the usage profiles' pods took up to 311 min to come within 5 % of their
+    /// peak).
+    #[arg(long, env = "PEAKFIT_LEARN_MIN_RUNTIME", value_parser = parse_duration)]
+    pub learn_min_runtime: Option<Duration>,
+    /// A profile whose workload was not seen running for this long is deleted.
+    #[arg(long, env = "PEAKFIT_PROFILE_TTL", default_value = "168h", value_parser = parse_duration)]
+    pub profile_ttl: Duration,
+    /// How often the profile leader folds the agents' observations into profiles.
+    #[arg(long, env = "PEAKFIT_PROFILE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub profile_interval: Duration,
+    /// Workloads exported per `peakfit_workload_*` metric, the largest observed peaks first;
+    /// the others are counted in `peakfit_workload_series_dropped`.
+    #[arg(long, env = "PEAKFIT_PROFILE_METRICS_TOP", default_value_t = 100)]
+    pub profile_metrics_top: usize,
+    /// Namespace of the profile Lease (`peakfit-profiles`); the chart sets the pod's own.
+    #[arg(
+        long,
+        env = "PEAKFIT_PROFILE_LEASE_NAMESPACE",
+        default_value = "peakfit"
+    )]
+    pub profile_lease_namespace: String,
+    /// This replica's name on the profile Lease; the chart sets the pod's name (default: the
+    /// host name and process id).
+    #[arg(long, env = "PEAKFIT_PROFILE_LEASE_IDENTITY")]
+    pub profile_lease_identity: Option<String>,
+}
+
+impl LearnArgs {
+    /// The policy the flags say, checked.
+    pub fn policy(&self) -> anyhow::Result<LearnPolicy> {
+        let policy = LearnPolicy {
+            mode: self.learn,
+            margin: self.learn_margin,
+            min_runtime_secs: self
+                .learn_min_runtime
+                .map_or(LearnPolicy::DEFAULT_MIN_RUNTIME_SECS, |d| d.as_secs()),
+            min_pods_down: LearnPolicy::DEFAULT_MIN_PODS_DOWN,
+        };
+        policy.validate().context("--learn-margin")?;
+        Ok(policy)
+    }
+}
+
+fn learn_mode_parser() -> impl clap::builder::TypedValueParser<Value = LearnMode> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(LearnMode::ALL.map(LearnMode::as_str)).map(|s| {
+        s.parse()
+            .expect("the possible values are the modes' own names")
+    })
 }
 
 pub use crate::serve::BodyLimits;
@@ -209,6 +278,8 @@ pub const PREEMPTIBLE_NODES_KEPT: usize = 64;
 /// Everything a request needs; shared by every handler.
 pub struct Extender {
     pub index: Arc<Index>,
+    /// The workload profiles and the `--learn` policy: pending pods are sized from them.
+    pub profiles: Arc<ProfileStore>,
     /// Set with `with_fit` (and `scoring` with `with_scoring`): prioritize's memo assumes
     /// they do not change under it.
     pub fit: FitConfig,
@@ -248,6 +319,7 @@ impl Extender {
     ) -> Self {
         Self {
             index,
+            profiles: Arc::default(),
             fit: FitConfig::default(),
             scoring: ScoringPolicy::default(),
             binder,
@@ -288,6 +360,12 @@ impl Extender {
     pub fn with_scoring(mut self, scoring: ScoringPolicy) -> Self {
         self.scoring = scoring;
         self.class_ids = Mutex::new(ClassIds::default());
+        self
+    }
+
+    /// Sizes pending pods from these profiles (the store's policy says how).
+    pub fn with_profiles(mut self, profiles: Arc<ProfileStore>) -> Self {
+        self.profiles = profiles;
         self
     }
 
@@ -333,6 +411,32 @@ impl Extender {
             class.gpu_models = gpu_models_of(&host.gpu_products, models.keys());
         }
         class
+    }
+
+    /// The request a pending pod is placed with: its own, sized from its workload's profile
+    /// under `--learn` (issue 21, item 4). Filter, prioritize, bind and preempt all size here,
+    /// so the four agree; a changed profile changes the size, hence the class, so no memoised
+    /// score of the old size is read for it.
+    pub(crate) fn sized(
+        &self,
+        request: &crate::model::PodRequest,
+        workload: impl FnOnce() -> Option<crate::cluster::workload::WorkloadKey>,
+        explicit: bool,
+    ) -> crate::cluster::profile::store::Sizing {
+        self.profiles.size(request, workload, explicit)
+    }
+
+    /// [`Extender::sized`] for a pod object.
+    pub(crate) fn sized_pod(
+        &self,
+        request: &crate::model::PodRequest,
+        pod: &k8s_openapi::api::core::v1::Pod,
+    ) -> crate::cluster::profile::store::Sizing {
+        self.sized(
+            request,
+            || Some(crate::cluster::workload::workload_of(pod)),
+            crate::cluster::index::is_explicit(pod),
+        )
     }
 
     /// Counts a pod in the shape mix once (by its key, however often it is filtered), after
@@ -414,12 +518,54 @@ impl Extender {
     }
 }
 
+/// The profile leader's loop, on a Lease in `--profile-lease-namespace` held for three intervals
+/// (at least 15 s), so a replica that stops renewing hands over within that.
+fn spawn_profile_writer(
+    client: &kube::Client,
+    index: &Arc<Index>,
+    profiles: &Arc<ProfileStore>,
+    learn: &LearnArgs,
+) {
+    use crate::cluster::profile::{leader, writer};
+    let identity = learn.profile_lease_identity.clone().unwrap_or_else(|| {
+        format!(
+            "{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "peakfit-extender".into()),
+            std::process::id()
+        )
+    });
+    let lease = leader::ProfileLease::new(
+        kube::Api::namespaced(client.clone(), &learn.profile_lease_namespace),
+        identity,
+        (learn.profile_interval * 3).max(Duration::from_secs(15)),
+    );
+    writer::spawn(
+        client.clone(),
+        index.clone(),
+        profiles.clone(),
+        lease,
+        writer::WriterConfig {
+            interval: learn.profile_interval,
+            ttl: learn.profile_ttl,
+        },
+    );
+}
+
 pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     let platform = args
         .cuda_context
         .map_or_else(Platform::default, |cuda_context| Platform { cuda_context });
     let index = Arc::new(Index::with_platform(platform));
-    let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), now_unix));
+    let policy = args.learn.policy()?;
+    let profiles = Arc::new(ProfileStore::default());
+    profiles.set_policy(policy);
+    let metrics = Arc::new(
+        ExtenderMetrics::with_index(index.clone(), now_unix).with_profiles(
+            profiles.clone(),
+            args.learn.profile_metrics_top,
+            now_unix,
+        ),
+    );
     let fit = FitConfig {
         safety_margin_bytes: args.safety_margin,
         // A file is a snapshot: the age of its reports says nothing about live agents.
@@ -432,6 +578,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     metrics
         .node_report_age_limit
         .set(fit.max_report_age_secs.unwrap_or(0) as f64);
+    let learning = policy.mode != LearnMode::Off;
     let mut nudge_client = None;
     let (binder, readiness): (Arc<dyn BindingWriter>, Readiness) = match &args.from_file {
         Some(path) => {
@@ -442,20 +589,31 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         }
         None => {
             let client = args.client.client().await?;
-            let readiness =
-                Readiness::waiting_for(crate::cluster::watch::watches(args.model_config_watch));
+            let readiness = Readiness::waiting_for(crate::cluster::watch::watches(
+                args.model_config_watch,
+                learning,
+            ));
             crate::cluster::watch::spawn(
                 client.clone(),
                 index.clone(),
                 readiness.clone(),
                 args.model_config_watch,
             );
+            if learning {
+                crate::cluster::watch::spawn_profiles(
+                    client.clone(),
+                    profiles.clone(),
+                    readiness.clone(),
+                );
+                spawn_profile_writer(&client, &index, &profiles, &args.learn);
+            }
             nudge_client = Some(client.clone());
             (Arc::new(KubeBinder::new(client)), readiness)
         }
     };
     let ext = Arc::new(
         Extender::new(index, metrics, binder)
+            .with_profiles(profiles)
             .with_fit(fit)
             .with_scoring(args.scoring)
             .with_readiness(readiness)

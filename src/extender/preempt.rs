@@ -147,7 +147,7 @@ impl Extender {
                 self.count("preempt", "invalid_annotation");
                 return answer(BTreeMap::new());
             }
-            Ok(Some(req)) => req.shape(),
+            Ok(Some(req)) => self.sized_pod(&req, &pod).request.shape(),
         };
         self.note_preempt_call(&pod_key(&pod));
         let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);

@@ -41,7 +41,10 @@ impl Extender {
                 .collect()
         };
         let (class, gpuless) = match self.index.request_of(&pod) {
-            Ok(Some(req)) => (self.class_of(&req, &host_request_of(&pod)), false),
+            Ok(Some(req)) => {
+                let req = self.sized_pod(&req, &pod).request;
+                (self.class_of(&req, &host_request_of(&pod)), false)
+            }
             // Not peakfit's to place on a GPU, but the CPU it takes on a GPU node can leave that
             // node's free GPUs without the CPU the pods that need them ask for. Its GPU
             // products are not read: they would not change the score.

@@ -43,7 +43,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, EvictParams, Patch, PatchParams, PostParams};
 
 use super::Extender;
@@ -187,26 +187,26 @@ async fn evict(
 
 /// A `Preempted` event on the victim, as kube-scheduler writes for its own (best effort).
 async fn record_event(client: &kube::Client, victim: &PodEntry, preemptor: &Pod, node: &str) {
-    let events: Api<Event> = Api::namespaced(client.clone(), &victim.namespace);
     let who = format!(
         "{}/{}",
         preemptor.metadata.namespace.as_deref().unwrap_or_default(),
         preemptor.metadata.name.as_deref().unwrap_or_default()
     );
-    let event = super::conflicts::pod_event(
-        &victim.namespace,
-        &victim.name,
-        victim.uid(),
+    crate::cluster::events::record(
+        client,
+        &crate::cluster::events::PodRef {
+            namespace: &victim.namespace,
+            name: &victim.name,
+            uid: victim.uid(),
+        },
         "Preempted",
-        "Normal",
         &format!(
             "peakfit: evicted on node {node} to free GPU memory for {who}, of higher priority \
              (kube-scheduler's preemption counts GPU memory per node and found no victim)"
         ),
-    );
-    if let Err(e) = events.create(&PostParams::default(), &event).await {
-        tracing::debug!(error = %e, "could not record the Preempted event");
-    }
+        FIELD_MANAGER,
+    )
+    .await;
 }
 
 /// Runs the loop until the process ends: every half `after` (at most a second apart).

@@ -493,18 +493,39 @@ impl Cluster {
         self.publish_report(name, &gpus, held).await;
     }
 
+    /// Publishes a node's report again (a node of [`Cluster::add_reported_node`]) with
+    /// `observedAt` now and these pods' peaks, as `(pod UID, GPU UUID, bytes)`: what the agent
+    /// writes once it has seen the pods' processes on the GPUs.
+    pub async fn publish_pod_peaks(&self, node: &str, peaks: &[(&str, &str, u64)]) {
+        let gpus = self.gpus_of(node);
+        self.publish_report_with(node, &gpus, &[], peaks).await;
+    }
+
     async fn publish_report(
         &self,
         name: &str,
         gpus: &[Gpu],
         held: &[(usize, peakfit::inventory::DeviceHolder)],
     ) {
+        self.publish_report_with(name, gpus, held, &[]).await;
+    }
+
+    /// The report the agent would write: these GPUs idle, these holders and pods' peaks.
+    async fn publish_report_with(
+        &self,
+        name: &str,
+        gpus: &[Gpu],
+        held: &[(usize, peakfit::inventory::DeviceHolder)],
+        peaks: &[(&str, &str, u64)],
+    ) {
         use peakfit::inventory::{
-            GpuDevice, NodeGpuReportStatus, NodeMemorySummary, NvmlStatus, PodResourcesStatus,
+            GpuDevice, NodeGpuReportStatus, NodeMemorySummary, NvmlStatus, PodPeak,
+            PodResourcesStatus,
         };
         let total: u64 = gpus.iter().map(|g| g.total).sum();
+        let now = jiff::Timestamp::now().to_string();
         let status = NodeGpuReportStatus {
-            observed_at: jiff::Timestamp::now().to_string(),
+            observed_at: now.clone(),
             nvml: NvmlStatus {
                 up: true,
                 driver_version: Some("550.54.15".into()),
@@ -535,7 +556,15 @@ impl Cluster {
                 stranded_bytes: 0,
             },
             agent_version: Some(env!("CARGO_PKG_VERSION").into()),
-            pod_peaks: Vec::new(),
+            pod_peaks: peaks
+                .iter()
+                .map(|&(pod, gpu, bytes)| PodPeak {
+                    pod_uid: pod.into(),
+                    gpu_uuid: gpu.into(),
+                    peak_bytes: bytes,
+                    at: now.clone(),
+                })
+                .collect(),
             pod_resources: (!held.is_empty()).then_some(PodResourcesStatus {
                 up: true,
                 reason: None,

@@ -11,10 +11,12 @@
 //!
 //! One file per concern: `pod` (a pod's entry, parsed from its annotations), `report_view` (what
 //! is kept of a GPU report), `slot` (the node slots and the pod table, the two lock levels),
-//! `reconcile` (the watch's and bind's writes to the pod table), `rebuild` (a node's ledger from
+//! `reconcile` (the watch's and bind's writes to the pod table), `observe` (running pods' peaks
+//! by workload, for the profiles), `rebuild` (a node's ledger from
 //! its report and pods), `states` and `scores` (what is remembered per node state), `reasons`
 //! (the warnings' metric label).
 
+mod observe;
 mod pod;
 mod reasons;
 mod rebuild;
@@ -34,9 +36,10 @@ use prometheus_client::metrics::family::Family;
 use crate::cluster::model_config::ModelConfigs;
 use crate::model::estimate::Platform;
 
+pub use observe::Observed;
 pub use pod::{
     ASSIGNED_GPUS, Assignment, GPU_MEMORY_FRACTION, MAX_RESERVED_BYTES, PodEntry, RESERVED_BYTES,
-    pod_key, pod_request_of,
+    is_explicit, pod_key, pod_request_of,
 };
 pub use reasons::ReasonLabels;
 pub use rebuild::free_outside_largest_gpu_ratio;

@@ -2,12 +2,14 @@
 //! annotations when it is indexed (and again when its model-config ConfigMap changes).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
 use super::Index;
 use crate::cluster::model_config::MODEL_CONFIG;
 use crate::cluster::resources::{HostRequest, host_claim_of, host_request_of};
+use crate::cluster::workload::{WorkloadKey, workload_of};
 use crate::model::{self, AnnotationError, PodRequest};
 use crate::placement::PodKey;
 
@@ -41,6 +43,14 @@ pub struct PodEntry {
     /// A pod naming a `peakfit.io/model-config` ConfigMap keeps its `peakfit.io/` annotations,
     /// so that its request is worked out again when that ConfigMap arrives, changes or goes.
     pub model_config: Option<Box<BTreeMap<String, String>>>,
+    /// The workload of a pod peakfit places (`cluster::workload`), whose profile sizes it and
+    /// which its observed peak goes to; `None` for pods peakfit does not place.
+    pub workload: Option<Arc<WorkloadKey>>,
+    /// Whether the pod states its own `peakfit.io/vram` (learning corrects it only under
+    /// `--learn all`).
+    pub explicit: bool,
+    /// When its containers started (`status.startTime`): how long it has been observed.
+    pub started_unix: Option<i64>,
 }
 
 /// The key a pod is indexed under: its UID, or `namespace/name` for objects without one
@@ -81,6 +91,18 @@ fn reserved_bytes(v: &str) -> Option<u64> {
         .filter(|&b| b <= MAX_RESERVED_BYTES)
 }
 
+/// The annotation by which a pod states its per-GPU bytes.
+const VRAM: &str = "peakfit.io/vram";
+
+/// Whether the pod states its per-GPU bytes itself (`peakfit.io/vram`) rather than have the
+/// model predict them.
+pub fn is_explicit(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(VRAM))
+}
+
 impl PodEntry {
     pub fn uid(&self) -> Option<&str> {
         self.has_uid.then_some(self.key.as_str())
@@ -104,6 +126,7 @@ impl PodEntry {
             })
             .filter(|a| !a.gpu_uuids.is_empty());
         let spec = pod.spec.as_ref();
+        let placed = matches!(request, Ok(Some(_)));
         Self {
             key: pod_key(pod),
             namespace: pod
@@ -119,7 +142,7 @@ impl PodEntry {
             priority: spec.and_then(|s| s.priority).unwrap_or(0),
             // Only a pod peakfit places needs its GPU products (bind's class); the watch sees
             // every pod, and a foreign one's affinity list is not read.
-            host: if matches!(request, Ok(Some(_))) {
+            host: if placed {
                 host_request_of(pod)
             } else {
                 host_claim_of(pod)
@@ -127,6 +150,13 @@ impl PodEntry {
             request,
             assignment,
             bound_here: false,
+            workload: placed.then(|| Arc::new(workload_of(pod))),
+            explicit: is_explicit(pod),
+            started_unix: pod
+                .status
+                .as_ref()
+                .and_then(|s| s.start_time.as_ref())
+                .map(|t| t.0.as_second()),
             model_config: ann.filter(|a| a.contains_key(MODEL_CONFIG)).map(|a| {
                 Box::new(
                     a.iter()

@@ -333,6 +333,9 @@ mod tests {
                 gpu_products: Vec::new(),
             },
             model_config: None,
+            workload: None,
+            explicit: vram.is_some(),
+            started_unix: None,
         }
     }
 
