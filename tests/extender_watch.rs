@@ -156,7 +156,7 @@ async fn lists_open_readiness_and_watch_events_change_the_index() {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(svc, "default");
     let index = Arc::new(Index::new());
-    let readiness = Readiness::waiting_for(peakfit::cluster::watch::WATCHES);
+    let readiness = Readiness::waiting_for(peakfit::cluster::watch::watches(true, false));
     let lists = lists(true);
     // After the lists: pod b is bound to the same GPU by another scheduler replica, then pod
     // a finishes and is deleted.
