@@ -9,6 +9,9 @@ use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
+use crate::cluster::profile::GpuWorkloadProfile;
+use crate::cluster::profile::store::{display_name, history_of};
+use crate::learn::{LearnMode, LearnPolicy, size_pod};
 use crate::model::annotations::{PREFIX, Spec, request_on};
 use crate::model::estimate::{Counter, Platform, estimate_on};
 use crate::model::quantity::{GIB, parse_bytes};
@@ -49,9 +52,67 @@ pub struct EstimateArgs {
     /// older stacks differ: measure with `nvidia-smi` after `torch.zeros(1, device="cuda")`).
     #[arg(long, value_name = "QUANTITY", env = "PEAKFIT_CUDA_CONTEXT")]
     pub cuda_context: Option<String>,
+    /// The pod's `GpuWorkloadProfile` (YAML or JSON, as `kubectl get gwp NAME -o yaml` prints
+    /// it): `estimate` then also says the size the extender would place the pod at, from what
+    /// its workload's pods were seen to use, and why (issue 21).
+    #[arg(long, value_name = "FILE", env = "PEAKFIT_PROFILE")]
+    pub profile: Option<PathBuf>,
+    /// With `--profile`: the extender's `--learn` (`off`, `predicted`, `all`). The margin and the
+    /// trusted runtime are the extender's defaults.
+    #[arg(long, env = "PEAKFIT_LEARN", default_value = "predicted", value_parser = parse_learn_mode)]
+    pub learn: LearnMode,
     /// Print JSON instead of a table.
     #[arg(long, env = "PEAKFIT_JSON")]
     pub json: bool,
+}
+
+fn parse_learn_mode(s: &str) -> Result<LearnMode, String> {
+    s.parse()
+}
+
+/// A `GpuWorkloadProfile` file: a profile is kilobytes (at most 100 pods listed).
+const MAX_PROFILE_FILE_BYTES: u64 = MAX_POD_FILE_BYTES;
+
+fn read_profile(path: &PathBuf) -> anyhow::Result<GpuWorkloadProfile> {
+    let text = read_small_file(
+        path,
+        MAX_PROFILE_FILE_BYTES,
+        "--profile",
+        "the most the API server accepts; a profile is kilobytes",
+    )?;
+    let profile: GpuWorkloadProfile = if text.trim_start().starts_with('{') {
+        serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a JSON GpuWorkloadProfile", path.display()))?
+    } else {
+        serde_saphyr::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("{} is not a YAML GpuWorkloadProfile", path.display()))?
+    };
+    Ok(profile)
+}
+
+/// The extender's sizing of this request from `profile`, as it would place the pod: `None` for
+/// a pod the profile cannot size (an engine that takes a fraction of the GPU), or a profile
+/// without a status.
+fn sized_from_profile(
+    profile: &GpuWorkloadProfile,
+    req: &crate::model::PodRequest,
+    explicit: bool,
+    mode: LearnMode,
+) -> Option<(u64, String)> {
+    if req.demand.gpu_fraction > 0.0 {
+        return None;
+    }
+    let status = profile.status.as_ref()?;
+    let policy = LearnPolicy {
+        mode,
+        ..LearnPolicy::default()
+    };
+    let history = history_of(status, policy.min_runtime_secs);
+    let predicted = req.demand.fixed_bytes;
+    let sized = size_pod(predicted, explicit, Some(&history), &policy);
+    let why = sized.describe(predicted, &display_name(&profile.key()));
+    Some((sized.bytes, why))
 }
 
 /// The platform `--cuda-context` describes (the measured default without it).
@@ -199,6 +260,18 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     let model = described.then(|| estimate_on(&spec, gpu_total, platform));
     let per_gpu = req.demand.bytes_on(gpu_total);
     let runs = req.demand.runs_on(gpu_total);
+    let learned = match &args.profile {
+        Some(path) => {
+            let profile = read_profile(path)?;
+            Some(sized_from_profile(
+                &profile,
+                &req,
+                spec.vram.is_some(),
+                args.learn,
+            ))
+        }
+        None => None,
+    };
     if args.json {
         let mut components: serde_json::Map<String, serde_json::Value> = model
             .iter()
@@ -225,6 +298,12 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
             "explicit_vram": spec.vram,
             "assumed": model.as_ref().map(|e| e.assumed.clone()).unwrap_or_default(),
             "confidence": model.as_ref().map(|_| confidence(&spec)),
+            "profile_sized_bytes": learned.as_ref().and_then(|l| l.as_ref().map(|(b, _)| *b)),
+            "profile_sizing": learned.as_ref().map(|l| l.as_ref().map_or(
+                "not sized from the profile: the engine takes a fraction of the GPU, or the \
+                 profile has no status",
+                |(_, why)| why.as_str(),
+            )),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -297,6 +376,17 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
             gib(gpu_total).trim(),
             gib(req.demand.min_gpu_total_bytes).trim()
         );
+    }
+    match &learned {
+        Some(Some((bytes, why))) => {
+            println!("{:<31} {}", "per GPU (from the profile)", gib(*bytes));
+            println!("profile: {why}");
+        }
+        Some(None) => println!(
+            "profile: not used (the engine takes a fraction of the GPU, or the profile has no \
+             status)"
+        ),
+        None => {}
     }
     Ok(())
 }

@@ -11,6 +11,8 @@ fn peakfit(args: &[&str]) -> Output {
         .env_remove("PEAKFIT_POD")
         .env_remove("PEAKFIT_GPU_MEMORY")
         .env_remove("PEAKFIT_JSON")
+        .env_remove("PEAKFIT_PROFILE")
+        .env_remove("PEAKFIT_LEARN")
         .env("RUST_BACKTRACE", "0")
         .output()
         .expect("peakfit runs")
@@ -292,5 +294,84 @@ fn estimates_carry_the_measured_confidence_of_their_kind() {
     assert!(
         out.contains("confidence:") && out.contains("diffusion workloads"),
         "{out}"
+    );
+}
+
+/// A `GpuWorkloadProfile` of `deployment ml/chat` whose one pod peaked at `peak` GiB.
+fn profile_file(dir: &std::path::Path, peak_gib: u64) -> std::path::PathBuf {
+    let peak = peak_gib << 30;
+    let profile = serde_json::json!({
+        "apiVersion": "peakfit.io/v1alpha1", "kind": "GpuWorkloadProfile",
+        "metadata": {"name": "deployment-chat-1", "namespace": "ml"},
+        "spec": {"workloadKind": "Deployment", "workloadName": "chat", "inputs": "1"},
+        "status": {
+            "predictedBytes": 20u64 << 30, "observedPeakBytes": peak, "observedP95Bytes": peak,
+            "podsSeen": 1, "gpuHours": 1.0,
+            "firstSeen": "2026-11-26T10:00:00Z", "lastSeen": "2026-11-26T11:00:00Z",
+            "recommendedBytes": peak, "summary": {"predicted": "", "observed": "", "recommended": ""},
+            "pods": [{"uid": "u1", "name": "chat-1", "peakBytes": peak, "gpus": 1,
+                      "started": "2026-11-26T10:00:00Z", "lastSeen": "2026-11-26T11:00:00Z"}],
+        },
+    });
+    let path = dir.join("profile.json");
+    std::fs::write(&path, serde_json::to_vec(&profile).unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn a_profile_says_the_size_the_extender_would_place_the_pod_at_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    // Predicted 20 GiB (explicit vram, so `--learn all`), seen at 26 GiB: sized 26 × 1.05.
+    let path = profile_file(dir.path(), 26);
+    let path = path.to_str().unwrap();
+    let out = peakfit(&[
+        "-a",
+        "vram=20Gi",
+        "--profile",
+        path,
+        "--learn",
+        "all",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sized = v["profile_sized_bytes"].as_u64().unwrap();
+    assert_eq!(
+        sized,
+        peakfit::learn::LearnPolicy::default().with_margin(26 << 30)
+    );
+    let why = v["profile_sizing"].as_str().unwrap();
+    assert!(why.contains("deployment ml/chat"), "{why}");
+    assert!(why.contains("20.00 GiB"), "{why}");
+    // Under the default `predicted` an explicit vram is the user's word: unchanged.
+    let out = peakfit(&["-a", "vram=20Gi", "--profile", path, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["profile_sized_bytes"].as_u64(), Some(20 << 30));
+    // The table says it too.
+    let out = peakfit(&["-a", "vram=20Gi", "--profile", path, "--learn", "all"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("per GPU (from the profile)"), "{text}");
+    assert!(text.contains("profile: sized"), "{text}");
+}
+
+#[test]
+fn a_bad_profile_file_or_learn_mode_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "kind: [").unwrap();
+    let out = peakfit(&["-a", "vram=20Gi", "--profile", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("GpuWorkloadProfile"), "{err}");
+    let out = peakfit(&["-a", "vram=20Gi", "--learn", "sometimes"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sometimes") && err.contains("--learn"),
+        "{err}"
     );
 }
