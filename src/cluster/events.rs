@@ -23,8 +23,30 @@ pub async fn record(
     component: &str,
 ) {
     let events: Api<Event> = Api::namespaced(client.clone(), pod.namespace);
+    let event = pod_event(
+        pod,
+        reason,
+        "Normal",
+        &crate::clip::clip(message),
+        component,
+    );
+    if let Err(e) = events.create(&PostParams::default(), &event).await {
+        tracing::debug!(error = %e, reason, "could not record the event");
+    }
+}
+
+/// A core/v1 Event of `type_` (`Normal`, `Warning`) about `pod`, named `<pod>.<random>` by the
+/// API server, as kube-scheduler writes them. `message` goes in as given: callers cut it to
+/// their bound. The held-GPU conflicts give it a name of their own to write it once.
+pub fn pod_event(
+    pod: &PodRef<'_>,
+    reason: &str,
+    type_: &str,
+    message: &str,
+    component: &str,
+) -> Event {
     let now = Time(jiff::Timestamp::now());
-    let event = Event {
+    Event {
         metadata: ObjectMeta {
             generate_name: Some(format!("{}.", pod.name)),
             namespace: Some(pod.namespace.to_owned()),
@@ -39,8 +61,8 @@ pub async fn record(
             ..Default::default()
         },
         reason: Some(reason.to_owned()),
-        message: Some(crate::clip::clip(message).into_owned()),
-        type_: Some("Normal".into()),
+        message: Some(message.to_owned()),
+        type_: Some(type_.to_owned()),
         first_timestamp: Some(now.clone()),
         last_timestamp: Some(now),
         count: Some(1),
@@ -49,8 +71,5 @@ pub async fn record(
             ..Default::default()
         }),
         ..Default::default()
-    };
-    if let Err(e) = events.create(&PostParams::default(), &event).await {
-        tracing::debug!(error = %e, reason, "could not record the event");
     }
 }

@@ -16,7 +16,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, PostParams};
 
 use super::Extender;
@@ -115,14 +115,15 @@ pub fn new_conflicts(seen: &mut BTreeSet<String>, now: Vec<HolderConflict>) -> V
 /// Writes one Warning event; an event of that name already there (the other replica's, or
 /// this one's before a restart) counts as written.
 pub async fn write(client: &kube::Client, e: &ConflictEvent) -> Result<(), kube::Error> {
-    let event = pod_event(
-        &e.namespace,
-        &e.pod,
-        e.uid.as_deref(),
-        e.reason,
-        "Warning",
-        &e.message,
-    );
+    let pod = crate::cluster::events::PodRef {
+        namespace: &e.namespace,
+        name: &e.pod,
+        uid: e.uid.as_deref(),
+    };
+    // An event's note is at most 1 KiB (events.k8s.io/v1); the names in it are cut already.
+    let message = crate::clip::clip_to(&e.message, crate::clip::MAX_MESSAGE_BYTES);
+    let event =
+        crate::cluster::events::pod_event(&pod, e.reason, "Warning", &message, FIELD_MANAGER);
     let event = Event {
         metadata: kube::api::ObjectMeta {
             name: Some(e.name.clone()),
@@ -136,46 +137,6 @@ pub async fn write(client: &kube::Client, e: &ConflictEvent) -> Result<(), kube:
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
         Err(e) => Err(e),
-    }
-}
-
-/// A core/v1 event about a pod, as kube-scheduler writes them (named `<pod>.<random>` by the
-/// API server); shared with self-preemption's `Preempted` events.
-pub(crate) fn pod_event(
-    namespace: &str,
-    pod: &str,
-    uid: Option<&str>,
-    reason: &str,
-    type_: &str,
-    message: &str,
-) -> Event {
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
-    Event {
-        metadata: kube::api::ObjectMeta {
-            generate_name: Some(format!("{pod}.")),
-            namespace: Some(namespace.to_owned()),
-            ..Default::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(pod.to_owned()),
-            namespace: Some(namespace.to_owned()),
-            uid: uid.map(str::to_owned),
-            ..Default::default()
-        },
-        reason: Some(reason.to_owned()),
-        // An event's note is at most 1 KiB (events.k8s.io/v1); the names in it are cut already.
-        message: Some(crate::clip::clip_to(message, crate::clip::MAX_MESSAGE_BYTES).into_owned()),
-        type_: Some(type_.to_owned()),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        count: Some(1),
-        source: Some(EventSource {
-            component: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        }),
-        ..Default::default()
     }
 }
 
