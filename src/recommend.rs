@@ -56,24 +56,10 @@ async fn from_cluster(args: &RecommendArgs) -> anyhow::Result<Vec<GpuWorkloadPro
         .items)
 }
 
-/// The `GpuWorkloadProfile` objects of a file's text; other kinds are skipped.
+/// The `GpuWorkloadProfile` objects of a file's text; other kinds are skipped (the same reader
+/// the extender's `--from-file` uses).
 pub fn profiles_in(text: &str) -> anyhow::Result<Vec<GpuWorkloadProfile>> {
-    let mut out = Vec::new();
-    for obj in crate::cluster::file::objects(text).map_err(anyhow::Error::msg)? {
-        if obj.get("kind").and_then(serde_json::Value::as_str) != Some("GpuWorkloadProfile") {
-            continue;
-        }
-        let name = obj
-            .pointer("/metadata/name")
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
-        out.push(
-            serde_json::from_value(obj)
-                .with_context(|| format!("GpuWorkloadProfile {name:?} is not one peakfit wrote"))?,
-        );
-    }
-    Ok(out)
+    Ok(crate::cluster::file::profiles(text, "the file")?)
 }
 
 /// One line per workload with an observed peak, sorted by namespace and name, then the

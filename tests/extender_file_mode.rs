@@ -18,15 +18,26 @@ fn example() -> (Arc<Index>, usize) {
 }
 
 fn file_mode_harness(index: Arc<Index>) -> Harness {
+    file_mode_harness_with(index, None)
+}
+
+/// The harness with the file's profiles, as `--from-file` loads them when it learns.
+fn file_mode_harness_with(
+    index: Arc<Index>,
+    profiles: Option<Arc<peakfit::cluster::profile::store::ProfileStore>>,
+) -> Harness {
     let binder = Arc::new(peakfit::cluster::binding::MemoryBinder::default());
     let metrics = Arc::new(peakfit::metrics::extender::ExtenderMetrics::new());
     // As `--from-file` does: a file is a snapshot, its reports' age is not checked.
-    let ext = Arc::new(
+    let mut ext =
         peakfit::extender::Extender::new(index, metrics, binder.clone()).with_fit(FitConfig {
             max_report_age_secs: None,
             ..FitConfig::default()
-        }),
-    );
+        });
+    if let Some(p) = profiles {
+        ext = ext.with_profiles(p);
+    }
+    let ext = Arc::new(ext);
     Harness {
         router: peakfit::extender::routes::router(ext.clone()),
         ext,
@@ -262,4 +273,108 @@ fn a_yaml_alias_bomb_is_refused_naming_aliases() {
             .contains("YAML aliases (*name) are not accepted"),
         "{e}"
     );
+}
+
+/// A file taken from a cluster with `kubectl get ... -o yaml` carries its `GpuWorkloadProfiles`
+/// too: `--from-file` sizes a pod from what its workload used, as the cluster's extender would.
+/// Without the profile the same pod fits an A100; with one that saw its workload peak at 42 GiB
+/// it is sized at 42 × 1.05 and the A100's 40 GB cards refuse it, saying so.
+#[tokio::test]
+async fn a_file_s_profiles_size_its_pods_as_the_cluster_would() {
+    use peakfit::cluster::profile::store::ProfileStore;
+    let annotations = serde_json::json!({
+        "peakfit.io/model": "llama-3.1-8b",
+        "peakfit.io/workload-name": "chat",
+    });
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "chat-1", "namespace": "ml", "annotations": annotations},
+    }))
+    .unwrap();
+    let key = peakfit::cluster::workload::workload_of(&pod);
+    let profile = format!(
+        r"---
+apiVersion: peakfit.io/v1alpha1
+kind: GpuWorkloadProfile
+metadata: {{name: workload-chat, namespace: ml}}
+spec: {{workloadKind: {kind}, workloadName: chat, inputs: '{inputs}'}}
+status:
+  predictedBytes: {predicted}
+  observedPeakBytes: {peak}
+  observedP95Bytes: {peak}
+  podsSeen: 1
+  gpuHours: 2.0
+  firstSeen: '2026-11-21T08:00:00Z'
+  lastSeen: '2026-11-21T10:00:00Z'
+  recommendedBytes: {peak}
+  summary: {{predicted: 15.8Gi, observed: 42.0Gi, recommended: 44.1Gi}}
+",
+        kind = key.kind,
+        inputs = key.inputs,
+        predicted = 16 * GIB,
+        peak = 42 * GIB,
+    );
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/cluster.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, std::fs::read_to_string(&example).unwrap() + &profile).unwrap();
+
+    let ask = |profiles: Option<Arc<ProfileStore>>| {
+        let path = path.clone();
+        let annotations = annotations.clone();
+        async move {
+            let index = Arc::new(Index::new());
+            peakfit::cluster::file::load_into(&index, &path).unwrap();
+            let h = file_mode_harness_with(index, profiles);
+            let (_, r) = call(
+                &h.router,
+                "POST",
+                "/filter",
+                filter_body("chat-1", &annotations),
+            )
+            .await;
+            json(&r)
+        }
+    };
+    let without = ask(None).await;
+    assert!(
+        without["NodeNames"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("a100-0")),
+        "{without}"
+    );
+
+    let store = Arc::new(ProfileStore::default());
+    assert_eq!(
+        peakfit::cluster::file::load_profiles_into(&store, &path).unwrap(),
+        1
+    );
+    let with = ask(Some(store)).await;
+    let a100 = with["FailedAndUnresolvableNodes"]["a100-0"]
+        .as_str()
+        .or_else(|| with["FailedNodes"]["a100-0"].as_str())
+        .unwrap_or_else(|| panic!("a100-0 refused: {with}"));
+    assert!(a100.contains("from 1 observed pod"), "{a100}");
+    assert!(a100.contains("44.10 GiB"), "{a100}");
+}
+
+/// A profile peakfit did not write is refused naming it, not half-read.
+#[test]
+fn a_malformed_profile_in_a_file_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.yaml");
+    std::fs::write(
+        &path,
+        "kind: GpuWorkloadProfile\nmetadata: {name: broken, namespace: ml}\nspec: {workloadKind: 3}\n",
+    )
+    .unwrap();
+    let store = peakfit::cluster::profile::store::ProfileStore::default();
+    let e = peakfit::cluster::file::load_profiles_into(&store, &path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("\"broken\"") && e.contains("GpuWorkloadProfile"),
+        "{e}"
+    );
+    assert!(store.is_empty());
 }

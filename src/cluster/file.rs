@@ -1,5 +1,7 @@
 //! File mode: a Kubernetes `List` or multi-document YAML (or JSON) of Nodes, Pods and
-//! `NodeGpuReports` loaded into the index, so the extender runs without a cluster.
+//! `NodeGpuReports` loaded into the index, so the extender runs without a cluster, and the
+//! `GpuWorkloadProfiles` of the same file loaded into the profile store, so a file answers as
+//! the cluster it was taken from would (pods sized from what their workload used).
 
 use std::path::Path;
 
@@ -8,6 +10,8 @@ use serde_json::Value;
 
 use super::NodeGpuReport;
 use super::index::Index;
+use super::profile::GpuWorkloadProfile;
+use super::profile::store::ProfileStore;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
@@ -32,12 +36,17 @@ pub enum FileError {
 /// `peakfit.io/model-config: "true"`, as in a cluster) of the file into `index`; other kinds
 /// (priority classes, namespaces …) are skipped. Returns how many objects were indexed.
 pub fn load_into(index: &Index, path: &Path) -> Result<usize, FileError> {
-    let p = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
-        path: p.clone(),
-        source,
-    })?;
+    let (text, p) = read(path)?;
     load_str(index, &text, &p)
+}
+
+/// The file's text and its name for errors.
+fn read(path: &Path) -> Result<(String, String), FileError> {
+    let p = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok((text, p)),
+        Err(source) => Err(FileError::Read { path: p, source }),
+    }
 }
 
 /// [`load_into`] on a file's text, `p` naming it in errors and logs (also what the fuzz test
@@ -115,6 +124,49 @@ pub fn load_str(index: &Index, text: &str, p: &str) -> Result<usize, FileError> 
         );
     }
     Ok(n)
+}
+
+/// Loads every `GpuWorkloadProfile` of the file (as `kubectl get gpuworkloadprofiles -A -o
+/// yaml` prints them, beside the other objects or in a file of their own) into `store`, as the
+/// profile watch would. Returns how many. A profile peakfit did not write is an error naming
+/// it: sizing pods from half a profile would be worse than refusing the file.
+pub fn load_profiles_into(store: &ProfileStore, path: &Path) -> Result<usize, FileError> {
+    let (text, p) = read(path)?;
+    let found = profiles(&text, &p)?;
+    for profile in &found {
+        store.apply(profile);
+    }
+    Ok(found.len())
+}
+
+/// The `GpuWorkloadProfile` objects of a file's text, `p` naming it in errors; other kinds are
+/// skipped.
+pub fn profiles(text: &str, p: &str) -> Result<Vec<GpuWorkloadProfile>, FileError> {
+    let mut out = Vec::new();
+    let found = objects(text).map_err(|message| FileError::Parse {
+        path: p.to_owned(),
+        message,
+    })?;
+    for (index, obj) in found.into_iter().enumerate() {
+        if obj.get("kind").and_then(Value::as_str) != Some("GpuWorkloadProfile") {
+            continue;
+        }
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .map(|n| crate::clip::clip(n).into_owned())
+            .unwrap_or_default();
+        out.push(
+            serde_json::from_value(obj).map_err(|source| FileError::Object {
+                path: p.to_owned(),
+                index,
+                kind: "GpuWorkloadProfile".into(),
+                name,
+                source,
+            })?,
+        );
+    }
+    Ok(out)
 }
 
 /// Every object of a file's text (JSON, or YAML documents), `List`s unwrapped.

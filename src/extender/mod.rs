@@ -584,7 +584,14 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         Some(path) => {
             let n = crate::cluster::file::load_into(&index, path)
                 .with_context(|| format!("loading {}", path.display()))?;
-            tracing::info!(path = %path.display(), objects = n, "serving from a file; bind records in memory");
+            // The file's profiles size its pods as the cluster's would (`--learn off` ignores them).
+            let learned = if learning {
+                crate::cluster::file::load_profiles_into(&profiles, path)
+                    .with_context(|| format!("loading the profiles of {}", path.display()))?
+            } else {
+                0
+            };
+            tracing::info!(path = %path.display(), objects = n, profiles = learned, "serving from a file; bind records in memory");
             (Arc::new(MemoryBinder::default()), Readiness::default())
         }
         None => {
