@@ -593,7 +593,7 @@ pub enum ModelType {
     /// (`hf_config`'s list): gated MLP whatever its width.
     Llama,
     /// A type not known here: built the Llama way, its MLP gated unless it is 4x the hidden
-    /// size (GPT-NeoX, Falcon, StarCoder keep a plain 4h MLP).
+    /// size (GPT-NeoX, StarCoder keep a plain 4h MLP).
     Other,
     /// `qwen3`, `qwen3_moe`, `olmo2`: an `RMSNorm` over each head of q and k
     /// (`Qwen3Attention.q_norm`/`k_norm`).
@@ -610,6 +610,11 @@ pub enum ModelType {
     Gemma3,
     /// Encoders and encoder-decoders with `LayerNorm` (BERT family, Whisper, T5).
     LayerNorm,
+    /// `falcon`: one fused `query_key_value`, `LayerNorm`, a plain 4h MLP, and a causal mask
+    /// built on every forward (`FalconModel.forward` calls `create_causal_mask` with
+    /// `allow_is_causal_skip=False`), so its own `scaled_dot_product_attention` call always
+    /// gets a mask.
+    Falcon,
 }
 
 impl ModelType {
@@ -623,6 +628,7 @@ impl ModelType {
             "bert" | "roberta" | "xlm_roberta" | "deberta" | "deberta_v2" | "electra"
             | "distilbert" | "albert" | "whisper" | "t5" | "mt5" | "bart" => Self::LayerNorm,
             "gpt2" | "gptj" | "codegen" => Self::Gpt2,
+            "falcon" | "refinedweb" | "refinedwebmodel" => Self::Falcon,
             "llama" | "mistral" | "mixtral" | "qwen2" | "qwen2_moe" | "gemma" | "olmo"
             | "deepseek_v2" | "deepseek_v3" | "cohere" | "granite" | "internlm2" | "yi"
             | "mllama" | "mllama_text_model" => Self::Llama,
