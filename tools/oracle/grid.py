@@ -180,6 +180,20 @@ def hunt():
         ("smollm2-135m", "training", "bf16", 4, 2048, dict(gc="none", attn="eager", **adamw)),
         ("qwen3-0.6b", "training", "fp16-amp", 8, 4096, dict(gc="full", opt="sgd")),
     ]
+    # a second pass: Falcon and GPT-2 LoRA, Gemma-2 under autocast and past its window in LoRA, Phi-3 in fp16,
+    # a mixture of experts at 32k and in LoRA (PEFT adapts every expert), fp32 fine-tune at 4k, fp16 long generation
+    rows += [
+        ("falcon-7b", "lora", "bf16", 2, 2048, dict(gc="full", rank=16, **adamw)),
+        ("falcon-7b", "lora", "bf16", 1, 2048, dict(gc="none", rank=16, **adamw)),
+        ("gemma-2-2b", "training", "fp16-amp", 2, 2048, dict(gc="full", **adamw)),
+        ("gpt2", "lora", "bf16", 8, 1024, dict(gc="none", rank=16, **adamw)),
+        ("phi-3-mini-4k-instruct", inf, "fp16", 8, 4096, gen), ("qwen3-30b-a3b", inf, "bf16", 1, 32768, gen),
+        ("llama-3.2-3b", "training", "fp32", 1, 4096, dict(gc="full", opt="sgd")),
+        ("mistral-7b-v0.3", "lora", "fp16-amp", 2, 4096, dict(gc="full", opt="adamw-fused", rank=8)),
+        ("gemma-2-9b", "lora", "bf16", 2, 8192, dict(gc="full", rank=16, **adamw)),
+        ("smollm2-1.7b", inf, "fp32", 2, 4096, eager), ("qwen2.5-7b", inf, "fp16", 32, 2048, dict(new=256)),
+        ("qwen3-30b-a3b", "lora", "bf16", 1, 2048, dict(gc="full", rank=16, **adamw)),
+    ]
     return [case(m, w, dt, b, ctx, **kw) for m, w, dt, b, ctx, kw in rows]
 
 

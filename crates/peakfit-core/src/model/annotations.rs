@@ -53,6 +53,7 @@
 //! | `model-type` | a Hugging Face `model_type` (`config.json`, set by `--model-config`): `qwen3`, `phi3`, `gemma2`, ... decide what transformers' modules keep alive (q/k norms, fused projections, four norms per block) | the Llama layout (gated MLP unless 4 x hidden) |
 //! | `sliding-window` | tokens a sliding-window layer attends to, 1–67108864 (`sliding_window`, set by `--model-config` unless `use_sliding_window` is false): past it transformers builds the window's mask and repeats k and v to every head | none |
 //! | `experts-per-token` | a mixture of experts' experts per token, 1–1024 (`num_experts_per_tok`, set by `--model-config`) | none (a dense MLP) |
+//! | `experts` | a mixture of experts' experts per layer, 2–65536 (`num_local_experts` `num_experts` `n_routed_experts`, set by `--model-config`): LoRA on `all-linear` adapts each expert | none (a dense MLP) |
 //! | `encoder-positions` | positions an encoder-decoder's encoder outputs per input, 1–1048576 (Whisper: 1500, `max_source_positions`) | the context |
 
 use std::collections::BTreeMap;
@@ -109,6 +110,7 @@ pub const INPUT_KEYS: &[&str] = &[
     "model-type",
     "encoder-positions",
     "experts-per-token",
+    "experts",
     "sliding-window",
 ];
 
@@ -580,6 +582,8 @@ pub struct Spec {
     /// A mixture of experts' experts per token (`num_experts_per_tok`): how many copies of
     /// each token its expert layers route.
     pub experts_per_token: Option<u32>,
+    /// A mixture of experts' experts per layer (`num_local_experts`): PEFT adapts each.
+    pub experts: Option<u32>,
     /// Tokens a sliding-window attention layer sees (`sliding_window` in `config.json`).
     pub sliding_window: Option<u64>,
 }
@@ -841,6 +845,7 @@ impl Spec {
             }
             "encoder-positions" => self.encoder_positions = Some(int(key, v, 1, 1 << 20)?),
             "experts-per-token" => self.experts_per_token = Some(int(key, v, 1, 1024)?),
+            "experts" => self.experts = Some(int(key, v, 2, 1 << 16)?),
             "sliding-window" => self.sliding_window = Some(count(key, v, 1, 1 << 26)?),
             "context-tokens" => self.context_tokens = Some(count(key, v, 1, 1 << 26)?),
             "engine" => self.engine = Some(Engine::parse(key, v)?),

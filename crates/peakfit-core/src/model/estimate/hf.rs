@@ -23,6 +23,7 @@
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
 //! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
+//! | training, attention backward | where scores exist (eager, fp32 math kernel), the scores' gradient and softmax's input gradient, `(c+4)·b·heads·s²` | `MatmulBackward`, `_softmax_backward_data` |
 //! | training, loss | `12·T·V`: the saved `log_softmax` output, the NLL gradient and `log_softmax`'s input gradient, all fp32, at the start of backward; Gemma-2 also saves its soft-capped logits' `tanh` output, `c·T·V` | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`); `Gemma2ForCausalLM.forward` (`final_logit_softcapping`: `tanh(logits / cap) * cap`, default 30.0) |
 //! | training, Gemma norms | the fp32 normed input a trained weight's `mul` saves, 4 B instead of the stream's width | `Gemma2RMSNorm.forward`, `Gemma3RMSNorm.forward` (`output * (1.0 + self.weight.float())` in fp32, then `type_as(x)`) |
 //! | training, GPT-2's GELU under autocast | `pow` is on CUDA autocast's fp32 list: its input is copied to fp32 and every later op of `NewGELUActivation` promotes to fp32, so `pow`'s input, `tanh`'s output and `1 + tanh` are saved at 4 B | `NewGELUActivation.forward`; `autocast_mode.cpp` (`pow` in `CastPolicy::fp32`) |
@@ -551,10 +552,22 @@ pub(super) fn loss_tensor(block: &Block, tokens: f64) -> f64 {
 }
 
 /// Bytes a layer's backward allocates beside its saved tensors: the gradients of the MLP's
-/// product, `act(gate)` and `up` alive together (`MulBackward0`). (An adapter's fp32 input
-/// gradient comes when that input's saved copy is released.)
+/// product, `act(gate)` and `up` alive together (`MulBackward0`), or, where attention
+/// materialised its scores (eager, the fp32 math kernel), the scores' gradient beside
+/// `softmax`'s input gradient (`_softmax_backward_data`) at the attention's backward: `c` and
+/// 4 B per score (the fp32 softmax's gradient; `2c` where softmax keeps the dtype). (An
+/// adapter's fp32 input gradient comes when that input's saved copy is released.)
 pub(super) fn backward_transient(block: &Block, p: &Pass, prec: Precision) -> f64 {
-    3.0 * prec.c() * p.t() * block.ffn
+    let mlp = 3.0 * prec.c() * p.t() * block.ffn;
+    if !p.scores(block) {
+        return mlp;
+    }
+    let per_score = if block.layer_norm() {
+        2.0 * p.c
+    } else {
+        p.c + 4.0
+    };
+    mlp.max(per_score * p.b * block.heads * p.s * p.s)
 }
 
 /// Gradient checkpointing the HF way (`gradient_checkpointing_enable`, non-reentrant
@@ -1097,6 +1110,26 @@ mod tests {
         assert_eq!(
             norm_saved(&block, Trainable::Lora(16.0), Precision::Pure16),
             4.0
+        );
+    }
+
+    #[test]
+    fn attention_backward_holds_two_score_gradients_where_scores_exist() {
+        let block = llama_1b();
+        let p = Pass {
+            c: 4.0,
+            ..pass(1.0, 4096.0)
+        };
+        // fp32 on grouped-query attention: the math kernel's scores and their gradients.
+        assert_eq!(
+            backward_transient(&block, &p, Precision::Fp32),
+            8.0 * 32.0 * 4096.0 * 4096.0
+        );
+        // SDPA's fused kernels keep no scores: the MLP's three gradients.
+        let bf16 = pass(1.0, 4096.0);
+        assert_eq!(
+            backward_transient(&block, &bf16, Precision::Pure16),
+            3.0 * 2.0 * 4096.0 * 8192.0
         );
     }
 

@@ -232,6 +232,8 @@ struct Inputs {
     family: ModelType,
     /// A mixture of experts' experts per token (0: dense).
     experts_per_token: f64,
+    /// A mixture of experts' experts per layer (0: dense).
+    experts: f64,
     /// Tokens a sliding-window layer sees (0: none).
     sliding_window: f64,
 }
@@ -403,6 +405,7 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         // memory-efficient kernel takes fp32): only `flash-attention: false` means eager.
         sdpa: spec.flash_attention != Some(false),
         experts_per_token: f64::from(spec.experts_per_token.unwrap_or(0)),
+        experts: f64::from(spec.experts.unwrap_or(0)),
         sliding_window: spec.sliding_window.unwrap_or(0) as f64,
         family: spec.model_type.unwrap_or(match spec.kind() {
             Kind::Encoder | Kind::EncoderDecoder { .. } => ModelType::LayerNorm,
