@@ -32,6 +32,8 @@ struct Row {
     workload: String,
     oracle: f64,
     model: f64,
+    /// The model with `prompt-tokens` annotated, for a generation.
+    with_prompt: Option<f64>,
 }
 
 impl Row {
@@ -45,6 +47,9 @@ fn rows() -> Vec<Row> {
         .into_iter()
         .map(|r| Row {
             model: estimate(&r.spec, 141 << 30).allocated_bytes as f64 / GIB,
+            with_prompt: r
+                .with_prompt
+                .map(|s| estimate(&s, 141 << 30).allocated_bytes as f64 / GIB),
             oracle: r.oracle_gib,
             workload: r.workload,
             id: r.id,
@@ -56,6 +61,31 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     let rank =
         peakfit::convert::f64_to_usize((p * sorted.len() as f64).ceil()).clamp(1, sorted.len());
     sorted[rank - 1]
+}
+
+/// Median and p90 of |error|, median, lowest and highest signed error, in percent.
+struct Bands {
+    median: f64,
+    p90: f64,
+    signed: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Bands {
+    fn of(errors: &[f64]) -> Self {
+        let mut abs: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
+        let mut signed = errors.to_vec();
+        abs.sort_by(f64::total_cmp);
+        signed.sort_by(f64::total_cmp);
+        Self {
+            median: percentile(&abs, 0.5),
+            p90: percentile(&abs, 0.9),
+            signed: percentile(&signed, 0.5),
+            min: signed[0],
+            max: signed[signed.len() - 1],
+        }
+    }
 }
 
 #[test]
@@ -72,17 +102,14 @@ fn estimate_matches_the_oracle_grid() {
         "workload", "rows", "median", "p90", "signed", "min"
     );
     for (workload, errors) in &by {
-        let mut abs: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
-        let mut signed = errors.clone();
-        abs.sort_by(f64::total_cmp);
-        signed.sort_by(f64::total_cmp);
+        let b = Bands::of(errors);
         println!(
             "{workload:<10} {:>5} {:>7.1}% {:>7.1}% {:>+7.1}% {:>+7.1}%",
             errors.len(),
-            percentile(&abs, 0.5),
-            percentile(&abs, 0.9),
-            percentile(&signed, 0.5),
-            signed[0]
+            b.median,
+            b.p90,
+            b.signed,
+            b.min
         );
     }
     let mut worst: Vec<&Row> = rows.iter().collect();
@@ -96,6 +123,35 @@ fn estimate_matches_the_oracle_grid() {
             r.model,
             r.error()
         );
+    }
+    // Generations whose prompt is shorter than the context, with and without `prompt-tokens`
+    // (the default sizes the prefill for the whole context).
+    let prompted: Vec<(f64, f64)> = rows
+        .iter()
+        .filter_map(|r| {
+            r.with_prompt
+                .map(|m| (r.error(), (m - r.oracle) / r.oracle * 100.0))
+        })
+        .collect();
+    for (label, pick) in [
+        ("generate rows, prefill over the context", 0),
+        ("generate rows, prompt-tokens annotated", 1),
+    ] {
+        let errors: Vec<f64> = prompted
+            .iter()
+            .map(|e| if pick == 0 { e.0 } else { e.1 })
+            .collect();
+        let b = Bands::of(&errors);
+        println!(
+            "{label}: {} rows, median {:.1}%, p90 {:.1}%, signed {:+.1}%, min {:+.1}%, max {:+.1}%",
+            errors.len(),
+            b.median,
+            b.p90,
+            b.signed,
+            b.min,
+            b.max
+        );
+        assert!(b.min >= -5.0, "{label}: a row {:.1}% low", b.min);
     }
     let mut abs: Vec<f64> = rows.iter().map(|r| r.error().abs()).collect();
     abs.sort_by(f64::total_cmp);

@@ -30,6 +30,7 @@
 //! | `workload` | `inference training lora qlora` | `inference` |
 //! | `batch` | sequences per GPU per step, 1–1048576 | 1 |
 //! | `context-tokens` | tokens per sequence at the peak (`128K` allowed) | 256 inference, 256 training, 512 for a serving engine's smallest-GPU check |
+//! | `prompt-tokens` | tokens of the prompt `generate` prefills, 1 up to `context-tokens` (`128K` allowed), inference only: transformers' prefill runs over the prompt and the new tokens come one at a time, so the prefill's activations are the prompt's | the whole context (the prefill sized as if the prompt filled it: never low) |
 //! | `engine` | free-form; `vllm tgi sglang tensorrt-llm` budget a fraction of the GPU, anything else is a plain framework (`torchtune` and `ms-swift` (or `swift`) change the logits term; a one-GPU `torchtune` full fine-tune steps the optimizer in backward, so no full gradient set; `faster-whisper` with `batch` > 1 is its batched pipeline, whose decoder holds no previous-text prompt) | plain framework |
 //! | `gpu-memory-utilization` | (0, 1], only with a fraction engine | vLLM 0.92, TGI 1.0, SGLang 0.88, TensorRT-LLM 0.9 |
 //! | `tensor-parallel` | 1–64, a divisor of `gpus` | 1 |
@@ -86,6 +87,7 @@ pub const INPUT_KEYS: &[&str] = &[
     "workload",
     "batch",
     "context-tokens",
+    "prompt-tokens",
     "engine",
     "gpu-memory-utilization",
     "architecture",
@@ -542,6 +544,9 @@ pub struct Spec {
     pub workload: Option<Workload>,
     pub batch: Option<u32>,
     pub context_tokens: Option<u64>,
+    /// Tokens of the prompt `generate` prefills (the rest of the context is generated one
+    /// token at a time); unset, the prefill is sized for the whole context.
+    pub prompt_tokens: Option<u64>,
     pub engine: Option<Engine>,
     pub gpu_memory_utilization: Option<f64>,
     pub tensor_parallel: Option<u32>,
@@ -848,6 +853,7 @@ impl Spec {
             "experts" => self.experts = Some(int(key, v, 2, 1 << 16)?),
             "sliding-window" => self.sliding_window = Some(count(key, v, 1, 1 << 26)?),
             "context-tokens" => self.context_tokens = Some(count(key, v, 1, 1 << 26)?),
+            "prompt-tokens" => self.prompt_tokens = Some(count(key, v, 1, 1 << 26)?),
             "engine" => self.engine = Some(Engine::parse(key, v)?),
             "gpu-memory-utilization" => {
                 self.gpu_memory_utilization = Some(fraction(key, v, true, 1.0)?);
@@ -1041,6 +1047,26 @@ impl Spec {
                 &show(self.lora_rank),
                 "only with peakfit.io/workload lora or qlora",
             ));
+        }
+        if let Some(prompt) = self.prompt_tokens {
+            if self.workload.is_some_and(Workload::is_training) {
+                return Err(AnnotationError::new(
+                    "prompt-tokens",
+                    &prompt.to_string(),
+                    "only with peakfit.io/workload inference (a training step has no prompt)",
+                ));
+            }
+            if let Some(context) = self.context_tokens
+                && prompt > context
+            {
+                return Err(AnnotationError::new(
+                    "prompt-tokens",
+                    &prompt.to_string(),
+                    format!(
+                        "at most peakfit.io/context-tokens ({context}): the prompt is part of the context"
+                    ),
+                ));
+            }
         }
         if self.lora_dropout.is_some() && !self.workload.is_some_and(Workload::is_adapter) {
             return Err(AnnotationError::new(
@@ -1313,6 +1339,23 @@ mod tests {
             r.demand.fixed_bytes > 35 << 30,
             "70B bf16 over 4 GPUs: > 35 GiB each"
         );
+    }
+
+    #[test]
+    fn a_prompt_is_part_of_an_inference_context() {
+        let e = err(&[("context-tokens", "1024"), ("prompt-tokens", "2048")]);
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("prompt-tokens", "2048")
+        );
+        assert!(
+            e.allowed
+                .contains("at most peakfit.io/context-tokens (1024)"),
+            "{e}"
+        );
+        let e = err(&[("workload", "training"), ("prompt-tokens", "512")]);
+        assert_eq!(e.key, "prompt-tokens");
+        assert!(e.allowed.contains("inference"), "{e}");
     }
 
     #[test]

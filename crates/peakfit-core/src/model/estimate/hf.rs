@@ -14,6 +14,7 @@
 //!
 //! | term | bytes | code |
 //! |---|---|---|
+//! | prefill tokens | the prompt (`prompt-tokens`), else the whole context: sized as if the prompt filled it, never low | `GenerationMixin._sample`: one forward over the prompt, then one token per step |
 //! | prefill, held across layers | `inputs_embeds` and the layer input, `2·T·h·c` (+`T·h·c` for scaled embeddings) | `LlamaModel.forward` keeps `inputs_embeds` in a local through the layer loop; the loop variable holds the running layer's input; `Gemma2Model` multiplies by the normaliser into a new tensor |
 //! | prefill, MLP | `2·T·h·c` (residual sum, normed input) + `3·T·I·c` gated (`act(gate)`, `up`, their product alive at the `*`), `4·T·I·c` fused gate/up (the `2I` output stays alive through its chunk views), `2·T·I·c` plain | `LlamaMLP.forward`, `Phi3MLP.forward`, BERT `BertIntermediate` |
 //! | prefill, attention | normed input + q, k, v + the RoPE temporaries (`q·cos`, `rotate_half(q)·sin`, their sum: `3·T·q·c`) or, with q/k norms, two fp32 copies of q (`8·T·q`) | `apply_rotary_pos_emb`, `Qwen3Attention` |
@@ -728,7 +729,8 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
                 (encoder - kv).max(first_step)
             }
             Kind::Encoder => forward_peak(&block, &inp.pass(inp.batch, inp.context)),
-            _ => forward_peak(&block, &inp.pass(seqs, inp.context)).max(decode_step(
+            // The prefill runs over the prompt; the decode steps attend over the whole context.
+            _ => forward_peak(&block, &inp.pass(seqs, inp.prompt)).max(decode_step(
                 &block,
                 seqs,
                 inp.context,
@@ -797,7 +799,7 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
             encoder_positions, ..
         } if encoder_positions > 0 => inp.pass(inp.batch, f64::from(encoder_positions)),
         Kind::Encoder | Kind::EncoderDecoder { .. } => inp.pass(inp.batch, inp.context),
-        _ => inp.pass(inp.batch * inp.beams, inp.context),
+        _ => inp.pass(inp.batch * inp.beams, inp.prompt),
     };
     HF_SLACK_INFERENCE_TENSORS * largest_tensor(&block, &pass)
 }
@@ -1131,6 +1133,28 @@ mod tests {
             backward_transient(&block, &bf16, Precision::Pure16),
             3.0 * 2.0 * 4096.0 * 8192.0
         );
+    }
+
+    #[test]
+    fn the_prefill_runs_over_the_prompt_when_it_is_annotated() {
+        use crate::model::estimate::testing::{est_with, part};
+        let base = [
+            ("model", "llama-3.1-8b"),
+            ("engine", "hf"),
+            ("workload", "inference"),
+            ("dtype", "bf16"),
+            ("batch", "64"),
+        ];
+        let whole = est_with(&base, &[("context-tokens", "4096")]);
+        let prompt = est_with(
+            &base,
+            &[("context-tokens", "4096"), ("prompt-tokens", "2048")],
+        );
+        let short = est_with(&base, &[("context-tokens", "2048")]);
+        // The prefill's activations are the prompt's; the cache still holds the whole context.
+        assert_eq!(part(&prompt, "activations"), part(&short, "activations"));
+        assert!(part(&prompt, "activations") < part(&whole, "activations"));
+        assert_eq!(part(&prompt, "kv-cache"), part(&whole, "kv-cache"));
     }
 
     #[test]

@@ -195,6 +195,8 @@ struct Inputs {
     workload: Workload,
     batch: f64,
     context: f64,
+    /// Tokens `generate` prefills: the prompt when annotated, else the whole context.
+    prompt: f64,
     tp: f64,
     dp: f64,
     /// Pipeline stages: a GPU holds `1/pp` of the layers.
@@ -366,6 +368,7 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         workload,
         batch: f64::from(spec.batch.unwrap_or(Defaults::BATCH)),
         context: context as f64,
+        prompt: spec.prompt_tokens.map_or(context, |p| p.min(context)) as f64,
         tp: f64::from(tp),
         dp: f64::from(spec.data_parallel.unwrap_or(1)),
         pp: f64::from(pp),
