@@ -100,6 +100,9 @@ pub struct GridRow {
     pub id: String,
     pub workload: String,
     pub spec: Spec,
+    /// The same row with `prompt-tokens` (context − new tokens), for a generation whose
+    /// prompt is shorter than its context.
+    pub with_prompt: Option<Spec>,
     pub oracle_gib: f64,
 }
 
@@ -136,12 +139,22 @@ pub fn oracle_grid() -> Vec<GridRow> {
             ("lora_rank", f["lora_rank"]),
             ("flash_attention", flash),
         ];
+        let config = dir.join("oracle-configs").join(f["config"]);
+        let prompt = match (
+            f["context_tokens"].parse::<u64>(),
+            f["new_tokens"].parse::<u64>(),
+        ) {
+            (Ok(context), Ok(new)) if new < context => Some((context - new).to_string()),
+            _ => None,
+        };
+        let with_prompt = prompt.map(|p| {
+            let mut w = workload.to_vec();
+            w.push(("prompt_tokens", p.as_str()));
+            spec(&id, &config, &w)
+        });
         rows.push(GridRow {
-            spec: spec(
-                &id,
-                &dir.join("oracle-configs").join(f["config"]),
-                &workload,
-            ),
+            spec: spec(&id, &config, &workload),
+            with_prompt,
             workload: f["workload"].to_string(),
             oracle_gib: f["oracle_allocated_gib"].parse().expect("oracle GiB"),
             id,

@@ -2,6 +2,8 @@
 """The oracle grid: tests/data/oracle-grid.csv, regenerated or checked.
 
   grid.py generate --root R [--resume] [--limit N]   run every case of the design (one process)
+  grid.py generate --root R --add [--resume]         run only the cases of hunt() missing from the file, keep
+                                                     the other rows and their header, note the addition
   grid.py check --root R N [--seed S]                rerun N sampled rows, compare with the committed file
 """
 import argparse
@@ -113,6 +115,7 @@ def design(root):
                 b, ctx = (2, 2048) if gc == "none" else (8, 2048)
                 out.append(case(m, "lora", "bf16", b, ctx, gc=gc, opt="adamw", rank=rank))
         out.append(case(m, "lora", "fp16-amp", 4, 1024, gc="full", opt="adamw-fused", rank=8))
+    out += hunt()
     # drop duplicate ids (keep the first)
     seen, uniq = set(), []
     for c in out:
@@ -120,6 +123,78 @@ def design(root):
             seen.add(c["id"])
             uniq.append(c)
     return uniq
+
+
+def hunt():
+    """7. Settings the sections above and the measured rows do not cover, chosen where the model was most
+    likely to be low (issue 20): batch 1 at 16k-32k, fp32 and eager attention at long context, tiny
+    models at huge batch, 256k vocabularies, sliding windows past their length in inference and training,
+    mixtures of experts decoding wide batches, long generations, LoRA and full fine-tuning at long context,
+    SGD, encoders at 512 x 256 and more. Added with `scripts/oracle grid --add`."""
+    inf, gen = "inference", dict(new=64)
+    short, eager = dict(new=32), dict(new=32, attn="eager")
+    rows = [
+        # batch 1 at 16k, windows past their length, Falcon's own SDPA call, Mixtral
+        ("llama-3.1-8b", inf, "bf16", 1, 16384, gen), ("qwen3-8b", inf, "bf16", 1, 16384, gen),
+        ("mistral-7b-v0.1", inf, "bf16", 1, 16384, gen), ("falcon-7b", inf, "bf16", 1, 16384, gen),
+        ("falcon-7b", inf, "bf16", 4, 8192, gen), ("gemma-2-9b", inf, "bf16", 4, 8192, gen),
+        ("gemma-2-2b", inf, "bf16", 16, 8192, gen), ("phi-3-mini-4k-instruct", inf, "bf16", 16, 4096, gen),
+        ("mixtral-8x7b-v0.1", inf, "bf16", 1, 16384, gen), ("falcon-7b", inf, "fp16", 2, 8192, gen),
+        # fp32 at long context (GQA: the math kernel; MHA: the memory-efficient one), eager at long context
+        ("qwen2.5-0.5b", inf, "fp32", 1, 16384, short), ("llama-3.2-1b", inf, "fp32", 1, 8192, short),
+        ("gpt2", inf, "fp32", 16, 1024, short), ("phi-3-mini-4k-instruct", inf, "fp32", 2, 4096, short),
+        ("smollm2-135m", inf, "fp32", 1, 8192, eager), ("llama-3.2-1b", inf, "bf16", 1, 16384, eager),
+        ("qwen3-0.6b", inf, "bf16", 2, 8192, eager), ("gemma-2-2b", inf, "bf16", 1, 8192, eager),
+        ("falcon-7b", inf, "bf16", 1, 4096, eager),
+    ]
+    # tiny models at huge batch; 256k and 128k vocabularies at wide batch (the logits)
+    rows += [(m, inf, "bf16", b, ctx, dict(new=16)) for m, b, ctx in (
+        ("smollm2-135m", 512, 512), ("qwen2.5-0.5b", 512, 256), ("gpt2", 512, 512), ("qwen3-0.6b", 1024, 128),
+        ("gemma-2-9b", 256, 128), ("llama-3.2-1b", 512, 128))]
+    rows += [
+        ("llama-3.2-1b", inf, "bf16", 256, 2048, gen), ("gemma-2-2b", inf, "bf16", 64, 512, gen),
+        ("gemma-2-9b", inf, "bf16", 128, 256, gen),
+        # mixtures of experts decoding wide batches (batched_mm gathers each routed token's experts)
+        ("qwen3-30b-a3b", inf, "bf16", 64, 512, gen), ("qwen3-30b-a3b", inf, "bf16", 256, 256, short),
+        ("mixtral-8x7b-v0.1", inf, "bf16", 32, 1024, gen),
+        # long generations (the prompt is half the context)
+        ("llama-3.1-8b", inf, "bf16", 16, 4096, dict(new=2048)), ("qwen2.5-1.5b", inf, "bf16", 64, 2048, dict(new=1024)),
+        # encoders and Whisper
+        ("bert-large", inf, "bf16", 256, 512, {}), ("bert-base-uncased", inf, "fp32", 256, 512, dict(attn="eager")),
+        ("bert-large", inf, "fp16", 512, 256, dict(attn="eager")), ("bert-base-uncased", inf, "fp16", 1024, 128, {}),
+        ("whisper-large-v3", inf, "fp16", 64, 224, dict(new=224)), ("whisper-small", inf, "fp32", 32, 224, dict(new=224)),
+    ]
+    # training at long context, LoRA with and without checkpointing, SGD, sliding windows, eager
+    adamw = dict(opt="adamw")
+    rows += [
+        ("llama-3.2-1b", "lora", "bf16", 1, 16384, dict(gc="none", rank=16, **adamw)),
+        ("llama-3.2-1b", "lora", "bf16", 1, 16384, dict(gc="full", rank=16, **adamw)),
+        ("qwen3-1.7b", "lora", "bf16", 2, 8192, dict(gc="full", rank=64, **adamw)),
+        ("qwen2.5-0.5b", "training", "bf16", 16, 2048, dict(gc="full", opt="sgd")),
+        ("llama-3.2-1b", "training", "fp32", 2, 2048, dict(gc="none", opt="sgd")),
+        ("gemma-2-2b", "training", "bf16", 2, 2048, dict(gc="none", **adamw)),
+        ("gemma-2-2b", "lora", "bf16", 4, 2048, dict(gc="full", rank=16, **adamw)),
+        ("qwen2.5-0.5b", "training", "bf16", 1, 32768, dict(gc="full", **adamw)),
+        ("phi-3-mini-4k-instruct", "lora", "bf16", 2, 4096, dict(gc="full", rank=16, **adamw)),
+        ("mistral-7b-v0.1", "lora", "bf16", 1, 8192, dict(gc="full", rank=16, **adamw)),
+        ("smollm2-135m", "training", "bf16", 4, 2048, dict(gc="none", attn="eager", **adamw)),
+        ("qwen3-0.6b", "training", "fp16-amp", 8, 4096, dict(gc="full", opt="sgd")),
+    ]
+    # a second pass: Falcon and GPT-2 LoRA, Gemma-2 under autocast and past its window in LoRA, Phi-3 in fp16,
+    # a mixture of experts at 32k and in LoRA (PEFT adapts every expert), fp32 fine-tune at 4k, fp16 long generation
+    rows += [
+        ("falcon-7b", "lora", "bf16", 2, 2048, dict(gc="full", rank=16, **adamw)),
+        ("falcon-7b", "lora", "bf16", 1, 2048, dict(gc="none", rank=16, **adamw)),
+        ("gemma-2-2b", "training", "fp16-amp", 2, 2048, dict(gc="full", **adamw)),
+        ("gpt2", "lora", "bf16", 8, 1024, dict(gc="none", rank=16, **adamw)),
+        ("phi-3-mini-4k-instruct", inf, "fp16", 8, 4096, gen), ("qwen3-30b-a3b", inf, "bf16", 1, 32768, gen),
+        ("llama-3.2-3b", "training", "fp32", 1, 4096, dict(gc="full", opt="sgd")),
+        ("mistral-7b-v0.3", "lora", "fp16-amp", 2, 4096, dict(gc="full", opt="adamw-fused", rank=8)),
+        ("gemma-2-9b", "lora", "bf16", 2, 8192, dict(gc="full", rank=16, **adamw)),
+        ("smollm2-1.7b", inf, "fp32", 2, 4096, eager), ("qwen2.5-7b", inf, "fp16", 32, 2048, dict(new=256)),
+        ("qwen3-30b-a3b", "lora", "bf16", 1, 2048, dict(gc="full", rank=16, **adamw)),
+    ]
+    return [case(m, w, dt, b, ctx, **kw) for m, w, dt, b, ctx, kw in rows]
 
 
 def row_of(c, r):
@@ -164,22 +239,80 @@ def header(root, seconds=None):
     return lines
 
 
-def generate(a):
-    root = a.root
-    path = f"{root}/tests/data/oracle-grid.csv"
-    partial = f"{root}/target/oracle-grid.partial.jsonl"
-    os.makedirs(os.path.dirname(partial), exist_ok=True)
-    cases = design(root)
-    if a.limit:
-        cases = cases[:a.limit]
+def load_partial(partial, resume):
+    """The rows an interrupted run left in `partial` (with `resume`), else none (the file is removed)."""
     done = {}
-    if a.resume and os.path.exists(partial):
+    if resume and os.path.exists(partial):
         for line in open(partial):
             r = json.loads(line)
             if "failed" not in r:
                 done[r["id"]] = r
     elif os.path.exists(partial):
         os.remove(partial)
+    return done
+
+
+def add(a):
+    """Run the cases of hunt() that the committed grid lacks; keep every other row and the header it was
+    generated with, and say in the header which rows were added, when, and with which versions."""
+    import torch
+    import transformers
+    import peft
+    root = a.root
+    path = f"{root}/tests/data/oracle-grid.csv"
+    partial = f"{root}/target/oracle-grid.add.jsonl"
+    os.makedirs(os.path.dirname(partial), exist_ok=True)
+    old_header = [l.rstrip("\n") for l in open(path) if l.startswith("#")]
+    done = {r["id"]: r for r in read_grid(path)}
+    committed = set(done)
+    done.update(load_partial(partial, a.resume))
+    todo = [c for c in hunt() if c["id"] not in done]
+    if not any(c["id"] not in committed for c in hunt()):
+        print(f"{path}: every case of hunt() is there already", flush=True)
+        return 0
+    with open(partial, "a") as sink:
+        for i, c in enumerate(todo):
+            r = run(c, root)
+            rec = dict(id=c["id"], too_big=r["peak_allocated_gib"]) if r["peak_allocated_bytes"] / GIB > H200_GIB \
+                else row_of(c, r)
+            print(f"[{i + 1}/{len(todo)}] {c['id']}: {r['peak_allocated_gib']:.3f} GiB {r['peak_phase']} "
+                  f"{r['seconds']:.1f}s", flush=True)
+            done[c["id"]] = rec
+            sink.write(json.dumps(rec) + "\n")
+            sink.flush()
+    added = [c["id"] for c in hunt() if c["id"] not in committed and "oracle_allocated_gib" in done.get(c["id"], {})]
+    seconds = sum(float(done[i]["seconds"]) for i in added)
+    note = (f"# {len(added)} rows of grid.py's hunt() (issue 20) added "
+            f"{datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} with "
+            f"`scripts/oracle grid --add` (torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"peft {peft.__version__}; {seconds / 60:.1f} min)")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    n = 0
+    for c in design(root):
+        r = done.get(c["id"])
+        if r and "oracle_allocated_gib" in r:
+            w.writerow({k: r[k] for k in COLUMNS})
+            n += 1
+    with open(path, "w") as f:
+        f.write("\n".join(old_header + [note]) + "\n")
+        f.write(buf.getvalue())
+    print(f"{path}: {n} rows ({len(added)} added)", flush=True)
+    return 0
+
+
+def generate(a):
+    root = a.root
+    if a.add:
+        return add(a)
+    path = f"{root}/tests/data/oracle-grid.csv"
+    partial = f"{root}/target/oracle-grid.partial.jsonl"
+    os.makedirs(os.path.dirname(partial), exist_ok=True)
+    cases = design(root)
+    if a.limit:
+        cases = cases[:a.limit]
+    done = load_partial(partial, a.resume)
     t0 = time.time()
     prev = sum(float(r.get("seconds") or 0) for r in done.values())
     # Run order: interleave the kinds of case (generation, training, ...) so that an interrupted run
@@ -268,6 +401,7 @@ def main():
     g.add_argument("--root", required=True)
     g.add_argument("--resume", action="store_true", help="keep the rows of an interrupted run")
     g.add_argument("--limit", type=int, default=None)
+    g.add_argument("--add", action="store_true", help="run only hunt()'s cases missing from the file")
     ch = sub.add_parser("check")
     ch.add_argument("--root", required=True)
     ch.add_argument("n", type=int, nargs="?", default=8)

@@ -30,6 +30,7 @@
 //! | `workload` | `inference training lora qlora` | `inference` |
 //! | `batch` | sequences per GPU per step, 1–1048576 | 1 |
 //! | `context-tokens` | tokens per sequence at the peak (`128K` allowed) | 256 inference, 256 training, 512 for a serving engine's smallest-GPU check |
+//! | `prompt-tokens` | tokens of the prompt `generate` prefills, 1 up to `context-tokens` (`128K` allowed), inference only: transformers' prefill runs over the prompt and the new tokens come one at a time, so the prefill's activations are the prompt's | the whole context (the prefill sized as if the prompt filled it: never low) |
 //! | `engine` | free-form; `vllm tgi sglang tensorrt-llm` budget a fraction of the GPU, anything else is a plain framework (`torchtune` and `ms-swift` (or `swift`) change the logits term; a one-GPU `torchtune` full fine-tune steps the optimizer in backward, so no full gradient set; `faster-whisper` with `batch` > 1 is its batched pipeline, whose decoder holds no previous-text prompt) | plain framework |
 //! | `gpu-memory-utilization` | (0, 1], only with a fraction engine | vLLM 0.92, TGI 1.0, SGLang 0.88, TensorRT-LLM 0.9 |
 //! | `tensor-parallel` | 1–64, a divisor of `gpus` | 1 |
@@ -53,6 +54,7 @@
 //! | `model-type` | a Hugging Face `model_type` (`config.json`, set by `--model-config`): `qwen3`, `phi3`, `gemma2`, ... decide what transformers' modules keep alive (q/k norms, fused projections, four norms per block) | the Llama layout (gated MLP unless 4 x hidden) |
 //! | `sliding-window` | tokens a sliding-window layer attends to, 1–67108864 (`sliding_window`, set by `--model-config` unless `use_sliding_window` is false): past it transformers builds the window's mask and repeats k and v to every head | none |
 //! | `experts-per-token` | a mixture of experts' experts per token, 1–1024 (`num_experts_per_tok`, set by `--model-config`) | none (a dense MLP) |
+//! | `experts` | a mixture of experts' experts per layer, 2–65536 (`num_local_experts` `num_experts` `n_routed_experts`, set by `--model-config`): LoRA on `all-linear` adapts each expert | none (a dense MLP) |
 //! | `encoder-positions` | positions an encoder-decoder's encoder outputs per input, 1–1048576 (Whisper: 1500, `max_source_positions`) | the context |
 
 use std::collections::BTreeMap;
@@ -85,6 +87,7 @@ pub const INPUT_KEYS: &[&str] = &[
     "workload",
     "batch",
     "context-tokens",
+    "prompt-tokens",
     "engine",
     "gpu-memory-utilization",
     "architecture",
@@ -109,6 +112,7 @@ pub const INPUT_KEYS: &[&str] = &[
     "model-type",
     "encoder-positions",
     "experts-per-token",
+    "experts",
     "sliding-window",
 ];
 
@@ -540,6 +544,9 @@ pub struct Spec {
     pub workload: Option<Workload>,
     pub batch: Option<u32>,
     pub context_tokens: Option<u64>,
+    /// Tokens of the prompt `generate` prefills (the rest of the context is generated one
+    /// token at a time); unset, the prefill is sized for the whole context.
+    pub prompt_tokens: Option<u64>,
     pub engine: Option<Engine>,
     pub gpu_memory_utilization: Option<f64>,
     pub tensor_parallel: Option<u32>,
@@ -580,6 +587,8 @@ pub struct Spec {
     /// A mixture of experts' experts per token (`num_experts_per_tok`): how many copies of
     /// each token its expert layers route.
     pub experts_per_token: Option<u32>,
+    /// A mixture of experts' experts per layer (`num_local_experts`): PEFT adapts each.
+    pub experts: Option<u32>,
     /// Tokens a sliding-window attention layer sees (`sliding_window` in `config.json`).
     pub sliding_window: Option<u64>,
 }
@@ -593,7 +602,7 @@ pub enum ModelType {
     /// (`hf_config`'s list): gated MLP whatever its width.
     Llama,
     /// A type not known here: built the Llama way, its MLP gated unless it is 4x the hidden
-    /// size (GPT-NeoX, Falcon, StarCoder keep a plain 4h MLP).
+    /// size (GPT-NeoX, StarCoder keep a plain 4h MLP).
     Other,
     /// `qwen3`, `qwen3_moe`, `olmo2`: an `RMSNorm` over each head of q and k
     /// (`Qwen3Attention.q_norm`/`k_norm`).
@@ -610,6 +619,11 @@ pub enum ModelType {
     Gemma3,
     /// Encoders and encoder-decoders with `LayerNorm` (BERT family, Whisper, T5).
     LayerNorm,
+    /// `falcon`: one fused `query_key_value`, `LayerNorm`, a plain 4h MLP, and a causal mask
+    /// built on every forward (`FalconModel.forward` calls `create_causal_mask` with
+    /// `allow_is_causal_skip=False`), so its own `scaled_dot_product_attention` call always
+    /// gets a mask.
+    Falcon,
 }
 
 impl ModelType {
@@ -623,6 +637,7 @@ impl ModelType {
             "bert" | "roberta" | "xlm_roberta" | "deberta" | "deberta_v2" | "electra"
             | "distilbert" | "albert" | "whisper" | "t5" | "mt5" | "bart" => Self::LayerNorm,
             "gpt2" | "gptj" | "codegen" => Self::Gpt2,
+            "falcon" | "refinedweb" | "refinedwebmodel" => Self::Falcon,
             "llama" | "mistral" | "mixtral" | "qwen2" | "qwen2_moe" | "gemma" | "olmo"
             | "deepseek_v2" | "deepseek_v3" | "cohere" | "granite" | "internlm2" | "yi"
             | "mllama" | "mllama_text_model" => Self::Llama,
@@ -835,8 +850,10 @@ impl Spec {
             }
             "encoder-positions" => self.encoder_positions = Some(int(key, v, 1, 1 << 20)?),
             "experts-per-token" => self.experts_per_token = Some(int(key, v, 1, 1024)?),
+            "experts" => self.experts = Some(int(key, v, 2, 1 << 16)?),
             "sliding-window" => self.sliding_window = Some(count(key, v, 1, 1 << 26)?),
             "context-tokens" => self.context_tokens = Some(count(key, v, 1, 1 << 26)?),
+            "prompt-tokens" => self.prompt_tokens = Some(count(key, v, 1, 1 << 26)?),
             "engine" => self.engine = Some(Engine::parse(key, v)?),
             "gpu-memory-utilization" => {
                 self.gpu_memory_utilization = Some(fraction(key, v, true, 1.0)?);
@@ -1030,6 +1047,26 @@ impl Spec {
                 &show(self.lora_rank),
                 "only with peakfit.io/workload lora or qlora",
             ));
+        }
+        if let Some(prompt) = self.prompt_tokens {
+            if self.workload.is_some_and(Workload::is_training) {
+                return Err(AnnotationError::new(
+                    "prompt-tokens",
+                    &prompt.to_string(),
+                    "only with peakfit.io/workload inference (a training step has no prompt)",
+                ));
+            }
+            if let Some(context) = self.context_tokens
+                && prompt > context
+            {
+                return Err(AnnotationError::new(
+                    "prompt-tokens",
+                    &prompt.to_string(),
+                    format!(
+                        "at most peakfit.io/context-tokens ({context}): the prompt is part of the context"
+                    ),
+                ));
+            }
         }
         if self.lora_dropout.is_some() && !self.workload.is_some_and(Workload::is_adapter) {
             return Err(AnnotationError::new(
@@ -1302,6 +1339,23 @@ mod tests {
             r.demand.fixed_bytes > 35 << 30,
             "70B bf16 over 4 GPUs: > 35 GiB each"
         );
+    }
+
+    #[test]
+    fn a_prompt_is_part_of_an_inference_context() {
+        let e = err(&[("context-tokens", "1024"), ("prompt-tokens", "2048")]);
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("prompt-tokens", "2048")
+        );
+        assert!(
+            e.allowed
+                .contains("at most peakfit.io/context-tokens (1024)"),
+            "{e}"
+        );
+        let e = err(&[("workload", "training"), ("prompt-tokens", "512")]);
+        assert_eq!(e.key, "prompt-tokens");
+        assert!(e.allowed.contains("inference"), "{e}");
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! | `head-dim` | `head_dim` `d_kv`, else hidden / heads |
 //! | `vocab-size` | `vocab_size` (required) |
 //! | `intermediate-size` | `intermediate_size` `n_inner` `d_ff` `ffn_dim` `encoder_ffn_dim` `ffn_hidden_size`, else 4 x hidden; per expert for mixture-of-experts (`moe_intermediate_size`) |
+//! | `experts` | `num_local_experts` `num_experts` `n_routed_experts`, when above 1 |
 //! | `tied-embeddings` | `tie_word_embeddings` (Hugging Face's default: true) |
 //! | `dtype` | `quantization_config` (`awq`, `gptq` 4/8 bits, `bitsandbytes` 4-bit with or without double quantisation / 8-bit, `fp8`), else `torch_dtype` / `dtype` |
 //! | `architecture` | `is_encoder_decoder` or encoder and decoder layer counts: `encoder-decoder`; BERT-family `model_type`: `encoder`; else `decoder` |
@@ -444,6 +445,9 @@ pub fn annotations(json: &str) -> Result<FromConfig, ConfigError> {
     }
     if let Some(k) = experts_per_token {
         put("experts-per-token", k.to_string());
+    }
+    if experts > 1 {
+        put("experts", experts.to_string());
     }
     if let Some(w) = sliding {
         put("sliding-window", w.to_string());

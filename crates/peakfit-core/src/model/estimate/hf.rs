@@ -14,15 +14,20 @@
 //!
 //! | term | bytes | code |
 //! |---|---|---|
+//! | prefill tokens | the prompt (`prompt-tokens`), else the whole context: sized as if the prompt filled it, never low | `GenerationMixin._sample`: one forward over the prompt, then one token per step |
 //! | prefill, held across layers | `inputs_embeds` and the layer input, `2·T·h·c` (+`T·h·c` for scaled embeddings) | `LlamaModel.forward` keeps `inputs_embeds` in a local through the layer loop; the loop variable holds the running layer's input; `Gemma2Model` multiplies by the normaliser into a new tensor |
 //! | prefill, MLP | `2·T·h·c` (residual sum, normed input) + `3·T·I·c` gated (`act(gate)`, `up`, their product alive at the `*`), `4·T·I·c` fused gate/up (the `2I` output stays alive through its chunk views), `2·T·I·c` plain | `LlamaMLP.forward`, `Phi3MLP.forward`, BERT `BertIntermediate` |
 //! | prefill, attention | normed input + q, k, v + the RoPE temporaries (`q·cos`, `rotate_half(q)·sin`, their sum: `3·T·q·c`) or, with q/k norms, two fp32 copies of q (`8·T·q`) | `apply_rotary_pos_emb`, `Qwen3Attention` |
+//! | prefill, SDPA's mask | a boolean `b·s²` built once per forward when SDPA needs a mask (a sliding window shorter than the sequence; Falcon always), and in each attention call its conversion to the query's dtype beside the `logical_not` it is built from, `(c+1)·b·s²`; k and v repeated (no `enable_gqa` with a mask); a fused projection kept by its views beside the rotated q and k, `T·(q+kv)·c`. RoPE's temporaries are gone by then: the attention phase is the larger of the two | `masking_utils.sdpa_mask`; `FalconModel.forward` (`create_causal_mask(allow_is_causal_skip=False)`); `convert_boolean_attn_mask` in `aten/src/ATen/native/transformers/attention.cpp` (`where(mask.logical_not(), -inf, 0)`); `FalconAttention.forward`, `Phi3Attention.forward` |
 //! | prefill, score matrix (eager; fp32 SDPA on grouped-query attention, the math kernel) | repeated k and v (`2·T·q·c`) and two score tensors at once, `8·b·heads·s²`; eager's materialised mask `b·s²·c` | `eager_attention_forward`, `repeat_kv`, `masking_utils.eager_mask`; `sdp_utils.cpp` (`Pass::scores`) |
 //! | RMSNorm | two fp32 copies of its input at once, `8·T·h` | `LlamaRMSNorm.forward` (`to(float32)`, `pow(2)`, `* rsqrt`) |
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
 //! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
-//! | training, loss | `12·T·V`: the saved `log_softmax` output, the NLL gradient and `log_softmax`'s input gradient, all fp32, at the start of backward | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`) |
+//! | training, attention backward | where scores exist (eager, fp32 math kernel), the scores' gradient and softmax's input gradient, `(c+4)·b·heads·s²` | `MatmulBackward`, `_softmax_backward_data` |
+//! | training, loss | `12·T·V`: the saved `log_softmax` output, the NLL gradient and `log_softmax`'s input gradient, all fp32, at the start of backward; Gemma-2 also saves its soft-capped logits' `tanh` output, `c·T·V` | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`); `Gemma2ForCausalLM.forward` (`final_logit_softcapping`: `tanh(logits / cap) * cap`, default 30.0) |
+//! | training, Gemma norms | the fp32 normed input a trained weight's `mul` saves, 4 B instead of the stream's width | `Gemma2RMSNorm.forward`, `Gemma3RMSNorm.forward` (`output * (1.0 + self.weight.float())` in fp32, then `type_as(x)`) |
+//! | training, GPT-2's GELU under autocast | `pow` is on CUDA autocast's fp32 list: its input is copied to fp32 and every later op of `NewGELUActivation` promotes to fp32, so `pow`'s input, `tanh`'s output and `1 + tanh` are saved at 4 B | `NewGELUActivation.forward`; `autocast_mode.cpp` (`pow` in `CastPolicy::fp32`) |
 //! | autocast weight cache | a 16-bit copy of every trainable fp32 weight a linear layer uses in forward, kept by the nodes that saved it | `autocast_mode.cpp` `cached_cast` (leaf tensors requiring grad) |
 
 use super::framework::Framework;
@@ -61,8 +66,33 @@ pub(super) enum Mlp {
 }
 
 impl Block {
+    /// One projection for q, k and v (`Phi3Attention.qkv_proj`, `FalconAttention.query_key_value`),
+    /// split into views that keep the whole output alive.
     fn fused_qkv(&self) -> bool {
-        self.family == ModelType::Phi3
+        matches!(self.family, ModelType::Phi3 | ModelType::Falcon)
+    }
+
+    /// `FalconModel.forward` builds the causal mask even where SDPA could run `is_causal`
+    /// (`create_causal_mask(..., allow_is_causal_skip=False)`, so that alibi can be added to it).
+    fn always_masks(&self) -> bool {
+        self.family == ModelType::Falcon
+    }
+
+    /// Whether SDPA is handed a boolean `b·1·s·s` mask (`masking_utils.sdpa_mask`): a sliding
+    /// window shorter than the sequence, or a family that always builds one.
+    fn sdpa_mask(&self, p: &Pass) -> bool {
+        p.sdpa && (self.windowed(p.s) || self.always_masks())
+    }
+
+    /// `Gemma2ForCausalLM.forward` soft-caps the logits (`final_logit_softcapping`, 30.0 by
+    /// default in `Gemma2Config`; `None` in Gemma-3's): `tanh` saves its output for backward.
+    fn softcapped_logits(&self) -> bool {
+        self.family == ModelType::Gemma2
+    }
+
+    /// `Gemma2RMSNorm` multiplies by `1 + weight` in fp32 and casts after; Llama's casts first.
+    fn fp32_norm_weight(&self) -> bool {
+        matches!(self.family, ModelType::Gemma2 | ModelType::Gemma3)
     }
 
     fn qk_norm(&self) -> bool {
@@ -89,9 +119,18 @@ impl Block {
         !self.layer_norm()
     }
 
-    /// The `LayerNorm` families (BERT, Whisper, T5, GPT-2).
+    /// The `LayerNorm` families (BERT, Whisper, T5, GPT-2, Falcon).
     fn layer_norm(&self) -> bool {
-        matches!(self.family, ModelType::LayerNorm | ModelType::Gpt2)
+        matches!(
+            self.family,
+            ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Falcon
+        )
+    }
+
+    /// Rotary position embeddings (`apply_rotary_pos_emb`): the `RMSNorm` decoders and Falcon
+    /// (`rotary` unless `alibi`); BERT, Whisper and GPT-2 add learned positions instead.
+    fn rotary(&self) -> bool {
+        self.rms() || self.family == ModelType::Falcon
     }
 
     /// Whether a sequence of `s` tokens is longer than the sliding window.
@@ -122,9 +161,15 @@ impl Block {
     /// softmax first copies its input to fp32, so the masked scores (2), that copy (4) and the
     /// output (4) are alive together, 10 bytes; in fp32 the copy and the final cast are no-ops,
     /// scores and softmax 8 (torch's math kernel likewise). BERT's, GPT-2's and Whisper's
-    /// `softmax` keeps the input's dtype: scores and probabilities, `2c`.
+    /// `softmax` keeps the input's dtype: scores and probabilities, `2c`. Falcon's
+    /// (`FalconAttention.forward`, no alibi) keeps the dtype too but holds four `c`-wide
+    /// matrices: the scores, their sum with the mask, the softmax, and the previous layer's
+    /// probabilities, which the attention returns and its decoder layer's output tuple keeps
+    /// until the next layer's output replaces it.
     fn score_bytes(&self, c: f64) -> f64 {
-        if self.layer_norm() {
+        if self.family == ModelType::Falcon {
+            4.0 * c
+        } else if self.layer_norm() {
             2.0 * c
         } else if c < 4.0 {
             10.0
@@ -193,7 +238,7 @@ fn mlp_transient(block: &Block, t: f64, c: f64) -> f64 {
 fn attention_transient(block: &Block, p: &Pass) -> f64 {
     let t = p.t();
     let projections = t * p.c * (block.q + 2.0 * block.kv);
-    let position = if block.rms() {
+    let position = if block.rotary() {
         // RoPE's three q-sized temporaries; q/k norms' two fp32 copies of q.
         let rope = 3.0 * t * block.q * p.c;
         if block.qk_norm() {
@@ -205,17 +250,38 @@ fn attention_transient(block: &Block, p: &Pass) -> f64 {
         // BERT/Whisper: the SDPA output and its contiguous transpose.
         2.0 * t * block.q * p.c
     };
-    // The score matrix (`Block::score_bytes` per score) and k and v repeated to every head
-    // (`repeat_kv`, or the math kernel's `repeat_interleave`).
-    let scores = if p.scores(block) {
-        2.0 * t * block.q * p.c + block.score_bytes(p.c) * p.b * block.heads * p.s * p.s
-    } else if block.windowed(p.s) && block.kv < block.q {
-        // With a mask SDPA gets no `enable_gqa` (`use_gqa_in_sdpa`): k and v are repeated.
+    // SDPA converts a boolean mask to the query's dtype in every call
+    // (`convert_boolean_attn_mask`: `where(mask.logical_not(), -inf, 0)`): the `logical_not`
+    // (1 B) and the float mask (`c`) are alive together.
+    let conversion = if block.sdpa_mask(p) {
+        (p.c + 1.0) * p.b * p.s * p.s
+    } else {
+        0.0
+    };
+    if p.scores(block) {
+        // The score matrix (`Block::score_bytes` per score) and k and v repeated to every head
+        // (`repeat_kv`, or the math kernel's `repeat_interleave`), beside RoPE's outputs.
+        return t * block.h * p.c
+            + projections
+            + position
+            + 2.0 * t * block.q * p.c
+            + block.score_bytes(p.c) * p.b * block.heads * p.s * p.s
+            + conversion;
+    }
+    // With a window's mask SDPA gets no `enable_gqa` (`use_gqa_in_sdpa`): k and v are
+    // repeated. A fused projection stays alive through its views beside the rotated q and k.
+    let repeat = if block.windowed(p.s) && block.kv < block.q {
         2.0 * t * block.q * p.c
     } else {
         0.0
     };
-    t * block.h * p.c + projections + position + scores
+    let fused = if block.fused_qkv() {
+        t * (block.q + block.kv) * p.c
+    } else {
+        0.0
+    };
+    // RoPE's temporaries are freed (q and k rebound to their rotated copies) before SDPA runs.
+    t * block.h * p.c + projections + position.max(repeat + fused + conversion)
 }
 
 /// Activation bytes at the peak of one forward pass without autograd (a prefill, or an
@@ -244,10 +310,10 @@ pub(super) fn forward_peak(block: &Block, p: &Pass) -> f64 {
     // The eager mask is built once per forward and lives through every layer (a decoder's
     // causal mask, `masking_utils.eager_mask`; an encoder without padding gets none). SDPA's
     // causal mask is skipped (`_ignore_causal_mask_sdpa`), but not a sliding window's once
-    // the sequence is longer than the window: a boolean `b·s·s` (`sdpa_mask`).
-    let mask = if !p.sdpa && !block.layer_norm() {
+    // the sequence is longer than the window, nor Falcon's: a boolean `b·s·s` (`sdpa_mask`).
+    let mask = if !p.sdpa && (!block.layer_norm() || block.always_masks()) {
         p.b * p.s * p.s * p.c
-    } else if p.sdpa && block.windowed(p.s) {
+    } else if block.sdpa_mask(p) {
         p.b * p.s * p.s
     } else {
         0.0
@@ -348,7 +414,8 @@ fn consumer_saved(trainable: Trainable, prec: Precision, width: f64, consumers: 
 
 /// Bytes one norm saves per element of its input, beyond what its consumers save.
 /// `LlamaRMSNorm`: `pow(2)` and `* rsqrt` save the fp32 input (a new tensor unless the stream
-/// is fp32 already), and `weight * x.to(input_dtype)` saves `x` when the weight trains.
+/// is fp32 already), and `weight * x.to(input_dtype)` saves `x` when the weight trains
+/// (Gemma's `output * (1.0 + weight.float())` saves the fp32 `output`).
 /// `F.layer_norm` saves its input (autocast runs it in fp32).
 fn norm_saved(block: &Block, trainable: Trainable, prec: Precision) -> f64 {
     if !block.rms() {
@@ -358,10 +425,10 @@ fn norm_saved(block: &Block, trainable: Trainable, prec: Precision) -> f64 {
             0.0
         });
     }
-    4.0 + if trainable == Trainable::All {
-        prec.r()
-    } else {
-        0.0
+    4.0 + match trainable {
+        Trainable::All if block.fp32_norm_weight() => 4.0,
+        Trainable::All => prec.r(),
+        Trainable::Lora(_) => 0.0,
     }
 }
 
@@ -419,8 +486,14 @@ pub(super) fn saved_per_layer(
     let o_in = consumer_saved(trainable, prec, c, 1.0) * t * block.q;
     let mlp = match block.mlp {
         Mlp::Gated | Mlp::FusedGated => 3.0 * c * t * block.ffn,
-        // NewGELU saves its input (`pow`), `tanh`'s output and the product's two operands.
-        Mlp::Plain if block.composed_gelu() => 4.0 * c * t * block.ffn,
+        // NewGELU saves its input (`pow`), `tanh`'s output and the product's two operands
+        // (`0.5 * x` and `1 + tanh`). Under autocast `pow` runs in fp32 (CUDA's fp32 list) on
+        // an fp32 copy of its input, and the ops after it promote to fp32: three of the four
+        // are 4 B wide; `0.5 * x` stays 16-bit.
+        Mlp::Plain if block.composed_gelu() => {
+            let wide = if prec == Precision::Autocast { 4.0 } else { c };
+            (3.0 * wide + c) * t * block.ffn
+        }
         Mlp::Plain => c * t * block.ffn,
     } + consumer_saved(trainable, prec, c, 1.0) * t * block.ffn;
     let lora = match trainable {
@@ -464,9 +537,14 @@ pub(super) fn head_saved(block: &Block, p: &Pass, trainable: Trainable, prec: Pr
 /// (`logits.float()`) and `cross_entropy` saves `log_softmax`'s fp32 output; backward then holds
 /// the NLL gradient and `log_softmax`'s input gradient beside it: three fp32 `T·V` tensors. (At
 /// the end of forward the 16-bit logits, their fp32 copy and the saved output are `(c+8)·T·V`,
-/// never more than 12 for `c <= 4`.)
-pub(super) fn loss_peak(block: &Block, tokens: f64) -> f64 {
-    12.0 * tokens * block.vocab
+/// never more than 12 for `c <= 4`.) Gemma-2's soft-capped logits add `tanh`'s saved output.
+pub(super) fn loss_peak(block: &Block, tokens: f64, prec: Precision) -> f64 {
+    let softcap = if block.softcapped_logits() {
+        prec.c()
+    } else {
+        0.0
+    };
+    (12.0 + softcap) * tokens * block.vocab
 }
 
 /// The loss's largest tensor: one fp32 `T·V` block.
@@ -475,10 +553,22 @@ pub(super) fn loss_tensor(block: &Block, tokens: f64) -> f64 {
 }
 
 /// Bytes a layer's backward allocates beside its saved tensors: the gradients of the MLP's
-/// product, `act(gate)` and `up` alive together (`MulBackward0`). (An adapter's fp32 input
-/// gradient comes when that input's saved copy is released.)
+/// product, `act(gate)` and `up` alive together (`MulBackward0`), or, where attention
+/// materialised its scores (eager, the fp32 math kernel), the scores' gradient beside
+/// `softmax`'s input gradient (`_softmax_backward_data`) at the attention's backward: `c` and
+/// 4 B per score (the fp32 softmax's gradient; `2c` where softmax keeps the dtype). (An
+/// adapter's fp32 input gradient comes when that input's saved copy is released.)
 pub(super) fn backward_transient(block: &Block, p: &Pass, prec: Precision) -> f64 {
-    3.0 * prec.c() * p.t() * block.ffn
+    let mlp = 3.0 * prec.c() * p.t() * block.ffn;
+    if !p.scores(block) {
+        return mlp;
+    }
+    let per_score = if block.layer_norm() {
+        2.0 * p.c
+    } else {
+        p.c + 4.0
+    };
+    mlp.max(per_score * p.b * block.heads * p.s * p.s)
 }
 
 /// Gradient checkpointing the HF way (`gradient_checkpointing_enable`, non-reentrant
@@ -498,7 +588,7 @@ impl Inputs {
             ModelType::Llama | ModelType::QkNorm | ModelType::Gemma2 | ModelType::Gemma3 => {
                 Mlp::Gated
             }
-            ModelType::LayerNorm | ModelType::Gpt2 => Mlp::Plain,
+            ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Falcon => Mlp::Plain,
             // The shape's own hint, as `params_of` reads it.
             ModelType::Other if a.intermediate_size == 4 * a.hidden_size => Mlp::Plain,
             ModelType::Other => Mlp::Gated,
@@ -639,7 +729,8 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
                 (encoder - kv).max(first_step)
             }
             Kind::Encoder => forward_peak(&block, &inp.pass(inp.batch, inp.context)),
-            _ => forward_peak(&block, &inp.pass(seqs, inp.context)).max(decode_step(
+            // The prefill runs over the prompt; the decode steps attend over the whole context.
+            _ => forward_peak(&block, &inp.pass(seqs, inp.prompt)).max(decode_step(
                 &block,
                 seqs,
                 inp.context,
@@ -674,7 +765,7 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
         block.layers * layer
     };
     let cast = inp.autocast_weight_copies(checkpointed);
-    let start = kept + head + cast + loss_peak(&block, inp.tokens());
+    let start = kept + head + cast + loss_peak(&block, inp.tokens(), prec);
     // Backward's late moments: with checkpointing, the top layer recomputed while every
     // layer's input is still kept, or the bottom one once every gradient exists; without it,
     // the bottom layer's backward beside every gradient.
@@ -684,7 +775,7 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
     if start >= end.max(step) {
         tensor("activations", kept + head);
         tensor("autocast-weights", cast);
-        tensor("logits", loss_peak(&block, inp.tokens()));
+        tensor("logits", loss_peak(&block, inp.tokens(), prec));
     } else if end >= step {
         tensor("gradients", grads.min(end));
         tensor("activations", end - grads.min(end));
@@ -708,7 +799,7 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
             encoder_positions, ..
         } if encoder_positions > 0 => inp.pass(inp.batch, f64::from(encoder_positions)),
         Kind::Encoder | Kind::EncoderDecoder { .. } => inp.pass(inp.batch, inp.context),
-        _ => inp.pass(inp.batch * inp.beams, inp.context),
+        _ => inp.pass(inp.batch * inp.beams, inp.prompt),
     };
     HF_SLACK_INFERENCE_TENSORS * largest_tensor(&block, &pass)
 }
@@ -906,10 +997,16 @@ mod tests {
         block.family = ModelType::Gpt2;
         assert_eq!(mlp_transient(&block, p.t(), 2.0), 2.0 * plain);
         let saved = saved_per_layer(&block, &p, Trainable::All, Precision::Pure16);
+        let amp = saved_per_layer(&block, &p, Trainable::All, Precision::Autocast);
         block.family = ModelType::LayerNorm;
         assert_eq!(
             saved - saved_per_layer(&block, &p, Trainable::All, Precision::Pure16),
             3.0 * 2.0 * p.t() * block.ffn
+        );
+        // Under autocast `pow`'s fp32 input copy, `tanh`'s output and `1 + tanh` are fp32.
+        assert_eq!(
+            amp - saved_per_layer(&block, &p, Trainable::All, Precision::Autocast),
+            (3.0 * 4.0 + 2.0 - 2.0) * p.t() * block.ffn
         );
     }
 
@@ -925,9 +1022,147 @@ mod tests {
         assert_eq!(forward_peak(&block, &p), full);
     }
 
+    fn falcon_7b() -> Block {
+        Block {
+            h: 4544.0,
+            q: 4544.0,
+            kv: 64.0,
+            heads: 71.0,
+            ffn: 18176.0,
+            vocab: 65024.0,
+            layers: 32.0,
+            mlp: Mlp::Plain,
+            family: ModelType::Falcon,
+            experts_per_token: 0.0,
+            sliding_window: 0.0,
+        }
+    }
+
+    #[test]
+    fn falcon_builds_its_causal_mask_and_sdpa_converts_it_in_every_layer() {
+        let (block, p) = (falcon_7b(), pass(8.0, 32768.0));
+        let (t, c, bss) = (p.t(), p.c, p.b * p.s * p.s);
+        // Held: `inputs_embeds`, the layer input and the boolean mask; in attention: the normed
+        // input, the fused qkv output kept by its views, the rotated q and k, and the mask's
+        // `logical_not` beside its float conversion.
+        let attention = t * block.h * c
+            + t * (block.q + 2.0 * block.kv) * c
+            + t * (block.q + block.kv) * c
+            + (c + 1.0) * bss;
+        assert_eq!(
+            forward_peak(&block, &p),
+            2.0 * t * block.h * c + bss + attention
+        );
+        // Without a mask (SDPA with `is_causal`), the MLP phase would be the peak.
+        let unmasked = Block {
+            family: ModelType::LayerNorm,
+            ..block
+        };
+        assert!(forward_peak(&block, &p) > forward_peak(&unmasked, &p) + 2.0 * bss);
+    }
+
+    #[test]
+    fn falcons_eager_attention_holds_four_score_matrices() {
+        let block = falcon_7b();
+        assert_eq!(block.score_bytes(2.0), 8.0);
+        let gpt2 = Block {
+            family: ModelType::Gpt2,
+            ..block
+        };
+        assert_eq!(gpt2.score_bytes(2.0), 4.0);
+    }
+
+    #[test]
+    fn sdpa_converts_a_windows_boolean_mask_to_the_query_dtype() {
+        let (mut block, p) = (llama_1b(), pass(8.0, 32768.0));
+        block.sliding_window = 4096.0;
+        let (t, c, bss) = (p.t(), p.c, p.b * p.s * p.s);
+        // Normed input, q, k, v, then k and v repeated beside the mask's two conversions
+        // (RoPE's temporaries are gone by then).
+        assert_eq!(
+            attention_transient(&block, &p),
+            t * block.h * c
+                + t * c * (block.q + 2.0 * block.kv)
+                + 2.0 * t * block.q * c
+                + 3.0 * bss
+        );
+    }
+
+    #[test]
+    fn gemma2_saves_its_soft_capped_logits() {
+        let mut block = llama_1b();
+        let plain = loss_peak(&block, 10.0, Precision::Pure16);
+        block.family = ModelType::Gemma2;
+        assert_eq!(
+            loss_peak(&block, 10.0, Precision::Pure16) - plain,
+            2.0 * 10.0 * block.vocab
+        );
+        assert_eq!(
+            loss_peak(&block, 10.0, Precision::Fp32) - plain,
+            4.0 * 10.0 * block.vocab
+        );
+    }
+
+    #[test]
+    fn gemma_norms_save_their_fp32_output_when_the_weight_trains() {
+        let mut block = llama_1b();
+        assert_eq!(norm_saved(&block, Trainable::All, Precision::Pure16), 6.0);
+        block.family = ModelType::Gemma2;
+        assert_eq!(norm_saved(&block, Trainable::All, Precision::Pure16), 8.0);
+        assert_eq!(
+            norm_saved(&block, Trainable::Lora(16.0), Precision::Pure16),
+            4.0
+        );
+    }
+
+    #[test]
+    fn attention_backward_holds_two_score_gradients_where_scores_exist() {
+        let block = llama_1b();
+        let p = Pass {
+            c: 4.0,
+            ..pass(1.0, 4096.0)
+        };
+        // fp32 on grouped-query attention: the math kernel's scores and their gradients.
+        assert_eq!(
+            backward_transient(&block, &p, Precision::Fp32),
+            8.0 * 32.0 * 4096.0 * 4096.0
+        );
+        // SDPA's fused kernels keep no scores: the MLP's three gradients.
+        let bf16 = pass(1.0, 4096.0);
+        assert_eq!(
+            backward_transient(&block, &bf16, Precision::Pure16),
+            3.0 * 2.0 * 4096.0 * 8192.0
+        );
+    }
+
+    #[test]
+    fn the_prefill_runs_over_the_prompt_when_it_is_annotated() {
+        use crate::model::estimate::testing::{est_with, part};
+        let base = [
+            ("model", "llama-3.1-8b"),
+            ("engine", "hf"),
+            ("workload", "inference"),
+            ("dtype", "bf16"),
+            ("batch", "64"),
+        ];
+        let whole = est_with(&base, &[("context-tokens", "4096")]);
+        let prompt = est_with(
+            &base,
+            &[("context-tokens", "4096"), ("prompt-tokens", "2048")],
+        );
+        let short = est_with(&base, &[("context-tokens", "2048")]);
+        // The prefill's activations are the prompt's; the cache still holds the whole context.
+        assert_eq!(part(&prompt, "activations"), part(&short, "activations"));
+        assert!(part(&prompt, "activations") < part(&whole, "activations"));
+        assert_eq!(part(&prompt, "kv-cache"), part(&whole, "kv-cache"));
+    }
+
     #[test]
     fn loss_holds_three_fp32_logit_tensors() {
-        assert_eq!(loss_peak(&llama_1b(), 10.0), 120.0 * 128_256.0);
+        assert_eq!(
+            loss_peak(&llama_1b(), 10.0, Precision::Pure16),
+            120.0 * 128_256.0
+        );
     }
 
     #[test]

@@ -195,6 +195,8 @@ struct Inputs {
     workload: Workload,
     batch: f64,
     context: f64,
+    /// Tokens `generate` prefills: the prompt when annotated, else the whole context.
+    prompt: f64,
     tp: f64,
     dp: f64,
     /// Pipeline stages: a GPU holds `1/pp` of the layers.
@@ -232,6 +234,8 @@ struct Inputs {
     family: ModelType,
     /// A mixture of experts' experts per token (0: dense).
     experts_per_token: f64,
+    /// A mixture of experts' experts per layer (0: dense).
+    experts: f64,
     /// Tokens a sliding-window layer sees (0: none).
     sliding_window: f64,
 }
@@ -364,6 +368,7 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         workload,
         batch: f64::from(spec.batch.unwrap_or(Defaults::BATCH)),
         context: context as f64,
+        prompt: spec.prompt_tokens.map_or(context, |p| p.min(context)) as f64,
         tp: f64::from(tp),
         dp: f64::from(spec.data_parallel.unwrap_or(1)),
         pp: f64::from(pp),
@@ -403,6 +408,7 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         // memory-efficient kernel takes fp32): only `flash-attention: false` means eager.
         sdpa: spec.flash_attention != Some(false),
         experts_per_token: f64::from(spec.experts_per_token.unwrap_or(0)),
+        experts: f64::from(spec.experts.unwrap_or(0)),
         sliding_window: spec.sliding_window.unwrap_or(0) as f64,
         family: spec.model_type.unwrap_or(match spec.kind() {
             Kind::Encoder | Kind::EncoderDecoder { .. } => ModelType::LayerNorm,

@@ -24,6 +24,13 @@ impl Inputs {
     /// LoRA adapters on every linear layer (the QLoRA paper's recipe, torchtune's and Qwen's
     /// `finetune.py` defaults; peft's q/v-only default trains fewer, so this errs high):
     /// `r·(d_in + d_out)` per adapted matrix (LoRA, Hu et al. 2021, arXiv:2106.09685).
+    ///
+    /// A mixture of experts in transformers 5 stacks its experts into 3-D parameters
+    /// (`Qwen3MoeExperts.gate_up_proj` `(E, 2I, h)`, `down_proj` `(E, h, I)`); PEFT 0.21 maps
+    /// `all-linear`'s expert targets onto them (`peft/utils/transformers_weight_conversion.py`:
+    /// `gate_proj` + `up_proj` → `gate_up_proj` with `rank_pattern` `2r`) and adapts each
+    /// expert through a `ParamWrapper` (`lora_A` `(E·r, d_in)`, `lora_B` `(d_out, E·r)`):
+    /// `E·(2r·(h + 2I) + r·(I + h))` per layer, plus the router's linear `r·(h + E)`.
     pub(super) fn adapter_params(&self) -> f64 {
         let a = &self.arch;
         let h = f64::from(a.hidden_size);
@@ -36,7 +43,18 @@ impl Inputs {
             3.0
         };
         let attention = (h + q) * 2.0 + (h + kv) * 2.0;
-        self.lora_rank * (attention + mlp_matrices * (h + ffn)) * f64::from(a.layers)
+        let mlp = if self.experts > 1.0 {
+            let e = self.experts;
+            let per_expert = if mlp_matrices > 2.0 {
+                2.0 * (h + 2.0 * ffn) + (ffn + h)
+            } else {
+                2.0 * (h + ffn)
+            };
+            e * per_expert + (h + e)
+        } else {
+            mlp_matrices * (h + ffn)
+        };
+        self.lora_rank * (attention + mlp) * f64::from(a.layers)
     }
 
     /// Gradients, master weights and optimizer state of what trains, per GPU, by ZeRO stage
@@ -131,6 +149,36 @@ impl Inputs {
 mod tests {
     use crate::model::estimate::SLACK_TRAINING;
     use crate::model::estimate::testing::{est, est_with, part};
+
+    #[test]
+    fn lora_adapts_every_expert_of_a_mixture_of_experts() {
+        // Qwen3-30B-A3B's shape: 48 layers, h 2048, 32 x 128 query, 4 x 128 kv, 128 experts of
+        // I = 768, rank 16.
+        let base = [
+            ("layers", "48"),
+            ("hidden-size", "2048"),
+            ("attention-heads", "32"),
+            ("kv-heads", "4"),
+            ("head-dim", "128"),
+            ("intermediate-size", "768"),
+            ("vocab-size", "151936"),
+            ("params", "30.5e9"),
+            ("experts-per-token", "8"),
+            ("workload", "lora"),
+            ("lora-rank", "16"),
+            ("engine", "hf"),
+        ];
+        let (h, q, kv, i, e, r, l) = (2048.0, 4096.0, 512.0, 768.0, 128.0, 16.0, 48.0);
+        let attention = 2.0 * (h + q) + 2.0 * (h + kv);
+        let dense = r * l * (attention + 3.0 * (h + i));
+        assert_eq!(part(&est(&base), "adapters"), 4.0 * dense);
+        // gate_up (rank 2r, h -> 2I) and down (rank r, I -> h) per expert, and the router.
+        let moe = r * l * (attention + e * (2.0 * (h + 2.0 * i) + (i + h)) + (h + e));
+        assert_eq!(
+            part(&est_with(&base, &[("experts", "128")]), "adapters"),
+            4.0 * moe
+        );
+    }
 
     #[test]
     fn training_state_by_optimizer_and_zero_stage() {
