@@ -30,7 +30,7 @@ pub const MEASURED: &[Band] = &[
     band("encoder", 11, 2.0, 6.0, 1.2),
     band("encoder-decoder", 10, 6.3, 20.4, 6.3),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
-    band("inference", 58, 3.7, 20.0, 2.5),
+    band("inference", 58, 3.7, 20.5, 2.5),
     band("lora", 18, 3.5, 33.4, -1.8),
     band("offload", 2, 3.9, 4.2, -4.2),
     band("qlora", 14, 12.9, 51.0, -8.7),

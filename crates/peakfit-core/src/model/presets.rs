@@ -77,6 +77,11 @@ pub struct Preset {
     /// `torch.cat` whatever the attention kernel, so `generate` holds the previous step's cache
     /// next to the new one (see `Inputs::kv_cache` in `estimate/kv_cache.rs`).
     pub tuple_cache: bool,
+    /// The `model_type` of the model's `config.json` where its transformers modeling code keeps
+    /// other tensors alive than the Llama layout the estimate assumes for a preset without one
+    /// (`qwen3`: q/k norms; `falcon`: fused qkv and a mask built every forward; `gpt2`: the
+    /// composed GELU), so that `model: falcon-7b` is sized as `--model-config` would size it.
+    pub hf_model_type: Option<&'static str>,
 }
 
 /// How a model's layers are arranged, which decides its activation and cache terms.
@@ -189,6 +194,15 @@ const fn transformer(
         params: shape.params,
         kind: Kind::Decoder,
         tuple_cache: false,
+        hf_model_type: None,
+    }
+}
+
+/// A preset whose modeling code is not the Llama layout (see [`Preset::hf_model_type`]).
+const fn typed(model_type: &'static str, p: Preset) -> Preset {
+    Preset {
+        hf_model_type: Some(model_type),
+        ..p
     }
 }
 
@@ -214,6 +228,7 @@ const fn diffusion(name: &'static str, aliases: &'static [&'static str], d: Diff
         params: d.denoiser_params + d.text_encoder_params + d.vae_params,
         kind: Kind::Diffusion(d),
         tuple_cache: false,
+        hf_model_type: None,
     }
 }
 
@@ -279,35 +294,53 @@ pub static PRESETS: &[Preset] = &[
         &["mistral-7b-v0.1"],
         arch(7_240 * M, 32, 4096, 32, 8, 128, 14336, 32000, false),
     ),
-    transformer(
-        "qwen3-0.6b",
-        &[],
-        arch(600 * M, 28, 1024, 16, 8, 128, 3072, 151_936, true),
+    typed(
+        "qwen3",
+        transformer(
+            "qwen3-0.6b",
+            &[],
+            arch(600 * M, 28, 1024, 16, 8, 128, 3072, 151_936, true),
+        ),
     ),
-    transformer(
-        "qwen3-1.7b",
-        &[],
-        arch(1_720 * M, 28, 2048, 16, 8, 128, 6144, 151_936, true),
+    typed(
+        "qwen3",
+        transformer(
+            "qwen3-1.7b",
+            &[],
+            arch(1_720 * M, 28, 2048, 16, 8, 128, 6144, 151_936, true),
+        ),
     ),
-    transformer(
-        "qwen3-4b",
-        &[],
-        arch(4_020 * M, 36, 2560, 32, 8, 128, 9728, 151_936, true),
+    typed(
+        "qwen3",
+        transformer(
+            "qwen3-4b",
+            &[],
+            arch(4_020 * M, 36, 2560, 32, 8, 128, 9728, 151_936, true),
+        ),
     ),
-    transformer(
-        "qwen3-8b",
-        &[],
-        arch(8_190 * M, 36, 4096, 32, 8, 128, 12288, 151_936, false),
+    typed(
+        "qwen3",
+        transformer(
+            "qwen3-8b",
+            &[],
+            arch(8_190 * M, 36, 4096, 32, 8, 128, 12288, 151_936, false),
+        ),
     ),
-    transformer(
-        "qwen3-14b",
-        &[],
-        arch(14_770 * M, 40, 5120, 40, 8, 128, 17408, 151_936, false),
+    typed(
+        "qwen3",
+        transformer(
+            "qwen3-14b",
+            &[],
+            arch(14_770 * M, 40, 5120, 40, 8, 128, 17408, 151_936, false),
+        ),
     ),
-    transformer(
-        "qwen3-32b",
-        &[],
-        arch(32_760 * M, 64, 5120, 64, 8, 128, 25600, 151_936, false),
+    typed(
+        "qwen3",
+        transformer(
+            "qwen3-32b",
+            &[],
+            arch(32_760 * M, 64, 5120, 64, 8, 128, 25600, 151_936, false),
+        ),
     ),
     transformer(
         "qwen2.5-7b",
@@ -334,15 +367,21 @@ pub static PRESETS: &[Preset] = &[
         &["qwen-72b"],
         arch(72_290 * M, 80, 8192, 64, 64, 128, 24576, 152_064, false),
     )),
-    transformer(
-        "falcon-7b",
-        &[],
-        arch(6_920 * M, 32, 4544, 71, 1, 64, 18176, 65024, true),
+    typed(
+        "falcon",
+        transformer(
+            "falcon-7b",
+            &[],
+            arch(6_920 * M, 32, 4544, 71, 1, 64, 18176, 65024, true),
+        ),
     ),
-    transformer(
-        "falcon-40b",
-        &[],
-        arch(41_800 * M, 60, 8192, 128, 8, 64, 32768, 65024, false),
+    typed(
+        "falcon",
+        transformer(
+            "falcon-40b",
+            &[],
+            arch(41_800 * M, 60, 8192, 128, 8, 64, 32768, 65024, false),
+        ),
     ),
     transformer(
         "phi-1.5",
@@ -369,10 +408,13 @@ pub static PRESETS: &[Preset] = &[
         &["bloom-7b1"],
         arch(7_070 * M, 30, 4096, 32, 32, 128, 16384, 250_880, true),
     ),
-    transformer(
+    typed(
         "gpt2",
-        &["gpt-2", "gpt2-small"],
-        arch(124 * M, 12, 768, 12, 12, 64, 3072, 50257, true),
+        transformer(
+            "gpt2",
+            &["gpt-2", "gpt2-small"],
+            arch(124 * M, 12, 768, 12, 12, 64, 3072, 50257, true),
+        ),
     ),
     with_kind(
         transformer(

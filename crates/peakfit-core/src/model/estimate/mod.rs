@@ -410,10 +410,18 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         experts_per_token: f64::from(spec.experts_per_token.unwrap_or(0)),
         experts: f64::from(spec.experts.unwrap_or(0)),
         sliding_window: spec.sliding_window.unwrap_or(0) as f64,
-        family: spec.model_type.unwrap_or(match spec.kind() {
-            Kind::Encoder | Kind::EncoderDecoder { .. } => ModelType::LayerNorm,
-            _ => ModelType::Other,
-        }),
+        // The pod's `model-type` first (from `--model-config`), then its preset's own.
+        family: spec
+            .model_type
+            .or_else(|| {
+                spec.model
+                    .and_then(|p| p.hf_model_type)
+                    .map(ModelType::from_model_type)
+            })
+            .unwrap_or(match spec.kind() {
+                Kind::Encoder | Kind::EncoderDecoder { .. } => ModelType::LayerNorm,
+                _ => ModelType::Other,
+            }),
     }
 }
 
@@ -769,6 +777,33 @@ mod tests {
         ]);
         let w = part(&from_shape, "weights") / 2.0;
         assert!((w / 8.03e9 - 1.0).abs() < 0.01, "{w}");
+    }
+
+    #[test]
+    fn a_preset_is_sized_with_its_own_modeling_code() {
+        // `model: falcon-7b` alone is sized as with the `model-type` its `config.json` gives
+        // (Falcon's mask on every forward), not the Llama layout, which misses that mask.
+        // (Qwen3's q/k norms are not at this peak, so its preset is checked for its type only.)
+        assert_eq!(
+            crate::model::presets::find("qwen3-4b")
+                .unwrap()
+                .hf_model_type,
+            Some("qwen3")
+        );
+        for (preset, model_type) in [("falcon-7b", "falcon"), ("gpt2", "gpt2")] {
+            let at = |extra: &[(&str, &str)]| {
+                let mut a = vec![
+                    ("model", preset),
+                    ("context-tokens", "16384"),
+                    ("batch", "4"),
+                ];
+                a.extend_from_slice(extra);
+                est(&a).per_gpu_bytes
+            };
+            let preset_only = at(&[]);
+            assert_eq!(preset_only, at(&[("model-type", model_type)]), "{preset}");
+            assert_ne!(preset_only, at(&[("model-type", "llama")]), "{preset}");
+        }
     }
 
     #[test]
