@@ -4,7 +4,8 @@
 //! small pods then finish one by one while new small pods keep arriving: those bind on a second
 //! node or beside the hold, never on the memory it keeps, and the big pod binds on its held GPUs
 //! within `--reserve-deadline`. The extender is restarted in the middle and finds the hold again
-//! in the pod's annotation. Nothing is over-committed.
+//! in the pod's annotation. Nothing is over-committed. With `--reserve-after off` the same stream
+//! leaves the big pod pending: the small pods take each GPU's freed memory.
 //!
 //! No kubelet: a pod "finishes" when the test deletes it; the reports stay as written (idle GPUs),
 //! so the ledgers count the pods' reservations, as they do between two agent polls.
@@ -25,24 +26,18 @@ const SPARE_NODE: &str = "h100-spare";
 /// `--reserve-deadline`: the bound the big pod must bind within once its hold is made.
 const DEADLINE: Duration = Duration::from_secs(120);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_starving_four_gpu_pod_binds_within_its_hold_while_small_pods_keep_binding() {
+/// The scenario up to the hold: the big node filled by eight 30 GiB pods (two per GPU, 20 GiB
+/// left on each), a second node for the small pods, the four-GPU pod created and refused, and a
+/// first small pod arriving past `--reserve-after` (an event that makes the scheduler retry).
+/// The cluster, the extender, the fillers and when the big pod was created.
+async fn up_to_the_hold(extra: &[&str]) -> (Cluster, Extender, Vec<String>, Instant) {
     let c = Cluster::up().await;
     c.namespace(NS).await;
     c.add_reported_node(BIG_NODE, (0..4).map(|i| Gpu::h100(BIG_NODE, i)).collect())
         .await;
-    let mut ext = c
-        .start_peakfit(&[
-            "--max-report-age",
-            "1h",
-            "--reserve-after",
-            "5s",
-            "--reserve-deadline",
-            "2m",
-        ])
-        .await;
-
-    // Eight 30 GiB pods fill the node: two per GPU, 20 GiB left on each.
+    let mut flags = vec!["--max-report-age", "1h"];
+    flags.extend_from_slice(extra);
+    let ext = c.start_peakfit(&flags).await;
     let fillers: Vec<String> = (0..8).map(|i| format!("filler-{i}")).collect();
     for f in &fillers {
         c.create_pod(NS, f, &[("peakfit.io/vram", "30Gi")]).await;
@@ -51,13 +46,12 @@ async fn a_starving_four_gpu_pod_binds_within_its_hold_while_small_pods_keep_bin
         let p = c.wait_bound(NS, f, Duration::from_secs(60)).await;
         assert_eq!(node_of(&p), BIG_NODE);
     }
-    // A second node for the small pods that keep arriving: two GPUs, never enough for the big pod.
+    // Two GPUs: never enough for the big pod.
     c.add_reported_node(
         SPARE_NODE,
         (0..2).map(|i| Gpu::h100(SPARE_NODE, i)).collect(),
     )
     .await;
-
     // The big pod: 70 GiB on each of four GPUs. It fits nowhere.
     let created = Instant::now();
     c.create_pod(
@@ -68,10 +62,24 @@ async fn a_starving_four_gpu_pod_binds_within_its_hold_while_small_pods_keep_bin
     .await;
     c.wait_event(NS, "llama-70b", "FailedScheduling", Duration::from_secs(30))
         .await;
-    // Past --reserve-after, the next retry makes the hold; an arriving small pod is such an event.
     tokio::time::sleep(Duration::from_secs(6)).await;
     c.create_pod(NS, "small-00", &[("peakfit.io/vram", "8Gi")])
         .await;
+    (c, ext, fillers, created)
+}
+
+/// One filler finishes and small pod `small-<i>` (8 GiB) arrives; its name.
+async fn finish_and_arrive(c: &Cluster, filler: &str, i: usize) -> String {
+    c.delete_pod(NS, filler).await;
+    let name = format!("small-{i:02}");
+    c.create_pod(NS, &name, &[("peakfit.io/vram", "8Gi")]).await;
+    name
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starving_four_gpu_pod_binds_within_its_hold_while_small_pods_keep_binding() {
+    let (c, mut ext, fillers, created) =
+        up_to_the_hold(&["--reserve-after", "5s", "--reserve-deadline", "2m"]).await;
     let event = c
         .wait_event(
             NS,
@@ -97,10 +105,7 @@ async fn a_starving_four_gpu_pod_binds_within_its_hold_while_small_pods_keep_bin
     // Small pods finish one by one while new ones keep arriving; the extender restarts midway.
     let mut small = vec!["small-00".to_owned()];
     for (i, f) in fillers.iter().enumerate() {
-        c.delete_pod(NS, f).await;
-        let name = format!("small-{:02}", i + 1);
-        c.create_pod(NS, &name, &[("peakfit.io/vram", "8Gi")]).await;
-        small.push(name);
+        small.push(finish_and_arrive(&c, f, i + 1).await);
         if i == 3 {
             c.restart_extender("extender", &mut ext);
             // Rebuilt from the annotation: in force on the new process, which made none.
@@ -158,4 +163,29 @@ async fn a_starving_four_gpu_pod_binds_within_its_hold_while_small_pods_keep_bin
     for g in &big_gpus {
         assert!(per_gpu[g] <= 80 * GIB, "{per_gpu:?}");
     }
+}
+
+/// The same stream with `--reserve-after off`: the small pods take the memory the big pod needs
+/// as it frees, and the big pod is still pending well after the time it bound in with a hold.
+/// What makes the test above able to fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_holds_the_same_stream_starves_the_four_gpu_pod() {
+    let (c, _ext, fillers, created) = up_to_the_hold(&["--reserve-after", "off"]).await;
+    let mut small = vec!["small-00".to_owned()];
+    for (i, f) in fillers.iter().enumerate() {
+        small.push(finish_and_arrive(&c, f, i + 1).await);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    for s in &small {
+        c.wait_bound(NS, s, Duration::from_secs(60)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let big = c.pods(NS).get("llama-70b").await.unwrap();
+    assert_eq!(node_of(&big), "", "bound without a hold");
+    assert!(!big.annotations().contains_key(HOLD));
+    println!(
+        "e2e holds off: the 4-GPU pod still pending {:.1} s after it was created",
+        created.elapsed().as_secs_f64()
+    );
+    c.assert_no_overcommit().await;
 }
