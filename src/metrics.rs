@@ -271,6 +271,12 @@ pub mod extender {
         pub node_report_age_limit: FloatGauge,
         pub pending_pods: Family<ReasonLabels, Gauge>,
         pub pending_pod_oldest: Family<ReasonLabels, FloatGauge>,
+        /// Holds for starving pods in force (issue 22), as this replica's index has them.
+        pub holds_active: Gauge,
+        /// Holds this replica wrote.
+        pub holds_made: Counter,
+        /// Holds this replica saw reach their deadline before their pod bound.
+        pub holds_expired: Counter,
     }
 
     fn latency_histogram() -> Histogram {
@@ -300,6 +306,9 @@ pub mod extender {
                 node_report_age_limit: FloatGauge::default(),
                 pending_pods: Family::default(),
                 pending_pod_oldest: Family::default(),
+                holds_active: Gauge::default(),
+                holds_made: Counter::default(),
+                holds_expired: Counter::default(),
             };
             let r = &mut registry;
             r.register(
@@ -356,6 +365,21 @@ pub mod extender {
                 "pending_pod_oldest_seconds",
                 "How long the oldest pending pod has found no node, by the reason most nodes gave",
                 m.pending_pod_oldest.clone(),
+            );
+            r.register(
+                "holds_active",
+                "Holds for pods that waited too long (peakfit.io/hold) in force now",
+                m.holds_active.clone(),
+            );
+            r.register(
+                "holds_made",
+                "Holds this replica wrote on pods that waited too long and fit nowhere",
+                m.holds_made.clone(),
+            );
+            r.register(
+                "holds_expired",
+                "Holds that reached their deadline before their pod bound",
+                m.holds_expired.clone(),
             );
             Self { registry, ..m }
         }

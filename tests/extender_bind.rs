@@ -214,6 +214,16 @@ impl BindingWriter for SlowBinder {
             self.0.bind(target, annotations).await
         })
     }
+
+    fn hold<'a>(
+        &'a self,
+        target: &'a BindTarget,
+        value: &'a str,
+        resource_version: Option<&'a str>,
+        event: &'a str,
+    ) -> BoxFuture<'a, Result<(), BindError>> {
+        self.0.hold(target, value, resource_version, event)
+    }
 }
 
 /// Two pods that each fit gpu-b's best GPU but not both: the node's lock makes the second bind

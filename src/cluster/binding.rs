@@ -54,6 +54,17 @@ pub trait BindingWriter: Send + Sync {
         annotations: &'a BTreeMap<String, String>,
     ) -> BoxFuture<'a, Result<(), BindError>>;
 
+    /// Writes `peakfit.io/hold` on a pending pod (`target.node` is the held node), on condition
+    /// that the pod is still at `resource_version` (when given): two replicas deciding at once
+    /// cannot both hold memory for it, the second gets a conflict. Then records `event` on it.
+    fn hold<'a>(
+        &'a self,
+        target: &'a BindTarget,
+        value: &'a str,
+        resource_version: Option<&'a str>,
+        event: &'a str,
+    ) -> BoxFuture<'a, Result<(), BindError>>;
+
     /// The pod as the API server has it now, for a bind that arrives before the watch delivered
     /// the pod. `Ok(None)`: no such pod (or nothing to ask, as in file mode).
     fn get_pod<'a>(
@@ -153,6 +164,46 @@ impl BindingWriter for KubeBinder {
         })
     }
 
+    fn hold<'a>(
+        &'a self,
+        target: &'a BindTarget,
+        value: &'a str,
+        resource_version: Option<&'a str>,
+        event: &'a str,
+    ) -> BoxFuture<'a, Result<(), BindError>> {
+        Box::pin(async move {
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &target.namespace);
+            pods.patch(
+                &target.name,
+                &PatchParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                },
+                &Patch::Merge(hold_patch(target, value, resource_version)),
+            )
+            .await
+            .map_err(|source| BindError::Annotate {
+                namespace: target.namespace.clone(),
+                name: target.name.clone(),
+                source,
+            })?;
+            let pod = crate::cluster::events::PodRef {
+                namespace: &target.namespace,
+                name: &target.name,
+                uid: target.uid.as_deref(),
+            };
+            crate::cluster::events::record(
+                &self.client,
+                &pod,
+                "PeakfitHold",
+                event,
+                "peakfit-extender",
+            )
+            .await;
+            Ok(())
+        })
+    }
+
     fn get_pod<'a>(
         &'a self,
         namespace: &'a str,
@@ -167,6 +218,26 @@ impl BindingWriter for KubeBinder {
             })
         })
     }
+}
+
+/// The JSON merge patch that writes a hold: the annotation, the pod's UID (refused for a pod
+/// recreated under the name) and, when known, its `resourceVersion` (refused with a conflict if
+/// anyone wrote the pod since, another replica's hold included).
+pub fn hold_patch(
+    target: &BindTarget,
+    value: &str,
+    resource_version: Option<&str>,
+) -> serde_json::Value {
+    let mut meta = serde_json::json!({
+        "annotations": { crate::cluster::hold::HOLD: value },
+    });
+    if let Some(uid) = &target.uid {
+        meta["uid"] = serde_json::Value::String(uid.clone());
+    }
+    if let Some(rv) = resource_version.filter(|rv| !rv.is_empty()) {
+        meta["resourceVersion"] = serde_json::Value::String(rv.to_owned());
+    }
+    serde_json::json!({ "metadata": meta })
 }
 
 fn bind_error(target: &BindTarget, source: kube::Error) -> BindError {
@@ -217,10 +288,12 @@ async fn take_back(pods: &Api<Pod>, target: &BindTarget, annotations: &BTreeMap<
     }
 }
 
-/// File mode: records every binding in memory and logs it.
+/// File mode: records every binding and hold in memory and logs it.
 #[derive(Debug, Default)]
 pub struct MemoryBinder {
     pub bindings: Mutex<Vec<(BindTarget, BTreeMap<String, String>)>>,
+    /// Holds written: the pod (its `node` the held node), the annotation and the event.
+    pub holds: Mutex<Vec<(BindTarget, String, String)>>,
 }
 
 impl BindingWriter for MemoryBinder {
@@ -238,6 +311,23 @@ impl BindingWriter for MemoryBinder {
         self.bindings
             .lock()
             .push((target.clone(), annotations.clone()));
+        Box::pin(async { Ok(()) })
+    }
+
+    fn hold<'a>(
+        &'a self,
+        target: &'a BindTarget,
+        value: &'a str,
+        _resource_version: Option<&'a str>,
+        event: &'a str,
+    ) -> BoxFuture<'a, Result<(), BindError>> {
+        tracing::info!(
+            pod = %format!("{}/{}", target.namespace, target.name),
+            node = %target.node, %event, "hold (in memory)"
+        );
+        self.holds
+            .lock()
+            .push((target.clone(), value.to_owned(), event.to_owned()));
         Box::pin(async { Ok(()) })
     }
 }

@@ -5,6 +5,7 @@
 pub mod binding;
 pub mod events;
 pub mod file;
+pub mod hold;
 pub mod index;
 pub mod model_config;
 pub mod profile;

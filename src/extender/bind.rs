@@ -253,13 +253,15 @@ impl Extender {
             let (uuids, per_gpu, totals) = {
                 let st = slot.read();
                 // The same choice prioritize scored: the policy's GPUs on the current ledger.
+                // As the pod sees the node: its own hold (and any that does not bind it) free.
+                let now = self.now();
                 let placement = place(
-                    &st.ledger,
+                    &st.seen_by(Some(entry.key.as_str()), entry.priority, now),
                     &class,
                     self.scoring,
                     &mix,
                     &self.fit,
-                    self.now(),
+                    now,
                 )
                 .map(|s| s.placement)
                 .map_err(|r| BindRefusal::Conflict {

@@ -1,6 +1,7 @@
 //! Filter: which of the candidate nodes have GPUs that hold the pod's peak, and in words an ML
 //! engineer understands why the others do not.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::Extender;
 use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
-use crate::cluster::index::pod_key;
+use crate::cluster::index::{NodeState, pod_key};
 use crate::cluster::resources::host_request_of;
 use crate::metrics::extender::{DecisionLabels, ReasonLabels, ScoreSourceLabels};
 use crate::placement::fit::{check_class, need_on, node_usable};
@@ -240,34 +241,52 @@ impl Extender {
                 let request = fresh_id();
                 // A pod sized from its workload's profile says so in every refusal: the number
                 // refused is not the one its annotations predict.
-                let refusal = |ledger: &NodeLedger, r: &Rejection, words: String| {
-                    let held = held_words(ledger, r, |l| {
-                        check_class(l, &class, &self.fit, now).is_ok()
-                    });
-                    let words = match held.as_ref() {
-                        Some((h, _)) => format!("{words}; {h}"),
-                        None => words,
-                    };
-                    Refusal {
-                        reason: if held.as_ref().is_some_and(|h| h.1) {
-                            "gpu_held"
-                        } else {
-                            r.reason()
-                        },
-                        resolvable: resolvable_by_preemption(ledger, &shape, &self.fit, r),
-                        words: match &note {
-                            Some(n) => format!("{words} ({n})"),
+                let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+                let refusal =
+                    |st: &NodeState, ledger: &NodeLedger, r: &Rejection, words: String| {
+                        let fits = |l: &NodeLedger| check_class(l, &class, &self.fit, now).is_ok();
+                        let held = held_words(ledger, r, fits);
+                        let kept =
+                            super::holds::hold_words(st, ledger, (&key, priority), r, now, fits);
+                        let words = match held.as_ref() {
+                            Some((h, _)) => format!("{words}; {h}"),
                             None => words,
-                        },
-                    }
-                };
+                        };
+                        let words = match kept.as_ref() {
+                            Some((h, _)) => format!("{words}; {h}"),
+                            None => words,
+                        };
+                        Refusal {
+                            reason: if held.as_ref().is_some_and(|h| h.1) {
+                                "gpu_held"
+                            } else if kept.as_ref().is_some_and(|h| h.1) {
+                                "held_for_pod"
+                            } else {
+                                r.reason()
+                            },
+                            resolvable: resolvable_by_preemption(ledger, &shape, &self.fit, r),
+                            words: match &note {
+                                Some(n) => format!("{words} ({n})"),
+                                None => words,
+                            },
+                        }
+                    };
                 // Outer `None`: the index does not know the node; inner: it fits. The words
                 // are written here, in parallel: for thousands of refused nodes they cost more
                 // than the decisions.
                 let verdicts: Vec<Option<Option<Refusal>>> = self.index.map_slots(&names, |slot| {
                     let st = slot?.read();
                     if let Err(r) = node_usable(&st.ledger, &self.fit, now) {
-                        return Some(Some(refusal(&st.ledger, &r, r.to_string())));
+                        return Some(Some(refusal(&st, &st.ledger, &r, r.to_string())));
+                    }
+                    // Holds that do not bind this pod (its own, lower priority, past their
+                    // deadline) make its view of the node its own: decided without the memo.
+                    let view = st.seen_by(Some(&key), priority, now);
+                    if let Cow::Owned(own) = &view {
+                        return Some(check_class(own, &class, &self.fit, now).err().map(|r| {
+                            let words = r.to_string();
+                            refusal(&st, own, &r, words)
+                        }));
                     }
                     let verdict = {
                         let mut known = st.scores().verdict.lock();
@@ -283,7 +302,7 @@ impl Extender {
                         }
                         known.1.clone()
                     };
-                    Some(verdict.map(|v| refusal(&st.ledger, &v.0, v.1.clone())))
+                    Some(verdict.map(|v| refusal(&st, &st.ledger, &v.0, v.1.clone())))
                 });
                 let (mut resolvable, mut not_resolvable) = (Vec::new(), Vec::new());
                 let keep: Vec<bool> = names
@@ -332,6 +351,9 @@ impl Extender {
                 let top = counts.iter().max_by_key(|(_, c)| **c).map(|(r, _)| *r);
                 let none_fits = !keep.iter().any(|&k| k);
                 self.set_pending(&key, if none_fits { top } else { None }, preemptible);
+                if none_fits {
+                    self.maybe_hold(&pod, &key, &class, &names, now);
+                }
                 keep
             }
         };

@@ -5,6 +5,7 @@
 pub mod bind;
 pub mod conflicts;
 pub mod filter;
+pub mod holds;
 pub mod nudge;
 pub mod preempt;
 pub mod prescore;
@@ -114,6 +115,8 @@ pub struct ExtenderArgs {
     pub max_body_bytes_in_flight: u64,
     #[command(flatten)]
     pub learn: LearnArgs,
+    #[command(flatten)]
+    pub holds: holds::HoldArgs,
     #[command(flatten)]
     pub serve: crate::serve::ServeArgs,
 }
@@ -300,6 +303,9 @@ pub struct Extender {
     preempt_calls: Mutex<HashMap<PodKey, std::time::Instant>>,
     /// One bind at a time per pod.
     bind_locks: bind::PodLocks,
+    /// Holds for pods that starve (`--reserve-*`); `None`: none are made.
+    holds: Option<holds::HoldSettings>,
+    hold_writes: holds::InFlight,
     clock: fn() -> i64,
     /// Request body limits (see `routes::receive`).
     pub body: BodyLimits,
@@ -331,6 +337,8 @@ impl Extender {
             pending: Mutex::new(HashMap::new()),
             preempt_calls: Mutex::new(HashMap::new()),
             bind_locks: bind::PodLocks::default(),
+            holds: None,
+            hold_writes: holds::InFlight::default(),
             clock: now_unix,
             body: BodyLimits::default(),
             scrape: crate::metrics::RenderCache::new(Duration::ZERO),
@@ -495,6 +503,7 @@ impl Extender {
     /// Writes the pending-pod gauges (scrape time), first forgetting pods that no longer exist
     /// (deleted while pending: no later filter would have cleared them).
     pub fn refresh_pending_gauges(&self) {
+        self.sweep_holds();
         let now = self.now();
         let mut p = self.pending.lock();
         p.retain(|key, _| self.index.contains_pod(key));
@@ -623,6 +632,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
             .with_profiles(profiles)
             .with_fit(fit)
             .with_scoring(args.scoring)
+            .with_holds(args.holds.settings())
             .with_readiness(readiness)
             .with_scrape_max_age(crate::metrics::SCRAPE_MAX_AGE)
             .with_body_limits(BodyLimits::new(
@@ -642,6 +652,9 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     }
     if let Some(client) = &nudge_client {
         conflicts::spawn(ext.clone(), client.clone(), conflicts::INTERVAL);
+    }
+    if ext.holds.is_some() {
+        holds::spawn_sweeper(ext.clone());
     }
     if let Some(client) = nudge_client
         && !args.nudge_interval.is_zero()

@@ -159,7 +159,8 @@ impl Extender {
             let Some(slot) = self.index.node(&node) else {
                 continue;
             };
-            let ledger = slot.read().ledger.clone();
+            // As filter sees the node for this pod: holds of lower priority are free memory.
+            let ledger = slot.read().seen_by(Some(&me), priority, now).into_owned();
             let extra = self.lower_priority_pods(&node, priority, &me, &victims);
             if let Some(needed) = victims_needed(&self.fit, &ledger, &shape, victims, extra, now) {
                 added |= needed.iter().any(|v| !v.offered);

@@ -114,6 +114,7 @@ impl Extender {
                 mix,
                 live_mix,
                 now,
+                pod: None,
             })
             .collect();
         // Nodes alike share one memo: each state is warmed once, through its first usable node

@@ -1,18 +1,19 @@
 //! Prioritize: among the nodes that fit, which wastes least (placement's scoring, 0-10).
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Extender;
 
 use super::filter::Candidates;
 use super::wire::{ExtenderArgs, HostPriority, HostPriorityList, MAX_EXTENDER_PRIORITY};
-use crate::cluster::index::NodeSlot;
+use crate::cluster::index::{NodeSlot, pod_key};
 use crate::cluster::resources::{host_claim_of, host_request_of};
 use crate::placement::fit::node_usable;
 use crate::placement::memo::MemoKey;
 use crate::placement::{
-    Demand, PodClass, PodShape, ShapeMix, place_score, scores_0_to_10_unique, stable_name_hash,
-    used_share,
+    Demand, NodeLedger, PodClass, PodKey, PodShape, ShapeMix, place_score, scores_0_to_10_unique,
+    stable_name_hash, used_share,
 };
 
 /// The score of every node for a pod whose annotations do not parse: the same for all, so it
@@ -69,6 +70,12 @@ impl Extender {
             mix: &mix,
             live_mix: mix.generation(),
             now,
+            pod: (!gpuless).then(|| {
+                (
+                    pod_key(&pod),
+                    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
+                )
+            }),
         };
         // A node without usable GPUs (unknown to peakfit, no or a stale report, NVML down, no
         // GPUs at all): no GPU pod can be placed there now, so a GPU-less pod strands nothing
@@ -159,6 +166,9 @@ pub(crate) struct NodeScoring<'a> {
     /// still read); `mix` is newer while the prescorer warms a staged mix.
     pub live_mix: u64,
     pub now: i64,
+    /// The pod scored (its key and priority), whose view of a node with holds is its own
+    /// (`NodeState::seen_by`); `None` for the prescorer's classes, which holds in force bind.
+    pub pod: Option<(PodKey, i32)>,
 }
 
 /// Where a node's score came from.
@@ -176,6 +186,25 @@ impl Extender {
     pub(crate) fn node_score(&self, slot: &NodeSlot, batch: &NodeScoring) -> Option<Scored> {
         let st = slot.read();
         node_usable(&st.ledger, &self.fit, batch.now).ok()?;
+        let (pod, priority) = batch
+            .pod
+            .as_ref()
+            .map_or((None, i32::MIN), |(k, p)| (Some(k.as_str()), *p));
+        let score_on = |l: &NodeLedger| {
+            place_score(
+                l,
+                batch.class,
+                self.scoring,
+                batch.mix,
+                &self.fit,
+                batch.now,
+            )
+            .unwrap_or(f64::NAN)
+        };
+        if let Cow::Owned(own) = st.seen_by(pod, priority, batch.now) {
+            // A view of this pod's alone: scored, never remembered for the state.
+            return Some(Scored::Computed(score_on(&own)));
+        }
         let key = MemoKey {
             mix_generation: batch.mix.generation(),
             class_id: batch.class_id,
@@ -185,15 +214,7 @@ impl Extender {
             return Some(Scored::Remembered(score));
         }
         // Two threads may score one state at once (two nodes alike); both get the same score.
-        let score = place_score(
-            &st.ledger,
-            batch.class,
-            self.scoring,
-            batch.mix,
-            &self.fit,
-            batch.now,
-        )
-        .unwrap_or(f64::NAN);
+        let score = score_on(&st.ledger);
         memo.lock().put(key, score, batch.live_mix);
         Some(Scored::Computed(score))
     }

@@ -137,7 +137,12 @@ impl Extender {
         let mut plans: Vec<Plan> = nodes
             .iter()
             .filter_map(|node| {
-                let ledger = self.index.node(node)?.read().ledger.clone();
+                let ledger = self
+                    .index
+                    .node(node)?
+                    .read()
+                    .seen_by(Some(&pod.key), priority, now)
+                    .into_owned();
                 let extra = self.lower_priority_pods(node, priority, &pod.key, &[]);
                 let victims = victims_needed(&self.fit, &ledger, &shape, Vec::new(), extra, now)?;
                 Some(Plan {

@@ -121,6 +121,25 @@ pub fn harness_with(
     }
 }
 
+/// [`harness`] with holds for starving pods (`--reserve-*`) made as `holds` says.
+pub fn harness_with_holds(
+    index: Arc<Index>,
+    holds: Option<peakfit::extender::holds::HoldSettings>,
+) -> Harness {
+    let binder = Arc::new(MemoryBinder::default());
+    let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), capture_clock));
+    let ext = Arc::new(
+        Extender::new(index, metrics, binder.clone())
+            .with_clock(capture_clock)
+            .with_holds(holds),
+    );
+    Harness {
+        router: routes::router(ext.clone()),
+        ext,
+        binder,
+    }
+}
+
 /// Sends one request through the real router; returns the status and the body bytes.
 pub async fn call(
     router: &Router,

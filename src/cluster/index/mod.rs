@@ -14,8 +14,9 @@
 //! `reconcile` (the watch's and bind's writes to the pod table), `observe` (running pods' peaks
 //! by workload, for the profiles), `rebuild` (a node's ledger from
 //! its report and pods), `states` and `scores` (what is remembered per node state), `reasons`
-//! (the warnings' metric label).
+//! (the warnings' metric label), `holds` (holds for pods that starve: in force, made, ended).
 
+mod holds;
 mod observe;
 mod pod;
 mod reasons;
@@ -45,7 +46,7 @@ pub use reasons::ReasonLabels;
 pub use rebuild::free_outside_largest_gpu_ratio;
 pub use report_view::MAX_GPU_BYTES;
 pub use scores::{StateScores, Verdict};
-pub use slot::{HolderConflict, NodeSlot, NodeState};
+pub use slot::{HeldFor, HolderConflict, NodeSlot, NodeState};
 
 use slot::PodTable;
 use states::States;
@@ -132,6 +133,11 @@ impl Index {
 
     pub fn contains_pod(&self, key: &str) -> bool {
         self.pods.read().by_key.contains_key(key)
+    }
+
+    /// Nodes the index has a slot for (known, reported, or named by a pod).
+    pub fn node_count(&self) -> usize {
+        self.nodes.read().len()
     }
 
     pub fn pod_count(&self) -> usize {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::Index;
+use crate::cluster::hold::{HOLD, HoldNote};
 use crate::cluster::model_config::MODEL_CONFIG;
 use crate::cluster::resources::{HostRequest, host_claim_of, host_request_of};
 use crate::cluster::workload::{WorkloadKey, workload_of};
@@ -51,6 +52,9 @@ pub struct PodEntry {
     pub explicit: bool,
     /// When its containers started (`status.startTime`): how long it has been observed.
     pub started_unix: Option<i64>,
+    /// Its `peakfit.io/hold`, read while it is pending (a bound pod's is history and ignored);
+    /// `None` also for a malformed one, which `Index::apply_pod` warns about.
+    pub hold: Option<HoldNote>,
 }
 
 /// The key a pod is indexed under: its UID, or `namespace/name` for objects without one
@@ -103,6 +107,11 @@ pub fn is_explicit(pod: &Pod) -> bool {
         .is_some_and(|a| a.contains_key(VRAM))
 }
 
+/// The pod's `peakfit.io/hold`, parsed; `None` without one.
+pub fn hold_of(pod: &Pod) -> Option<Result<HoldNote, crate::cluster::hold::HoldNoteError>> {
+    annotations_of(pod).get(HOLD).map(|v| HoldNote::parse(v))
+}
+
 impl PodEntry {
     pub fn uid(&self) -> Option<&str> {
         self.has_uid.then_some(self.key.as_str())
@@ -127,6 +136,9 @@ impl PodEntry {
             .filter(|a| !a.gpu_uuids.is_empty());
         let spec = pod.spec.as_ref();
         let placed = matches!(request, Ok(Some(_)));
+        let node = spec
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty());
         Self {
             key: pod_key(pod),
             namespace: pod
@@ -136,9 +148,10 @@ impl PodEntry {
                 .unwrap_or_else(|| "default".into()),
             name: pod.metadata.name.clone().unwrap_or_default(),
             has_uid: pod.metadata.uid.as_deref().is_some_and(|u| !u.is_empty()),
-            node: spec
-                .and_then(|s| s.node_name.clone())
-                .filter(|n| !n.is_empty()),
+            hold: hold_of(pod)
+                .filter(|_| placed && node.is_none())
+                .and_then(Result::ok),
+            node,
             priority: spec.and_then(|s| s.priority).unwrap_or(0),
             // Only a pod peakfit places needs its GPU products (bind's class); the watch sees
             // every pod, and a foreign one's affinity list is not read.

@@ -7,9 +7,11 @@ use std::collections::HashMap;
 
 use super::report_view::ReportView;
 use super::slot::NodeState;
-use super::{Assignment, Index, PodEntry};
+use super::{Assignment, HeldFor, Index, PodEntry};
 use crate::inventory::DeviceHolder;
-use crate::placement::{GpuLedger, Grant, NodeCondition, NodeLedger, PodKey, ScoreInputs};
+use crate::placement::{
+    GpuLedger, Grant, NodeCondition, NodeLedger, Placement, PodKey, ScoreInputs,
+};
 
 /// A node's ledger as [`ledger_of`] works it out, and the pods it had to charge elsewhere.
 #[derive(Debug)]
@@ -177,8 +179,20 @@ impl Index {
     pub(super) fn rebuild(&self, st: &mut NodeState, pods: &HashMap<PodKey, Box<PodEntry>>) {
         let name = st.ledger.name.clone();
         let on_node = st.pods.iter().filter_map(|key| pods.get(key).map(|p| &**p));
-        let Rebuilt { ledger, unreported } =
-            ledger_of(&name, st.allocatable, st.report.as_ref(), on_node);
+        let Rebuilt {
+            mut ledger,
+            unreported,
+        } = ledger_of(&name, st.allocatable, st.report.as_ref(), on_node);
+        let held = st.held.iter().filter_map(|key| pods.get(key).map(|p| &**p));
+        let (holds, refused) = hold_on(&mut ledger, held);
+        for (pod, why) in refused {
+            tracing::warn!(
+                node = %name, pod = %pod.name, namespace = %pod.namespace, %why,
+                "the pod's hold is not kept: {}", crate::cluster::hold::HOLD
+            );
+            self.warn_metric("hold_not_kept");
+        }
+        st.holds = holds;
         if st.report.is_some() {
             for (pod, missing) in &unreported {
                 if !st.unreported_assignments.contains(&pod.key) {
@@ -233,6 +247,52 @@ pub fn free_outside_largest_gpu_ratio(ledger: &NodeLedger) -> f64 {
     } else {
         1.0 - max as f64 / sum as f64
     }
+}
+
+/// Puts the holds of `held` (pending pods whose `peakfit.io/hold` names the node) in the
+/// ledger, in the order given; the holds kept, and the pods whose hold could not be, with why:
+/// a GPU the report lacks (the node changed since), or a GPU another pod holds already (two
+/// replicas chose at once from views a moment apart; the first in key order keeps it). A hold
+/// not kept costs only its own pod its wait.
+fn hold_on<'a>(
+    ledger: &mut NodeLedger,
+    held: impl Iterator<Item = &'a PodEntry>,
+) -> (Vec<HeldFor>, Vec<(&'a PodEntry, String)>) {
+    let mut kept = Vec::new();
+    let mut refused = Vec::new();
+    for pod in held {
+        let Some(note) = pod.hold.as_ref().filter(|_| pod.node.is_none()) else {
+            continue;
+        };
+        let indices: Option<Vec<usize>> = note
+            .gpus
+            .iter()
+            .map(|u| ledger.gpus.iter().position(|g| &g.uuid == u))
+            .collect();
+        let Some(indices) = indices else {
+            refused.push((
+                pod,
+                "it names a GPU the node's report does not list".to_owned(),
+            ));
+            continue;
+        };
+        let placement = Placement {
+            gpu_indices: indices.clone(),
+            per_gpu_bytes: note.bytes.clone(),
+        };
+        match ledger.hold(&pod.key, &placement) {
+            Ok(()) => kept.push(HeldFor {
+                pod: pod.key.clone(),
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                priority: pod.priority,
+                until_unix: note.until_unix,
+                gpus: indices,
+            }),
+            Err(e) => refused.push((pod, e.to_string())),
+        }
+    }
+    (kept, refused)
 }
 
 /// A reservation of `pod` on `gpu`: its recorded `reserved-bytes`, or what its request needs on
@@ -336,6 +396,7 @@ mod tests {
             workload: None,
             explicit: vram.is_some(),
             started_unix: None,
+            hold: None,
         }
     }
 

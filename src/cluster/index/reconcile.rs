@@ -8,6 +8,15 @@ use super::{Assignment, Index, PodEntry, RESERVED_BYTES, pod_key};
 use crate::cluster::model_config::MODEL_CONFIG;
 use crate::placement::PodKey;
 
+/// The node a pod's hold names, for a pending pod with one.
+pub(super) fn held_node(entry: &PodEntry) -> Option<String> {
+    entry
+        .hold
+        .as_ref()
+        .filter(|_| entry.node.is_none())
+        .map(|h| h.node.clone())
+}
+
 impl Index {
     /// Records a model-config ConfigMap (new, changed or unlabelled) and works out again the
     /// request of every indexed pod that names it.
@@ -73,6 +82,15 @@ impl Index {
             );
             self.warn_metric("reserved_bytes_invalid");
         }
+        if entry.node.is_none()
+            && let Some(Err(e)) = super::pod::hold_of(pod)
+        {
+            tracing::warn!(
+                pod = %entry.name, namespace = %entry.namespace, error = %e,
+                "ignoring the pod's hold annotation"
+            );
+            self.warn_metric("hold_invalid");
+        }
         self.upsert(entry);
     }
 
@@ -117,9 +135,27 @@ impl Index {
                     .remove(&(old.namespace.clone(), old.name.clone()));
             }
         }
+        if entry
+            .hold
+            .as_ref()
+            .is_some_and(|h| pods.expired.contains(&(entry.key.clone(), h.made_unix)))
+        {
+            entry.hold = None;
+        }
+        let old_held = old.as_ref().and_then(|o| held_node(o));
+        let new_held = held_node(&entry);
+        let hold_moved = old_held != new_held
+            || old.as_ref().is_some_and(|o| {
+                new_held.is_some() && (o.hold != entry.hold || o.priority != entry.priority)
+            });
         let old_node = old.as_ref().and_then(|o| o.node.clone());
         let new_node = entry.node.clone();
         let key = entry.key.clone();
+        if new_held.is_some() {
+            pods.held.insert(key.clone());
+        } else {
+            pods.held.remove(&key);
+        }
         pods.by_name
             .insert((entry.namespace.clone(), entry.name.clone()), key.clone());
         pods.by_key.insert(key.clone(), Box::new(entry));
@@ -134,8 +170,23 @@ impl Index {
         if let Some(n) = &new_node {
             let slot = self.slot(n);
             let mut st = slot.state.write();
-            st.pods.insert(key);
+            st.pods.insert(key.clone());
             self.rebuild(&mut st, &pods.by_key);
+        }
+        if hold_moved {
+            if let Some(n) = &old_held
+                && let Some(slot) = self.node(n)
+            {
+                let mut st = slot.state.write();
+                st.held.remove(&key);
+                self.rebuild(&mut st, &pods.by_key);
+            }
+            if let Some(n) = &new_held {
+                let slot = self.slot(n);
+                let mut st = slot.state.write();
+                st.held.insert(key);
+                self.rebuild(&mut st, &pods.by_key);
+            }
         }
     }
 
@@ -159,6 +210,16 @@ impl Index {
             let mut st = slot.state.write();
             st.pods.remove(key);
             self.rebuild(&mut st, &pods.by_key);
+        }
+        if pods.held.remove(key) {
+            pods.expired.retain(|(k, _)| k != key);
+            if let Some(n) = held_node(&old)
+                && let Some(slot) = self.node(&n)
+            {
+                let mut st = slot.state.write();
+                st.held.remove(key);
+                self.rebuild(&mut st, &pods.by_key);
+            }
         }
     }
 

@@ -2,7 +2,8 @@
 //! own lock, and the async lock bind holds across its API calls). The order is always pod
 //! table, then node.
 
-use std::collections::{BTreeSet, HashMap};
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -29,6 +30,33 @@ pub struct NodeState {
     /// Pods whose assigned GPUs the report lacks, already warned about (warn once per pod, not
     /// on every rebuild).
     pub(super) unreported_assignments: BTreeSet<PodKey>,
+    /// Pending pods whose `peakfit.io/hold` names this node (in force or not).
+    pub(super) held: BTreeSet<PodKey>,
+    /// The holds the ledger carries (`GpuLedger::hold`), with what deciding who they bind
+    /// needs: the held pod's priority and the deadline.
+    pub holds: Vec<HeldFor>,
+}
+
+/// A hold in a node's ledger, as filter, prioritize and bind weigh it for another pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldFor {
+    pub pod: PodKey,
+    pub namespace: String,
+    pub name: String,
+    pub priority: i32,
+    pub until_unix: i64,
+    /// The held GPUs' indices in the ledger.
+    pub gpus: Vec<usize>,
+}
+
+impl HeldFor {
+    /// Whether the hold keeps its memory from `pod` (of `priority`) at `now`. Like the nominated
+    /// pods of kube-scheduler, a hold binds only pods of lower or equal priority: a pod of
+    /// higher priority would preempt the held pod's future peers anyway, so it sees the memory
+    /// as free (and the held pod waits on, or is moved by the next hold). Not the pod's own.
+    pub fn binds(&self, pod: Option<&str>, priority: i32, now: i64) -> bool {
+        self.until_unix > now && pod != Some(self.pod.as_str()) && priority <= self.priority
+    }
 }
 
 /// One node: its state, and the lock bind holds across the API calls.
@@ -50,6 +78,8 @@ impl NodeSlot {
                 ledger: NodeLedger::new(name),
                 scores: Arc::default(),
                 unreported_assignments: BTreeSet::new(),
+                held: BTreeSet::new(),
+                holds: Vec::new(),
             }),
         }
     }
@@ -64,6 +94,30 @@ impl NodeState {
     /// same state.
     pub fn scores(&self) -> &Arc<StateScores> {
         &self.scores
+    }
+
+    /// The ledger as `pod` (`None`: any pod, as the prescorer scores) of `priority` sees it at
+    /// `now`: the holds that do not bind it (its own, those of lower priority, those past their
+    /// deadline) are free memory. Borrowed, so the memo of the node's state applies, unless a
+    /// hold is dropped: then the copy is this pod's alone and must be decided without the memo.
+    pub fn seen_by(&self, pod: Option<&str>, priority: i32, now: i64) -> Cow<'_, NodeLedger> {
+        let mut view = Cow::Borrowed(&self.ledger);
+        for h in self.holds.iter().filter(|h| !h.binds(pod, priority, now)) {
+            view.to_mut().unhold(&h.pod);
+        }
+        view
+    }
+
+    /// The holds that keep memory from `pod` here now.
+    pub fn holds_binding(
+        &self,
+        pod: Option<&str>,
+        priority: i32,
+        now: i64,
+    ) -> impl Iterator<Item = &HeldFor> {
+        self.holds
+            .iter()
+            .filter(move |h| h.binds(pod, priority, now))
     }
 }
 
@@ -107,6 +161,13 @@ pub(super) struct PodTable {
     /// costs the size of its value.
     pub(super) by_key: HashMap<PodKey, Box<PodEntry>>,
     pub(super) by_name: HashMap<(String, String), PodKey>,
+    /// Pending pods with a `peakfit.io/hold` (in force or not): what the cap counts and the
+    /// sweep looks at, without a pass over every pod.
+    pub(super) held: BTreeSet<PodKey>,
+    /// Holds the sweep ended at their deadline, by pod and the time they were made: the
+    /// annotation stays on the pod until a new hold replaces it, and a watch event carrying it
+    /// again must not bring it back.
+    pub(super) expired: HashSet<(PodKey, i64)>,
 }
 
 impl Index {

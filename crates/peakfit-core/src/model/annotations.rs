@@ -134,8 +134,13 @@ pub const GPU_MEMORY_FRACTION: &str = "peakfit.io/gpu-memory-fraction";
 /// controller chain. Not an input of the model: it neither opts a pod in nor changes its size,
 /// and is not refused. (`peakfit.io/workload` was taken: inference, training, LoRA.)
 pub const WORKLOAD_NAME: &str = "peakfit.io/workload-name";
-/// Written by bind; reading them back must neither opt a pod in nor be refused.
-pub const OUTPUT_KEYS: &[&str] = &[ASSIGNED_GPUS, RESERVED_BYTES, GPU_MEMORY_FRACTION];
+/// Written by the extender on a pending pod that starved (issue 22): the node and GPUs kept
+/// for it until a deadline, as JSON. On the pod itself so that every replica's pod watch sees
+/// it and a restarted extender finds it again.
+pub const HOLD: &str = "peakfit.io/hold";
+/// Written by the extender (bind's output and holds); reading them back must neither opt a pod
+/// in nor be refused.
+pub const OUTPUT_KEYS: &[&str] = &[ASSIGNED_GPUS, RESERVED_BYTES, GPU_MEMORY_FRACTION, HOLD];
 
 /// A refused annotation: which one, what it said, and what would have been accepted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -937,7 +942,7 @@ impl Spec {
                     key,
                     value,
                     format!(
-                        "not a peakfit annotation; known keys are {} (and, written by bind, {})",
+                        "not a peakfit annotation; known keys are {} (and, written by the extender, {})",
                         INPUT_KEYS.join(" "),
                         OUTPUT_KEYS
                             .iter()
