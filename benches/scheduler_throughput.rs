@@ -25,9 +25,9 @@
 //!   counts differ because a default-profile pod takes a whole GPU and a peakfit pod a fifth of
 //!   one; each profile reads only its own (the default scheduler the Node's allocatable, the
 //!   extender the report). Both sit on the same GPU nodes, `min(nodes, report GPUs)` of them,
-//!   spread as evenly as they go; any other node is a CPU node (no `nvidia.com/gpu`, no report),
-//!   so both profiles see the same nodes that could take a GPU pod. Afterwards no GPU may hold
-//!   more than it has (`assert_no_overcommit`).
+//!   spread as evenly as they go and spread among the other nodes, CPU nodes (no
+//!   `nvidia.com/gpu`, no report), so both profiles see the same nodes that could take a GPU
+//!   pod. Afterwards no GPU may hold more than it has (`assert_no_overcommit`).
 //!
 //! Nodes have no agents (thousands of processes do not fit a CI machine): each node's
 //! `NodeGpuReport` is written once by the same server-side apply the agent makes, and the
@@ -374,17 +374,27 @@ fn verb_means(text: &str) -> String {
         .join(", ")
 }
 
-/// The nodes of `layout`: its GPU nodes first (a report and `nvidia.com/gpu`), CPU nodes after.
+/// The nodes of `layout`: its GPU nodes (a report and `nvidia.com/gpu`) spread evenly among
+/// the CPU nodes. Spread, not first: kube-scheduler looks at nodes in turn from a rotating start
+/// and stops at `percentageOfNodesToScore` feasible ones (10 % of 5,000) before the extender
+/// sees them, and the extender's profile passes CPU nodes up to it (its pods ask for no
+/// `nvidia.com/gpu`); a block of GPU nodes would hand the extender windows of CPU nodes only.
 async fn add_nodes(c: &Cluster, nodes: usize, layout: &Layout) {
+    let gpu_nodes = layout.report_gpus.len();
     futures::stream::iter(0..nodes)
         .for_each_concurrent(32, |n| async move {
             let name = format!("node-{n:05}");
-            match (layout.plugin_gpus.get(n), layout.report_gpus.get(n)) {
-                (Some(&plugin), Some(&report)) => {
-                    let gpus = (0..report).map(|i| Gpu::h100(&name, i)).collect();
-                    c.add_reported_node_advertising(&name, gpus, plugin).await;
-                }
-                _ => c.create_ready_node(&name, None).await,
+            // Node n is the GPU node `slot` when the slot changes at n: `gpu_nodes` of them.
+            let slot = n * gpu_nodes / nodes;
+            let is_gpu_node = n == 0 || (n - 1) * gpu_nodes / nodes != slot;
+            if is_gpu_node {
+                let gpus = (0..layout.report_gpus[slot])
+                    .map(|i| Gpu::h100(&name, i))
+                    .collect();
+                c.add_reported_node_advertising(&name, gpus, layout.plugin_gpus[slot])
+                    .await;
+            } else {
+                c.create_ready_node(&name, None).await;
             }
         })
         .await;
