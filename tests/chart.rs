@@ -434,7 +434,11 @@ fn the_default_render_holds_what_each_object_needs() {
         of("", "pods/binding"),
         BTreeSet::from(["create".to_owned()])
     );
-    assert!(of("", "pods").contains("patch"));
+    // Bind's annotations travel with the Binding: the pod itself is never written.
+    assert_eq!(
+        of("", "pods"),
+        BTreeSet::from(["get".to_owned(), "list".to_owned(), "watch".to_owned()])
+    );
     // Self-preemption: evictions (never plain deletes), the nomination, the victims' events.
     assert_eq!(
         of("", "pods/eviction"),

@@ -178,6 +178,35 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
     assert_eq!(gpus.len(), 1);
     assert!(reserved >= 4 * GIB);
     c.assert_no_overcommit().await;
+
+    // Bind's output travels with its Binding; anyone else's Binding (here the admin's) that
+    // carries it is refused by the chart's policy, and the pod stays unbound.
+    let pods = c.pods(NS);
+    let unscheduled: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "forged"},
+        "spec": {"schedulerName": "nobody",
+                 "containers": [{"name": "main", "image": "vllm/vllm-openai:v0.6.3"}]},
+    }))
+    .unwrap();
+    pods.create(&kube::api::PostParams::default(), &unscheduled)
+        .await
+        .unwrap();
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": "forged", "annotations": {ASSIGNED_GPUS: gpus[0], RESERVED_BYTES: "1"}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node_of(&p)},
+    });
+    let err = pods
+        .create_subresource::<_, kube::core::Status>(
+            "binding",
+            "forged",
+            &kube::api::PostParams::default(),
+            &binding,
+        )
+        .await
+        .expect_err("a Binding carrying bind's output from anyone but peakfit's bind");
+    assert!(err.to_string().contains("only peakfit's bind"), "{err}");
+    assert_eq!(node_of(&pods.get("forged").await.unwrap()), "");
 }
 
 /// The chart's `ServiceAccounts`, RBAC and admission policies, applied by kubectl as rendered.

@@ -1,6 +1,7 @@
-//! Bind against kube's tower-test mock API server: the pod PATCH, then
-//! `POST …/pods/NAME/binding` answered with the Status the real API server sent; and the paths
-//! where bind must refuse (the fit no longer holds, the API server says 409).
+//! Bind against kube's tower-test mock API server: one `POST …/pods/NAME/binding` carrying the
+//! GPU annotations (the API server copies them onto the pod as it binds it), answered with the
+//! Status the real API server sent; and the paths where bind must refuse (the fit no longer
+//! holds, the API server says 409 or fails).
 
 mod extender_support;
 
@@ -45,26 +46,69 @@ fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, body
     );
 }
 
-async fn expect_patch(handle: &mut Handle) -> Value {
-    let (req, send) = handle.next_request().await.expect("the pod PATCH");
+/// The binding POST; returns its body.
+async fn expect_binding(
+    handle: &mut Handle,
+) -> (Value, tower_test::mock::SendResponse<Response<Body>>) {
+    let (req, send) = handle.next_request().await.expect("the binding POST");
     let (parts, body) = body_json(req).await;
-    assert_eq!(parts.method, Method::PATCH);
-    assert_eq!(parts.uri.path(), "/api/v1/namespaces/default/pods/embedder");
+    assert_eq!(parts.method, Method::POST);
     assert_eq!(
-        parts.headers["content-type"],
-        "application/merge-patch+json"
+        parts.uri.path(),
+        "/api/v1/namespaces/default/pods/embedder/binding"
     );
+    (body, send)
+}
+
+/// The read-back GET after a failed Binding, answered with the pod on `node` (unbound: `None`)
+/// carrying `annotations`.
+async fn answer_read_back(handle: &mut Handle, node: Option<&str>, annotations: &Value) {
+    let (req, send) = handle.next_request().await.expect("the pod GET");
+    assert_eq!(req.method(), Method::GET);
+    assert_eq!(req.uri().path(), "/api/v1/namespaces/default/pods/embedder");
     let pod = serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "embedder", "namespace": "default", "uid": EMBEDDER_UID,
-                     "annotations": body["metadata"]["annotations"].clone()},
+                     "annotations": annotations},
+        "spec": {"containers": [], "nodeName": node},
     });
     respond(send, 200, serde_json::to_vec(&pod).unwrap());
-    body
+}
+
+/// Nothing more reaches the API server (a PATCH here would be a second write).
+async fn expect_no_more_requests(handle: &mut Handle) {
+    let seen = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
+    assert!(!matches!(seen, Ok(Some(_))), "bind made another request");
+}
+
+/// One bind of the fixture's embedder pod to gpu-b through a `KubeBinder` on the mock API server,
+/// which `api` plays; returns the index, the harness and bind's error (empty on success).
+async fn bind_through<F, Fut>(api: F) -> (Arc<Index>, Harness, String)
+where
+    F: FnOnce(Handle) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let dir = capture_dir();
+    let index = fixture_index(&dir, &node_cache_uids());
+    let (client, handle) = mock_client();
+    let h = harness_with(
+        index.clone(),
+        Arc::new(KubeBinder::new(client)),
+        Arc::new(MemoryBinder::default()),
+    );
+    let api = tokio::spawn(api(handle));
+    let (code, reply) = call(&h.router, "POST", "/bind", bind_request(&dir)).await;
+    assert_eq!(code, 200);
+    tokio::time::timeout(Duration::from_secs(5), api)
+        .await
+        .expect("the API server saw what bind sent")
+        .unwrap();
+    let err = json(&reply)["Error"].as_str().unwrap().to_owned();
+    (index, h, err)
 }
 
 #[tokio::test]
-async fn bind_patches_the_pod_then_posts_the_binding() {
+async fn bind_posts_one_binding_that_carries_the_annotations() {
     let dir = capture_dir();
     let index = fixture_index(&dir, &node_cache_uids());
     let (client, mut handle) = mock_client();
@@ -75,35 +119,29 @@ async fn bind_patches_the_pod_then_posts_the_binding() {
     );
     let status = std::fs::read(dir.join("node-cache/apiserver-binding-response.json")).unwrap();
     let api = tokio::spawn(async move {
-        let patch = expect_patch(&mut handle).await;
-        let (req, send) = handle.next_request().await.expect("the binding POST");
-        let (parts, binding) = body_json(req).await;
-        assert_eq!(parts.method, Method::POST);
-        assert_eq!(
-            parts.uri.path(),
-            "/api/v1/namespaces/default/pods/embedder/binding"
-        );
+        let (binding, send) = expect_binding(&mut handle).await;
         respond(send, 201, status);
-        (patch, binding)
+        expect_no_more_requests(&mut handle).await;
+        binding
     });
     let (code, reply) = call(&h.router, "POST", "/peakfit/bind", bind_request(&dir)).await;
     assert_eq!(code, 200);
     assert_eq!(json(&reply), serde_json::json!({"Error": ""}));
-    let (patch, binding) = tokio::time::timeout(Duration::from_secs(5), api)
+    let binding = tokio::time::timeout(Duration::from_secs(5), api)
         .await
-        .expect("the API server saw both calls")
+        .expect("the API server saw the binding")
         .unwrap();
-    // The patch carries the GPUs, the bytes and the pod's UID (a precondition).
-    assert_eq!(
-        patch,
-        serde_json::json!({"metadata": {"uid": EMBEDDER_UID, "annotations": {
-            "peakfit.io/assigned-gpus": "GPU-00000000-aaaa-bbbb-cccc-00000000000",
-            "peakfit.io/reserved-bytes": (6 * GIB).to_string(),
-        }}})
-    );
+    // One write: the Binding carries the GPUs and the bytes, and the pod's UID (a precondition).
     assert_eq!(binding["kind"], "Binding");
     assert_eq!(binding["metadata"]["name"], "embedder");
     assert_eq!(binding["metadata"]["uid"], EMBEDDER_UID);
+    assert_eq!(
+        binding["metadata"]["annotations"],
+        serde_json::json!({
+            "peakfit.io/assigned-gpus": "GPU-00000000-aaaa-bbbb-cccc-00000000000",
+            "peakfit.io/reserved-bytes": (6 * GIB).to_string(),
+        })
+    );
     assert_eq!(binding["target"]["kind"], "Node");
     assert_eq!(binding["target"]["name"], "gpu-b");
     // Only now is the reservation in the ledger.
@@ -158,33 +196,18 @@ async fn when_the_fit_no_longer_holds_bind_errs_and_writes_nothing() {
 
 #[tokio::test]
 async fn a_409_from_the_api_server_is_an_error_and_reserves_nothing() {
-    let dir = capture_dir();
-    let index = fixture_index(&dir, &node_cache_uids());
-    let (client, mut handle) = mock_client();
-    let h = harness_with(
-        index.clone(),
-        Arc::new(KubeBinder::new(client)),
-        Arc::new(MemoryBinder::default()),
-    );
-    let api = tokio::spawn(async move {
-        expect_patch(&mut handle).await;
-        let (req, send) = handle.next_request().await.expect("the binding POST");
-        assert_eq!(
-            req.uri().path(),
-            "/api/v1/namespaces/default/pods/embedder/binding"
-        );
+    let (index, h, err) = bind_through(|mut handle| async move {
+        let (_, send) = expect_binding(&mut handle).await;
         respond(
             send,
             409,
             br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Operation cannot be fulfilled on pods/binding \"embedder\": pod embedder is already assigned to node \"gpu-a\"","reason":"Conflict","details":{"name":"embedder","kind":"pods/binding"},"code":409}"#.to_vec(),
         );
-    });
-    let (_, reply) = call(&h.router, "POST", "/bind", bind_request(&dir)).await;
-    tokio::time::timeout(Duration::from_secs(5), api)
-        .await
-        .unwrap()
-        .unwrap();
-    let err = json(&reply)["Error"].as_str().unwrap().to_owned();
+        // bind reads the pod back: on another node, so the Binding was not ours.
+        answer_read_back(&mut handle, Some("gpu-a"), &serde_json::json!({})).await;
+        expect_no_more_requests(&mut handle).await;
+    })
+    .await;
     assert!(err.contains("already assigned"), "{err}");
     assert!(!reserved_on_gpu_b(&index));
     let (_, metrics) = call(&h.router, "GET", "/metrics", vec![]).await;
@@ -282,62 +305,44 @@ async fn concurrent_binds_to_one_node_never_double_book_a_gpu() {
     assert_eq!(ours, 1, "{:?}", l.gpus[0].reservations());
 }
 
-/// Issue 11: the Binding failed after the pod was annotated: bind takes the annotations back
-/// (a JSON patch that tests each value before removing it), and reserves nothing.
+const TIMED_OUT: &[u8] = br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"etcdserver: request timed out","code":500}"#;
+
+/// Issue 11: the Binding failed and the pod is still unbound: bind errs, writes nothing more
+/// (the annotations travel with the Binding, so there is nothing to take back) and reserves
+/// nothing.
 #[tokio::test]
-async fn a_failed_binding_takes_back_the_annotations_it_wrote() {
-    let dir = capture_dir();
-    let index = fixture_index(&dir, &node_cache_uids());
-    let (client, mut handle) = mock_client();
-    let h = harness_with(
-        index.clone(),
-        Arc::new(KubeBinder::new(client)),
-        Arc::new(MemoryBinder::default()),
-    );
-    let api = tokio::spawn(async move {
-        let written = expect_patch(&mut handle).await;
-        let (_, send) = handle.next_request().await.expect("the binding POST");
-        respond(
-            send,
-            500,
-            br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"etcdserver: request timed out","code":500}"#.to_vec(),
-        );
-        // bind reads the pod back: still unbound, with the annotations it wrote.
-        let (req, send) = handle.next_request().await.expect("the pod GET");
-        assert_eq!(req.method(), Method::GET);
-        assert_eq!(req.uri().path(), "/api/v1/namespaces/default/pods/embedder");
-        let pod = serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "embedder", "namespace": "default", "uid": EMBEDDER_UID,
-                         "annotations": written["metadata"]["annotations"].clone()},
-        });
-        respond(send, 200, serde_json::to_vec(&pod).unwrap());
-        let (req, send) = handle.next_request().await.expect("the take-back PATCH");
-        let (parts, ops) = body_json(req).await;
-        assert_eq!(parts.method, Method::PATCH);
-        assert_eq!(parts.headers["content-type"], "application/json-patch+json");
-        respond(send, 200, serde_json::to_vec(&pod).unwrap());
-        (written, ops)
-    });
-    let (_, reply) = call(&h.router, "POST", "/bind", bind_request(&dir)).await;
-    let (written, ops) = tokio::time::timeout(Duration::from_secs(5), api)
-        .await
-        .unwrap()
-        .unwrap();
-    let err = json(&reply)["Error"].as_str().unwrap().to_owned();
+async fn a_failed_binding_writes_nothing_and_reserves_nothing() {
+    let (index, _h, err) = bind_through(|mut handle| async move {
+        let (_, send) = expect_binding(&mut handle).await;
+        respond(send, 500, TIMED_OUT.to_vec());
+        answer_read_back(&mut handle, None, &serde_json::json!({})).await;
+        expect_no_more_requests(&mut handle).await;
+    })
+    .await;
     assert!(err.contains("request timed out"), "{err}");
-    let gpus = written["metadata"]["annotations"]["peakfit.io/assigned-gpus"].clone();
-    assert_eq!(
-        ops,
-        serde_json::json!([
-            {"op": "test", "path": "/metadata/annotations/peakfit.io~1assigned-gpus", "value": gpus},
-            {"op": "remove", "path": "/metadata/annotations/peakfit.io~1assigned-gpus"},
-            {"op": "test", "path": "/metadata/annotations/peakfit.io~1reserved-bytes",
-             "value": (6 * GIB).to_string()},
-            {"op": "remove", "path": "/metadata/annotations/peakfit.io~1reserved-bytes"},
-        ])
-    );
     assert!(!reserved_on_gpu_b(&index));
+}
+
+/// A Binding answered with an error that went through anyway (a retried request): the pod reads
+/// back bound to the node asked, with bind's annotations, and that is a success. Bound there
+/// without them (someone else's Binding) it is not.
+#[tokio::test]
+async fn a_binding_that_went_through_despite_an_error_counts_only_with_its_annotations() {
+    for (annotated, ok) in [(true, true), (false, false)] {
+        let (index, _h, err) = bind_through(move |mut handle| async move {
+            let (binding, send) = expect_binding(&mut handle).await;
+            respond(send, 500, TIMED_OUT.to_vec());
+            let on_pod = if annotated {
+                binding["metadata"]["annotations"].clone()
+            } else {
+                serde_json::json!({})
+            };
+            answer_read_back(&mut handle, Some("gpu-b"), &on_pod).await;
+        })
+        .await;
+        assert_eq!(err.is_empty(), ok, "annotated {annotated}: {err:?}");
+        assert_eq!(reserved_on_gpu_b(&index), ok, "annotated {annotated}");
+    }
 }
 
 /// Issue 11: kube-scheduler retries binds. A repeat to the same node is a success that writes

@@ -1,12 +1,14 @@
-//! Writing a bind decision: annotate the pod with its GPUs, then create its Binding; if the
-//! Binding fails, take back the annotations (while they are still ours) so that no stale
-//! `assigned-gpus` misleads the index.
+//! Writing a bind decision: one Binding that carries the pod's GPU annotations. The API server
+//! copies a Binding's annotations onto the pod in the same update that sets `spec.nodeName`, so
+//! the pod is bound and annotated at once or not at all: no stale `assigned-gpus` on an unbound
+//! pod, and one write (one watch event to every watcher) per pod where patching the pod first
+//! made two, which cost the scheduler's throughput on a busy API server (`scheduler_throughput`).
 
 use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ObjectMeta, PostParams};
 use parking_lot::Mutex;
 
 /// The field manager of every write the extender makes (pod annotations, Bindings, Node nudges).
@@ -24,12 +26,6 @@ pub struct BindTarget {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {
-    #[error("annotating pod {namespace}/{name} failed: {source}")]
-    Annotate {
-        namespace: String,
-        name: String,
-        source: kube::Error,
-    },
     #[error("creating the binding of pod {namespace}/{name} to node {node} failed: {source}")]
     Bind {
         namespace: String,
@@ -47,7 +43,7 @@ pub enum BindError {
 
 /// Where bind's writes go: the API server, or memory (file mode, tests).
 pub trait BindingWriter: Send + Sync {
-    /// Patches `annotations` onto the pod (skipped when empty), then creates the Binding.
+    /// Binds the pod with `annotations` written onto it (none when empty).
     fn bind<'a>(
         &'a self,
         target: &'a BindTarget,
@@ -88,13 +84,15 @@ impl KubeBinder {
     }
 }
 
-/// The Binding the API server expects: target Node, and the pod's UID as a precondition.
-pub fn binding_for(target: &BindTarget) -> Binding {
+/// The Binding the API server expects: target Node, the pod's UID as a precondition, and the
+/// annotations the API server copies onto the pod as it binds it.
+pub fn binding_for(target: &BindTarget, annotations: &BTreeMap<String, String>) -> Binding {
     Binding {
         metadata: ObjectMeta {
             name: Some(target.name.clone()),
             namespace: Some(target.namespace.clone()),
             uid: target.uid.clone(),
+            annotations: (!annotations.is_empty()).then(|| annotations.clone()),
             ..Default::default()
         },
         target: ObjectReference {
@@ -114,27 +112,6 @@ impl BindingWriter for KubeBinder {
     ) -> BoxFuture<'a, Result<(), BindError>> {
         Box::pin(async move {
             let pods: Api<Pod> = Api::namespaced(self.client.clone(), &target.namespace);
-            if !annotations.is_empty() {
-                // The UID in the patch makes the API server refuse it for a recreated pod.
-                let mut meta = serde_json::json!({ "annotations": annotations });
-                if let Some(uid) = &target.uid {
-                    meta["uid"] = serde_json::Value::String(uid.clone());
-                }
-                pods.patch(
-                    &target.name,
-                    &PatchParams {
-                        field_manager: Some(FIELD_MANAGER.into()),
-                        ..Default::default()
-                    },
-                    &Patch::Merge(serde_json::json!({ "metadata": meta })),
-                )
-                .await
-                .map_err(|source| BindError::Annotate {
-                    namespace: target.namespace.clone(),
-                    name: target.name.clone(),
-                    source,
-                })?;
-            }
             let created = pods
                 .create_subresource::<_, kube::core::Status>(
                     "binding",
@@ -143,24 +120,22 @@ impl BindingWriter for KubeBinder {
                         field_manager: Some(FIELD_MANAGER.into()),
                         ..Default::default()
                     },
-                    &binding_for(target),
+                    &binding_for(target, annotations),
                 )
                 .await;
             let Err(source) = created else { return Ok(()) };
-            if annotations.is_empty() {
-                return Err(bind_error(target, source));
-            }
+            // A retried request that went through after all: bound where asked, with our GPUs.
             match pods.get_opt(&target.name).await {
-                // Bound where we asked after all (a retried request that went through).
-                Ok(Some(pod)) if is_bound_to(&pod, target) => return Ok(()),
-                Ok(Some(_)) => take_back(&pods, target, annotations).await,
-                Ok(None) => {}
-                Err(e) => tracing::warn!(
-                    pod = %format!("{}/{}", target.namespace, target.name), error = %e,
-                    "the binding failed and the pod could not be read to take back its GPU annotations"
-                ),
+                Ok(Some(pod)) if is_bound_to(&pod, target, annotations) => Ok(()),
+                Ok(_) => Err(bind_error(target, source)),
+                Err(e) => {
+                    tracing::warn!(
+                        pod = %format!("{}/{}", target.namespace, target.name), error = %e,
+                        "the binding failed and the pod could not be read back"
+                    );
+                    Err(bind_error(target, source))
+                }
             }
-            Err(bind_error(target, source))
         })
     }
 
@@ -249,43 +224,14 @@ fn bind_error(target: &BindTarget, source: kube::Error) -> BindError {
     }
 }
 
-fn is_bound_to(pod: &Pod, target: &BindTarget) -> bool {
+fn is_bound_to(pod: &Pod, target: &BindTarget, annotations: &BTreeMap<String, String>) -> bool {
     let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
     let uid_ok = target.uid.is_none() || pod.metadata.uid == target.uid;
-    uid_ok && node == Some(target.node.as_str())
-}
-
-/// Removes the annotations bind wrote, each only while it still has the value written (a JSON
-/// patch `test` before each `remove`): a newer writer's values are left alone.
-async fn take_back(pods: &Api<Pod>, target: &BindTarget, annotations: &BTreeMap<String, String>) {
-    let ops: Vec<serde_json::Value> = annotations
+    let ours = pod.metadata.annotations.as_ref();
+    let annotated = annotations
         .iter()
-        .flat_map(|(k, v)| {
-            let path = format!(
-                "/metadata/annotations/{}",
-                k.replace('~', "~0").replace('/', "~1")
-            );
-            [
-                serde_json::json!({ "op": "test", "path": path, "value": v }),
-                serde_json::json!({ "op": "remove", "path": path }),
-            ]
-        })
-        .collect();
-    let patch: json_patch::Patch =
-        serde_json::from_value(serde_json::Value::Array(ops)).expect("test and remove operations");
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..Default::default()
-    };
-    if let Err(e) = pods
-        .patch(&target.name, &params, &Patch::Json::<()>(patch))
-        .await
-    {
-        tracing::warn!(
-            pod = %format!("{}/{}", target.namespace, target.name), error = %e,
-            "the binding failed and the pod's GPU annotations could not be taken back"
-        );
-    }
+        .all(|(k, v)| ours.and_then(|a| a.get(k)) == Some(v));
+    uid_ok && annotated && node == Some(target.node.as_str())
 }
 
 /// File mode: records every binding and hold in memory and logs it.

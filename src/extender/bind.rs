@@ -1,7 +1,7 @@
 //! Bind, the commit point: under the node's lock, re-check the fit against everything committed
 //! since filter, choose the GPUs and record them in the ledger at once (so filter counts binds in
-//! flight), then write the pod's annotations and its Binding, and take the record back if the API
-//! server refuses.
+//! flight), then write the Binding, which carries the pod's annotations, and take the record back
+//! if the API server refuses.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

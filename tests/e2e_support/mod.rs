@@ -436,7 +436,22 @@ impl Cluster {
     /// the GPUs idle and `observedAt` now. For the benches, where thousands of agent processes
     /// cannot run; the extender needs a `--max-report-age` longer than the run.
     pub async fn add_reported_node(&self, name: &str, gpus: Vec<Gpu>) {
-        self.create_ready_node(name, Some(gpus.len())).await;
+        let plugin_gpus = gpus.len();
+        self.add_reported_node_advertising(name, gpus, plugin_gpus)
+            .await;
+    }
+
+    /// [`Cluster::add_reported_node`] whose Node advertises `plugin_gpus` of `nvidia.com/gpu`
+    /// whatever its report holds: the throughput bench's contention variant gives the default
+    /// profile (which reads only the Node) and peakfit's (which reads only the report) each its
+    /// own GPUs, so that both fill the same share of what they schedule by.
+    pub async fn add_reported_node_advertising(
+        &self,
+        name: &str,
+        gpus: Vec<Gpu>,
+        plugin_gpus: usize,
+    ) {
+        self.create_ready_node(name, Some(plugin_gpus)).await;
         self.publish_report(name, &gpus, &[]).await;
         self.nodes.lock().unwrap().insert(
             name.to_owned(),
@@ -725,13 +740,21 @@ impl Cluster {
 
     /// The chart's `KubeSchedulerConfiguration` (`helm template`), with only the extender's port
     /// (a chart value) and the kubeconfig changed for this test.
+    pub fn scheduler_config(&self, extender_port: u16) -> Value {
+        self.scheduler_config_with(extender_port, &[])
+    }
+
+    /// [`Cluster::scheduler_config`] rendered with more `--set` chart values (e.g.
+    /// `scheduler.clientConnection.qps=500`), so what runs is what the chart makes of them.
     #[expect(
         clippy::unused_self,
         reason = "reads as a property of the cluster at call sites"
     )]
-    pub fn scheduler_config(&self, extender_port: u16) -> Value {
+    pub fn scheduler_config_with(&self, extender_port: u16, sets: &[&str]) -> Value {
         let port = format!("extender.port={extender_port}");
-        let docs = render_chart("templates/scheduler/configmap.yaml", &[&port]);
+        let mut all = vec![port.as_str()];
+        all.extend_from_slice(sets);
+        let docs = render_chart("templates/scheduler/configmap.yaml", &all);
         let text = docs[0]["data"]["scheduler-config.yaml"]
             .as_str()
             .expect("the chart's scheduler ConfigMap has scheduler-config.yaml");
@@ -748,7 +771,12 @@ impl Cluster {
     /// Starts a kube-scheduler named `name` from the chart's configuration pointing at the
     /// extender on `extender_port` (leader election as the chart configures it).
     pub fn start_scheduler(&self, name: &str, extender_port: u16) {
-        let config = self.scheduler_config(extender_port);
+        self.start_scheduler_with(name, extender_port, &[]);
+    }
+
+    /// [`Cluster::start_scheduler`] from the chart rendered with more `--set` values.
+    pub fn start_scheduler_with(&self, name: &str, extender_port: u16, sets: &[&str]) {
+        let config = self.scheduler_config_with(extender_port, sets);
         self.run_scheduler(name, &config);
     }
 
@@ -772,11 +800,13 @@ impl Cluster {
 
     /// Starts a kube-scheduler with every default (the `default-scheduler` profile, no
     /// extender), single instance: the baseline the benches compare peakfit's profile with.
-    pub fn start_plain_scheduler(&self, name: &str) {
+    /// Its API client rate is `qps`/`burst` (`clientConnection`; kube-scheduler's defaults are
+    /// 50/100), the same fields the chart's `scheduler.clientConnection` sets.
+    pub fn start_plain_scheduler(&self, name: &str, qps: f64, burst: u32) {
         let config = json!({
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",
-            "clientConnection": { "kubeconfig": "KUBECONFIG_PATH" },
+            "clientConnection": { "kubeconfig": "KUBECONFIG_PATH", "qps": qps, "burst": burst },
             "leaderElection": { "leaderElect": false },
             "profiles": [{ "schedulerName": "default-scheduler" }],
         });
