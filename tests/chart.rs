@@ -434,11 +434,25 @@ fn the_default_render_holds_what_each_object_needs() {
         of("", "pods/binding"),
         BTreeSet::from(["create".to_owned()])
     );
-    // Bind's annotations travel with the Binding: the pod itself is never written.
-    assert_eq!(
-        of("", "pods"),
-        BTreeSet::from(["get".to_owned(), "list".to_owned(), "watch".to_owned()])
+    // Bind's annotations travel with the Binding; the one write of a pod is a starving pod's
+    // hold (`peakfit.io/hold`), so with holds off the extender cannot write pods at all.
+    let read = ["get".to_owned(), "list".to_owned(), "watch".to_owned()];
+    let mut read_and_hold = BTreeSet::from(read.clone());
+    read_and_hold.insert("patch".to_owned());
+    assert_eq!(of("", "pods"), read_and_hold);
+    let no_holds: ClusterRole = named(
+        &render(&["--set", "extender.holds.after=off"]),
+        "ClusterRole",
+        "-extender",
     );
+    let pod_verbs: BTreeSet<String> = no_holds
+        .rules
+        .iter()
+        .flatten()
+        .filter(|r| r.resources.iter().flatten().any(|x| x == "pods"))
+        .flat_map(|r| r.verbs.iter().cloned())
+        .collect();
+    assert_eq!(pod_verbs, BTreeSet::from(read));
     // Self-preemption: evictions (never plain deletes), the nomination, the victims' events.
     assert_eq!(
         of("", "pods/eviction"),

@@ -147,6 +147,10 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
             &format!("127.0.0.1:{port}"),
             "--kubeconfig",
             &sched_kc.display().to_string(),
+            // A pod that fits nowhere gets a hold after 2 s (below): the extender's one write
+            // of a pod, which the chart's RBAC and bind-output policy must allow.
+            "--reserve-after",
+            "2s",
         ]),
         &[],
     );
@@ -207,6 +211,32 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
         .expect_err("a Binding carrying bind's output from anyone but peakfit's bind");
     assert!(err.to_string().contains("only peakfit's bind"), "{err}");
     assert_eq!(node_of(&pods.get("forged").await.unwrap()), "");
+
+    // A hold is written on the starving pod under the same service account: with `fill` on the
+    // other L4, a 20 GiB pod fits on neither GPU; once it has waited 2 s, the next retry (made
+    // by a new pod's arrival) writes `peakfit.io/hold` on it.
+    c.create_pod(NS, "fill", &[("peakfit.io/vram", "19Gi")])
+        .await;
+    c.wait_bound(NS, "fill", Duration::from_secs(60)).await;
+    c.create_pod(NS, "big", &[("peakfit.io/vram", "20Gi")])
+        .await;
+    c.wait_event(NS, "big", "FailedScheduling", Duration::from_secs(30))
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.create_pod(NS, "poke", &[("peakfit.io/vram", "1Gi")])
+        .await;
+    c.wait_event(NS, "big", "holding GPU", Duration::from_secs(60))
+        .await;
+    let big = pods.get("big").await.unwrap();
+    assert!(
+        big.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(peakfit::cluster::hold::HOLD)),
+        "{:?}",
+        big.metadata.annotations
+    );
+    c.assert_no_overcommit().await;
 }
 
 /// The chart's `ServiceAccounts`, RBAC and admission policies, applied by kubectl as rendered.

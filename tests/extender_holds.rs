@@ -271,7 +271,7 @@ async fn the_hold_is_a_merge_patch_conditioned_on_the_resource_version() {
         }})
     );
     match err {
-        BindError::Annotate { source, .. } => {
+        BindError::Hold { source, .. } => {
             assert!(
                 source.to_string().contains("409") || source.to_string().contains("Conflict"),
                 "{source}"

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use parking_lot::Mutex;
 
 /// The field manager of every write the extender makes (pod annotations, Bindings, Node nudges).
@@ -31,6 +31,12 @@ pub enum BindError {
         namespace: String,
         name: String,
         node: String,
+        source: kube::Error,
+    },
+    #[error("writing the hold (peakfit.io/hold) on pod {namespace}/{name} failed: {source}")]
+    Hold {
+        namespace: String,
+        name: String,
         source: kube::Error,
     },
     #[error("reading pod {namespace}/{name} from the API server failed: {source}")]
@@ -157,7 +163,7 @@ impl BindingWriter for KubeBinder {
                 &Patch::Merge(hold_patch(target, value, resource_version)),
             )
             .await
-            .map_err(|source| BindError::Annotate {
+            .map_err(|source| BindError::Hold {
                 namespace: target.namespace.clone(),
                 name: target.name.clone(),
                 source,
