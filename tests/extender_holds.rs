@@ -218,6 +218,51 @@ async fn no_hold_before_the_wait_nor_beyond_the_cap_nor_when_off() {
     assert!(h.binder.holds.lock().is_empty(), "the cap is reached");
 }
 
+/// `--reserve-max` is a fraction of the GPU nodes: with two GPU nodes and a hold in force on the
+/// other one, 0.1 allows no second hold, however many CPU-only nodes the cluster has (counting
+/// all 22 nodes it would allow three, and `big` would get one on `NODE`).
+#[tokio::test]
+async fn the_cap_is_a_fraction_of_the_gpu_nodes_not_of_every_node() {
+    let index = cluster();
+    let second = "gpu-2";
+    let second_uuid = |i: usize| format!("GPU-1000000{i}-aaaa-bbbb-cccc-000000000000");
+    index.apply_node(&mk_node(second));
+    index.apply_report(&mk_report(
+        second,
+        "2026-11-21T17:48:20Z",
+        (0..4)
+            .map(|i| mk_gpu(i, second_uuid(i), 80 * GIB, 0))
+            .collect(),
+    ));
+    for i in 0..20 {
+        index.apply_node(&mk_node(&format!("cpu-{i:02}")));
+    }
+    let mut other = big();
+    other.metadata.name = Some("other".into());
+    other.metadata.uid = Some("uid-other".into());
+    let note = HoldNote {
+        node: second.into(),
+        gpus: vec![second_uuid(0)],
+        bytes: vec![GIB],
+        made_unix: capture_clock(),
+        until_unix: capture_clock() + 3600,
+    };
+    other
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(HOLD.into(), note.to_annotation());
+    index.apply_pod(&other);
+    let h = harness_with_holds(index.clone(), Some(settings()));
+    filter(&h, &big()).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        h.binder.holds.lock().is_empty(),
+        "0.1 of 2 GPU nodes is one hold, and one is in force"
+    );
+}
+
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
 /// The hold's write as the API server gets it, and its 409 when the pod changed since.

@@ -41,12 +41,12 @@ pub fn parse_reserve_after(s: &str) -> Result<ReserveAfter, String> {
         .map_err(|e| format!("--reserve-after (or PEAKFIT_RESERVE_AFTER): {e}, or off"))
 }
 
-/// `--reserve-max`: a fraction of the nodes above 0 and at most 1.
+/// `--reserve-max`: a fraction of the GPU nodes above 0 and at most 1.
 pub fn parse_reserve_max(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
         _ => Err(format!(
-            "--reserve-max (or PEAKFIT_RESERVE_MAX) {s:?}: a fraction of the nodes above 0 and \
+            "--reserve-max (or PEAKFIT_RESERVE_MAX) {s:?}: a fraction of the GPU nodes above 0 and \
              at most 1, such as 0.1"
         )),
     }
@@ -72,8 +72,8 @@ pub struct HoldArgs {
     /// How long a hold lasts if its pod has not bound (it may then be made again).
     #[arg(long, env = "PEAKFIT_RESERVE_DEADLINE", default_value = "1h", value_parser = crate::flags::parse_nonzero_duration)]
     pub reserve_deadline: Duration,
-    /// Holds at once, as a fraction of the nodes (rounded up, at least one): each idles memory
-    /// while its GPUs drain.
+    /// Holds at once, as a fraction of the GPU nodes (rounded up, at least one): each idles
+    /// memory while its GPUs drain.
     #[arg(long, env = "PEAKFIT_RESERVE_MAX", default_value = "0.1", value_parser = parse_reserve_max)]
     pub reserve_max: f64,
 }
@@ -83,7 +83,7 @@ pub struct HoldArgs {
 pub struct HoldSettings {
     pub after: Duration,
     pub deadline: Duration,
-    /// Holds at once, as a fraction of the nodes.
+    /// Holds at once, as a fraction of the GPU nodes.
     pub per_node: f64,
 }
 
@@ -199,7 +199,7 @@ impl Extender {
         else {
             return;
         };
-        let cfg = settings.config(self.index.node_count());
+        let cfg = settings.config(self.index.gpu_node_count());
         let waited = now.saturating_sub(created);
         if waited < cfg.after_secs || self.index.holds_active(now) >= cfg.max_holds {
             return;

@@ -140,6 +140,16 @@ impl Index {
         self.nodes.read().len()
     }
 
+    /// Nodes whose ledger has at least one GPU (a report with GPUs). What `--reserve-max` is a
+    /// fraction of: the simulation that chose its default had GPU nodes only, and a cluster's
+    /// CPU-only nodes would otherwise raise the cap on held GPU memory.
+    pub fn gpu_node_count(&self) -> usize {
+        self.all_slots()
+            .iter()
+            .filter(|s| !s.read().ledger.gpus.is_empty())
+            .count()
+    }
+
     pub fn pod_count(&self) -> usize {
         self.pods.read().by_key.len()
     }
