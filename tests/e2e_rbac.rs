@@ -223,10 +223,31 @@ async fn every_component_works_with_exactly_the_charts_permissions() {
     c.wait_event(NS, "big", "FailedScheduling", Duration::from_secs(30))
         .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    c.create_pod(NS, "poke", &[("peakfit.io/vram", "1Gi")])
-        .await;
-    c.wait_event(NS, "big", "holding GPU", Duration::from_secs(60))
-        .await;
+    // Each arriving pod makes kube-scheduler retry `big`. The hold's write is conditioned on the
+    // resourceVersion the filter saw, and the scheduler's own status update after a failed
+    // attempt can land first (409, no hold that round: a known race, see the README's holds
+    // section), so pods keep arriving until one retry writes it.
+    let mut held = false;
+    for i in 0..6 {
+        c.create_pod(NS, &format!("poke-{i}"), &[("peakfit.io/vram", "1Gi")])
+            .await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if c.event_messages(NS, "big")
+                .await
+                .iter()
+                .any(|m| m.contains("holding GPU"))
+            {
+                held = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if held {
+            break;
+        }
+    }
+    assert!(held, "{:?}", c.event_messages(NS, "big").await);
     let big = pods.get("big").await.unwrap();
     assert!(
         big.metadata
