@@ -69,6 +69,27 @@ fn small(name: &str, priority: i32) -> k8s_openapi::api::core::v1::Pod {
     p
 }
 
+/// Another pending pod like `big`, with a hold in force on one GPU of `node` for `secs` more.
+fn other_holding(node: &str, gpu: &str, secs: i64) -> k8s_openapi::api::core::v1::Pod {
+    let mut other = big();
+    other.metadata.name = Some("other".into());
+    other.metadata.uid = Some("uid-other".into());
+    let note = HoldNote {
+        node: node.into(),
+        gpus: vec![gpu.to_owned()],
+        bytes: vec![GIB],
+        made_unix: capture_clock(),
+        until_unix: capture_clock() + secs,
+    };
+    other
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(HOLD.into(), note.to_annotation());
+    other
+}
+
 fn settings() -> HoldSettings {
     HoldSettings {
         after: Duration::from_secs(1800),
@@ -196,23 +217,7 @@ async fn no_hold_before_the_wait_nor_beyond_the_cap_nor_when_off() {
     assert!(off.binder.holds.lock().is_empty(), "--reserve-after off");
 
     // One node: the cap is one hold. Another pod's hold in force leaves no room.
-    let mut other = big();
-    other.metadata.name = Some("other".into());
-    other.metadata.uid = Some("uid-other".into());
-    let note = HoldNote {
-        node: NODE.into(),
-        gpus: vec![uuid(0)],
-        bytes: vec![GIB],
-        made_unix: capture_clock(),
-        until_unix: capture_clock() + 60,
-    };
-    other
-        .metadata
-        .annotations
-        .as_mut()
-        .unwrap()
-        .insert(HOLD.into(), note.to_annotation());
-    index.apply_pod(&other);
+    index.apply_pod(&other_holding(NODE, &uuid(0), 60));
     filter(&h, &big()).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(h.binder.holds.lock().is_empty(), "the cap is reached");
@@ -237,23 +242,7 @@ async fn the_cap_is_a_fraction_of_the_gpu_nodes_not_of_every_node() {
     for i in 0..20 {
         index.apply_node(&mk_node(&format!("cpu-{i:02}")));
     }
-    let mut other = big();
-    other.metadata.name = Some("other".into());
-    other.metadata.uid = Some("uid-other".into());
-    let note = HoldNote {
-        node: second.into(),
-        gpus: vec![second_uuid(0)],
-        bytes: vec![GIB],
-        made_unix: capture_clock(),
-        until_unix: capture_clock() + 3600,
-    };
-    other
-        .metadata
-        .annotations
-        .as_mut()
-        .unwrap()
-        .insert(HOLD.into(), note.to_annotation());
-    index.apply_pod(&other);
+    index.apply_pod(&other_holding(second, &second_uuid(0), 3600));
     let h = harness_with_holds(index.clone(), Some(settings()));
     filter(&h, &big()).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
