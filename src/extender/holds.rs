@@ -199,9 +199,14 @@ impl Extender {
         else {
             return;
         };
-        let cfg = settings.config(self.index.gpu_node_count());
         let waited = now.saturating_sub(created);
-        if waited < cfg.after_secs || self.index.holds_active(now) >= cfg.max_holds {
+        if waited < i64::try_from(settings.after.as_secs()).unwrap_or(i64::MAX) {
+            return;
+        }
+        // Counting the GPU nodes reads every slot: only for a pod that has waited long enough,
+        // not on each refusal of a young pod (the common case).
+        let cfg = settings.config(self.index.gpu_node_count());
+        if self.index.holds_active(now) >= cfg.max_holds {
             return;
         }
         if !self.hold_writes.lock().insert(key.to_owned()) {
