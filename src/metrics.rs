@@ -238,6 +238,11 @@ pub mod extender {
     pub use crate::cluster::index::ReasonLabels;
 
     #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+    pub struct OutcomeLabels {
+        pub outcome: &'static str,
+    }
+
+    #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
     pub struct GpuLabels {
         pub node: String,
         pub uuid: String,
@@ -275,8 +280,14 @@ pub mod extender {
         pub holds_active: Gauge,
         /// Holds this replica wrote.
         pub holds_made: Counter,
-        /// Holds this replica saw reach their deadline before their pod bound.
+        /// Holds this replica saw reach their deadline before their pod bound (not those
+        /// already past it when this replica started, which another process counted).
         pub holds_expired: Counter,
+        /// Hold writes refused with a conflict, by what the pod read back led to: `retried`,
+        /// `adopted` (another replica's hold), `given_up`.
+        pub holds_write_conflicts: Family<OutcomeLabels, Counter>,
+        /// Expired holds this replica removed from their pods.
+        pub holds_cleared: Counter,
     }
 
     fn latency_histogram() -> Histogram {
@@ -309,6 +320,8 @@ pub mod extender {
                 holds_active: Gauge::default(),
                 holds_made: Counter::default(),
                 holds_expired: Counter::default(),
+                holds_write_conflicts: Family::default(),
+                holds_cleared: Counter::default(),
             };
             let r = &mut registry;
             r.register(
@@ -378,8 +391,20 @@ pub mod extender {
             );
             r.register(
                 "holds_expired",
-                "Holds that reached their deadline before their pod bound",
+                "Holds that reached their deadline before their pod bound while this replica ran",
                 m.holds_expired.clone(),
+            );
+            r.register(
+                "holds_write_conflicts",
+                "Hold writes refused because the pod changed since filter read it (usually \
+                 kube-scheduler's own status update), by what re-reading the pod led to: retried \
+                 on its new version, adopted another replica's hold, or given up",
+                m.holds_write_conflicts.clone(),
+            );
+            r.register(
+                "holds_cleared",
+                "Expired holds (peakfit.io/hold) this replica removed from their pending pods",
+                m.holds_cleared.clone(),
             );
             Self { registry, ..m }
         }

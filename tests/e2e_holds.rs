@@ -5,7 +5,8 @@
 //! node or beside the hold, never on the memory it keeps, and the big pod binds on its held GPUs
 //! within `--reserve-deadline`. The extender is restarted in the middle and finds the hold again
 //! in the pod's annotation. Nothing is over-committed. With `--reserve-after off` the same stream
-//! leaves the big pod pending: the small pods take each GPU's freed memory.
+//! leaves the big pod pending: the small pods take each GPU's freed memory. And a hold that
+//! reaches its deadline is removed from its pod's annotations.
 //!
 //! No kubelet: a pod "finishes" when the test deletes it; the reports stay as written (idle GPUs),
 //! so the ledgers count the pods' reservations, as they do between two agent polls.
@@ -187,5 +188,95 @@ async fn without_holds_the_same_stream_starves_the_four_gpu_pod() {
         "e2e holds off: the 4-GPU pod still pending {:.1} s after it was created",
         created.elapsed().as_secs_f64()
     );
+    c.assert_no_overcommit().await;
+}
+
+/// An expired hold leaves the pod: one H100 with a 60 GiB pod on it, a 40 GiB pod that fits
+/// nowhere gets a hold at once (`--reserve-after 0s`, so the hold's write races kube-scheduler's
+/// own status update of the failed attempt, the conflict that is retried) lasting 5 s. The
+/// filler never leaves, so the hold reaches its deadline; the sweep then removes the very
+/// annotation from the pod within a couple of seconds (a later attempt may write a new hold,
+/// never the old one back), and no annotation read meanwhile is long past its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_hold_is_removed_from_its_pod() {
+    const NODE: &str = "h100-one";
+    let c = Cluster::up().await;
+    c.namespace(NS).await;
+    c.add_reported_node(NODE, vec![Gpu::h100(NODE, 0)]).await;
+    let ext = c
+        .start_peakfit(&[
+            "--max-report-age",
+            "1h",
+            "--reserve-after",
+            "0s",
+            "--reserve-deadline",
+            "5s",
+        ])
+        .await;
+    c.create_pod(NS, "filler", &[("peakfit.io/vram", "60Gi")])
+        .await;
+    c.wait_bound(NS, "filler", Duration::from_secs(60)).await;
+    c.create_pod(NS, "waiting", &[("peakfit.io/vram", "40Gi")])
+        .await;
+    c.wait_event(
+        NS,
+        "waiting",
+        "holding GPU 0 of node h100-one",
+        Duration::from_secs(30),
+    )
+    .await;
+    let pods = c.pods(NS);
+    let note_of = |p: &k8s_openapi::api::core::v1::Pod| {
+        p.annotations()
+            .get(HOLD)
+            .map(|v| HoldNote::parse(v).unwrap())
+    };
+    let first = eventually(Duration::from_secs(10), "the hold on the pod", || {
+        let pods = pods.clone();
+        async move { note_of(&pods.get("waiting").await.unwrap()) }
+    })
+    .await;
+    assert_eq!(first.until_unix - first.made_unix, 5);
+
+    // Until well past its deadline: every annotation read is in force or barely past it, and
+    // the first one goes.
+    let mut gone_at = None;
+    loop {
+        let now = jiff::Timestamp::now().as_second();
+        if now > first.until_unix + 15 {
+            break;
+        }
+        if let Some(note) = note_of(&pods.get("waiting").await.unwrap()) {
+            assert!(
+                note.until_unix + 3 >= now,
+                "a hold {} s past its deadline is still on the pod: {note:?}",
+                now - note.until_unix
+            );
+            if note != first {
+                gone_at.get_or_insert(now);
+            }
+        } else {
+            gone_at.get_or_insert(now);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let gone_at = gone_at.expect("the expired hold never left the pod");
+    // `abs`: a series not yet exposed sums to -0.
+    let count = |name: &str, labels: &str| c.metric(&ext, name, labels).abs();
+    println!(
+        "e2e holds: the expired hold left the pod {} s after its deadline; conflicts retried: {}, \
+         holds made {}, expired {}, removed {}",
+        gone_at - first.until_unix,
+        count(
+            "peakfit_holds_write_conflicts_total",
+            r#"outcome="retried""#
+        ),
+        count("peakfit_holds_made_total", ""),
+        count("peakfit_holds_expired_total", ""),
+        count("peakfit_holds_cleared_total", ""),
+    );
+    assert!(count("peakfit_holds_cleared_total", "") >= 1.0);
+    assert!(count("peakfit_holds_expired_total", "") >= 1.0);
+    assert_eq!(node_of(&pods.get("waiting").await.unwrap()), "");
     c.assert_no_overcommit().await;
 }

@@ -247,6 +247,14 @@ impl BindingWriter for SlowBinder {
     ) -> BoxFuture<'a, Result<(), BindError>> {
         self.0.hold(target, value, resource_version, event)
     }
+
+    fn clear_hold<'a>(
+        &'a self,
+        target: &'a BindTarget,
+        resource_version: &'a str,
+    ) -> BoxFuture<'a, Result<(), BindError>> {
+        self.0.clear_hold(target, resource_version)
+    }
 }
 
 /// Two pods that each fit gpu-b's best GPU but not both: the node's lock makes the second bind

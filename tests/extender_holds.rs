@@ -7,6 +7,7 @@
 mod extender_support;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use extender_support::*;
@@ -16,7 +17,9 @@ use kube::client::Body;
 use peakfit::cluster::binding::{BindError, BindTarget, BindingWriter, KubeBinder};
 use peakfit::cluster::hold::{HOLD, HoldNote};
 use peakfit::cluster::index::Index;
-use peakfit::extender::holds::HoldSettings;
+use peakfit::extender::Extender;
+use peakfit::extender::holds::{HoldSettings, HoldWrite, WRITE_RETRIES, write_hold};
+use peakfit::metrics::extender::ExtenderMetrics;
 use peakfit::placement::PodKey;
 use serde_json::{Value, json};
 
@@ -313,4 +316,321 @@ async fn the_hold_is_a_merge_patch_conditioned_on_the_resource_version() {
         }
         other => panic!("{other}"),
     }
+}
+
+/// A fake API server that answers the requests it gets, in order, with `answers` (status and
+/// JSON body), and gives back each request's method, path and JSON body (`Null` when empty),
+/// and the handle for more.
+fn api_answering(
+    mut handle: Handle,
+    answers: Vec<(u16, Value)>,
+) -> tokio::task::JoinHandle<(Handle, Vec<Seen>)> {
+    tokio::spawn(async move {
+        let mut seen = Vec::new();
+        for (status, answer) in answers {
+            let Some((req, send)) = handle.next_request().await else {
+                break;
+            };
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect_bytes().await.unwrap();
+            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            seen.push((parts.method, parts.uri.path().to_owned(), body));
+            send.send_response(
+                Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                    .unwrap(),
+            );
+        }
+        (handle, seen)
+    })
+}
+
+/// A request the fake API server answered: method, path, JSON body.
+type Seen = (Method, String, Value);
+
+/// The API server's 409 for a write whose `resourceVersion` is stale.
+fn conflict() -> Value {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "Operation cannot be fulfilled on pods \"big\": the object has been modified; \
+                    please apply your changes to the latest version and try again",
+        "reason": "Conflict", "details": {"name": "big", "kind": "pods"}, "code": 409,
+    })
+}
+
+/// `big` as a GET returns it at `rv`, pending, with `hold` as its annotation.
+fn big_at(rv: &str, hold: Option<&HoldNote>) -> Value {
+    let mut p = big();
+    p.metadata.resource_version = Some(rv.into());
+    if let Some(h) = hold {
+        p.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(HOLD.into(), h.to_annotation());
+    }
+    serde_json::to_value(&p).unwrap()
+}
+
+fn target() -> BindTarget {
+    BindTarget {
+        namespace: "ml".into(),
+        name: "big".into(),
+        uid: Some("uid-big".into()),
+        node: NODE.into(),
+    }
+}
+
+fn hold_note(made: i64, secs: i64) -> HoldNote {
+    HoldNote {
+        node: NODE.into(),
+        gpus: (0..4).map(uuid).collect(),
+        bytes: vec![70 * GIB; 4],
+        made_unix: made,
+        until_unix: made + secs,
+    }
+}
+
+fn metrics_text(m: &ExtenderMetrics) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &m.registry).unwrap();
+    text
+}
+
+/// The race CI found: kube-scheduler's own status update lands between filter's read and the
+/// hold's write, which gets 409. The writer reads the pod again and writes on its new version,
+/// and the event follows the write that went through.
+#[tokio::test]
+async fn a_conflict_with_the_schedulers_status_update_is_retried_on_the_new_version() {
+    let (svc, handle): (_, Handle) = tower_test::mock::pair();
+    let binder = KubeBinder::new(kube::Client::new(svc, "default"));
+    let metrics = ExtenderMetrics::new();
+    let note = hold_note(capture_clock(), 3600);
+    let value = note.to_annotation();
+    let api = api_answering(
+        handle,
+        vec![
+            (409, conflict()),
+            (200, big_at("4243", None)),
+            (200, big_at("4244", Some(&note))),
+            (
+                201,
+                json!({"kind": "Event", "apiVersion": "v1", "metadata": {"name": "big.1"}}),
+            ),
+        ],
+    );
+    let written = write_hold(
+        &binder,
+        &metrics,
+        (&target(), &value, "holding"),
+        Some("4242".into()),
+        capture_clock(),
+    )
+    .await;
+    assert_eq!(written, HoldWrite::Written { conflicts: 1 });
+    let (_, seen) = api.await.unwrap();
+    let calls: Vec<(&Method, &str)> = seen.iter().map(|(m, p, _)| (m, p.as_str())).collect();
+    assert_eq!(
+        calls,
+        [
+            (&Method::PATCH, "/api/v1/namespaces/ml/pods/big"),
+            (&Method::GET, "/api/v1/namespaces/ml/pods/big"),
+            (&Method::PATCH, "/api/v1/namespaces/ml/pods/big"),
+            (&Method::POST, "/api/v1/namespaces/ml/events"),
+        ]
+    );
+    assert_eq!(seen[0].2["metadata"]["resourceVersion"], "4242");
+    assert_eq!(
+        seen[2].2,
+        json!({"metadata": {
+            "annotations": {HOLD: value},
+            "uid": "uid-big",
+            "resourceVersion": "4243",
+        }})
+    );
+    assert!(
+        metrics_text(&metrics)
+            .contains(r#"peakfit_holds_write_conflicts_total{outcome="retried"} 1"#),
+        "{}",
+        metrics_text(&metrics)
+    );
+}
+
+/// Another replica wrote its hold first: the re-read finds it in force, and it is adopted, not
+/// overwritten. A pod that changes under every write is given up after `WRITE_RETRIES`, and one
+/// that bound meanwhile at once.
+#[tokio::test]
+async fn after_a_conflict_another_replicas_hold_is_adopted_and_a_bound_pod_given_up() {
+    let theirs = hold_note(capture_clock() - 5, 3600);
+    let ours = hold_note(capture_clock(), 3600).to_annotation();
+    let metrics = ExtenderMetrics::new();
+    let write = |answers: Vec<(u16, Value)>| {
+        let (svc, handle): (_, Handle) = tower_test::mock::pair();
+        let binder = KubeBinder::new(kube::Client::new(svc, "default"));
+        let api = api_answering(handle, answers);
+        let (metrics, ours) = (&metrics, &ours);
+        async move {
+            let out = write_hold(
+                &binder,
+                metrics,
+                (&target(), ours, "holding"),
+                Some("4242".into()),
+                capture_clock(),
+            )
+            .await;
+            (out, api.await.unwrap().1)
+        }
+    };
+
+    let (out, seen) = write(vec![
+        (409, conflict()),
+        (200, big_at("4243", Some(&theirs))),
+    ])
+    .await;
+    assert_eq!(out, HoldWrite::Adopted(theirs.clone()));
+    assert_eq!(seen.len(), 2, "no second write");
+
+    let mut bound: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(big_at("4250", None)).unwrap();
+    bound.spec.as_mut().unwrap().node_name = Some("gpu-b".into());
+    let (out, seen) = write(vec![
+        (409, conflict()),
+        (200, serde_json::to_value(&bound).unwrap()),
+    ])
+    .await;
+    assert!(
+        matches!(&out, HoldWrite::NotWritten(why) if why.contains("the pod is bound")),
+        "{out:?}"
+    );
+    assert_eq!(seen.len(), 2);
+
+    // Changed under every write: 1 + WRITE_RETRIES writes, then given up.
+    let mut answers = Vec::new();
+    for i in 0..WRITE_RETRIES {
+        answers.push((409, conflict()));
+        answers.push((200, big_at(&format!("43{i}"), None)));
+    }
+    answers.push((409, conflict()));
+    let (out, seen) = write(answers).await;
+    assert!(
+        matches!(&out, HoldWrite::NotWritten(why) if why.contains("4 conflicts in a row")),
+        "{out:?}"
+    );
+    let patches = seen.iter().filter(|(m, ..)| m == Method::PATCH).count();
+    assert_eq!(patches, WRITE_RETRIES + 1);
+
+    let text = metrics_text(&metrics);
+    for (outcome, n) in [("adopted", 1), ("given_up", 2), ("retried", 3)] {
+        assert!(
+            text.contains(&format!(
+                "peakfit_holds_write_conflicts_total{{outcome=\"{outcome}\"}} {n}"
+            )),
+            "{outcome}: {text}"
+        );
+    }
+}
+
+static SWEEP_CLOCK: AtomicI64 = AtomicI64::new(0);
+
+fn sweep_clock() -> i64 {
+    SWEEP_CLOCK.load(Ordering::Relaxed)
+}
+
+/// Waits until the fake API server has answered everything it was given.
+async fn answered(api: tokio::task::JoinHandle<(Handle, Vec<Seen>)>) -> (Handle, Vec<Seen>) {
+    tokio::time::timeout(Duration::from_secs(5), api)
+        .await
+        .expect("the sweep's requests")
+        .unwrap()
+}
+
+/// The sweep removes an expired hold from its pod: it reads the pod, and removes the annotation
+/// (JSON merge patch with `null`) on the version read, only while it is the very hold that
+/// expired. A hold that expires while the extender runs is counted in
+/// `peakfit_holds_expired_total`; one already past its deadline when the watch first brings it
+/// (after a restart) is removed but not counted again. When another replica removed it first
+/// (409, then the annotation is gone), nothing more is written.
+#[tokio::test]
+async fn the_sweep_removes_an_expired_hold_from_its_pod_once() {
+    let t0 = capture_clock();
+    SWEEP_CLOCK.store(t0, Ordering::Relaxed);
+    let index = cluster();
+    let (svc, handle): (_, Handle) = tower_test::mock::pair();
+    let binder = Arc::new(KubeBinder::new(kube::Client::new(svc, "default")));
+    let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), sweep_clock));
+    let ext = Extender::new(index.clone(), metrics.clone(), binder)
+        .with_clock(sweep_clock)
+        .with_holds(Some(settings()));
+
+    // Past its deadline before this extender started: removed, not counted.
+    let stale = hold_note(t0 - 7200, 3600);
+    let pod: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(big_at("100", Some(&stale))).unwrap();
+    index.apply_pod(&pod);
+    let api = api_answering(
+        handle,
+        vec![
+            (200, big_at("100", Some(&stale))),
+            (200, big_at("101", None)),
+        ],
+    );
+    ext.sweep_holds();
+    let (handle, seen) = answered(api).await;
+    assert_eq!(seen[0].0, Method::GET);
+    assert_eq!(seen[1].0, Method::PATCH);
+    assert_eq!(seen[1].1, "/api/v1/namespaces/ml/pods/big");
+    assert_eq!(
+        seen[1].2,
+        json!({"metadata": {
+            "annotations": {HOLD: null},
+            "uid": "uid-big",
+            "resourceVersion": "100",
+        }})
+    );
+    let text = eventually_text(&metrics, "peakfit_holds_cleared_total 1").await;
+    assert!(text.contains("peakfit_holds_expired_total 0"), "{text}");
+    // Swept once: the watch bringing the annotation back changes nothing.
+    index.apply_pod(&pod);
+    ext.sweep_holds();
+    assert_eq!(index.holds_active(t0), 0);
+
+    // A new hold made while the extender runs expires: counted; another replica removed it
+    // first (409, then gone), so nothing more is written.
+    let fresh = hold_note(t0 + 10, 60);
+    let pod: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(big_at("200", Some(&fresh))).unwrap();
+    index.apply_pod(&pod);
+    SWEEP_CLOCK.store(t0 + 69, Ordering::Relaxed);
+    ext.sweep_holds();
+    assert_eq!(index.holds_active(t0 + 69), 1, "not yet");
+    let api = api_answering(
+        handle,
+        vec![
+            (200, big_at("200", Some(&fresh))),
+            (409, conflict()),
+            (200, big_at("201", None)),
+        ],
+    );
+    SWEEP_CLOCK.store(t0 + 70, Ordering::Relaxed);
+    ext.sweep_holds();
+    let (_, seen) = answered(api).await;
+    let calls: Vec<&Method> = seen.iter().map(|(m, ..)| m).collect();
+    assert_eq!(calls, [&Method::GET, &Method::PATCH, &Method::GET]);
+    let text = eventually_text(&metrics, "peakfit_holds_expired_total 1").await;
+    assert!(text.contains("peakfit_holds_cleared_total 1"), "{text}");
+    assert!(text.contains("peakfit_holds_active 0"), "{text}");
+}
+
+/// The metrics once `want` is in them (the removal runs in the background).
+async fn eventually_text(metrics: &ExtenderMetrics, want: &str) -> String {
+    for _ in 0..200 {
+        let text = metrics_text(metrics);
+        if text.contains(want) {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{want} never came: {}", metrics_text(metrics));
 }

@@ -45,6 +45,28 @@ pub enum BindError {
         name: String,
         source: kube::Error,
     },
+    #[error(
+        "removing the expired hold (peakfit.io/hold) from pod {namespace}/{name} failed: {source}"
+    )]
+    ClearHold {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+}
+
+impl BindError {
+    /// Whether the API server refused the write because a precondition failed (the pod's
+    /// `resourceVersion` or UID): the pod changed, so the writer reads it again and decides anew.
+    pub fn is_conflict(&self) -> bool {
+        let source = match self {
+            Self::Bind { source, .. }
+            | Self::Hold { source, .. }
+            | Self::Read { source, .. }
+            | Self::ClearHold { source, .. } => source,
+        };
+        matches!(source, kube::Error::Api(s) if s.code == 409)
+    }
 }
 
 /// Where bind's writes go: the API server, or memory (file mode, tests).
@@ -67,8 +89,19 @@ pub trait BindingWriter: Send + Sync {
         event: &'a str,
     ) -> BoxFuture<'a, Result<(), BindError>>;
 
+    /// Removes an expired `peakfit.io/hold` from a pending pod, on condition that the pod is
+    /// still at `resource_version` (read just before, with the expired hold on it): a new hold
+    /// written meanwhile is never removed, and of several replicas sweeping the same hold one
+    /// removes it.
+    fn clear_hold<'a>(
+        &'a self,
+        target: &'a BindTarget,
+        resource_version: &'a str,
+    ) -> BoxFuture<'a, Result<(), BindError>>;
+
     /// The pod as the API server has it now, for a bind that arrives before the watch delivered
-    /// the pod. `Ok(None)`: no such pod (or nothing to ask, as in file mode).
+    /// the pod, and for a hold's write or removal refused with a conflict. `Ok(None)`: no such
+    /// pod (or nothing to ask, as in file mode).
     fn get_pod<'a>(
         &'a self,
         _namespace: &'a str,
@@ -87,6 +120,22 @@ pub struct KubeBinder {
 impl KubeBinder {
     pub fn new(client: kube::Client) -> Self {
         Self { client }
+    }
+
+    /// A JSON merge patch of the pod `target` names, as the extender's field manager.
+    async fn merge_patch(
+        &self,
+        target: &BindTarget,
+        patch: &serde_json::Value,
+    ) -> Result<(), kube::Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &target.namespace);
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        pods.patch(&target.name, &params, &Patch::Merge(patch))
+            .await
+            .map(drop)
     }
 }
 
@@ -153,21 +202,13 @@ impl BindingWriter for KubeBinder {
         event: &'a str,
     ) -> BoxFuture<'a, Result<(), BindError>> {
         Box::pin(async move {
-            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &target.namespace);
-            pods.patch(
-                &target.name,
-                &PatchParams {
-                    field_manager: Some(FIELD_MANAGER.into()),
-                    ..Default::default()
-                },
-                &Patch::Merge(hold_patch(target, value, resource_version)),
-            )
-            .await
-            .map_err(|source| BindError::Hold {
-                namespace: target.namespace.clone(),
-                name: target.name.clone(),
-                source,
-            })?;
+            self.merge_patch(target, &hold_patch(target, value, resource_version))
+                .await
+                .map_err(|source| BindError::Hold {
+                    namespace: target.namespace.clone(),
+                    name: target.name.clone(),
+                    source,
+                })?;
             let pod = crate::cluster::events::PodRef {
                 namespace: &target.namespace,
                 name: &target.name,
@@ -182,6 +223,22 @@ impl BindingWriter for KubeBinder {
             )
             .await;
             Ok(())
+        })
+    }
+
+    fn clear_hold<'a>(
+        &'a self,
+        target: &'a BindTarget,
+        resource_version: &'a str,
+    ) -> BoxFuture<'a, Result<(), BindError>> {
+        Box::pin(async move {
+            self.merge_patch(target, &clear_hold_patch(target, resource_version))
+                .await
+                .map_err(|source| BindError::ClearHold {
+                    namespace: target.namespace.clone(),
+                    name: target.name.clone(),
+                    source,
+                })
         })
     }
 
@@ -221,6 +278,19 @@ pub fn hold_patch(
     serde_json::json!({ "metadata": meta })
 }
 
+/// The JSON merge patch that removes a hold (`null` deletes the key), conditioned as
+/// [`hold_patch`] is.
+pub fn clear_hold_patch(target: &BindTarget, resource_version: &str) -> serde_json::Value {
+    let mut meta = serde_json::json!({
+        "annotations": { crate::cluster::hold::HOLD: null },
+        "resourceVersion": resource_version,
+    });
+    if let Some(uid) = &target.uid {
+        meta["uid"] = serde_json::Value::String(uid.clone());
+    }
+    serde_json::json!({ "metadata": meta })
+}
+
 fn bind_error(target: &BindTarget, source: kube::Error) -> BindError {
     BindError::Bind {
         namespace: target.namespace.clone(),
@@ -246,6 +316,8 @@ pub struct MemoryBinder {
     pub bindings: Mutex<Vec<(BindTarget, BTreeMap<String, String>)>>,
     /// Holds written: the pod (its `node` the held node), the annotation and the event.
     pub holds: Mutex<Vec<(BindTarget, String, String)>>,
+    /// Expired holds removed: the pod and the `resourceVersion` the removal was conditioned on.
+    pub cleared: Mutex<Vec<(BindTarget, String)>>,
 }
 
 impl BindingWriter for MemoryBinder {
@@ -280,6 +352,21 @@ impl BindingWriter for MemoryBinder {
         self.holds
             .lock()
             .push((target.clone(), value.to_owned(), event.to_owned()));
+        Box::pin(async { Ok(()) })
+    }
+
+    fn clear_hold<'a>(
+        &'a self,
+        target: &'a BindTarget,
+        resource_version: &'a str,
+    ) -> BoxFuture<'a, Result<(), BindError>> {
+        tracing::info!(
+            pod = %format!("{}/{}", target.namespace, target.name),
+            "expired hold removed (in memory)"
+        );
+        self.cleared
+            .lock()
+            .push((target.clone(), resource_version.to_owned()));
         Box::pin(async { Ok(()) })
     }
 }

@@ -13,6 +13,13 @@
 //!
 //! Waiting is counted from the pod's creation: the API server's timestamp is the same in every
 //! replica and after a restart, where the first refusal a replica saw is not.
+//!
+//! The write is conditioned on the `resourceVersion` filter saw, and kube-scheduler records its
+//! failed attempt on the pod (`PodScheduled=False`) at the same moment, so the write often meets
+//! a conflict. `write_hold` then reads the pod again and writes on its new version, unless the
+//! pod is no longer pending or another replica's hold is on it, which it adopts. An expired hold
+//! is removed from its pod by the sweep (`clear_expired`), with the same care: only that very
+//! annotation, on the version it was read at.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -22,10 +29,14 @@ use k8s_openapi::api::core::v1::Pod;
 use parking_lot::Mutex;
 
 use super::Extender;
-use crate::cluster::binding::BindTarget;
-use crate::cluster::hold::{HOLD, HoldNote, clock_time, gpu_list};
-use crate::cluster::index::NodeState;
+use crate::cluster::binding::{BindTarget, BindingWriter};
+use crate::cluster::hold::{
+    AfterConflict, ClearStep, HOLD, HoldNote, after_write_conflict, clear_step, clock_time,
+    gpu_list,
+};
+use crate::cluster::index::{ExpiredHold, NodeState};
 use crate::flags::parse_duration;
+use crate::metrics::extender::{ExtenderMetrics, OutcomeLabels};
 use crate::placement::{HoldConfig, NodeLedger, PodClass, PodKey, Rejection, choose_hold};
 
 /// `--reserve-after`: a duration, or `off`.
@@ -169,9 +180,128 @@ pub(super) fn hold_words(
     Some((words.join("; "), fits(&freed)))
 }
 
+/// Writes after the first that a hold's write or removal may take when the pod keeps changing
+/// under it: kube-scheduler writes a pending pod once per attempt, so a second conflict in a
+/// row is already rare, and a pod that changes faster than this gets its hold on a later filter.
+pub const WRITE_RETRIES: usize = 3;
+
+/// How a hold's write ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HoldWrite {
+    /// Written (after `conflicts` conflicts).
+    Written { conflicts: usize },
+    /// Another replica's hold was on the pod: this one, to record instead.
+    Adopted(HoldNote),
+    /// Not written, and why.
+    NotWritten(String),
+}
+
+/// Writes the hold `value` on `target`, first on `resource_version` (the version filter saw);
+/// after a conflict, reads the pod again and writes on its new version as
+/// `cluster::hold::after_write_conflict` decides, at most `WRITE_RETRIES` more times. Each
+/// conflict is counted in `peakfit_holds_write_conflicts_total` by what followed it.
+pub async fn write_hold(
+    binder: &dyn BindingWriter,
+    metrics: &ExtenderMetrics,
+    (target, value, event): (&BindTarget, &str, &str),
+    resource_version: Option<String>,
+    now: i64,
+) -> HoldWrite {
+    let conflict = |outcome| {
+        metrics
+            .holds_write_conflicts
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    };
+    let mut version = resource_version;
+    let mut conflicts = 0;
+    loop {
+        let err = match binder.hold(target, value, version.as_deref(), event).await {
+            Ok(()) => return HoldWrite::Written { conflicts },
+            Err(e) if e.is_conflict() => e,
+            Err(e) => return HoldWrite::NotWritten(e.to_string()),
+        };
+        conflicts += 1;
+        if conflicts > WRITE_RETRIES {
+            conflict("given_up");
+            return HoldWrite::NotWritten(format!("{err} ({conflicts} conflicts in a row)"));
+        }
+        let fresh = match binder.get_pod(&target.namespace, &target.name).await {
+            Ok(p) => p,
+            Err(e) => {
+                conflict("given_up");
+                return HoldWrite::NotWritten(format!("{err}; then {e}"));
+            }
+        };
+        match after_write_conflict(fresh.as_ref(), target.uid.as_deref(), now) {
+            AfterConflict::WriteAgain { resource_version } => {
+                conflict("retried");
+                tracing::debug!(
+                    pod = %format!("{}/{}", target.namespace, target.name),
+                    %resource_version, "the hold met a conflict; writing it on the pod's new version"
+                );
+                version = Some(resource_version);
+            }
+            AfterConflict::Adopt(note) => {
+                conflict("adopted");
+                return HoldWrite::Adopted(note);
+            }
+            AfterConflict::GiveUp(why) => {
+                conflict("given_up");
+                return HoldWrite::NotWritten(format!("{err}; read again: {why}"));
+            }
+        }
+    }
+}
+
+/// Removes the expired hold `expired` from its pod if the pod still carries exactly it: reads
+/// the pod, decides (`cluster::hold::clear_step`) and removes it on the version read; after a
+/// conflict (another replica removed it first, or the pod changed) reads it again, at most
+/// `WRITE_RETRIES` more times. Whether this call removed it.
+pub async fn clear_expired(
+    binder: &dyn BindingWriter,
+    expired: &ExpiredHold,
+) -> Result<bool, String> {
+    let target = BindTarget {
+        namespace: expired.namespace.clone(),
+        name: expired.name.clone(),
+        uid: expired.uid.clone(),
+        node: expired.note.node.clone(),
+    };
+    for _ in 0..=WRITE_RETRIES {
+        let fresh = binder
+            .get_pod(&target.namespace, &target.name)
+            .await
+            .map_err(|e| e.to_string())?;
+        let resource_version =
+            match clear_step(fresh.as_ref(), target.uid.as_deref(), &expired.note) {
+                ClearStep::Clear { resource_version } => resource_version,
+                ClearStep::Leave(why) => {
+                    tracing::debug!(
+                        pod = %format!("{}/{}", target.namespace, target.name),
+                        why, "the expired hold is not removed"
+                    );
+                    return Ok(false);
+                }
+            };
+        match binder.clear_hold(&target, &resource_version).await {
+            Ok(()) => return Ok(true),
+            Err(e) if e.is_conflict() => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(format!(
+        "the pod changed under each of {} removals",
+        WRITE_RETRIES + 1
+    ))
+}
+
 impl Extender {
+    /// Holds as `holds` says. Holds that expire from now on are this replica's to count (see
+    /// `sweep_holds`): call it after `with_clock`.
     pub fn with_holds(mut self, holds: Option<HoldSettings>) -> Self {
         self.holds = holds;
+        self.holds_since = self.now();
         self
     }
 
@@ -284,36 +414,69 @@ impl Extender {
         };
         runtime.spawn(async move {
             let value = note.to_annotation();
-            match binder
-                .hold(&target, &value, resource_version.as_deref(), &event)
-                .await
-            {
-                Ok(()) => {
-                    tracing::info!(
-                        pod = %format!("{}/{}", target.namespace, target.name),
-                        node = %note.node, %event, "hold made"
-                    );
+            let written = write_hold(
+                binder.as_ref(),
+                &metrics,
+                (&target, &value, &event),
+                resource_version,
+                now,
+            )
+            .await;
+            let pod = format!("{}/{}", target.namespace, target.name);
+            match written {
+                HoldWrite::Written { conflicts } => {
+                    tracing::info!(%pod, node = %note.node, %event, conflicts, "hold made");
                     index.record_hold(&key, note);
                     metrics.holds_made.inc();
                 }
-                // A conflict: another replica held it, or the pod changed; the next filter
-                // sees which.
-                Err(e) => tracing::info!(error = %e, "the hold was not written"),
+                HoldWrite::Adopted(theirs) => {
+                    tracing::info!(
+                        %pod, node = %theirs.node,
+                        "another replica's hold is on the pod: kept, none written"
+                    );
+                    index.record_hold(&key, theirs);
+                }
+                // The pod bound, went, or changed under every retry; the next filter sees it.
+                HoldWrite::NotWritten(why) => {
+                    tracing::info!(%pod, error = %why, "the hold was not written");
+                }
             }
             writes.lock().remove(&key);
         });
     }
 
     /// Ends the holds past their deadline and sets the holds gauge: every second in the
-    /// background, and at each scrape.
+    /// background, and at each scrape. Each ended hold is removed from its pod (in the
+    /// background), so `kubectl describe` shows no stale hold; of several replicas sweeping it,
+    /// the first removal wins and the others find it gone. `peakfit_holds_expired_total` counts
+    /// only holds that expire while this replica runs: one already past its deadline when the
+    /// watch first brought it (after a restart, say) was counted by the process that saw it end.
     pub fn sweep_holds(&self) {
         let now = self.now();
-        for (namespace, name, note) in self.index.expire_holds(now) {
-            tracing::info!(
-                pod = %format!("{namespace}/{name}"), node = %note.node,
-                "the hold reached its deadline before the pod bound"
-            );
-            self.metrics.holds_expired.inc();
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        for expired in self.index.expire_holds(now) {
+            let pod = format!("{}/{}", expired.namespace, expired.name);
+            if expired.note.until_unix > self.holds_since {
+                tracing::info!(
+                    %pod, node = %expired.note.node,
+                    "the hold reached its deadline before the pod bound"
+                );
+                self.metrics.holds_expired.inc();
+            } else {
+                tracing::debug!(%pod, "a hold past its deadline before this replica started");
+            }
+            let Some(runtime) = &runtime else { continue };
+            let (binder, metrics) = (self.binder.clone(), self.metrics.clone());
+            runtime.spawn(async move {
+                match clear_expired(binder.as_ref(), &expired).await {
+                    Ok(true) => {
+                        tracing::info!(%pod, "the expired hold was removed from the pod");
+                        metrics.holds_cleared.inc();
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(%pod, error = %e, "the expired hold stays on the pod"),
+                }
+            });
         }
         self.metrics
             .holds_active

@@ -306,6 +306,9 @@ pub struct Extender {
     /// Holds for pods that starve (`--reserve-*`); `None`: none are made.
     holds: Option<holds::HoldSettings>,
     hold_writes: holds::InFlight,
+    /// When holds were turned on (Unix seconds): holds past their deadline by then expired
+    /// before this replica watched them, and `sweep_holds` does not count them.
+    holds_since: i64,
     clock: fn() -> i64,
     /// Request body limits (see `routes::receive`).
     pub body: BodyLimits,
@@ -339,6 +342,7 @@ impl Extender {
             bind_locks: bind::PodLocks::default(),
             holds: None,
             hold_writes: holds::InFlight::default(),
+            holds_since: 0,
             clock: now_unix,
             body: BodyLimits::default(),
             scrape: crate::metrics::RenderCache::new(Duration::ZERO),

@@ -5,6 +5,16 @@
 use super::{Index, PodEntry};
 use crate::cluster::hold::HoldNote;
 
+/// A hold the sweep ended at its deadline: the pod it was for and the hold, so the sweeper can
+/// remove exactly this annotation from exactly this pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpiredHold {
+    pub namespace: String,
+    pub name: String,
+    pub uid: Option<String>,
+    pub note: HoldNote,
+}
+
 impl Index {
     /// The pod's `peakfit.io/hold` as the index has it (past its deadline or not); `None` when
     /// it has none or is bound.
@@ -39,9 +49,9 @@ impl Index {
     }
 
     /// Ends the holds whose deadline has come by `now`: their memory is free again on their
-    /// node, and the watch bringing the same annotation back does not restore them. The pods
-    /// (namespace, name) and their holds, each reported once.
-    pub fn expire_holds(&self, now: i64) -> Vec<(String, String, HoldNote)> {
+    /// node, and the watch bringing the same annotation back does not restore them. Each is
+    /// reported once, also one that was past its deadline when the watch first brought it.
+    pub fn expire_holds(&self, now: i64) -> Vec<ExpiredHold> {
         let due: Vec<PodEntry> = {
             let pods = self.pods.read();
             pods.held
@@ -60,7 +70,12 @@ impl Index {
                 .write()
                 .expired
                 .insert((entry.key.clone(), note.made_unix));
-            out.push((entry.namespace.clone(), entry.name.clone(), note));
+            out.push(ExpiredHold {
+                namespace: entry.namespace.clone(),
+                name: entry.name.clone(),
+                uid: entry.uid().map(str::to_owned),
+                note,
+            });
             self.upsert(entry);
         }
         out
@@ -170,9 +185,11 @@ mod tests {
         let ended = index.expire_holds(NOW + 60);
         assert_eq!(ended.len(), 1);
         assert_eq!(
-            (ended[0].0.as_str(), ended[0].1.as_str()),
+            (ended[0].namespace.as_str(), ended[0].name.as_str()),
             ("ml", "pod-big")
         );
+        assert_eq!(ended[0].uid.as_deref(), Some("big"));
+        assert_eq!(ended[0].note.until_unix, NOW + 60);
         assert_eq!(ledger(&index, "n").gpus[0].held_bytes(), 0);
         index.apply_pod(&pod);
         assert_eq!(ledger(&index, "n").gpus[0].held_bytes(), 0, "not restored");
@@ -183,6 +200,14 @@ mod tests {
         index.record_hold("big", again.clone());
         assert_eq!(index.hold_of("big"), Some(again));
         assert_eq!(ledger(&index, "n").gpus[0].held_bytes(), 60 * GIB);
+        // The pod goes: so does its mark, also for a hold that expired (and left `held`).
+        index.expire_holds(NOW + 3_000);
+        assert!(!index.pods.read().expired.is_empty());
+        index.delete_pod_key("big");
+        assert!(
+            index.pods.read().expired.is_empty(),
+            "no mark outlives its pod"
+        );
     }
 
     #[test]

@@ -37,6 +37,7 @@ use prometheus_client::metrics::family::Family;
 use crate::cluster::model_config::ModelConfigs;
 use crate::model::estimate::Platform;
 
+pub use holds::ExpiredHold;
 pub use observe::Observed;
 pub use pod::{
     ASSIGNED_GPUS, Assignment, GPU_MEMORY_FRACTION, MAX_RESERVED_BYTES, PodEntry, RESERVED_BYTES,

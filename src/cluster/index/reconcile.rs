@@ -211,15 +211,15 @@ impl Index {
             st.pods.remove(key);
             self.rebuild(&mut st, &pods.by_key);
         }
-        if pods.held.remove(key) {
-            pods.expired.retain(|(k, _)| k != key);
-            if let Some(n) = held_node(&old)
-                && let Some(slot) = self.node(&n)
-            {
-                let mut st = slot.state.write();
-                st.held.remove(key);
-                self.rebuild(&mut st, &pods.by_key);
-            }
+        // An expired hold left `held` when it was swept; its mark goes with the pod all the same.
+        pods.expired.retain(|(k, _)| k != key);
+        if pods.held.remove(key)
+            && let Some(n) = held_node(&old)
+            && let Some(slot) = self.node(&n)
+        {
+            let mut st = slot.state.write();
+            st.held.remove(key);
+            self.rebuild(&mut st, &pods.by_key);
         }
     }
 
