@@ -194,6 +194,18 @@ def hunt():
         ("smollm2-1.7b", inf, "fp32", 2, 4096, eager), ("qwen2.5-7b", inf, "fp16", 32, 2048, dict(new=256)),
         ("qwen3-30b-a3b", "lora", "bf16", 1, 2048, dict(gc="full", rank=16, **adamw)),
     ]
+    # a third pass: head dim 80 (Phi-2: parallel attention and MLP, gelu_new, partial rotary), Whisper at
+    # batch 128 and at its full 448-token decoder, Gemma-2's sliding window at 32k, and a mixture of experts
+    # decoding batch 256 at a 512-token context (in bf16 only: transformers 5.17's grouped_mm experts call
+    # torch._grouped_mm, whose kernel and meta function take bf16 alone, so fp16 fails before any memory use)
+    rows += [
+        ("phi-2", inf, "bf16", 8, 2048, gen), ("phi-2", inf, "fp16", 1, 2048, short),
+        ("phi-2", "lora", "bf16", 4, 2048, dict(gc="full", rank=16, **adamw)),
+        ("whisper-large-v3", inf, "fp16", 128, 224, dict(new=224)),
+        ("whisper-small", inf, "fp16", 256, 448, dict(new=448)),
+        ("gemma-2-2b", inf, "bf16", 1, 32768, gen),
+        ("qwen3-30b-a3b", inf, "bf16", 256, 512, short),
+    ]
     return [case(m, w, dt, b, ctx, **kw) for m, w, dt, b, ctx, kw in rows]
 
 

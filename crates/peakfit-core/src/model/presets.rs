@@ -435,10 +435,14 @@ pub static PRESETS: &[Preset] = &[
             arch(41_800 * M, 60, 8192, 128, 8, 64, 32768, 65024, false),
         ),
     ),
-    transformer(
-        "phi-1.5",
-        &["phi-1_5"],
-        arch(1_420 * M, 24, 2048, 32, 32, 64, 8192, 51200, false),
+    // huggingface.co/microsoft/phi-1_5 config.json: `model_type` `phi`.
+    typed(
+        "phi",
+        transformer(
+            "phi-1.5",
+            &["phi-1_5"],
+            arch(1_420 * M, 24, 2048, 32, 32, 64, 8192, 51200, false),
+        ),
     ),
     transformer(
         "stablelm-base-alpha-3b",

@@ -990,6 +990,19 @@ mod tests {
     }
 
     #[test]
+    fn phi_is_built_as_gpt_j_is() {
+        // `PhiMLP` runs `NewGELUActivation` over `fc1`'s output and `PhiDecoderLayer` normalises
+        // with `LayerNorm`: the Llama layout (fp32 `RMSNorm` copies, one fused GELU) is not it.
+        assert_eq!(ModelType::from_model_type("phi"), ModelType::Gpt2);
+        let block = Block {
+            family: ModelType::from_model_type("phi"),
+            mlp: Mlp::Plain,
+            ..llama_1b()
+        };
+        assert!(block.composed_gelu() && block.layer_norm());
+    }
+
+    #[test]
     fn gpt2s_composed_gelu_keeps_four_intermediates() {
         let (mut block, p) = (llama_1b(), pass(4.0, 1024.0));
         (block.family, block.mlp) = (ModelType::LayerNorm, Mlp::Plain);
