@@ -206,6 +206,16 @@ def hunt():
         ("gemma-2-2b", inf, "bf16", 1, 32768, gen),
         ("qwen3-30b-a3b", inf, "bf16", 256, 512, short),
     ]
+    # a fourth pass: Phi-2 under autocast (its gelu_new's pow runs in fp32) and with eager attention, Whisper in
+    # fp32, Gemma-2-9b's window at 32k, LoRA on a 7B at 16k, Mixtral decoding batch 128
+    rows += [
+        ("phi-2", "training", "fp16-amp", 2, 2048, dict(gc="none", **adamw)),
+        ("phi-2", inf, "bf16", 4, 2048, eager),
+        ("whisper-large-v3", inf, "fp32", 16, 224, dict(new=224)),
+        ("gemma-2-9b", inf, "bf16", 1, 32768, gen),
+        ("qwen2.5-7b", "lora", "bf16", 1, 16384, dict(gc="full", rank=16, **adamw)),
+        ("mixtral-8x7b-v0.1", inf, "bf16", 128, 512, short),
+    ]
     return [case(m, w, dt, b, ctx, **kw) for m, w, dt, b, ctx, kw in rows]
 
 

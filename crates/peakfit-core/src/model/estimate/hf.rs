@@ -16,7 +16,7 @@
 //! |---|---|---|
 //! | prefill tokens | the prompt (`prompt-tokens`), else the whole context: sized as if the prompt filled it, never low | `GenerationMixin._sample`: one forward over the prompt, then one token per step |
 //! | prefill, held across layers | `inputs_embeds` and the layer input, `2·T·h·c` (+`T·h·c` for scaled embeddings) | `LlamaModel.forward` keeps `inputs_embeds` in a local through the layer loop; the loop variable holds the running layer's input; `Gemma2Model` multiplies by the normaliser into a new tensor |
-//! | prefill, MLP | `2·T·h·c` (residual sum, normed input) + `3·T·I·c` gated (`act(gate)`, `up`, their product alive at the `*`), `4·T·I·c` fused gate/up (the `2I` output stays alive through its chunk views), `2·T·I·c` plain | `LlamaMLP.forward`, `Phi3MLP.forward`, BERT `BertIntermediate` |
+//! | prefill, MLP | `2·T·h·c` (residual sum, normed input) + `3·T·I·c` gated (`act(gate)`, `up`, their product alive at the `*`), `4·T·I·c` fused gate/up (the `2I` output stays alive through its chunk views), `2·T·I·c` plain, `4·T·I·c` plain through GPT-2's composed GELU (GPT-2, GPT-J, Phi: its input, two elementwise temporaries and their product) | `LlamaMLP.forward`, `Phi3MLP.forward`, BERT `BertIntermediate`, `NewGELUActivation.forward` (`PhiMLP`, `GPT2MLP`) |
 //! | prefill, attention | normed input + q, k, v + the RoPE temporaries (`q·cos`, `rotate_half(q)·sin`, their sum: `3·T·q·c`) or, with q/k norms, two fp32 copies of q (`8·T·q`) | `apply_rotary_pos_emb`, `Qwen3Attention` |
 //! | prefill, SDPA's mask | a boolean `b·s²` built once per forward when SDPA needs a mask (a sliding window shorter than the sequence; Falcon always), and in each attention call its conversion to the query's dtype beside the `logical_not` it is built from, `(c+1)·b·s²`; k and v repeated (no `enable_gqa` with a mask); a fused projection kept by its views beside the rotated q and k, `T·(q+kv)·c`. RoPE's temporaries are gone by then: the attention phase is the larger of the two | `masking_utils.sdpa_mask`; `FalconModel.forward` (`create_causal_mask(allow_is_causal_skip=False)`); `convert_boolean_attn_mask` in `aten/src/ATen/native/transformers/attention.cpp` (`where(mask.logical_not(), -inf, 0)`); `FalconAttention.forward`, `Phi3Attention.forward` |
 //! | prefill, score matrix (eager; fp32 SDPA on grouped-query attention, the math kernel) | repeated k and v (`2·T·q·c`) and two score tensors at once, `8·b·heads·s²`; eager's materialised mask `b·s²·c` | `eager_attention_forward`, `repeat_kv`, `masking_utils.eager_mask`; `sdp_utils.cpp` (`Pass::scores`) |
@@ -123,14 +123,14 @@ impl Block {
     fn layer_norm(&self) -> bool {
         matches!(
             self.family,
-            ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Falcon
+            ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Phi | ModelType::Falcon
         )
     }
 
     /// Rotary position embeddings (`apply_rotary_pos_emb`): the `RMSNorm` decoders and Falcon
     /// (`rotary` unless `alibi`); BERT, Whisper and GPT-2 add learned positions instead.
     fn rotary(&self) -> bool {
-        self.rms() || self.family == ModelType::Falcon
+        self.rms() || matches!(self.family, ModelType::Falcon | ModelType::Phi)
     }
 
     /// Whether a sequence of `s` tokens is longer than the sliding window.
@@ -140,7 +140,7 @@ impl Block {
 
     /// GPT-2's `NewGELUActivation`: eight elementwise ops, each a new `T·I` tensor.
     fn composed_gelu(&self) -> bool {
-        self.family == ModelType::Gpt2
+        matches!(self.family, ModelType::Gpt2 | ModelType::Phi)
     }
 
     /// Linear layers fed by the attention norm's output: q, k, v, or one fused `qkv_proj`.
@@ -160,7 +160,8 @@ impl Block {
     /// `eager_attention_forward` runs `softmax(w, dtype=float32).to(query.dtype)`: in 16 bits
     /// softmax first copies its input to fp32, so the masked scores (2), that copy (4) and the
     /// output (4) are alive together, 10 bytes; in fp32 the copy and the final cast are no-ops,
-    /// scores and softmax 8 (torch's math kernel likewise). BERT's, GPT-2's and Whisper's
+    /// scores and softmax 8 (torch's math kernel likewise); Phi's `eager_attention_forward` is
+    /// Llama's. BERT's, GPT-2's and Whisper's
     /// `softmax` keeps the input's dtype: scores and probabilities, `2c`. Falcon's
     /// (`FalconAttention.forward`, no alibi) keeps the dtype too but holds four `c`-wide
     /// matrices: the scores, their sum with the mask, the softmax, and the previous layer's
@@ -169,7 +170,7 @@ impl Block {
     fn score_bytes(&self, c: f64) -> f64 {
         if self.family == ModelType::Falcon {
             4.0 * c
-        } else if self.layer_norm() {
+        } else if self.layer_norm() && self.family != ModelType::Phi {
             2.0 * c
         } else if c < 4.0 {
             10.0
@@ -588,7 +589,9 @@ impl Inputs {
             ModelType::Llama | ModelType::QkNorm | ModelType::Gemma2 | ModelType::Gemma3 => {
                 Mlp::Gated
             }
-            ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Falcon => Mlp::Plain,
+            ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Phi | ModelType::Falcon => {
+                Mlp::Plain
+            }
             // The shape's own hint, as `params_of` reads it.
             ModelType::Other if a.intermediate_size == 4 * a.hidden_size => Mlp::Plain,
             ModelType::Other => Mlp::Gated,
@@ -990,16 +993,30 @@ mod tests {
     }
 
     #[test]
-    fn phi_is_built_as_gpt_j_is() {
+    fn phi_has_gpt2s_mlp_and_norms_and_llamas_attention() {
         // `PhiMLP` runs `NewGELUActivation` over `fc1`'s output and `PhiDecoderLayer` normalises
-        // with `LayerNorm`: the Llama layout (fp32 `RMSNorm` copies, one fused GELU) is not it.
-        assert_eq!(ModelType::from_model_type("phi"), ModelType::Gpt2);
+        // with `LayerNorm` (not fp32 `RMSNorm` copies and one fused GELU, the Llama layout);
+        // `PhiAttention` rotates q and k and its eager softmax runs in fp32 (not GPT-2's 16-bit
+        // scores and probabilities).
+        let family = ModelType::from_model_type("phi");
         let block = Block {
-            family: ModelType::from_model_type("phi"),
+            family,
             mlp: Mlp::Plain,
             ..llama_1b()
         };
-        assert!(block.composed_gelu() && block.layer_norm());
+        assert!(block.composed_gelu() && block.layer_norm() && block.rotary());
+        assert_eq!(block.score_bytes(2.0), 10.0);
+        let gpt2 = Block {
+            family: ModelType::Gpt2,
+            ..block
+        };
+        assert_eq!(gpt2.score_bytes(2.0), 4.0);
+        assert!(!gpt2.rotary());
+        let p = pass(4.0, 2048.0);
+        assert_eq!(
+            mlp_transient(&block, p.t(), 2.0),
+            mlp_transient(&gpt2, p.t(), 2.0)
+        );
     }
 
     #[test]
