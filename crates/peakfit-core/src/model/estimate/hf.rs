@@ -138,6 +138,20 @@ impl Block {
         self.sliding_window > 0.0 && s > self.sliding_window
     }
 
+    /// BERT's, GPT-2's and Whisper's eager attention call `softmax(w, dim=-1)` with no dtype, so
+    /// in 16 bits its output is 16-bit. Under autocast it is fp32: `softmax` is on CUDA
+    /// autocast's fp32 list (`autocast_mode.cpp`, `fp32_set_opt_dtype`: inputs cast to fp32
+    /// unless a dtype is given), and GPT-2's `attn_weights.type(value.dtype)` then casts it
+    /// back for the `matmul` with v, which saves that cast too. Falcon's passes
+    /// `dtype=hidden_states.dtype`, the residual stream's: 16-bit, fp32 under autocast. Llama's
+    /// (and Phi's) pass `dtype=float32` in every precision.
+    fn softmax_keeps_dtype(&self) -> bool {
+        matches!(
+            self.family,
+            ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Falcon
+        )
+    }
+
     /// GPT-2's `NewGELUActivation`: eight elementwise ops, each a new `T·I` tensor.
     fn composed_gelu(&self) -> bool {
         matches!(self.family, ModelType::Gpt2 | ModelType::Phi)
@@ -473,9 +487,10 @@ pub(super) fn saved_per_layer(
         block.kv
     };
     // The score path saves the fp32 softmax and, in 16 bits, its cast (`matmul` with v);
-    // in fp32 they are one tensor.
+    // in fp32 they are one tensor. A softmax that keeps its input's dtype saves its 16-bit
+    // output, except under autocast (see `Block::softmax_keeps_dtype`).
     let attention = if p.scores(block) {
-        let per_score = if block.layer_norm() {
+        let per_score = if block.softmax_keeps_dtype() && prec != Precision::Autocast {
             c
         } else {
             4.0 + if c < 4.0 { c } else { 0.0 }
@@ -1016,6 +1031,34 @@ mod tests {
         assert_eq!(
             mlp_transient(&block, p.t(), 2.0),
             mlp_transient(&gpt2, p.t(), 2.0)
+        );
+    }
+
+    #[test]
+    fn autocast_runs_gpt2s_eager_softmax_in_fp32() {
+        // Eager attention in training: the score path is what differs.
+        let block = Block {
+            family: ModelType::Gpt2,
+            mlp: Mlp::Plain,
+            ..llama_1b()
+        };
+        let p = Pass {
+            sdpa: false,
+            ..pass(2.0, 1024.0)
+        };
+        let scores = p.b * block.heads * p.s * p.s;
+        let pure = saved_per_layer(&block, &p, Trainable::All, Precision::Pure16);
+        let amp = saved_per_layer(&block, &p, Trainable::All, Precision::Autocast);
+        let eager = |prec| {
+            let sdpa = Pass { sdpa: true, ..p };
+            saved_per_layer(&block, &p, Trainable::All, prec)
+                - saved_per_layer(&block, &sdpa, Trainable::All, prec)
+        };
+        // 16-bit: the 16-bit softmax output; autocast: its fp32 output and the 16-bit cast.
+        assert!(amp > pure);
+        assert_eq!(
+            eager(Precision::Autocast) - eager(Precision::Pure16),
+            4.0 * scores
         );
     }
 
