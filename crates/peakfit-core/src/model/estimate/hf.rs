@@ -457,7 +457,9 @@ fn norm_saved(block: &Block, trainable: Trainable, prec: Precision) -> f64 {
 /// - q/k norms (Qwen3): the fp32 copies of q and k, and their 16-bit casts when trained;
 /// - attention: SDPA's q (after `RoPE`), k, v, output (`c` each) and fp32 log-sum-exp per head and
 ///   token; with a fused `qkv_proj` v is a view that keeps the whole projection alive; eager:
-///   q, the repeated k and v, the fp32 softmax and its 16-bit cast (`(4+c)·b·heads·s²`);
+///   q, the repeated k and v, the fp32 softmax and its 16-bit cast (`(4+c)·b·heads·s²`), or for
+///   a softmax that keeps its input's dtype (BERT, GPT-2, Whisper, Falcon) its `c`-wide output,
+///   the fp32 one and its cast again under autocast ([`Block::softmax_keeps_dtype`]);
 /// - `o_proj`'s input (the contiguous transpose of the attention output): [`consumer_saved`];
 /// - MLP, gated: `gate` (by `act`), `act(gate)` and `up` (by the product), the product (by
 ///   `down`, as [`consumer_saved`]); fused gate/up: the `2I` output (both chunks are views of
