@@ -24,6 +24,7 @@
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
 //! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
+//! | training, a sliding window shorter than the sequence | the boolean `b·s²` mask for the whole step; per layer SDPA's saved float mask `c·b·s²` and k, v repeated to every head | `masking_utils.sdpa_mask`; `convert_boolean_attn_mask`; the SDPA kernels' `attn_bias` saved for backward; `use_gqa_in_sdpa` (no `enable_gqa` with a mask), `repeat_kv` |
 //! | training, attention backward | where scores exist (eager, fp32 math kernel), the scores' gradient and softmax's input gradient, `(c+4)·b·heads·s²` | `MatmulBackward`, `_softmax_backward_data` |
 //! | training, loss | `12·T·V`: the saved `log_softmax` output, the NLL gradient and `log_softmax`'s input gradient, all fp32, at the start of backward; Gemma-2 also saves its soft-capped logits' `tanh` output, `c·T·V` | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`); `Gemma2ForCausalLM.forward` (`final_logit_softcapping`: `tanh(logits / cap) * cap`, default 30.0) |
 //! | training, Gemma norms | the fp32 normed input a trained weight's `mul` saves, 4 B instead of the stream's width | `Gemma2RMSNorm.forward`, `Gemma3RMSNorm.forward` (`output * (1.0 + self.weight.float())` in fp32, then `type_as(x)`) |
@@ -498,6 +499,17 @@ pub(super) fn saved_per_layer(
             4.0 + if c < 4.0 { c } else { 0.0 }
         };
         3.0 * c * t * block.q + per_score * p.b * block.heads * p.s * p.s
+    } else if block.windowed(p.s) {
+        // A window shorter than the sequence hands SDPA a boolean mask, converted to the
+        // query's dtype in every call (`convert_boolean_attn_mask`) and saved as the kernel's
+        // `attn_bias` for backward; with a mask transformers passes no `enable_gqa`
+        // (`use_gqa_in_sdpa`), so k and v are saved repeated to every head (`repeat_kv`).
+        let (k, v) = if block.kv < block.q {
+            (block.q, block.q)
+        } else {
+            (block.kv, v)
+        };
+        c * t * (2.0 * block.q + k + v) + 4.0 * t * block.heads + c * p.b * p.s * p.s
     } else {
         c * t * (2.0 * block.q + block.kv + v) + 4.0 * t * block.heads
     };
@@ -785,15 +797,22 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
         block.layers * layer
     };
     let cast = inp.autocast_weight_copies(checkpointed);
-    let start = kept + head + cast + loss_peak(&block, inp.tokens(), prec);
+    // A window's boolean `b·s²` mask is built once per forward (`masking_utils.sdpa_mask`)
+    // and every layer's attention, recomputed ones too, reads it until backward is done.
+    let mask = if pass.sdpa && block.windowed(pass.s) {
+        pass.b * pass.s * pass.s
+    } else {
+        0.0
+    };
+    let start = kept + head + cast + mask + loss_peak(&block, inp.tokens(), prec);
     // Backward's late moments: with checkpointing, the top layer recomputed while every
     // layer's input is still kept, or the bottom one once every gradient exists; without it,
     // the bottom layer's backward beside every gradient.
     let late = if checkpointed { kept.max(grads) } else { grads };
-    let end = late + layer + backward_transient(&block, &pass, prec);
+    let end = late + mask + layer + backward_transient(&block, &pass, prec);
     let step = grads + inp.optimizer_step_temporary();
     if start >= end.max(step) {
-        tensor("activations", kept + head);
+        tensor("activations", kept + head + mask);
         tensor("autocast-weights", cast);
         tensor("logits", loss_peak(&block, inp.tokens(), prec));
     } else if end >= step {
@@ -1033,6 +1052,24 @@ mod tests {
         assert_eq!(
             mlp_transient(&block, p.t(), 2.0),
             mlp_transient(&gpt2, p.t(), 2.0)
+        );
+    }
+
+    #[test]
+    fn a_window_shorter_than_the_sequence_saves_its_mask_and_repeated_kv() {
+        let (mut block, p) = (llama_1b(), pass(1.0, 16384.0));
+        let plain = saved_per_layer(&block, &p, Trainable::All, Precision::Pure16);
+        block.sliding_window = 4096.0;
+        let windowed = saved_per_layer(&block, &p, Trainable::All, Precision::Pure16);
+        // The float mask (`attn_bias`) and k and v repeated from kv to q width.
+        assert_eq!(
+            windowed - plain,
+            2.0 * p.s * p.s + 2.0 * 2.0 * p.t() * (block.q - block.kv)
+        );
+        block.sliding_window = 32768.0;
+        assert_eq!(
+            saved_per_layer(&block, &p, Trainable::All, Precision::Pure16),
+            plain
         );
     }
 
