@@ -229,6 +229,16 @@ def hunt():
         ("mistral-7b-v0.1", "lora", "bf16", 1, 16384, dict(gc="full", rank=16, **adamw)),
         ("falcon-7b", inf, "fp32", 1, 4096, short), ("gemma-2-2b", inf, "fp32", 1, 8192, short),
     ]
+    # a sixth pass: eager attention under autocast (Llama's and Gemma-2's explicit fp32 softmax), Falcon LoRA
+    # eager, GPT-2 eager inference at batch 64, a tiny model's loss at batch 64, Phi-3 full fine-tune in bf16
+    rows += [
+        ("llama-3.2-1b", "training", "fp16-amp", 4, 4096, dict(gc="full", attn="eager", **adamw)),
+        ("gemma-2-2b", "training", "fp16-amp", 1, 4096, dict(gc="none", attn="eager", **adamw)),
+        ("smollm2-135m", "training", "fp16-amp", 64, 2048, dict(gc="none", **adamw)),
+        ("gpt2", inf, "fp16", 64, 1024, eager),
+        ("falcon-7b", "lora", "bf16", 1, 2048, dict(gc="full", rank=16, attn="eager", **adamw)),
+        ("phi-3-mini-4k-instruct", "training", "bf16", 1, 4096, dict(gc="full", **adamw)),
+    ]
     return [case(m, w, dt, b, ctx, **kw) for m, w, dt, b, ctx, kw in rows]
 
 

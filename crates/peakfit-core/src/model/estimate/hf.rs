@@ -25,6 +25,7 @@
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
 //! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
 //! | training, a sliding window shorter than the sequence | the boolean `b·s²` mask for the whole step; per layer SDPA's saved float mask `c·b·s²` and k, v repeated to every head | `masking_utils.sdpa_mask`; `convert_boolean_attn_mask`; the SDPA kernels' `attn_bias` saved for backward; `use_gqa_in_sdpa` (no `enable_gqa` with a mask), `repeat_kv` |
+//! | training, Gemma-2's eager scores | `tanh`'s output, `c·b·heads·s²` per layer, beside the softmax | `Gemma2`'s `eager_attention_forward` (`softcap`: `tanh(w / softcap) * softcap`) |
 //! | training, attention backward | where scores exist (eager, fp32 math kernel), the scores' gradient and softmax's input gradient, `(c+4)·b·heads·s²` | `MatmulBackward`, `_softmax_backward_data` |
 //! | training, loss | `12·T·V`: the saved `log_softmax` output, the NLL gradient and `log_softmax`'s input gradient, all fp32, at the start of backward; Gemma-2 also saves its soft-capped logits' `tanh` output, `c·T·V` | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`); `Gemma2ForCausalLM.forward` (`final_logit_softcapping`: `tanh(logits / cap) * cap`, default 30.0) |
 //! | training, Gemma norms | the fp32 normed input a trained weight's `mul` saves, 4 B instead of the stream's width | `Gemma2RMSNorm.forward`, `Gemma3RMSNorm.forward` (`output * (1.0 + self.weight.float())` in fp32, then `type_as(x)`) |
@@ -88,6 +89,13 @@ impl Block {
     /// `Gemma2ForCausalLM.forward` soft-caps the logits (`final_logit_softcapping`, 30.0 by
     /// default in `Gemma2Config`; `None` in Gemma-3's): `tanh` saves its output for backward.
     fn softcapped_logits(&self) -> bool {
+        self.family == ModelType::Gemma2
+    }
+
+    /// Gemma-2's eager attention soft-caps its scores (`attn_logit_softcapping`, 50.0 by default
+    /// in `Gemma2Config`; `None` in Gemma-3's): `eager_attention_forward` runs
+    /// `tanh(w / softcap) * softcap`, and `tanh` saves its output for backward.
+    fn softcapped_scores(&self) -> bool {
         self.family == ModelType::Gemma2
     }
 
@@ -497,7 +505,7 @@ pub(super) fn saved_per_layer(
             c
         } else {
             4.0 + if c < 4.0 { c } else { 0.0 }
-        };
+        } + if block.softcapped_scores() { c } else { 0.0 };
         3.0 * c * t * block.q + per_score * p.b * block.heads * p.s * p.s
     } else if block.windowed(p.s) {
         // A window shorter than the sequence hands SDPA a boolean mask, converted to the
@@ -1070,6 +1078,29 @@ mod tests {
         assert_eq!(
             saved_per_layer(&block, &p, Trainable::All, Precision::Pure16),
             plain
+        );
+    }
+
+    #[test]
+    fn gemma2s_eager_training_saves_its_soft_capped_scores() {
+        let eager = |family| {
+            let block = Block {
+                family,
+                ..llama_1b()
+            };
+            let p = Pass {
+                sdpa: false,
+                ..pass(1.0, 4096.0)
+            };
+            let sdpa = Pass { sdpa: true, ..p };
+            saved_per_layer(&block, &p, Trainable::All, Precision::Autocast)
+                - saved_per_layer(&block, &sdpa, Trainable::All, Precision::Autocast)
+        };
+        // `tanh`'s 16-bit output, one per score, beside Llama's fp32 softmax and its cast.
+        let scores = llama_1b().heads * 4096.0 * 4096.0;
+        assert_eq!(
+            eager(ModelType::Gemma2) - eager(ModelType::Llama),
+            2.0 * scores
         );
     }
 
