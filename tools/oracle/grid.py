@@ -239,6 +239,14 @@ def hunt():
         ("falcon-7b", "lora", "bf16", 1, 2048, dict(gc="full", rank=16, attn="eager", **adamw)),
         ("phi-3-mini-4k-instruct", "training", "bf16", 1, 4096, dict(gc="full", **adamw)),
     ]
+    # a seventh pass: q/k norms in LoRA under autocast, Phi-2 LoRA with eager attention, Mixtral LoRA (PEFT
+    # adapts its 8 experts), Gemma-2 in fp16, an fp32 grouped-query prefill at 4k (the math kernel)
+    rows += [
+        ("qwen3-1.7b", "lora", "fp16-amp", 2, 4096, dict(gc="none", rank=16, **adamw)),
+        ("phi-2", "lora", "bf16", 2, 2048, dict(gc="none", rank=16, attn="eager", **adamw)),
+        ("mixtral-8x7b-v0.1", "lora", "bf16", 1, 2048, dict(gc="full", rank=16, **adamw)),
+        ("gemma-2-9b", inf, "fp16", 8, 4096, gen), ("qwen2.5-7b", inf, "fp32", 1, 4096, short),
+    ]
     return [case(m, w, dt, b, ctx, **kw) for m, w, dt, b, ctx, kw in rows]
 
 
