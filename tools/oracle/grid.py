@@ -246,6 +246,8 @@ def hunt():
         ("phi-2", "lora", "bf16", 2, 2048, dict(gc="none", rank=16, attn="eager", **adamw)),
         ("mixtral-8x7b-v0.1", "lora", "bf16", 1, 2048, dict(gc="full", rank=16, **adamw)),
         ("gemma-2-9b", inf, "fp16", 8, 4096, gen), ("qwen2.5-7b", inf, "fp32", 1, 4096, short),
+        # LoRA on a mixture of experts without checkpointing: every layer's folded expert weights stay
+        ("qwen3-30b-a3b", "lora", "bf16", 1, 1024, dict(gc="none", rank=16, **adamw)),
     ]
     return [case(m, w, dt, b, ctx, **kw) for m, w, dt, b, ctx, kw in rows]
 

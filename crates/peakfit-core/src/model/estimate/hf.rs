@@ -25,6 +25,7 @@
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
 //! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
 //! | training, a sliding window shorter than the sequence | the boolean `b·s²` mask for the whole step; per layer SDPA's saved float mask `c·b·s²` and k, v repeated to every head | `masking_utils.sdpa_mask`; `convert_boolean_attn_mask`; the SDPA kernels' `attn_bias` saved for backward; `use_gqa_in_sdpa` (no `enable_gqa` with a mask), `repeat_kv` |
+//! | training, LoRA on a mixture of experts | each adapted layer's folded expert weights, `E·3·I·h` at the frozen weights' width, saved until its backward | PEFT `ParamWrapper` (`parametrize`; `_LoraFactorsProxy.forward`: `baddbmm(W, lhs, rhs)`), the experts' `grouped_mm` saving its weight |
 //! | training, Gemma-2's eager scores | `tanh`'s output, `c·b·heads·s²` per layer, beside the softmax | `Gemma2`'s `eager_attention_forward` (`softcap`: `tanh(w / softcap) * softcap`) |
 //! | training, attention backward | where scores exist (eager, fp32 math kernel), the scores' gradient and softmax's input gradient, `(c+4)·b·heads·s²` | `MatmulBackward`, `_softmax_backward_data` |
 //! | training, loss | `12·T·V`: the saved `log_softmax` output, the NLL gradient and `log_softmax`'s input gradient, all fp32, at the start of backward; Gemma-2 also saves its soft-capped logits' `tanh` output, `c·T·V` | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`); `Gemma2ForCausalLM.forward` (`final_logit_softcapping`: `tanh(logits / cap) * cap`, default 30.0) |
@@ -52,6 +53,8 @@ pub(super) struct Block {
     pub family: ModelType,
     /// Experts per token of a mixture of experts; 0 for a dense MLP.
     pub experts_per_token: f64,
+    /// Experts per layer of a mixture of experts (all resident); 0 for a dense MLP.
+    pub experts: f64,
     /// Tokens a sliding-window layer sees; 0 for none.
     pub sliding_window: f64,
 }
@@ -541,11 +544,25 @@ pub(super) fn saved_per_layer(
             } else {
                 4.0
             };
-            block.linears() * width * t * rank
+            block.linears() * width * t * rank + expert_weights_folded(block, prec)
         }
         Trainable::All => 0.0,
     };
     norms + attn_in + mlp_in + qk_norm + attention + o_in + mlp + lora
+}
+
+/// PEFT adapts a mixture of experts' stacked 3-D expert parameters through `ParamWrapper`, a
+/// `torch.nn.utils.parametrize` parametrization: every forward folds the adapter into a new
+/// full-size weight (`_LoraFactorsProxy.forward`: `torch.baddbmm(W, lhs, rhs, alpha=scaling)`,
+/// in `W`'s dtype with autocast off), and the experts' `grouped_mm` saves that weight for the
+/// input's gradient. So each adapted layer keeps a copy of its `gate_up_proj` and `down_proj`
+/// stacks, `E·3·I·h` in the frozen weights' width, until its backward.
+fn expert_weights_folded(block: &Block, prec: Precision) -> f64 {
+    if block.experts > 1.0 {
+        block.experts * 3.0 * block.ffn * block.h * prec.r()
+    } else {
+        0.0
+    }
 }
 
 /// Bytes LoRA's dropout adds per block when its probability is above 0: each adapted layer's
@@ -644,6 +661,7 @@ impl Inputs {
             mlp,
             family: self.family,
             experts_per_token: self.experts_per_token,
+            experts: self.experts,
             sliding_window: self.sliding_window,
         }
     }
@@ -867,6 +885,7 @@ mod tests {
             mlp: Mlp::Gated,
             family: ModelType::Llama,
             experts_per_token: 0.0,
+            experts: 0.0,
             sliding_window: 0.0,
         }
     }
@@ -968,6 +987,7 @@ mod tests {
             mlp: Mlp::Plain,
             family: ModelType::LayerNorm,
             experts_per_token: 0.0,
+            experts: 0.0,
             sliding_window: 0.0,
         };
         let p = pass(256.0, 512.0);
@@ -1082,6 +1102,37 @@ mod tests {
     }
 
     #[test]
+    fn lora_on_experts_keeps_each_layers_folded_expert_weights() {
+        // Qwen3-30B-A3B's layer: 128 experts of I = 768 over h = 2048.
+        let block = Block {
+            ffn: 768.0,
+            experts_per_token: 8.0,
+            experts: 128.0,
+            ..llama_1b()
+        };
+        let p = pass(1.0, 1024.0);
+        let dense = Block {
+            experts: 0.0,
+            ..block
+        };
+        let lora = |b: &Block, prec| saved_per_layer(b, &p, Trainable::Lora(16.0), prec);
+        assert_eq!(
+            lora(&block, Precision::Pure16) - lora(&dense, Precision::Pure16),
+            128.0 * 3.0 * 768.0 * 2048.0 * 2.0
+        );
+        // Under autocast the frozen weights, and so their folded copies, are fp32.
+        assert_eq!(
+            lora(&block, Precision::Autocast) - lora(&dense, Precision::Autocast),
+            128.0 * 3.0 * 768.0 * 2048.0 * 4.0
+        );
+        // Full fine-tuning trains the experts' own weights: nothing is folded.
+        assert_eq!(
+            saved_per_layer(&block, &p, Trainable::All, Precision::Pure16),
+            saved_per_layer(&dense, &p, Trainable::All, Precision::Pure16)
+        );
+    }
+
+    #[test]
     fn gemma2s_eager_training_saves_its_soft_capped_scores() {
         let eager = |family| {
             let block = Block {
@@ -1177,6 +1228,7 @@ mod tests {
             mlp: Mlp::Plain,
             family: ModelType::Falcon,
             experts_per_token: 0.0,
+            experts: 0.0,
             sliding_window: 0.0,
         }
     }
