@@ -39,6 +39,10 @@ pub struct H200Row {
     pub id: String,
     pub workload: String,
     pub spec: Spec,
+    /// The same row with `prompt-tokens`, as a user who knows the prompt would annotate it:
+    /// `measure.py` prefills `context_tokens − new` random ids (`x = randint(.., (b, ctx -
+    /// new))`), and each generate row's notes say so (`prompt 992 + 32 new tokens`).
+    pub with_prompt: Option<Spec>,
     pub gpu_total_gib: f64,
     pub max_allocated: f64,
     pub max_reserved: f64,
@@ -78,12 +82,15 @@ pub fn h200() -> Vec<H200Row> {
                 .parse::<f64>()
                 .unwrap_or_else(|e| panic!("{id} {c}: {e}"))
         };
+        let config = dir.join("configs").join(format!("{id}.json"));
+        let with_prompt = prompt_in_notes(field["notes"]).map(|p| {
+            let mut w = workload.clone();
+            w.push(("prompt_tokens", p.as_str()));
+            spec(&id, &config, &w)
+        });
         rows.push(H200Row {
-            spec: spec(
-                &id,
-                &dir.join("configs").join(format!("{id}.json")),
-                &workload,
-            ),
+            spec: spec(&id, &config, &workload),
+            with_prompt,
             workload: field["workload"].to_string(),
             gpu_total_gib: number("gpu_memory_total_gib"),
             max_allocated: number("max_allocated_gib"),
@@ -93,6 +100,13 @@ pub fn h200() -> Vec<H200Row> {
         });
     }
     rows
+}
+
+/// The prompt length a generate row's notes state (`prompt 992 + 32 new tokens`), if any.
+fn prompt_in_notes(notes: &str) -> Option<String> {
+    let (_, after) = notes.split_once("prompt ")?;
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    (!digits.is_empty() && after[digits.len()..].starts_with(" + ")).then_some(digits)
 }
 
 /// One oracle-grid workload: its spec and the oracle's peak allocated GiB.

@@ -194,6 +194,61 @@ def hunt():
         ("smollm2-1.7b", inf, "fp32", 2, 4096, eager), ("qwen2.5-7b", inf, "fp16", 32, 2048, dict(new=256)),
         ("qwen3-30b-a3b", "lora", "bf16", 1, 2048, dict(gc="full", rank=16, **adamw)),
     ]
+    # a third pass: head dim 80 (Phi-2: parallel attention and MLP, gelu_new, partial rotary), Whisper at
+    # batch 128 and at its full 448-token decoder, Gemma-2's sliding window at 32k, and a mixture of experts
+    # decoding batch 256 at a 512-token context (in bf16 only: transformers 5.17's grouped_mm experts call
+    # torch._grouped_mm, whose kernel and meta function take bf16 alone, so fp16 fails before any memory use)
+    rows += [
+        ("phi-2", inf, "bf16", 8, 2048, gen), ("phi-2", inf, "fp16", 1, 2048, short),
+        ("phi-2", "lora", "bf16", 4, 2048, dict(gc="full", rank=16, **adamw)),
+        ("whisper-large-v3", inf, "fp16", 128, 224, dict(new=224)),
+        ("whisper-small", inf, "fp16", 256, 448, dict(new=448)),
+        ("gemma-2-2b", inf, "bf16", 1, 32768, gen),
+        ("qwen3-30b-a3b", inf, "bf16", 256, 512, short),
+    ]
+    # a fourth pass: Phi-2 under autocast (its gelu_new's pow runs in fp32) and with eager attention, Whisper in
+    # fp32, Gemma-2-9b's window at 32k, LoRA on a 7B at 16k, Mixtral decoding batch 128
+    rows += [
+        ("phi-2", "training", "fp16-amp", 2, 2048, dict(gc="none", **adamw)),
+        ("phi-2", inf, "bf16", 4, 2048, eager),
+        ("whisper-large-v3", inf, "fp32", 16, 224, dict(new=224)),
+        ("gemma-2-9b", inf, "bf16", 1, 32768, gen),
+        ("qwen2.5-7b", "lora", "bf16", 1, 16384, dict(gc="full", rank=16, **adamw)),
+        ("mixtral-8x7b-v0.1", inf, "bf16", 128, 512, short),
+    ]
+    # a fifth pass: eager attention under backward (q/k norms, GPT-2 under autocast, Phi-3 LoRA), a window
+    # past its length in LoRA (Mistral v0.1 at 16k), Falcon and Gemma-2 in fp32. GPT-2 runs with its dropout
+    # off (gpt2-no-dropout.json: attn_pdrop, resid_pdrop, embd_pdrop 0): in training its default 0.1 saves a
+    # mask per attention score that peakfit has no input for yet, and on fake CPU tensors the oracle takes
+    # dropout's CPU path (`input * noise`, the noise saved in the input's dtype) where a GPU runs
+    # `native_dropout` (a 1-byte mask), so such a row would be off on both sides.
+    rows += [
+        ("qwen3-1.7b", "training", "bf16", 2, 4096, dict(gc="none", attn="eager", **adamw)),
+        ("gpt2-no-dropout", "training", "fp16-amp", 16, 1024, dict(gc="none", attn="eager", **adamw)),
+        ("phi-3-mini-4k-instruct", "lora", "bf16", 2, 4096, dict(gc="full", rank=16, attn="eager", **adamw)),
+        ("mistral-7b-v0.1", "lora", "bf16", 1, 16384, dict(gc="full", rank=16, **adamw)),
+        ("falcon-7b", inf, "fp32", 1, 4096, short), ("gemma-2-2b", inf, "fp32", 1, 8192, short),
+    ]
+    # a sixth pass: eager attention under autocast (Llama's and Gemma-2's explicit fp32 softmax), Falcon LoRA
+    # eager, GPT-2 eager inference at batch 64, a tiny model's loss at batch 64, Phi-3 full fine-tune in bf16
+    rows += [
+        ("llama-3.2-1b", "training", "fp16-amp", 4, 4096, dict(gc="full", attn="eager", **adamw)),
+        ("gemma-2-2b", "training", "fp16-amp", 1, 4096, dict(gc="none", attn="eager", **adamw)),
+        ("smollm2-135m", "training", "fp16-amp", 64, 2048, dict(gc="none", **adamw)),
+        ("gpt2", inf, "fp16", 64, 1024, eager),
+        ("falcon-7b", "lora", "bf16", 1, 2048, dict(gc="full", rank=16, attn="eager", **adamw)),
+        ("phi-3-mini-4k-instruct", "training", "bf16", 1, 4096, dict(gc="full", **adamw)),
+    ]
+    # a seventh pass: q/k norms in LoRA under autocast, Phi-2 LoRA with eager attention, Mixtral LoRA (PEFT
+    # adapts its 8 experts), Gemma-2 in fp16, an fp32 grouped-query prefill at 4k (the math kernel)
+    rows += [
+        ("qwen3-1.7b", "lora", "fp16-amp", 2, 4096, dict(gc="none", rank=16, **adamw)),
+        ("phi-2", "lora", "bf16", 2, 2048, dict(gc="none", rank=16, attn="eager", **adamw)),
+        ("mixtral-8x7b-v0.1", "lora", "bf16", 1, 2048, dict(gc="full", rank=16, **adamw)),
+        ("gemma-2-9b", inf, "fp16", 8, 4096, gen), ("qwen2.5-7b", inf, "fp32", 1, 4096, short),
+        # LoRA on a mixture of experts without checkpointing: every layer's folded expert weights stay
+        ("qwen3-30b-a3b", "lora", "bf16", 1, 1024, dict(gc="none", rank=16, **adamw)),
+    ]
     return [case(m, w, dt, b, ctx, **kw) for m, w, dt, b, ctx, kw in rows]
 
 

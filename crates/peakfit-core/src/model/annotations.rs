@@ -617,6 +617,12 @@ pub enum ModelType {
     /// `gpt2`, `gptj`, `codegen`: `LayerNorm` and a GELU composed of elementwise ops
     /// (`NewGELUActivation`, `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`), each a new tensor.
     Gpt2,
+    /// `phi` (Phi-1.5, Phi-2: `models/phi/modeling_phi.py`): GPT-2's `LayerNorm` and composed
+    /// GELU (`PhiMLP` is `fc2(activation_fn(fc1(x)))`, `hidden_act` `gelu_new`, which `ACT2FN`
+    /// maps to `NewGELUActivation`), with rotary embeddings (`partial_rotary_factor`: the rotated
+    /// part is `torch.cat` back beside the rest) and Llama's eager attention (its
+    /// `eager_attention_forward` runs `softmax(w, dtype=float32)`).
+    Phi,
     /// `gemma2`, `gemma3_text`: four norms per block (`pre_feedforward_layernorm`,
     /// `post_feedforward_layernorm`, ...) and embeddings scaled by `sqrt(hidden)` into a new
     /// tensor (`Gemma2Model.forward`); gemma3 adds q/k norms.
@@ -642,6 +648,7 @@ impl ModelType {
             "bert" | "roberta" | "xlm_roberta" | "deberta" | "deberta_v2" | "electra"
             | "distilbert" | "albert" | "whisper" | "t5" | "mt5" | "bart" => Self::LayerNorm,
             "gpt2" | "gptj" | "codegen" => Self::Gpt2,
+            "phi" => Self::Phi,
             "falcon" | "refinedweb" | "refinedwebmodel" => Self::Falcon,
             "llama" | "mistral" | "mixtral" | "qwen2" | "qwen2_moe" | "gemma" | "olmo"
             | "deepseek_v2" | "deepseek_v3" | "cohere" | "granite" | "internlm2" | "yi"

@@ -5,46 +5,48 @@
 //! overridden by its own annotation, so a fine-tune with a resized vocabulary needs only
 //! `peakfit.io/vocab-size`.
 //!
-//! | preset | aliases | params | layers | hidden | heads | kv | head-dim | ffn | vocab | tied |
-//! |---|---|---|---|---|---|---|---|---|---|---|
-//! | `llama-2-7b` | `llama2-7b` | 6.74B | 32 | 4096 | 32 | 32 | 128 | 11008 | 32000 | no |
-//! | `llama-2-13b` | `llama2-13b` | 13.02B | 40 | 5120 | 40 | 40 | 128 | 13824 | 32000 | no |
-//! | `llama-2-70b` | `llama2-70b` | 68.98B | 80 | 8192 | 64 | 8 | 128 | 28672 | 32000 | no |
-//! | `llama-3.1-8b` | `llama-3-8b`, `llama3-8b`, `llama3.1-8b` | 8.03B | 32 | 4096 | 32 | 8 | 128 | 14336 | 128256 | no |
-//! | `llama-3.1-70b` | `llama-3-70b`, `llama3-70b`, `llama3.1-70b`, `llama-3.3-70b` | 70.55B | 80 | 8192 | 64 | 8 | 128 | 28672 | 128256 | no |
-//! | `llama-3.1-405b` | `llama3.1-405b` | 405.85B | 126 | 16384 | 128 | 8 | 128 | 53248 | 128256 | no |
-//! | `llama-3.2-11b-vision` | `llama3.2-11b-vision` | 10.6B | 40 | 4096 | 32 | 8 | 128 | 14336 | 128256 | no |
-//! | `mistral-7b` | `mistral-7b-v0.1` | 7.24B | 32 | 4096 | 32 | 8 | 128 | 14336 | 32000 | no |
-//! | `qwen3-0.6b` |  | 600M | 28 | 1024 | 16 | 8 | 128 | 3072 | 151936 | yes |
-//! | `qwen3-1.7b` |  | 1.72B | 28 | 2048 | 16 | 8 | 128 | 6144 | 151936 | yes |
-//! | `qwen3-4b` |  | 4.02B | 36 | 2560 | 32 | 8 | 128 | 9728 | 151936 | yes |
-//! | `qwen3-8b` |  | 8.19B | 36 | 4096 | 32 | 8 | 128 | 12288 | 151936 | no |
-//! | `qwen3-14b` |  | 14.77B | 40 | 5120 | 40 | 8 | 128 | 17408 | 151936 | no |
-//! | `qwen3-32b` |  | 32.76B | 64 | 5120 | 64 | 8 | 128 | 25600 | 151936 | no |
-//! | `qwen2.5-7b` |  | 7.62B | 28 | 3584 | 28 | 4 | 128 | 18944 | 152064 | no |
-//! | `qwen-1.8b-v1` | `qwen-1.8b` | 1.84B | 24 | 2048 | 16 | 16 | 128 | 5504 | 151936 | no |
-//! | `qwen-7b-v1` | `qwen-7b` | 7.72B | 32 | 4096 | 32 | 32 | 128 | 11008 | 151936 | no |
-//! | `qwen-14b-v1` | `qwen-14b` | 14.17B | 40 | 5120 | 40 | 40 | 128 | 13696 | 152064 | no |
-//! | `qwen-72b-v1` | `qwen-72b` | 72.29B | 80 | 8192 | 64 | 64 | 128 | 24576 | 152064 | no |
-//! | `falcon-7b` |  | 6.92B | 32 | 4544 | 71 | 1 | 64 | 18176 | 65024 | yes |
-//! | `falcon-40b` |  | 41.8B | 60 | 8192 | 128 | 8 | 64 | 32768 | 65024 | no |
-//! | `phi-1.5` | `phi-1_5` | 1.42B | 24 | 2048 | 32 | 32 | 64 | 8192 | 51200 | no |
-//! | `stablelm-base-alpha-3b` | `stablelm-3b` | 3.6B | 16 | 4096 | 32 | 32 | 128 | 16384 | 50688 | no |
-//! | `starcoder-15.5b` | `starcoder`, `octocoder`, `octocoder-15.5b` | 15.5B | 40 | 6144 | 48 | 1 | 128 | 24576 | 49152 | no |
-//! | `codellama-34b` |  | 33.7B | 48 | 8192 | 64 | 8 | 128 | 22016 | 32000 | no |
-//! | `bloomz-7b1` | `bloom-7b1` | 7.07B | 30 | 4096 | 32 | 32 | 128 | 16384 | 250880 | yes |
-//! | `gpt2` | `gpt-2`, `gpt2-small` | 124M | 12 | 768 | 12 | 12 | 64 | 3072 | 50257 | yes |
-//! | `bert-large` | `bert-large-uncased`, `bert-large-cased` | 335M | 24 | 1024 | 16 | 16 | 64 | 4096 | 30522 | yes |
-//! | `bert-base` | `bert-base-uncased`, `bert-base-cased` | 110M | 12 | 768 | 12 | 12 | 64 | 3072 | 30522 | yes |
-//! | `roberta-large` | `xlm-roberta-large` | 355M | 24 | 1024 | 16 | 16 | 64 | 4096 | 50265 | yes |
-//! | `t0-3b` | `t0_3b`, `t5-v1.1-xl` | 2.85B | 48 | 2048 | 32 | 32 | 64 | 5120 | 32128 | no |
-//! | `mt0-xxl` | `mt5-xxl` | 12.9B | 48 | 4096 | 64 | 64 | 64 | 10240 | 250112 | no |
-//! | `whisper-large-v2` | `whisper-large`, `whisper-large-v3`, `whisper-large-v1` | 1.55B | 64 | 1280 | 20 | 20 | 64 | 5120 | 51865 | yes |
-//! | `whisper-medium` |  | 769M | 48 | 1024 | 16 | 16 | 64 | 4096 | 51865 | yes |
-//! | `sd-1.5` | `stable-diffusion-v1-5`, `stable-diffusion-1.5`, `sd1.5`, `sd-v1-5`, `stable-diffusion-v1-4` | 1.07B | – | – | – | – | – | – | – | – |
-//! | `sdxl-base-1.0` | `sdxl`, `stable-diffusion-xl`, `stable-diffusion-xl-base-1.0` | 3.47B | – | – | – | – | – | – | – | – |
-//! | `sd3-medium` | `stable-diffusion-3-medium`, `sd3` | 7.69B | – | – | – | – | – | – | – | – |
-//! | `flux-dev` | `flux.1-dev`, `flux-1-dev`, `flux.1-schnell`, `flux-schnell`, `flux` | 16.87B | – | – | – | – | – | – | – | – |
+//! | preset | aliases | params | layers | hidden | heads | kv | head-dim | ffn | vocab | tied | experts |
+//! |---|---|---|---|---|---|---|---|---|---|---|---|
+//! | `llama-2-7b` | `llama2-7b` | 6.74B | 32 | 4096 | 32 | 32 | 128 | 11008 | 32000 | no | – |
+//! | `llama-2-13b` | `llama2-13b` | 13.02B | 40 | 5120 | 40 | 40 | 128 | 13824 | 32000 | no | – |
+//! | `llama-2-70b` | `llama2-70b` | 68.98B | 80 | 8192 | 64 | 8 | 128 | 28672 | 32000 | no | – |
+//! | `llama-3.1-8b` | `llama-3-8b`, `llama3-8b`, `llama3.1-8b` | 8.03B | 32 | 4096 | 32 | 8 | 128 | 14336 | 128256 | no | – |
+//! | `llama-3.1-70b` | `llama-3-70b`, `llama3-70b`, `llama3.1-70b`, `llama-3.3-70b` | 70.55B | 80 | 8192 | 64 | 8 | 128 | 28672 | 128256 | no | – |
+//! | `llama-3.1-405b` | `llama3.1-405b` | 405.85B | 126 | 16384 | 128 | 8 | 128 | 53248 | 128256 | no | – |
+//! | `llama-3.2-11b-vision` | `llama3.2-11b-vision` | 10.6B | 40 | 4096 | 32 | 8 | 128 | 14336 | 128256 | no | – |
+//! | `mistral-7b` | `mistral-7b-v0.1` | 7.24B | 32 | 4096 | 32 | 8 | 128 | 14336 | 32000 | no | – |
+//! | `mixtral-8x7b` | `mixtral-8x7b-v0.1` | 46.7B | 32 | 4096 | 32 | 8 | 128 | 14336 | 32000 | no | 8 (2 per token) |
+//! | `qwen3-0.6b` |  | 600M | 28 | 1024 | 16 | 8 | 128 | 3072 | 151936 | yes | – |
+//! | `qwen3-1.7b` |  | 1.72B | 28 | 2048 | 16 | 8 | 128 | 6144 | 151936 | yes | – |
+//! | `qwen3-4b` |  | 4.02B | 36 | 2560 | 32 | 8 | 128 | 9728 | 151936 | yes | – |
+//! | `qwen3-8b` |  | 8.19B | 36 | 4096 | 32 | 8 | 128 | 12288 | 151936 | no | – |
+//! | `qwen3-14b` |  | 14.77B | 40 | 5120 | 40 | 8 | 128 | 17408 | 151936 | no | – |
+//! | `qwen3-32b` |  | 32.76B | 64 | 5120 | 64 | 8 | 128 | 25600 | 151936 | no | – |
+//! | `qwen3-30b-a3b` |  | 30.53B | 48 | 2048 | 32 | 4 | 128 | 768 | 151936 | no | 128 (8 per token) |
+//! | `qwen2.5-7b` |  | 7.62B | 28 | 3584 | 28 | 4 | 128 | 18944 | 152064 | no | – |
+//! | `qwen-1.8b-v1` | `qwen-1.8b` | 1.84B | 24 | 2048 | 16 | 16 | 128 | 5504 | 151936 | no | – |
+//! | `qwen-7b-v1` | `qwen-7b` | 7.72B | 32 | 4096 | 32 | 32 | 128 | 11008 | 151936 | no | – |
+//! | `qwen-14b-v1` | `qwen-14b` | 14.17B | 40 | 5120 | 40 | 40 | 128 | 13696 | 152064 | no | – |
+//! | `qwen-72b-v1` | `qwen-72b` | 72.29B | 80 | 8192 | 64 | 64 | 128 | 24576 | 152064 | no | – |
+//! | `falcon-7b` |  | 6.92B | 32 | 4544 | 71 | 1 | 64 | 18176 | 65024 | yes | – |
+//! | `falcon-40b` |  | 41.8B | 60 | 8192 | 128 | 8 | 64 | 32768 | 65024 | no | – |
+//! | `phi-1.5` | `phi-1_5` | 1.42B | 24 | 2048 | 32 | 32 | 64 | 8192 | 51200 | no | – |
+//! | `stablelm-base-alpha-3b` | `stablelm-3b` | 3.6B | 16 | 4096 | 32 | 32 | 128 | 16384 | 50688 | no | – |
+//! | `starcoder-15.5b` | `starcoder`, `octocoder`, `octocoder-15.5b` | 15.5B | 40 | 6144 | 48 | 1 | 128 | 24576 | 49152 | no | – |
+//! | `codellama-34b` |  | 33.7B | 48 | 8192 | 64 | 8 | 128 | 22016 | 32000 | no | – |
+//! | `bloomz-7b1` | `bloom-7b1` | 7.07B | 30 | 4096 | 32 | 32 | 128 | 16384 | 250880 | yes | – |
+//! | `gpt2` | `gpt-2`, `gpt2-small` | 124M | 12 | 768 | 12 | 12 | 64 | 3072 | 50257 | yes | – |
+//! | `bert-large` | `bert-large-uncased`, `bert-large-cased` | 335M | 24 | 1024 | 16 | 16 | 64 | 4096 | 30522 | yes | – |
+//! | `bert-base` | `bert-base-uncased`, `bert-base-cased` | 110M | 12 | 768 | 12 | 12 | 64 | 3072 | 30522 | yes | – |
+//! | `roberta-large` | `xlm-roberta-large` | 355M | 24 | 1024 | 16 | 16 | 64 | 4096 | 50265 | yes | – |
+//! | `t0-3b` | `t0_3b`, `t5-v1.1-xl` | 2.85B | 48 | 2048 | 32 | 32 | 64 | 5120 | 32128 | no | – |
+//! | `mt0-xxl` | `mt5-xxl` | 12.9B | 48 | 4096 | 64 | 64 | 64 | 10240 | 250112 | no | – |
+//! | `whisper-large-v2` | `whisper-large`, `whisper-large-v3`, `whisper-large-v1` | 1.55B | 64 | 1280 | 20 | 20 | 64 | 5120 | 51865 | yes | – |
+//! | `whisper-medium` |  | 769M | 48 | 1024 | 16 | 16 | 64 | 4096 | 51865 | yes | – |
+//! | `sd-1.5` | `stable-diffusion-v1-5`, `stable-diffusion-1.5`, `sd1.5`, `sd-v1-5`, `stable-diffusion-v1-4` | 1.07B | – | – | – | – | – | – | – | – | – |
+//! | `sdxl-base-1.0` | `sdxl`, `stable-diffusion-xl`, `stable-diffusion-xl-base-1.0` | 3.47B | – | – | – | – | – | – | – | – | – |
+//! | `sd3-medium` | `stable-diffusion-3-medium`, `sd3` | 7.69B | – | – | – | – | – | – | – | – | – |
+//! | `flux-dev` | `flux.1-dev`, `flux-1-dev`, `flux.1-schnell`, `flux-schnell`, `flux` | 16.87B | – | – | – | – | – | – | – | – | – |
 //!
 //! Encoder-decoder models (T5, mT0, Whisper) count encoder + decoder layers. Diffusion pipelines
 //! (`sd-1.5`, `sdxl-base-1.0`, `sd3-medium`, `flux-dev`) have no single transformer shape: their
@@ -82,6 +84,13 @@ pub struct Preset {
     /// (`qwen3`: q/k norms; `falcon`: fused qkv and a mask built every forward; `gpt2`: the
     /// composed GELU), so that `model: falcon-7b` is sized as `--model-config` would size it.
     pub hf_model_type: Option<&'static str>,
+    /// A mixture of experts' routed experts per layer (`num_local_experts`, `num_experts`) and
+    /// how many each token visits (`num_experts_per_tok`); 0 for a dense MLP. `experts` sizes
+    /// PEFT's per-expert adapters under `all-linear` (`Inputs::adapter_params`), the per-token
+    /// count the routed copies of each token in the MLP's activations (`hf::Block`), as
+    /// `--model-config` does from the same `config.json` fields.
+    pub experts: u32,
+    pub experts_per_token: u32,
 }
 
 /// How a model's layers are arranged, which decides its activation and cache terms.
@@ -195,6 +204,18 @@ const fn transformer(
         kind: Kind::Decoder,
         tuple_cache: false,
         hf_model_type: None,
+        experts: 0,
+        experts_per_token: 0,
+    }
+}
+
+/// A mixture of experts: `intermediate_size` in its `arch` is one expert's width
+/// (`moe_intermediate_size` where the config has both), `params` counts every expert.
+const fn moe(experts: u32, experts_per_token: u32, p: Preset) -> Preset {
+    Preset {
+        experts,
+        experts_per_token,
+        ..p
     }
 }
 
@@ -229,6 +250,8 @@ const fn diffusion(name: &'static str, aliases: &'static [&'static str], d: Diff
         kind: Kind::Diffusion(d),
         tuple_cache: false,
         hf_model_type: None,
+        experts: 0,
+        experts_per_token: 0,
     }
 }
 
@@ -294,6 +317,20 @@ pub static PRESETS: &[Preset] = &[
         &["mistral-7b-v0.1"],
         arch(7_240 * M, 32, 4096, 32, 8, 128, 14336, 32000, false),
     ),
+    // huggingface.co/mistralai/Mixtral-8x7B-v0.1 config.json: `num_local_experts` 8,
+    // `num_experts_per_tok` 2, `intermediate_size` 14336 per expert.
+    moe(
+        8,
+        2,
+        typed(
+            "mixtral",
+            transformer(
+                "mixtral-8x7b",
+                &["mixtral-8x7b-v0.1"],
+                arch(46_700 * M, 32, 4096, 32, 8, 128, 14336, 32000, false),
+            ),
+        ),
+    ),
     typed(
         "qwen3",
         transformer(
@@ -342,6 +379,21 @@ pub static PRESETS: &[Preset] = &[
             arch(32_760 * M, 64, 5120, 64, 8, 128, 25600, 151_936, false),
         ),
     ),
+    // huggingface.co/Qwen/Qwen3-30B-A3B config.json: `num_experts` 128, `num_experts_per_tok`
+    // 8, `moe_intermediate_size` 768 (its dense `intermediate_size` 6144 is unused: no
+    // `mlp_only_layers`, `decoder_sparse_step` 1).
+    moe(
+        128,
+        8,
+        typed(
+            "qwen3_moe",
+            transformer(
+                "qwen3-30b-a3b",
+                &[],
+                arch(30_530 * M, 48, 2048, 32, 4, 128, 768, 151_936, false),
+            ),
+        ),
+    ),
     transformer(
         "qwen2.5-7b",
         &[],
@@ -383,10 +435,14 @@ pub static PRESETS: &[Preset] = &[
             arch(41_800 * M, 60, 8192, 128, 8, 64, 32768, 65024, false),
         ),
     ),
-    transformer(
-        "phi-1.5",
-        &["phi-1_5"],
-        arch(1_420 * M, 24, 2048, 32, 32, 64, 8192, 51200, false),
+    // huggingface.co/microsoft/phi-1_5 config.json: `model_type` `phi`.
+    typed(
+        "phi",
+        transformer(
+            "phi-1.5",
+            &["phi-1_5"],
+            arch(1_420 * M, 24, 2048, 32, 32, 64, 8192, 51200, false),
+        ),
     ),
     transformer(
         "stablelm-base-alpha-3b",
@@ -592,8 +648,8 @@ pub fn find(name: &str) -> Option<&'static Preset> {
 /// README's annotation reference) shows it.
 pub fn markdown_table() -> String {
     let mut out = String::from(
-        "| preset | aliases | params | layers | hidden | heads | kv | head-dim | ffn | vocab | tied |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| preset | aliases | params | layers | hidden | heads | kv | head-dim | ffn | vocab | tied | experts |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for p in PRESETS {
         let aliases = p
@@ -621,8 +677,13 @@ pub fn markdown_table() -> String {
             ),
             None => ["–"; 8].join(" | "),
         };
+        let experts = if p.experts > 0 {
+            format!("{} ({} per token)", p.experts, p.experts_per_token)
+        } else {
+            "–".into()
+        };
         out.push_str(&format!(
-            "| `{}` | {aliases} | {params} | {shape} |\n",
+            "| `{}` | {aliases} | {params} | {shape} | {experts} |\n",
             p.name
         ));
     }
@@ -759,6 +820,12 @@ mod tests {
             // Gated (SwiGLU) models list the per-branch width, which is not 4h.
             let gated = a.intermediate_size != 4 * a.hidden_size;
             let ffn = h * f64::from(a.intermediate_size) * if gated { 3.0 } else { 2.0 };
+            // A mixture of experts holds every expert and a router per layer.
+            let ffn = if p.experts > 0 {
+                f64::from(p.experts) * (ffn + h)
+            } else {
+                ffn
+            };
             let emb = v * h * if a.tied_embeddings { 1.0 } else { 2.0 };
             let implied = l * (attn + ffn) + emb;
             let ratio = implied / p.params as f64;

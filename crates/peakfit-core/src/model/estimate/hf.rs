@@ -16,7 +16,7 @@
 //! |---|---|---|
 //! | prefill tokens | the prompt (`prompt-tokens`), else the whole context: sized as if the prompt filled it, never low | `GenerationMixin._sample`: one forward over the prompt, then one token per step |
 //! | prefill, held across layers | `inputs_embeds` and the layer input, `2·T·h·c` (+`T·h·c` for scaled embeddings) | `LlamaModel.forward` keeps `inputs_embeds` in a local through the layer loop; the loop variable holds the running layer's input; `Gemma2Model` multiplies by the normaliser into a new tensor |
-//! | prefill, MLP | `2·T·h·c` (residual sum, normed input) + `3·T·I·c` gated (`act(gate)`, `up`, their product alive at the `*`), `4·T·I·c` fused gate/up (the `2I` output stays alive through its chunk views), `2·T·I·c` plain | `LlamaMLP.forward`, `Phi3MLP.forward`, BERT `BertIntermediate` |
+//! | prefill, MLP | `2·T·h·c` (residual sum, normed input) + `3·T·I·c` gated (`act(gate)`, `up`, their product alive at the `*`), `4·T·I·c` fused gate/up (the `2I` output stays alive through its chunk views), `2·T·I·c` plain, `4·T·I·c` plain through GPT-2's composed GELU (GPT-2, GPT-J, Phi: its input, two elementwise temporaries and their product) | `LlamaMLP.forward`, `Phi3MLP.forward`, BERT `BertIntermediate`, `NewGELUActivation.forward` (`PhiMLP`, `GPT2MLP`) |
 //! | prefill, attention | normed input + q, k, v + the RoPE temporaries (`q·cos`, `rotate_half(q)·sin`, their sum: `3·T·q·c`) or, with q/k norms, two fp32 copies of q (`8·T·q`) | `apply_rotary_pos_emb`, `Qwen3Attention` |
 //! | prefill, SDPA's mask | a boolean `b·s²` built once per forward when SDPA needs a mask (a sliding window shorter than the sequence; Falcon always), and in each attention call its conversion to the query's dtype beside the `logical_not` it is built from, `(c+1)·b·s²`; k and v repeated (no `enable_gqa` with a mask); a fused projection kept by its views beside the rotated q and k, `T·(q+kv)·c`. RoPE's temporaries are gone by then: the attention phase is the larger of the two | `masking_utils.sdpa_mask`; `FalconModel.forward` (`create_causal_mask(allow_is_causal_skip=False)`); `convert_boolean_attn_mask` in `aten/src/ATen/native/transformers/attention.cpp` (`where(mask.logical_not(), -inf, 0)`); `FalconAttention.forward`, `Phi3Attention.forward` |
 //! | prefill, score matrix (eager; fp32 SDPA on grouped-query attention, the math kernel) | repeated k and v (`2·T·q·c`) and two score tensors at once, `8·b·heads·s²`; eager's materialised mask `b·s²·c` | `eager_attention_forward`, `repeat_kv`, `masking_utils.eager_mask`; `sdp_utils.cpp` (`Pass::scores`) |
@@ -24,6 +24,9 @@
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
 //! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
+//! | training, a sliding window shorter than the sequence | the boolean `b·s²` mask for the whole step; per layer SDPA's saved float mask `c·b·s²` and k, v repeated to every head | `masking_utils.sdpa_mask`; `convert_boolean_attn_mask`; the SDPA kernels' `attn_bias` saved for backward; `use_gqa_in_sdpa` (no `enable_gqa` with a mask), `repeat_kv` |
+//! | training, LoRA on a mixture of experts | each adapted layer's folded expert weights, `E·3·I·h` at the frozen weights' width, saved until its backward | PEFT `ParamWrapper` (`parametrize`; `_LoraFactorsProxy.forward`: `baddbmm(W, lhs, rhs)`), the experts' `grouped_mm` saving its weight |
+//! | training, Gemma-2's eager scores | `tanh`'s output, `c·b·heads·s²` per layer, beside the softmax | `Gemma2`'s `eager_attention_forward` (`softcap`: `tanh(w / softcap) * softcap`) |
 //! | training, attention backward | where scores exist (eager, fp32 math kernel), the scores' gradient and softmax's input gradient, `(c+4)·b·heads·s²` | `MatmulBackward`, `_softmax_backward_data` |
 //! | training, loss | `12·T·V`: the saved `log_softmax` output, the NLL gradient and `log_softmax`'s input gradient, all fp32, at the start of backward; Gemma-2 also saves its soft-capped logits' `tanh` output, `c·T·V` | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`); `Gemma2ForCausalLM.forward` (`final_logit_softcapping`: `tanh(logits / cap) * cap`, default 30.0) |
 //! | training, Gemma norms | the fp32 normed input a trained weight's `mul` saves, 4 B instead of the stream's width | `Gemma2RMSNorm.forward`, `Gemma3RMSNorm.forward` (`output * (1.0 + self.weight.float())` in fp32, then `type_as(x)`) |
@@ -50,6 +53,8 @@ pub(super) struct Block {
     pub family: ModelType,
     /// Experts per token of a mixture of experts; 0 for a dense MLP.
     pub experts_per_token: f64,
+    /// Experts per layer of a mixture of experts (all resident); 0 for a dense MLP.
+    pub experts: f64,
     /// Tokens a sliding-window layer sees; 0 for none.
     pub sliding_window: f64,
 }
@@ -90,6 +95,13 @@ impl Block {
         self.family == ModelType::Gemma2
     }
 
+    /// Gemma-2's eager attention soft-caps its scores (`attn_logit_softcapping`, 50.0 by default
+    /// in `Gemma2Config`; `None` in Gemma-3's): `eager_attention_forward` runs
+    /// `tanh(w / softcap) * softcap`, and `tanh` saves its output for backward.
+    fn softcapped_scores(&self) -> bool {
+        self.family == ModelType::Gemma2
+    }
+
     /// `Gemma2RMSNorm` multiplies by `1 + weight` in fp32 and casts after; Llama's casts first.
     fn fp32_norm_weight(&self) -> bool {
         matches!(self.family, ModelType::Gemma2 | ModelType::Gemma3)
@@ -123,14 +135,14 @@ impl Block {
     fn layer_norm(&self) -> bool {
         matches!(
             self.family,
-            ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Falcon
+            ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Phi | ModelType::Falcon
         )
     }
 
     /// Rotary position embeddings (`apply_rotary_pos_emb`): the `RMSNorm` decoders and Falcon
     /// (`rotary` unless `alibi`); BERT, Whisper and GPT-2 add learned positions instead.
     fn rotary(&self) -> bool {
-        self.rms() || self.family == ModelType::Falcon
+        self.rms() || matches!(self.family, ModelType::Falcon | ModelType::Phi)
     }
 
     /// Whether a sequence of `s` tokens is longer than the sliding window.
@@ -138,9 +150,23 @@ impl Block {
         self.sliding_window > 0.0 && s > self.sliding_window
     }
 
+    /// BERT's, GPT-2's and Whisper's eager attention call `softmax(w, dim=-1)` with no dtype, so
+    /// in 16 bits its output is 16-bit. Under autocast it is fp32: `softmax` is on CUDA
+    /// autocast's fp32 list (`autocast_mode.cpp`, `fp32_set_opt_dtype`: inputs cast to fp32
+    /// unless a dtype is given), and GPT-2's `attn_weights.type(value.dtype)` then casts it
+    /// back for the `matmul` with v, which saves that cast too. Falcon's passes
+    /// `dtype=hidden_states.dtype`, the residual stream's: 16-bit, fp32 under autocast. Llama's
+    /// (and Phi's) pass `dtype=float32` in every precision.
+    fn softmax_keeps_dtype(&self) -> bool {
+        matches!(
+            self.family,
+            ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Falcon
+        )
+    }
+
     /// GPT-2's `NewGELUActivation`: eight elementwise ops, each a new `T·I` tensor.
     fn composed_gelu(&self) -> bool {
-        self.family == ModelType::Gpt2
+        matches!(self.family, ModelType::Gpt2 | ModelType::Phi)
     }
 
     /// Linear layers fed by the attention norm's output: q, k, v, or one fused `qkv_proj`.
@@ -160,7 +186,8 @@ impl Block {
     /// `eager_attention_forward` runs `softmax(w, dtype=float32).to(query.dtype)`: in 16 bits
     /// softmax first copies its input to fp32, so the masked scores (2), that copy (4) and the
     /// output (4) are alive together, 10 bytes; in fp32 the copy and the final cast are no-ops,
-    /// scores and softmax 8 (torch's math kernel likewise). BERT's, GPT-2's and Whisper's
+    /// scores and softmax 8 (torch's math kernel likewise); Phi's `eager_attention_forward` is
+    /// Llama's. BERT's, GPT-2's and Whisper's
     /// `softmax` keeps the input's dtype: scores and probabilities, `2c`. Falcon's
     /// (`FalconAttention.forward`, no alibi) keeps the dtype too but holds four `c`-wide
     /// matrices: the scores, their sum with the mask, the softmax, and the previous layer's
@@ -169,7 +196,7 @@ impl Block {
     fn score_bytes(&self, c: f64) -> f64 {
         if self.family == ModelType::Falcon {
             4.0 * c
-        } else if self.layer_norm() {
+        } else if self.layer_norm() && self.family != ModelType::Phi {
             2.0 * c
         } else if c < 4.0 {
             10.0
@@ -442,7 +469,9 @@ fn norm_saved(block: &Block, trainable: Trainable, prec: Precision) -> f64 {
 /// - q/k norms (Qwen3): the fp32 copies of q and k, and their 16-bit casts when trained;
 /// - attention: SDPA's q (after `RoPE`), k, v, output (`c` each) and fp32 log-sum-exp per head and
 ///   token; with a fused `qkv_proj` v is a view that keeps the whole projection alive; eager:
-///   q, the repeated k and v, the fp32 softmax and its 16-bit cast (`(4+c)·b·heads·s²`);
+///   q, the repeated k and v, the fp32 softmax and its 16-bit cast (`(4+c)·b·heads·s²`), or for
+///   a softmax that keeps its input's dtype (BERT, GPT-2, Whisper, Falcon) its `c`-wide output,
+///   the fp32 one and its cast again under autocast ([`Block::softmax_keeps_dtype`]);
 /// - `o_proj`'s input (the contiguous transpose of the attention output): [`consumer_saved`];
 /// - MLP, gated: `gate` (by `act`), `act(gate)` and `up` (by the product), the product (by
 ///   `down`, as [`consumer_saved`]); fused gate/up: the `2I` output (both chunks are views of
@@ -472,14 +501,26 @@ pub(super) fn saved_per_layer(
         block.kv
     };
     // The score path saves the fp32 softmax and, in 16 bits, its cast (`matmul` with v);
-    // in fp32 they are one tensor.
+    // in fp32 they are one tensor. A softmax that keeps its input's dtype saves its 16-bit
+    // output, except under autocast (see `Block::softmax_keeps_dtype`).
     let attention = if p.scores(block) {
-        let per_score = if block.layer_norm() {
+        let per_score = if block.softmax_keeps_dtype() && prec != Precision::Autocast {
             c
         } else {
             4.0 + if c < 4.0 { c } else { 0.0 }
-        };
+        } + if block.softcapped_scores() { c } else { 0.0 };
         3.0 * c * t * block.q + per_score * p.b * block.heads * p.s * p.s
+    } else if block.windowed(p.s) {
+        // A window shorter than the sequence hands SDPA a boolean mask, converted to the
+        // query's dtype in every call (`convert_boolean_attn_mask`) and saved as the kernel's
+        // `attn_bias` for backward; with a mask transformers passes no `enable_gqa`
+        // (`use_gqa_in_sdpa`), so k and v are saved repeated to every head (`repeat_kv`).
+        let (k, v) = if block.kv < block.q {
+            (block.q, block.q)
+        } else {
+            (block.kv, v)
+        };
+        c * t * (2.0 * block.q + k + v) + 4.0 * t * block.heads + c * p.b * p.s * p.s
     } else {
         c * t * (2.0 * block.q + block.kv + v) + 4.0 * t * block.heads
     };
@@ -503,11 +544,25 @@ pub(super) fn saved_per_layer(
             } else {
                 4.0
             };
-            block.linears() * width * t * rank
+            block.linears() * width * t * rank + expert_weights_folded(block, prec)
         }
         Trainable::All => 0.0,
     };
     norms + attn_in + mlp_in + qk_norm + attention + o_in + mlp + lora
+}
+
+/// PEFT adapts a mixture of experts' stacked 3-D expert parameters through `ParamWrapper`, a
+/// `torch.nn.utils.parametrize` parametrization: every forward folds the adapter into a new
+/// full-size weight (`_LoraFactorsProxy.forward`: `torch.baddbmm(W, lhs, rhs, alpha=scaling)`,
+/// in `W`'s dtype with autocast off), and the experts' `grouped_mm` saves that weight for the
+/// input's gradient. So each adapted layer keeps a copy of its `gate_up_proj` and `down_proj`
+/// stacks, `E·3·I·h` in the frozen weights' width, until its backward.
+fn expert_weights_folded(block: &Block, prec: Precision) -> f64 {
+    if block.experts > 1.0 {
+        block.experts * 3.0 * block.ffn * block.h * prec.r()
+    } else {
+        0.0
+    }
 }
 
 /// Bytes LoRA's dropout adds per block when its probability is above 0: each adapted layer's
@@ -588,7 +643,9 @@ impl Inputs {
             ModelType::Llama | ModelType::QkNorm | ModelType::Gemma2 | ModelType::Gemma3 => {
                 Mlp::Gated
             }
-            ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Falcon => Mlp::Plain,
+            ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Phi | ModelType::Falcon => {
+                Mlp::Plain
+            }
             // The shape's own hint, as `params_of` reads it.
             ModelType::Other if a.intermediate_size == 4 * a.hidden_size => Mlp::Plain,
             ModelType::Other => Mlp::Gated,
@@ -604,6 +661,7 @@ impl Inputs {
             mlp,
             family: self.family,
             experts_per_token: self.experts_per_token,
+            experts: self.experts,
             sliding_window: self.sliding_window,
         }
     }
@@ -765,15 +823,22 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
         block.layers * layer
     };
     let cast = inp.autocast_weight_copies(checkpointed);
-    let start = kept + head + cast + loss_peak(&block, inp.tokens(), prec);
+    // A window's boolean `b·s²` mask is built once per forward (`masking_utils.sdpa_mask`)
+    // and every layer's attention, recomputed ones too, reads it until backward is done.
+    let mask = if pass.sdpa && block.windowed(pass.s) {
+        pass.b * pass.s * pass.s
+    } else {
+        0.0
+    };
+    let start = kept + head + cast + mask + loss_peak(&block, inp.tokens(), prec);
     // Backward's late moments: with checkpointing, the top layer recomputed while every
     // layer's input is still kept, or the bottom one once every gradient exists; without it,
     // the bottom layer's backward beside every gradient.
     let late = if checkpointed { kept.max(grads) } else { grads };
-    let end = late + layer + backward_transient(&block, &pass, prec);
+    let end = late + mask + layer + backward_transient(&block, &pass, prec);
     let step = grads + inp.optimizer_step_temporary();
     if start >= end.max(step) {
-        tensor("activations", kept + head);
+        tensor("activations", kept + head + mask);
         tensor("autocast-weights", cast);
         tensor("logits", loss_peak(&block, inp.tokens(), prec));
     } else if end >= step {
@@ -820,6 +885,7 @@ mod tests {
             mlp: Mlp::Gated,
             family: ModelType::Llama,
             experts_per_token: 0.0,
+            experts: 0.0,
             sliding_window: 0.0,
         }
     }
@@ -921,6 +987,7 @@ mod tests {
             mlp: Mlp::Plain,
             family: ModelType::LayerNorm,
             experts_per_token: 0.0,
+            experts: 0.0,
             sliding_window: 0.0,
         };
         let p = pass(256.0, 512.0);
@@ -990,6 +1057,133 @@ mod tests {
     }
 
     #[test]
+    fn phi_has_gpt2s_mlp_and_norms_and_llamas_attention() {
+        // `PhiMLP` runs `NewGELUActivation` over `fc1`'s output and `PhiDecoderLayer` normalises
+        // with `LayerNorm` (not fp32 `RMSNorm` copies and one fused GELU, the Llama layout);
+        // `PhiAttention` rotates q and k and its eager softmax runs in fp32 (not GPT-2's 16-bit
+        // scores and probabilities).
+        let family = ModelType::from_model_type("phi");
+        let block = Block {
+            family,
+            mlp: Mlp::Plain,
+            ..llama_1b()
+        };
+        assert!(block.composed_gelu() && block.layer_norm() && block.rotary());
+        assert_eq!(block.score_bytes(2.0), 10.0);
+        let gpt2 = Block {
+            family: ModelType::Gpt2,
+            ..block
+        };
+        assert_eq!(gpt2.score_bytes(2.0), 4.0);
+        assert!(!gpt2.rotary());
+        let p = pass(4.0, 2048.0);
+        assert_eq!(
+            mlp_transient(&block, p.t(), 2.0),
+            mlp_transient(&gpt2, p.t(), 2.0)
+        );
+    }
+
+    #[test]
+    fn a_window_shorter_than_the_sequence_saves_its_mask_and_repeated_kv() {
+        let (mut block, p) = (llama_1b(), pass(1.0, 16384.0));
+        let plain = saved_per_layer(&block, &p, Trainable::All, Precision::Pure16);
+        block.sliding_window = 4096.0;
+        let windowed = saved_per_layer(&block, &p, Trainable::All, Precision::Pure16);
+        // The float mask (`attn_bias`) and k and v repeated from kv to q width.
+        assert_eq!(
+            windowed - plain,
+            2.0 * p.s * p.s + 2.0 * 2.0 * p.t() * (block.q - block.kv)
+        );
+        block.sliding_window = 32768.0;
+        assert_eq!(
+            saved_per_layer(&block, &p, Trainable::All, Precision::Pure16),
+            plain
+        );
+    }
+
+    #[test]
+    fn lora_on_experts_keeps_each_layers_folded_expert_weights() {
+        // Qwen3-30B-A3B's layer: 128 experts of I = 768 over h = 2048.
+        let block = Block {
+            ffn: 768.0,
+            experts_per_token: 8.0,
+            experts: 128.0,
+            ..llama_1b()
+        };
+        let p = pass(1.0, 1024.0);
+        let dense = Block {
+            experts: 0.0,
+            ..block
+        };
+        let lora = |b: &Block, prec| saved_per_layer(b, &p, Trainable::Lora(16.0), prec);
+        assert_eq!(
+            lora(&block, Precision::Pure16) - lora(&dense, Precision::Pure16),
+            128.0 * 3.0 * 768.0 * 2048.0 * 2.0
+        );
+        // Under autocast the frozen weights, and so their folded copies, are fp32.
+        assert_eq!(
+            lora(&block, Precision::Autocast) - lora(&dense, Precision::Autocast),
+            128.0 * 3.0 * 768.0 * 2048.0 * 4.0
+        );
+        // Full fine-tuning trains the experts' own weights: nothing is folded.
+        assert_eq!(
+            saved_per_layer(&block, &p, Trainable::All, Precision::Pure16),
+            saved_per_layer(&dense, &p, Trainable::All, Precision::Pure16)
+        );
+    }
+
+    #[test]
+    fn gemma2s_eager_training_saves_its_soft_capped_scores() {
+        let eager = |family| {
+            let block = Block {
+                family,
+                ..llama_1b()
+            };
+            let p = Pass {
+                sdpa: false,
+                ..pass(1.0, 4096.0)
+            };
+            let sdpa = Pass { sdpa: true, ..p };
+            saved_per_layer(&block, &p, Trainable::All, Precision::Autocast)
+                - saved_per_layer(&block, &sdpa, Trainable::All, Precision::Autocast)
+        };
+        // `tanh`'s 16-bit output, one per score, beside Llama's fp32 softmax and its cast.
+        let scores = llama_1b().heads * 4096.0 * 4096.0;
+        assert_eq!(
+            eager(ModelType::Gemma2) - eager(ModelType::Llama),
+            2.0 * scores
+        );
+    }
+
+    #[test]
+    fn autocast_runs_gpt2s_eager_softmax_in_fp32() {
+        // Eager attention in training: the score path is what differs.
+        let block = Block {
+            family: ModelType::Gpt2,
+            mlp: Mlp::Plain,
+            ..llama_1b()
+        };
+        let p = Pass {
+            sdpa: false,
+            ..pass(2.0, 1024.0)
+        };
+        let scores = p.b * block.heads * p.s * p.s;
+        let pure = saved_per_layer(&block, &p, Trainable::All, Precision::Pure16);
+        let amp = saved_per_layer(&block, &p, Trainable::All, Precision::Autocast);
+        let eager = |prec| {
+            let sdpa = Pass { sdpa: true, ..p };
+            saved_per_layer(&block, &p, Trainable::All, prec)
+                - saved_per_layer(&block, &sdpa, Trainable::All, prec)
+        };
+        // 16-bit: the 16-bit softmax output; autocast: its fp32 output and the 16-bit cast.
+        assert!(amp > pure);
+        assert_eq!(
+            eager(Precision::Autocast) - eager(Precision::Pure16),
+            4.0 * scores
+        );
+    }
+
+    #[test]
     fn gpt2s_composed_gelu_keeps_four_intermediates() {
         let (mut block, p) = (llama_1b(), pass(4.0, 1024.0));
         (block.family, block.mlp) = (ModelType::LayerNorm, Mlp::Plain);
@@ -1034,6 +1228,7 @@ mod tests {
             mlp: Mlp::Plain,
             family: ModelType::Falcon,
             experts_per_token: 0.0,
+            experts: 0.0,
             sliding_window: 0.0,
         }
     }

@@ -407,8 +407,13 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         // transformers 5 attends through SDPA unless told otherwise, in fp32 too (its
         // memory-efficient kernel takes fp32): only `flash-attention: false` means eager.
         sdpa: spec.flash_attention != Some(false),
-        experts_per_token: f64::from(spec.experts_per_token.unwrap_or(0)),
-        experts: f64::from(spec.experts.unwrap_or(0)),
+        // The pod's own counts first (from `--model-config`), then its preset's.
+        experts_per_token: f64::from(
+            spec.experts_per_token
+                .or(spec.model.map(|p| p.experts_per_token))
+                .unwrap_or(0),
+        ),
+        experts: f64::from(spec.experts.or(spec.model.map(|p| p.experts)).unwrap_or(0)),
         sliding_window: spec.sliding_window.unwrap_or(0) as f64,
         // The pod's `model-type` first (from `--model-config`), then its preset's own.
         family: spec

@@ -180,6 +180,72 @@ mod tests {
         );
     }
 
+    /// A mixture-of-experts preset carries its expert counts, so `model: <preset>` sizes a
+    /// LoRA over every expert (and the routed tokens of a prefill) as `--model-config` does
+    /// from the same `config.json`.
+    #[test]
+    fn a_mixture_of_experts_preset_sizes_like_its_config() {
+        // The fields `hf_config` reads, as in huggingface.co/mistralai/Mixtral-8x7B-v0.1 and
+        // huggingface.co/Qwen/Qwen3-30B-A3B.
+        let configs = [
+            (
+                "mixtral-8x7b",
+                r#"{"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+                    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                    "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+                    "tie_word_embeddings": false}"#,
+            ),
+            (
+                "qwen3-30b-a3b",
+                r#"{"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+                    "moe_intermediate_size": 768, "num_hidden_layers": 48,
+                    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                    "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936,
+                    "tie_word_embeddings": false}"#,
+            ),
+        ];
+        let workloads: [&[(&str, &str)]; 2] = [
+            &[("workload", "lora"), ("lora-rank", "16"), ("batch", "2")],
+            &[
+                ("workload", "inference"),
+                ("batch", "64"),
+                ("context-tokens", "2048"),
+            ],
+        ];
+        for (preset, json) in configs {
+            let from_config = crate::model::hf_config::annotations(json)
+                .unwrap()
+                .annotations;
+            for workload in workloads {
+                let with = |model: &[(String, String)]| {
+                    let mut map: std::collections::BTreeMap<String, String> = model
+                        .iter()
+                        .map(|(k, v)| (format!("peakfit.io/{k}"), v.clone()))
+                        .collect();
+                    for (k, v) in workload.iter().chain(&[("engine", "hf")]) {
+                        map.insert(format!("peakfit.io/{k}"), (*v).to_string());
+                    }
+                    let spec = crate::model::Spec::parse(&map).unwrap();
+                    crate::model::estimate(&spec, crate::model::estimate::Defaults::GPU_TOTAL)
+                };
+                let config = with(&from_config.clone().into_iter().collect::<Vec<_>>());
+                let named = with(&[("model".into(), preset.into())]);
+                for name in ["adapters", "activations"] {
+                    let (c, n) = (part(&config, name), part(&named, name));
+                    assert!(
+                        (n - c).abs() <= 0.005 * c,
+                        "{preset} {workload:?}: {name} {n} by preset, {c} by config"
+                    );
+                }
+                let (c, n) = (config.per_gpu_bytes as f64, named.per_gpu_bytes as f64);
+                assert!(
+                    (n - c).abs() <= 0.005 * c,
+                    "{preset} {workload:?}: {n} by preset, {c} by config"
+                );
+            }
+        }
+    }
+
     #[test]
     fn training_state_by_optimizer_and_zero_stage() {
         let base = [
