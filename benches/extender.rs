@@ -4,9 +4,10 @@
 //! percentiles: criterion reports means and medians, the targets are p99s.
 //!
 //! `cargo bench --bench extender` (env `PEAKFIT_BENCH_ITERS`, default 2000 per measurement;
-//! `PEAKFIT_BENCH_ONLY=repeat,http,stream,cold,mixchange,criterion` to run some of them; `criterion` adds
-//! criterion's estimates for the in-process calls; `PEAKFIT_BENCH_CLUSTER=distinct` gives every
-//! node a state of its own, see `build`).
+//! `PEAKFIT_BENCH_ONLY=repeat,http,stream,cold,mixchange,criterion,spread` to run some of them;
+//! `criterion` adds criterion's estimates for the in-process calls; `PEAKFIT_BENCH_CLUSTER=distinct`
+//! gives every node a state of its own, see `build`; `spread` replays what kube-scheduler sends in
+//! `scheduler_throughput`'s spread variant, at `PEAKFIT_BENCH_SPREAD_NODES`, default `1000,5000`).
 //!
 //! Four workloads: one pod asked about again and again (every node's memo answers), a stream
 //! of pods in runs of one shape with a bind and a finished pod per request (what a scheduler
@@ -71,23 +72,7 @@ fn build(index: &Index, distinct: bool) {
     for n in 0..NODES {
         let name = format!("gpu-node-{n:05}");
         // Allocatable CPU and memory: the ledgers track CPU, so scoring's CPU balance is on.
-        index.apply_node(&Node {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                ..Default::default()
-            },
-            status: Some(NodeStatus {
-                allocatable: Some(
-                    [
-                        ("cpu".to_owned(), Quantity(NODE_CPU.into())),
-                        ("memory".to_owned(), Quantity("1Ti".into())),
-                    ]
-                    .into(),
-                ),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
+        index.apply_node(&node(&name, NODE_CPU, "1Ti"));
     }
     let per_node = PODS / NODES;
     for n in 0..NODES {
@@ -135,22 +120,7 @@ fn build(index: &Index, distinct: bool) {
             }
             gpu.memory_free_bytes = H100 - gpu.memory_used_bytes - gpu.memory_reserved_bytes;
         }
-        let mut r = NodeGpuReport::new(
-            &name,
-            NodeGpuReportSpec {
-                node_name: name.clone(),
-            },
-        );
-        r.status = Some(NodeGpuReportStatus {
-            observed_at: jiff::Timestamp::now().to_string(),
-            nvml: NvmlStatus {
-                up: true,
-                ..Default::default()
-            },
-            gpus,
-            ..Default::default()
-        });
-        index.apply_report(&r);
+        index.apply_report(&fresh_report(&name, gpus));
     }
     for i in 0..PODS {
         let n = i % NODES;
@@ -189,6 +159,47 @@ fn build(index: &Index, distinct: bool) {
         };
         index.apply_pod(&pod);
     }
+}
+
+/// A Node with this allocatable CPU and memory.
+fn node(name: &str, cpu: &str, memory: &str) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        },
+        status: Some(NodeStatus {
+            allocatable: Some(
+                [
+                    ("cpu".to_owned(), Quantity(cpu.into())),
+                    ("memory".to_owned(), Quantity(memory.into())),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A report of `gpus` for node `name`, NVML up, observed now.
+fn fresh_report(name: &str, gpus: Vec<GpuDevice>) -> NodeGpuReport {
+    let mut r = NodeGpuReport::new(
+        name,
+        NodeGpuReportSpec {
+            node_name: name.to_owned(),
+        },
+    );
+    r.status = Some(NodeGpuReportStatus {
+        observed_at: jiff::Timestamp::now().to_string(),
+        nvml: NvmlStatus {
+            up: true,
+            ..Default::default()
+        },
+        gpus,
+        ..Default::default()
+    });
+    r
 }
 
 /// A node-cache-mode request for `pod` over every node.
@@ -507,6 +518,22 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
+    let only = std::env::var("PEAKFIT_BENCH_ONLY").unwrap_or_default();
+    let wanted = |scenario: &str| only.is_empty() || only.split(',').any(|s| s == scenario);
+    if wanted("spread") {
+        let sizes =
+            std::env::var("PEAKFIT_BENCH_SPREAD_NODES").unwrap_or_else(|_| "1000,5000".into());
+        for nodes in sizes.split(',') {
+            let nodes: usize = nodes
+                .trim()
+                .parse()
+                .expect("PEAKFIT_BENCH_SPREAD_NODES: node counts");
+            spread::run(nodes, spread::PODS);
+        }
+        if only == "spread" {
+            return;
+        }
+    }
     let body = request_body();
     let distinct = match std::env::var("PEAKFIT_BENCH_CLUSTER").as_deref() {
         Ok("distinct") => true,
@@ -586,8 +613,6 @@ fn main() {
         "request body: {} bytes (node-cache mode, {NODES} names)",
         body.len()
     );
-    let only = std::env::var("PEAKFIT_BENCH_ONLY").unwrap_or_default();
-    let wanted = |scenario: &str| only.is_empty() || only.split(',').any(|s| s == scenario);
     if wanted("repeat") {
         let f = timed(iters, || {
             let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
@@ -670,6 +695,9 @@ fn main() {
         criterion_estimates(&ext, &body);
     }
 }
+
+#[path = "extender/spread.rs"]
+mod spread;
 
 /// Criterion's estimates (the mean time per call and its confidence interval) for the same
 /// in-process calls, as a cross-check of the percentiles above that is robust to a few slow

@@ -13,7 +13,6 @@ use crate::cluster::index::{NodeState, pod_key};
 use crate::cluster::resources::host_request_of;
 use crate::metrics::extender::{DecisionLabels, ReasonLabels, ScoreSourceLabels};
 use crate::placement::fit::{check_class, need_on, node_usable};
-use crate::placement::memo::fresh_id;
 use crate::placement::{FitConfig, NodeLedger, PodShape, Rejection};
 
 /// The candidate nodes of a request, in whichever mode the scheduler uses.
@@ -231,14 +230,15 @@ impl Extender {
                 let shape = req.shape();
                 let class = self.class_of(&req, &host_request_of(&pod));
                 self.learn(&key, &class);
+                let class_id = self.class_ids.lock().id(&class);
                 let now = self.now();
                 let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
                 let names: Vec<&str> = candidates.names().collect();
                 // A usable node's verdict and words depend only on its state (what scoring
-                // reads, `placement::signature`): worked out once per state, kept with the
-                // state under this request's id. Whether the node is usable now moves with the
-                // clock, so that is checked for each node.
-                let request = fresh_id();
+                // reads, `placement::signature`) and the class: worked out once per state and
+                // class, kept with the state for the next requests (`index::Verdicts`). Whether
+                // the node is usable now moves with the clock, so that is checked for each node,
+                // and a verdict that says it is not (the clock moved in between) is not kept.
                 // A pod sized from its workload's profile says so in every refusal: the number
                 // refused is not the one its annotations predict.
                 let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
@@ -288,20 +288,22 @@ impl Extender {
                             refusal(&st, own, &r, words)
                         }));
                     }
-                    let verdict = {
-                        let mut known = st.scores().verdict.lock();
-                        if known.0 != request {
-                            let v =
-                                check_class(&st.ledger, &class, &self.fit, now)
-                                    .err()
-                                    .map(|r| {
-                                        let words = r.to_string();
-                                        Arc::new((r, words))
-                                    });
-                            *known = (request, v);
+                    let known = st.scores().verdict.lock().get(class_id).cloned();
+                    let verdict = known.unwrap_or_else(|| {
+                        let v = check_class(&st.ledger, &class, &self.fit, now)
+                            .err()
+                            .map(|r| {
+                                let words = r.to_string();
+                                Arc::new((r, words))
+                            });
+                        // The node was usable a moment ago; a verdict that says it no longer
+                        // is belongs to this instant, not to the state.
+                        if !v.as_ref().is_some_and(|v| v.0.is_node_wide()) {
+                            // Two threads may work one state out at once; both get the same.
+                            st.scores().verdict.lock().put(class_id, v.clone());
                         }
-                        known.1.clone()
-                    };
+                        v
+                    });
                     Some(verdict.map(|v| refusal(&st, &st.ledger, &v.0, v.1.clone())))
                 });
                 let (mut resolvable, mut not_resolvable) = (Vec::new(), Vec::new());
@@ -404,6 +406,68 @@ mod tests {
             best_free_bytes: 0,
             best_gpu_total_bytes: GI,
         }
+    }
+
+    /// Filter keeps each state's verdict across requests: a node whose ledger changed is in
+    /// another state and is decided again (a cache keyed by class alone would refuse the second
+    /// pod with the first one's numbers, or let it onto a GPU filled since), and two nodes
+    /// in one state share the words.
+    #[test]
+    fn a_changed_node_is_decided_again_not_served_the_last_verdict() {
+        use crate::cluster::binding::MemoryBinder;
+        use crate::cluster::index::Index;
+        use crate::cluster::test_support::{mk_node, mk_pod, mk_report};
+        use crate::extender::wire::ExtenderArgs;
+        use crate::metrics::extender::ExtenderMetrics;
+
+        let index = Arc::new(Index::new());
+        let report = |node: &str, used: u64| {
+            index.apply_report(&mk_report(
+                node,
+                &[("GPU-".to_owned() + node).as_str()]
+                    .map(|u| (u, 80 * GI, used * GI, &[] as &[(&str, u64)])),
+            ));
+        };
+        for n in ["a", "b"] {
+            index.apply_node(&mk_node(n));
+            report(n, 50);
+        }
+        let ext = Extender::new(
+            index.clone(),
+            Arc::new(ExtenderMetrics::new()),
+            Arc::new(MemoryBinder::default()),
+        );
+        let filter = |uid: &str| {
+            let pod = mk_pod(uid, None, &[("peakfit.io/vram", "40Gi")]);
+            ext.index.apply_pod(&pod);
+            ext.filter(ExtenderArgs {
+                pod: Some(pod),
+                nodes: None,
+                node_names: Some(vec!["a".into(), "b".into()]),
+            })
+        };
+        let refused = |r: &ExtenderFilterResult, node: &str| {
+            r.failed_nodes
+                .iter()
+                .chain(&r.failed_and_unresolvable_nodes)
+                .find_map(|m| m.get(node).cloned())
+        };
+        let first = filter("p1");
+        assert_eq!(first.node_names.as_deref(), Some(&[] as &[String]));
+        let words = refused(&first, "a").unwrap();
+        assert!(words.contains("has 30.0 GiB free"), "{words}");
+        assert_eq!(refused(&first, "b").as_ref(), Some(&words));
+        // Node a frees memory, node b fills further: the same class asks again.
+        report("a", 10);
+        report("b", 60);
+        let second = filter("p2");
+        assert_eq!(second.node_names.as_deref(), Some(&["a".to_owned()][..]));
+        let words_b = refused(&second, "b").unwrap();
+        assert!(words_b.contains("has 20.0 GiB free"), "{words_b}");
+        assert_ne!(words_b, words);
+        // And back: a verdict kept for the old state is right again, word for word.
+        report("b", 50);
+        assert_eq!(refused(&filter("p3"), "b"), Some(words));
     }
 
     /// Held GPUs are named for refusals about GPUs or memory only, and make the reason

@@ -11,7 +11,7 @@ use parking_lot::{RwLock, RwLockReadGuard};
 
 use super::report_view::ReportView;
 use super::scores::StateScores;
-use super::{Index, PARALLEL_FROM, PodEntry};
+use super::{Index, PARALLEL_AFTER, PodEntry, SERIAL_STEP};
 use crate::cluster::resources::allocatable_of;
 use crate::placement::{NodeLedger, PodKey};
 
@@ -227,9 +227,12 @@ impl Index {
     }
 
     /// The slots of `names` under one lock acquisition (a request asks for thousands).
-    /// `f` of every named node's slot (`None` for a node the index does not know), in order;
-    /// spread over the cores from `PARALLEL_FROM` names on. The lookups run in parallel too:
-    /// for thousands of names they cost as much as the decisions.
+    /// `f` of every named node's slot (`None` for a node the index does not know), in order:
+    /// on the calling thread while the rest would take less than [`PARALLEL_AFTER`] at the pace
+    /// so far, then the rest spread over the cores (lookups too: for thousands of names they
+    /// cost as much as the decisions). Deciding by the time taken, not by how many names, keeps
+    /// cheap requests off rayon's threads, whose hand-off cost more than the work on a busy
+    /// machine, and expensive ones (a new class on thousands of nodes) on every core.
     pub fn map_slots<T: Send>(
         &self,
         names: &[&str],
@@ -240,11 +243,22 @@ impl Index {
         // which takes this lock again; an ordinary read would wait behind a queued writer.
         let nodes = self.nodes.read_recursive();
         let one = |n: &&str| f(nodes.get(*n).map(|s| &**s));
-        if names.len() >= PARALLEL_FROM {
-            names.par_iter().map(one).collect()
-        } else {
-            names.iter().map(one).collect()
+        let mut out = Vec::with_capacity(names.len());
+        let started = std::time::Instant::now();
+        while out.len() < names.len() {
+            let done = out.len();
+            let step = &names[done..(done + SERIAL_STEP).min(names.len())];
+            out.extend(step.iter().map(one));
+            let (done, left) = (out.len(), names.len() - out.len());
+            // The rest at the pace so far: elapsed × left ÷ done.
+            if left > 0
+                && started.elapsed().as_nanos() * left as u128
+                    > PARALLEL_AFTER.as_nanos() * done as u128
+            {
+                out.par_extend(names[done..].par_iter().map(one));
+            }
         }
+        out
     }
 
     /// Every node's slot, for a pass over the whole cluster that must not hold the node map
@@ -311,5 +325,51 @@ mod tests {
         assert_eq!(ledger(&index, "n1").condition, NodeCondition::NoReport);
         index.delete_node("n1");
         assert!(index.node("n1").is_none());
+    }
+
+    /// Cheap work stays on the calling thread; work whose rest would take longer than
+    /// `PARALLEL_AFTER` there moves to rayon's threads. Either way every name is answered once,
+    /// in order, unknown names with `None`.
+    #[test]
+    fn map_slots_goes_parallel_only_when_the_rest_is_slow() {
+        let index = Index::new();
+        let names: Vec<String> = (0..200).map(|i| format!("n{i:03}")).collect();
+        for n in names.iter().step_by(2) {
+            index.apply_node(&mk_node(n));
+        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let caller = std::thread::current().id();
+        let run = |pause: std::time::Duration| {
+            index.map_slots(&names, |slot| {
+                std::thread::sleep(pause);
+                (
+                    slot.map(|s| s.read().ledger.name.clone()),
+                    std::thread::current().id() == caller,
+                )
+            })
+        };
+        for pause in [std::time::Duration::ZERO, PARALLEL_AFTER / 8] {
+            let out = run(pause);
+            let expected: Vec<Option<String>> = names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (i % 2 == 0).then(|| (*n).to_owned()))
+                .collect();
+            assert_eq!(
+                out.iter().map(|o| o.0.clone()).collect::<Vec<_>>(),
+                expected
+            );
+            let on_caller = out.iter().filter(|o| o.1).count();
+            if pause.is_zero() {
+                assert_eq!(on_caller, names.len(), "cheap work left the calling thread");
+            } else {
+                // The first step's pace says the other 136 would take 136 × 25 µs or more.
+                assert!(
+                    on_caller < names.len(),
+                    "slow work stayed on the calling thread"
+                );
+                assert!(on_caller >= SERIAL_STEP);
+            }
+        }
     }
 }
