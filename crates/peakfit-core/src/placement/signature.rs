@@ -30,7 +30,7 @@ use super::patterns::units;
 pub struct ScoreInputs {
     hash: u64,
     /// Free CPU (a flag word, then the value), the GPU count, then per GPU in index order: its
-    /// size, free bytes, model (an index into `models`), and the fill-pattern units of its
+    /// size, free bytes, driver's reserve, model (an index into `models`), and the fill-pattern units of its
     /// reservations (`patterns::units` of each predicted share, sorted) after their count.
     words: Box<[u64]>,
     /// The node's distinct GPU models, in order of first appearance.
@@ -39,7 +39,7 @@ pub struct ScoreInputs {
 
 impl ScoreInputs {
     pub fn of(node: &NodeLedger) -> Self {
-        let mut words: Vec<u64> = Vec::with_capacity(3 + node.gpus.len() * 6);
+        let mut words: Vec<u64> = Vec::with_capacity(3 + node.gpus.len() * 7);
         let mut models: SmallVec<[Arc<str>; 1]> = SmallVec::new();
         match node.cpu_free_milli() {
             Some(cpu) => words.extend([1, cpu]),
@@ -63,9 +63,13 @@ impl ScoreInputs {
                     .map(|r| units(r.predicted_bytes, gpu.total_bytes)),
             );
             shares.sort_unstable();
+            // The driver's reserve beside the free bytes: a whole-GPU pod needs the size less
+            // the reserve (`fit::need_on`), so two GPUs with equal free memory, one of them
+            // short by the reserve and the other by unattributed use, take different pods.
             words.extend([
                 gpu.total_bytes,
                 gpu.free_bytes(),
+                gpu.driver_reserved_bytes,
                 model as u64,
                 shares.len() as u64,
             ]);
@@ -247,7 +251,35 @@ mod tests {
         split.release("a/p");
         split.reserve("a/p", &[0], &[10 * GI]);
         split.reserve("a/r", &[0], &[10 * GI]);
+        // The same free memory, short by the driver's reserve on one node and by a process
+        // peakfit did not place on the other: a whole GPU fits only the first.
+        let mut reserve = base();
+        reserve.gpus[1].observe(80 * GI, GI, [], 0);
+        let mut unattributed = base();
+        unattributed.gpus[1].observe(80 * GI, 0, [], GI);
+        assert_eq!(
+            reserve.gpus[1].free_bytes(),
+            unattributed.gpus[1].free_bytes()
+        );
+        let whole = PodClass {
+            shape: PodShape {
+                gpus: 1,
+                demand: Demand::fraction(1.0),
+            },
+            cpu_milli: 0,
+            gpu_models: Vec::new(),
+        };
+        let (cfg, mix) = (FitConfig::simulation(), ShapeMix::default());
+        let fits = |n: &NodeLedger| {
+            place_score(n, &whole, ScoringPolicy::Binpack, &mix, &cfg, 0)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert!(fits(&reserve).is_ok());
+        assert!(fits(&unattributed).is_err());
+        assert_ne!(ScoreInputs::of(&reserve), ScoreInputs::of(&unattributed));
         for (what, n) in [
+            ("driver reserve", reserve),
             ("free bytes", more_free),
             ("which GPU", other_gpu),
             ("free CPU", cpu),
