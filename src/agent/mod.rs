@@ -96,7 +96,7 @@ pub struct AgentArgs {
         long,
         env = "PEAKFIT_GPU_RESOURCES",
         value_delimiter = ',',
-        default_value = "nvidia.com/gpu,nvidia.com/mig-*"
+        default_value = crate::gpu_resources::DEFAULT_GPU_RESOURCES
     )]
     pub gpu_resources: Vec<String>,
     /// DRA drivers whose devices are GPUs.
@@ -104,7 +104,7 @@ pub struct AgentArgs {
         long,
         env = "PEAKFIT_GPU_DRA_DRIVERS",
         value_delimiter = ',',
-        default_value = "gpu.nvidia.com"
+        default_value = crate::gpu_resources::DEFAULT_GPU_DRA_DRIVERS
     )]
     pub gpu_dra_drivers: Vec<String>,
 }
