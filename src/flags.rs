@@ -8,6 +8,23 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
+/// `--gpu-resources`, flattened into the agent and the extender: the chart gives both one value,
+/// and they must read it alike (the agent to map the kubelet's allocations onto GPUs, the
+/// extender to tell which nodes a device plugin hands GPUs out on).
+#[derive(Clone, Debug, clap::Args)]
+pub struct GpuResourceArgs {
+    /// Device-plugin resources whose devices are GPUs: names, or prefixes ending in `*`. The
+    /// agent reports who holds them; the extender refuses a node whose allocatable advertises one
+    /// while its agent cannot read the kubelet's `PodResources` API.
+    #[arg(
+        long,
+        env = "PEAKFIT_GPU_RESOURCES",
+        value_delimiter = ',',
+        default_value = crate::gpu_resources::DEFAULT_GPU_RESOURCES
+    )]
+    pub gpu_resources: Vec<String>,
+}
+
 /// How a command reaches the API server; flattened into every command that needs a client.
 #[derive(Clone, Debug, Default, clap::Args)]
 pub struct ClientArgs {

@@ -6,7 +6,7 @@
 //! items the core defines.
 #![forbid(unsafe_code)]
 
-pub use peakfit_core::{convert, inventory, learn, model, placement};
+pub use peakfit_core::{convert, gpu_resources, inventory, learn, model, placement};
 
 pub mod agent;
 pub mod background;

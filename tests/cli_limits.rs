@@ -132,3 +132,22 @@ fn help_says_what_file_mode_ignores_and_lists_the_connection_limits() {
         }
     }
 }
+
+/// Issue 23: the extender reads `--gpu-resources` with the agent's parser, and a bad entry stops
+/// it at start, naming the flag, the entry and what is allowed.
+#[test]
+fn the_extender_refuses_a_bad_gpu_resources_entry_naming_it() {
+    let out = peakfit(&[
+        "extender",
+        "--from-file",
+        "/dev/null",
+        "--gpu-resources",
+        "nvidia.com/gpu,*",
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains(r#"--gpu-resources: entry "*" is not allowed: entries are names"#),
+        "{err}"
+    );
+}

@@ -91,20 +91,14 @@ pub struct AgentArgs {
     /// this much, no more.
     #[arg(long, env = "PEAKFIT_POD_RESOURCES_TIMEOUT", default_value = "1s", value_parser = parse_nonzero_duration)]
     pub pod_resources_timeout: Duration,
-    /// Device-plugin resources whose devices are GPUs: names, or prefixes ending in `*`.
-    #[arg(
-        long,
-        env = "PEAKFIT_GPU_RESOURCES",
-        value_delimiter = ',',
-        default_value = "nvidia.com/gpu,nvidia.com/mig-*"
-    )]
-    pub gpu_resources: Vec<String>,
+    #[command(flatten)]
+    pub gpu: crate::flags::GpuResourceArgs,
     /// DRA drivers whose devices are GPUs.
     #[arg(
         long,
         env = "PEAKFIT_GPU_DRA_DRIVERS",
         value_delimiter = ',',
-        default_value = "gpu.nvidia.com"
+        default_value = crate::gpu_resources::DEFAULT_GPU_DRA_DRIVERS
     )]
     pub gpu_dra_drivers: Vec<String>,
 }
@@ -118,7 +112,7 @@ impl AgentArgs {
         if self.pod_resources_socket.trim().is_empty() {
             return Ok(None);
         }
-        let filter = GpuResources::new(&self.gpu_resources, &self.gpu_dra_drivers)?;
+        let filter = GpuResources::new(&self.gpu.gpu_resources, &self.gpu_dra_drivers)?;
         Ok(Some(PodResourcesReader::new(
             self.pod_resources_socket.trim(),
             self.pod_resources_timeout,

@@ -161,6 +161,17 @@ pub fn allocatable_of(node: &Node) -> (Option<u64>, Option<u64>) {
     )
 }
 
+/// The first resource of `gpus` the node's allocatable advertises with a quantity other than
+/// zero (one that does not parse counts: refusing a node wrongly costs less than sharing a GPU
+/// someone holds); `None` when it advertises none. DRA devices are not in allocatable, so a
+/// node whose GPUs only DRA hands out has none.
+pub fn advertised_gpu(node: &Node, gpus: &crate::gpu_resources::GpuResources) -> Option<String> {
+    let a = node.status.as_ref()?.allocatable.as_ref()?;
+    a.iter()
+        .find(|(name, q)| gpus.is_gpu_resource(name) && parse_cpu_milli(&q.0) != Some(0))
+        .map(|(name, _)| name.clone())
+}
+
 /// Whether a GPU product label value names this NVML model (GFD writes spaces as dashes).
 pub fn product_matches(label: &str, model: &str) -> bool {
     label == model

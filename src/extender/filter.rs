@@ -127,6 +127,7 @@ pub fn resolvable_by_preemption(
         Rejection::NoReport
         | Rejection::StaleReport { .. }
         | Rejection::NvmlDown { .. }
+        | Rejection::PodResourcesDown { .. }
         | Rejection::TooFewGpus { .. }
         | Rejection::GpuTooSmall { .. } => false,
     }

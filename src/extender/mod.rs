@@ -82,6 +82,10 @@ pub struct ExtenderArgs {
     /// about live agents.
     #[arg(long, env = "PEAKFIT_MAX_REPORT_AGE", default_value = "120s", value_parser = parse_duration)]
     pub max_report_age: Duration,
+    // A node whose allocatable advertises one of these is refused while its agent reports the
+    // kubelet's `PodResources` API unreadable: a GPU the plugin hands out then would look free.
+    #[command(flatten)]
+    pub gpu: crate::flags::GpuResourceArgs,
     /// How often a background thread scores the workload's usual pod classes on nodes that
     /// changed, so prioritize answers the first pod of a new run from memory (e.g. `100ms`;
     /// `0`: never). It runs at the lowest CPU priority, and while it runs a new shape mix is used
@@ -568,7 +572,8 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     let platform = args
         .cuda_context
         .map_or_else(Platform::default, |cuda_context| Platform { cuda_context });
-    let index = Arc::new(Index::with_platform(platform));
+    let gpu_resources = crate::gpu_resources::GpuResources::new(&args.gpu.gpu_resources, &[])?;
+    let index = Arc::new(Index::with_platform(platform).with_gpu_resources(gpu_resources));
     let policy = args.learn.policy()?;
     let profiles = Arc::new(ProfileStore::default());
     profiles.set_policy(policy);

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod convert;
+pub mod gpu_resources;
 pub mod inventory;
 pub mod learn;
 pub mod model;

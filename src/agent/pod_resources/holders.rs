@@ -18,71 +18,10 @@
 
 use std::collections::BTreeMap;
 
+pub use crate::gpu_resources::{FilterError, GpuResources};
 use crate::inventory::{DeviceHolder, GpuDevice, HolderKind};
 
 use super::proto;
-
-/// The device-plugin resources and DRA drivers whose devices are GPUs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GpuResources {
-    exact: Vec<String>,
-    prefixes: Vec<String>,
-    dra_drivers: Vec<String>,
-}
-
-/// A `--gpu-resources` or `--gpu-dra-drivers` entry that cannot be used.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum FilterError {
-    #[error(
-        "{flag}: entry {value:?} is not allowed: entries are names (`nvidia.com/gpu`) or \
-         prefixes ending in one `*` (`nvidia.com/mig-*`), comma-separated, none empty"
-    )]
-    Resource { flag: &'static str, value: String },
-}
-
-impl GpuResources {
-    /// `resources` are exact names or prefixes ending in `*`; `dra_drivers` exact driver names.
-    pub fn new(resources: &[String], dra_drivers: &[String]) -> Result<Self, FilterError> {
-        let mut exact = Vec::new();
-        let mut prefixes = Vec::new();
-        for r in resources.iter().map(|r| r.trim()) {
-            let bad = || FilterError::Resource {
-                flag: "--gpu-resources",
-                value: r.to_string(),
-            };
-            match r.strip_suffix('*') {
-                Some(prefix) if !prefix.is_empty() && !prefix.contains('*') => {
-                    prefixes.push(prefix.to_string());
-                }
-                None if !r.is_empty() && !r.contains('*') => exact.push(r.to_string()),
-                _ => return Err(bad()),
-            }
-        }
-        let mut drivers = Vec::new();
-        for d in dra_drivers.iter().map(|d| d.trim()) {
-            if d.is_empty() || d.contains('*') {
-                return Err(FilterError::Resource {
-                    flag: "--gpu-dra-drivers",
-                    value: d.to_string(),
-                });
-            }
-            drivers.push(d.to_string());
-        }
-        Ok(Self {
-            exact,
-            prefixes,
-            dra_drivers: drivers,
-        })
-    }
-
-    pub fn is_gpu_resource(&self, name: &str) -> bool {
-        self.exact.iter().any(|e| e == name) || self.prefixes.iter().any(|p| name.starts_with(p))
-    }
-
-    pub fn is_gpu_driver(&self, driver: &str) -> bool {
-        self.dra_drivers.iter().any(|d| d == driver)
-    }
-}
 
 /// A GPU allocation the kubelet reported that names no device NVML lists.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -96,6 +96,9 @@ pub struct Index {
     /// Which node's report first listed a GPU UUID: a UUID is one physical GPU, so a second
     /// node reporting it (a copied report, a misconfigured agent) is warned about and counted.
     gpu_owners: Mutex<HashMap<String, String>>,
+    /// The device-plugin resources that are GPUs (`--gpu-resources`): a node advertising one
+    /// is refused while its agent cannot read which of them the kubelet handed out.
+    gpu_resources: crate::gpu_resources::GpuResources,
 }
 
 impl std::fmt::Debug for Index {
@@ -119,6 +122,14 @@ impl Index {
             platform,
             ..Self::default()
         }
+    }
+
+    /// The device-plugin resources that are GPUs (the extender's `--gpu-resources`); the
+    /// default is the flag's.
+    #[must_use]
+    pub fn with_gpu_resources(mut self, gpu_resources: crate::gpu_resources::GpuResources) -> Self {
+        self.gpu_resources = gpu_resources;
+        self
     }
 
     /// The labelled model-config ConfigMaps (fed by the ConfigMap watch).

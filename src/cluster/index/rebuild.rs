@@ -22,8 +22,9 @@ pub(super) struct Rebuilt<'a> {
     pub unreported: Vec<(&'a PodEntry, usize)>,
 }
 
-/// The ledger of node `name` from its allocatable (CPU millicores, memory bytes), its report and
-/// the pods bound to it, in the order given: O(pods × GPUs). No locks, no side effects, so that
+/// The ledger of node `name` from its allocatable (CPU millicores, memory bytes), the first GPU
+/// resource its device plugin advertises (`device_plugin_gpu`), its report and the pods bound to
+/// it, in the order given: O(pods × GPUs). No locks, no side effects, so that
 /// what the ledger holds can be tested row by row.
 ///
 /// Every pod reserves its CPU and memory. With a report, a pod with an assignment reserves on
@@ -34,6 +35,7 @@ pub(super) struct Rebuilt<'a> {
 pub(super) fn ledger_of<'a>(
     name: &str,
     allocatable: (Option<u64>, Option<u64>),
+    device_plugin_gpu: Option<&str>,
     report: Option<&ReportView>,
     pods: impl Iterator<Item = &'a PodEntry> + Clone,
 ) -> Rebuilt<'a> {
@@ -48,11 +50,21 @@ pub(super) fn ledger_of<'a>(
         return Rebuilt { ledger, unreported };
     };
     ledger.observed_at_unix = report.observed_at_unix;
-    ledger.condition = match &report.nvml_down {
-        Some(reason) => NodeCondition::NvmlDown {
+    // Unread allocations matter only where a device plugin can make them: on a node it does
+    // not advertise a GPU on, peakfit places every GPU pod and the report's GPUs are the truth.
+    ledger.condition = match (
+        &report.nvml_down,
+        &report.pod_resources_down,
+        device_plugin_gpu,
+    ) {
+        (Some(reason), _, _) => NodeCondition::NvmlDown {
             reason: reason.clone(),
         },
-        None => NodeCondition::Ready,
+        (None, Some(reason), Some(resource)) => NodeCondition::PodResourcesDown {
+            reason: reason.clone(),
+            resource: resource.to_owned(),
+        },
+        _ => NodeCondition::Ready,
     };
     ledger.gpus = report
         .gpus
@@ -182,7 +194,13 @@ impl Index {
         let Rebuilt {
             mut ledger,
             unreported,
-        } = ledger_of(&name, st.allocatable, st.report.as_ref(), on_node);
+        } = ledger_of(
+            &name,
+            st.allocatable,
+            st.device_plugin_gpu.as_deref(),
+            st.report.as_ref(),
+            on_node,
+        );
         let held = st.held.iter().filter_map(|key| pods.get(key).map(|p| &**p));
         let (holds, refused) = hold_on(&mut ledger, held);
         for (pod, why) in refused {
@@ -404,6 +422,7 @@ mod tests {
         ReportView {
             observed_at_unix: Some(1_800_000_000),
             nvml_down: nvml_down.map(str::to_owned),
+            pod_resources_down: None,
             gpus: gpus
                 .iter()
                 .map(|&(uuid, total, used, driver_reserved, by_pod)| ReportGpu {
@@ -535,7 +554,7 @@ mod tests {
             let pods: Vec<PodEntry> = r.pods.iter().map(entry).collect();
             let report = r.report.map(|g| view(g, r.nvml_down));
             let Rebuilt { ledger, unreported } =
-                ledger_of("n", r.allocatable, report.as_ref(), pods.iter());
+                ledger_of("n", r.allocatable, None, report.as_ref(), pods.iter());
             let committed: Vec<u64> = ledger.gpus.iter().map(GpuLedger::committed_bytes).collect();
             let unattributed: Vec<u64> = ledger.gpus.iter().map(|g| g.unattributed_bytes).collect();
             let unreported: Vec<(&str, usize)> = unreported

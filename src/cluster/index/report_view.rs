@@ -13,6 +13,9 @@ use crate::cluster::NodeGpuReport;
 pub(super) struct ReportView {
     pub(super) observed_at_unix: Option<i64>,
     pub(super) nvml_down: Option<String>,
+    /// The agent's reason when it reads the kubelet's `PodResources` API and that read fails;
+    /// `None` when it reads it, or does not try (`--pod-resources-socket ""`).
+    pub(super) pod_resources_down: Option<String>,
     pub(super) gpus: Vec<ReportGpu>,
 }
 
@@ -47,6 +50,7 @@ impl ReportView {
             return Self {
                 observed_at_unix: None,
                 nvml_down: Some("the agent has not published a status yet".into()),
+                pod_resources_down: None,
                 gpus: Vec::new(),
             };
         };
@@ -62,6 +66,11 @@ impl ReportView {
                 .clone()
                 .unwrap_or_else(|| "no reason given".into())
         });
+        let pod_resources_down = status
+            .pod_resources
+            .as_ref()
+            .filter(|p| !p.up)
+            .map(|p| p.reason.clone().unwrap_or_else(|| "no reason given".into()));
         let mut uuids = std::collections::HashSet::new();
         let gpus = status
             .gpus
@@ -115,6 +124,7 @@ impl ReportView {
         Self {
             observed_at_unix,
             nvml_down,
+            pod_resources_down,
             gpus,
         }
     }
@@ -248,7 +258,122 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::test_support::{GIB, ledger, mk_report, warnings};
+    use crate::cluster::test_support::{GIB, ledger, mk_node, mk_report, warnings};
+    use crate::inventory::PodResourcesStatus;
+    use crate::placement::NodeCondition;
+    use k8s_openapi::api::core::v1::NodeStatus;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    /// Issue 23: while the agent cannot read the kubelet's `PodResources` API, a GPU the device
+    /// plugin hands out looks free; a node is refused only where a device plugin advertises a
+    /// GPU (`--gpu-resources`, non-zero), and a report that does not read the API is trusted.
+    #[test]
+    fn pod_resources_down_refuses_only_nodes_a_device_plugin_hands_gpus_out_on() {
+        let node = |name: &str, allocatable: &[(&str, &str)]| {
+            let mut n = mk_node(name);
+            n.status = Some(NodeStatus {
+                allocatable: Some(
+                    allocatable
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+                        .collect(),
+                ),
+                ..Default::default()
+            });
+            n
+        };
+        let report = |name: &str, pod_resources: Option<PodResourcesStatus>| {
+            let mut r = mk_report(name, &[("GPU-a", 80 * GIB, 0, &[])]);
+            r.status.as_mut().unwrap().pod_resources = pod_resources;
+            r
+        };
+        let down = || {
+            Some(PodResourcesStatus {
+                up: false,
+                reason: Some("connection refused".into()),
+            })
+        };
+        let index = Index::new();
+        let cases = [
+            (
+                "down, device plugin advertises a GPU",
+                node("n1", &[("cpu", "8"), ("nvidia.com/gpu", "4")]),
+                down(),
+                NodeCondition::PodResourcesDown {
+                    reason: "connection refused".into(),
+                    resource: "nvidia.com/gpu".into(),
+                },
+            ),
+            (
+                "down, a MIG resource by prefix",
+                node("n2", &[("nvidia.com/mig-1g.10gb", "7")]),
+                down(),
+                NodeCondition::PodResourcesDown {
+                    reason: "connection refused".into(),
+                    resource: "nvidia.com/mig-1g.10gb".into(),
+                },
+            ),
+            (
+                "down, dedicated node: no GPU resource",
+                node("n3", &[("cpu", "8")]),
+                down(),
+                NodeCondition::Ready,
+            ),
+            (
+                "down, the resource advertised at zero",
+                node("n4", &[("nvidia.com/gpu", "0")]),
+                down(),
+                NodeCondition::Ready,
+            ),
+            (
+                "not read by the agent",
+                node("n5", &[("nvidia.com/gpu", "4")]),
+                None,
+                NodeCondition::Ready,
+            ),
+            (
+                "up",
+                node("n6", &[("nvidia.com/gpu", "4")]),
+                Some(PodResourcesStatus {
+                    up: true,
+                    reason: None,
+                }),
+                NodeCondition::Ready,
+            ),
+        ];
+        for (what, n, pod_resources, want) in cases {
+            let name = n.metadata.name.clone().unwrap();
+            index.apply_node(&n);
+            index.apply_report(&report(&name, pod_resources));
+            assert_eq!(ledger(&index, &name).condition, want, "{what}");
+        }
+
+        // Either order: the Node arriving after the report, or its allocatable changing, rebuilds.
+        let late = Index::new();
+        late.apply_report(&report("n", down()));
+        assert_eq!(ledger(&late, "n").condition, NodeCondition::Ready);
+        late.apply_node(&node("n", &[("nvidia.com/gpu", "1")]));
+        assert!(matches!(
+            ledger(&late, "n").condition,
+            NodeCondition::PodResourcesDown { .. }
+        ));
+        late.apply_node(&node("n", &[("nvidia.com/gpu", "0")]));
+        assert_eq!(ledger(&late, "n").condition, NodeCondition::Ready);
+
+        // `--gpu-resources` decides what is a GPU.
+        let custom = Index::new().with_gpu_resources(
+            crate::gpu_resources::GpuResources::new(&["example.com/gpu".into()], &[]).unwrap(),
+        );
+        custom.apply_node(&node(
+            "n",
+            &[("nvidia.com/gpu", "4"), ("example.com/gpu", "2")],
+        ));
+        custom.apply_report(&report("n", down()));
+        assert!(matches!(
+            ledger(&custom, "n").condition,
+            NodeCondition::PodResourcesDown { resource, .. } if resource == "example.com/gpu"
+        ));
+    }
 
     #[test]
     fn a_report_listing_a_gpu_twice_offers_it_once() {

@@ -12,7 +12,7 @@ use parking_lot::{RwLock, RwLockReadGuard};
 use super::report_view::ReportView;
 use super::scores::StateScores;
 use super::{Index, PARALLEL_AFTER, PodEntry, SERIAL_STEP};
-use crate::cluster::resources::allocatable_of;
+use crate::cluster::resources::{advertised_gpu, allocatable_of};
 use crate::placement::{NodeLedger, PodKey};
 
 /// Everything the index knows about one node.
@@ -21,6 +21,10 @@ pub struct NodeState {
     pub node_known: bool,
     /// The Node's allocatable (CPU millicores, memory bytes), once its object was seen.
     pub(super) allocatable: (Option<u64>, Option<u64>),
+    /// The first GPU resource (`--gpu-resources`) the Node's allocatable advertises non-zero:
+    /// a device plugin there can hand out GPUs peakfit learns of only through the agent's
+    /// `PodResources` read.
+    pub(super) device_plugin_gpu: Option<String>,
     pub(super) report: Option<ReportView>,
     pub(super) pods: BTreeSet<PodKey>,
     pub ledger: NodeLedger,
@@ -73,6 +77,7 @@ impl NodeSlot {
             state: RwLock::new(NodeState {
                 node_known: false,
                 allocatable: (None, None),
+                device_plugin_gpu: None,
                 report: None,
                 pods: BTreeSet::new(),
                 ledger: NodeLedger::new(name),
@@ -290,11 +295,13 @@ impl Index {
         };
         let slot = self.slot(name);
         let allocatable = allocatable_of(node);
+        let device_plugin_gpu = advertised_gpu(node, &self.gpu_resources);
         let pods = self.pods.read();
         let mut st = slot.state.write();
         st.node_known = true;
-        if st.allocatable != allocatable {
+        if st.allocatable != allocatable || st.device_plugin_gpu != device_plugin_gpu {
             st.allocatable = allocatable;
+            st.device_plugin_gpu = device_plugin_gpu;
             self.rebuild(&mut st, &pods.by_key);
         }
     }

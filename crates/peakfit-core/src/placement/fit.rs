@@ -60,6 +60,10 @@ pub enum Rejection {
         "NVML is down on this node ({reason}): its GPUs cannot be seen, so nothing is placed there"
     )]
     NvmlDown { reason: String },
+    #[error(
+        "the agent cannot read the kubelet's PodResources API ({reason}) and the node's device plugin advertises {resource}: a GPU it hands out would look free, so nothing is placed here"
+    )]
+    PodResourcesDown { reason: String, resource: String },
     #[error("{}", too_few(*needed, *have, models))]
     TooFewGpus {
         needed: u32,
@@ -111,6 +115,7 @@ impl Rejection {
             } if *age < 0 => "report_from_future",
             Rejection::StaleReport { .. } => "stale_report",
             Rejection::NvmlDown { .. } => "nvml_down",
+            Rejection::PodResourcesDown { .. } => "pod_resources_down",
             Rejection::TooFewGpus { .. } => "too_few_gpus",
             Rejection::GpuTooSmall { .. } | Rejection::NotEnoughMemory { .. } => {
                 "not_enough_memory"
@@ -124,7 +129,10 @@ impl Rejection {
     pub fn is_node_wide(&self) -> bool {
         matches!(
             self,
-            Rejection::NoReport | Rejection::StaleReport { .. } | Rejection::NvmlDown { .. }
+            Rejection::NoReport
+                | Rejection::StaleReport { .. }
+                | Rejection::NvmlDown { .. }
+                | Rejection::PodResourcesDown { .. }
         )
     }
 }
@@ -185,6 +193,12 @@ pub fn node_usable(node: &NodeLedger, cfg: &FitConfig, now_unix: i64) -> Result<
         NodeCondition::NvmlDown { reason } => {
             return Err(Rejection::NvmlDown {
                 reason: reason.clone(),
+            });
+        }
+        NodeCondition::PodResourcesDown { reason, resource } => {
+            return Err(Rejection::PodResourcesDown {
+                reason: reason.clone(),
+                resource: resource.clone(),
             });
         }
     }
@@ -491,6 +505,24 @@ mod tests {
         assert_eq!(
             r.to_string(),
             "NVML is down on this node (NVML_ERROR_DRIVER_NOT_LOADED): its GPUs cannot be seen, so nothing is placed there"
+        );
+    }
+
+    /// Issue 23: a mixed node whose kubelet allocations cannot be read is refused whole, in
+    /// words naming the read's error and the advertised resource.
+    #[test]
+    fn pod_resources_down_names_the_error_and_the_resource() {
+        let mut n = node(&[80 * GI]);
+        n.condition = NodeCondition::PodResourcesDown {
+            reason: "connection refused".into(),
+            resource: "nvidia.com/gpu".into(),
+        };
+        let r = reject(&n, shape(1, GI));
+        assert_eq!(r.reason(), "pod_resources_down");
+        assert!(r.is_node_wide());
+        assert_eq!(
+            r.to_string(),
+            "the agent cannot read the kubelet's PodResources API (connection refused) and the node's device plugin advertises nvidia.com/gpu: a GPU it hands out would look free, so nothing is placed here"
         );
     }
 

@@ -341,6 +341,10 @@ pub enum NodeCondition {
     NoReport,
     /// The agent reported, but NVML is down on the node.
     NvmlDown { reason: String },
+    /// The agent cannot read the kubelet's `PodResources` API while the node's device plugin
+    /// advertises GPUs (`resource`, in the Node's allocatable): a GPU the plugin hands out now
+    /// would look free. Set by the extender, which sees the Node; a report alone never says it.
+    PodResourcesDown { reason: String, resource: String },
 }
 
 /// A node's GPUs and their reservations.
