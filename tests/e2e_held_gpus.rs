@@ -13,6 +13,10 @@
 //! - a report that then gives a peakfit pod's GPU to another pod (a race) puts one Warning event
 //!   on each pod and `peakfit_gpu_holder_conflicts` at 1, and the ledger counts both.
 //!
+//! And a node whose agent cannot read the kubelet's `PodResources` API: where the Node advertises
+//! `nvidia.com/gpu` (a device plugin could hand its GPUs out unseen) it takes no peakfit pod, with
+//! the reason in the pod's event; a node that advertises none keeps taking pods.
+//!
 //! Needs `../shared/tools/k8s`; fails, never skips, without it.
 
 mod e2e_support;
@@ -232,4 +236,42 @@ async fn peakfit_never_shares_a_gpu_the_device_plugin_or_dra_gave_away() {
             .len(),
         sharing
     );
+}
+
+#[tokio::test]
+async fn a_mixed_node_whose_agent_cannot_read_pod_resources_takes_no_pod() {
+    let c = Cluster::up().await;
+    c.namespace(NS).await;
+    // One L4 each: `dedicated` advertises no `nvidia.com/gpu`, `mixed` advertises its one.
+    c.add_reported_node_advertising("dedicated", vec![Gpu::l4("dedicated", 0)], 0)
+        .await;
+    c.add_reported_node("mixed", vec![Gpu::l4("mixed", 0)])
+        .await;
+    let reason = "connecting to /var/lib/kubelet/pod-resources/kubelet.sock: permission denied";
+    for node in ["dedicated", "mixed"] {
+        c.set_pod_resources_down(node, Some(reason)).await;
+    }
+    let _ext = c.start_peakfit(&["--max-report-age", "1h"]).await;
+
+    // 20 GiB: one pod per L4.
+    c.create_pod(NS, "first", &[("peakfit.io/vram", "20Gi")])
+        .await;
+    let first = c.wait_bound(NS, "first", Duration::from_secs(30)).await;
+    assert_eq!(node_of(&first), "dedicated");
+    c.create_pod(NS, "second", &[("peakfit.io/vram", "20Gi")])
+        .await;
+    let event = c
+        .wait_event(
+            NS,
+            "second",
+            "cannot read the kubelet's PodResources API",
+            Duration::from_secs(30),
+        )
+        .await;
+    assert!(
+        event.contains("permission denied") && event.contains("nvidia.com/gpu"),
+        "{event}"
+    );
+    assert_eq!(node_of(&c.pods(NS).get("second").await.unwrap()), "");
+    c.assert_no_overcommit().await;
 }

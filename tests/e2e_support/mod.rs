@@ -525,6 +525,19 @@ impl Cluster {
         self.publish_report_with(name, gpus, held, &[]).await;
     }
 
+    /// Writes `name`'s report again (no holders, `observedAt` now) with its agent's reading of the
+    /// kubelet's `PodResources` API: `Some(reason)` as an agent that cannot read it reports,
+    /// `None` as one that read it.
+    pub async fn set_pod_resources_down(&self, name: &str, reason: Option<&str>) {
+        let gpus = self.gpus_of(name);
+        let status = peakfit::inventory::PodResourcesStatus {
+            up: reason.is_none(),
+            reason: reason.map(str::to_owned),
+        };
+        self.publish_report_status(name, &gpus, &[], &[], Some(status))
+            .await;
+    }
+
     /// The report the agent would write: these GPUs idle, these holders and pods' peaks.
     async fn publish_report_with(
         &self,
@@ -533,9 +546,24 @@ impl Cluster {
         held: &[(usize, peakfit::inventory::DeviceHolder)],
         peaks: &[(&str, &str, u64)],
     ) {
+        let read = (!held.is_empty()).then_some(peakfit::inventory::PodResourcesStatus {
+            up: true,
+            reason: None,
+        });
+        self.publish_report_status(name, gpus, held, peaks, read)
+            .await;
+    }
+
+    async fn publish_report_status(
+        &self,
+        name: &str,
+        gpus: &[Gpu],
+        held: &[(usize, peakfit::inventory::DeviceHolder)],
+        peaks: &[(&str, &str, u64)],
+        pod_resources: Option<peakfit::inventory::PodResourcesStatus>,
+    ) {
         use peakfit::inventory::{
             GpuDevice, NodeGpuReportStatus, NodeMemorySummary, NvmlStatus, PodPeak,
-            PodResourcesStatus,
         };
         let total: u64 = gpus.iter().map(|g| g.total).sum();
         let now = jiff::Timestamp::now().to_string();
@@ -580,10 +608,7 @@ impl Cluster {
                     at: now.clone(),
                 })
                 .collect(),
-            pod_resources: (!held.is_empty()).then_some(PodResourcesStatus {
-                up: true,
-                reason: None,
-            }),
+            pod_resources,
         };
         let mut publisher = peakfit::agent::publish::Publisher::new(self.client.clone(), name);
         publisher
