@@ -249,7 +249,7 @@ async fn a_mixed_node_whose_agent_cannot_read_pod_resources_takes_no_pod() {
         .await;
     let reason = "connecting to /var/lib/kubelet/pod-resources/kubelet.sock: permission denied";
     for node in ["dedicated", "mixed"] {
-        c.set_pod_resources_down(node, Some(reason)).await;
+        c.set_pod_resources_down(node, reason).await;
     }
     let _ext = c.start_peakfit(&["--max-report-age", "1h"]).await;
 

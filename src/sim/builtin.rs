@@ -770,23 +770,17 @@ fn paired_difference(packing: &[RunResult], a: Policy, b: Policy) -> String {
     let var = diffs.iter().map(|d| (d.1 - m) * (d.1 - m)).sum::<f64>() / (n - 1.0);
     let se = (var / n).sqrt();
     let per_seed: Vec<String> = diffs.iter().map(|(_, d)| format!("{d:+.2}")).collect();
-    let verdict = if se == 0.0 {
-        if m < 0.0 {
-            "below on every seed by the same"
-        } else {
-            "not below"
-        }
-        .to_owned()
+    let (an, bn) = (a.name(), b.name());
+    let verdict = if se > 0.0 {
+        format!("{an} below {bn} by {:.1} standard errors", -m / se)
+    } else if m < 0.0 {
+        format!("{an} below {bn} by the same on every seed")
     } else {
-        format!("{:.1} standard errors", -m / se)
+        format!("{an} not below {bn}")
     };
     format!(
-        "  {} - {} per seed: {}; mean {m:+.3}, standard error {se:.3} ({} below {} by {verdict})\n",
-        a.name(),
-        b.name(),
+        "  {an} - {bn} per seed: {}; mean {m:+.3}, standard error {se:.3} ({verdict})\n",
         per_seed.join(" "),
-        a.name(),
-        b.name(),
     )
 }
 
@@ -1004,6 +998,35 @@ mod tests {
         for p in &pods {
             assert!(p.gpu_spec.split('|').count() < CLUSTER.len(), "{p:?}");
         }
+    }
+
+    /// With no spread in the differences there is no standard error to count in: the line
+    /// says what the seeds show instead.
+    #[test]
+    fn a_paired_difference_without_spread_says_so() {
+        let run = |policy, seed, u| crate::sim::table_run("builtin", policy, seed, u, 1.0);
+        let line = |pf: f64| {
+            paired_difference(
+                &[
+                    run(Policy::Peakfit, 1, pf),
+                    run(Policy::Peakfit, 2, pf + 1.0),
+                    run(Policy::Fgd, 1, 10.0),
+                    run(Policy::Fgd, 2, 11.0),
+                ],
+                Policy::Peakfit,
+                Policy::Fgd,
+            )
+        };
+        assert!(
+            line(9.5).ends_with("(peakfit below fgd by the same on every seed)\n"),
+            "{}",
+            line(9.5)
+        );
+        assert!(
+            line(10.0).ends_with("(peakfit not below fgd)\n"),
+            "{}",
+            line(10.0)
+        );
     }
 
     #[test]

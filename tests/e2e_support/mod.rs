@@ -525,14 +525,13 @@ impl Cluster {
         self.publish_report_with(name, gpus, held, &[]).await;
     }
 
-    /// Writes `name`'s report again (no holders, `observedAt` now) with its agent's reading of the
-    /// kubelet's `PodResources` API: `Some(reason)` as an agent that cannot read it reports,
-    /// `None` as one that read it.
-    pub async fn set_pod_resources_down(&self, name: &str, reason: Option<&str>) {
+    /// Writes `name`'s report again (no holders, `observedAt` now) as an agent that cannot read
+    /// the kubelet's `PodResources` API reports it, with this reason.
+    pub async fn set_pod_resources_down(&self, name: &str, reason: &str) {
         let gpus = self.gpus_of(name);
         let status = peakfit::inventory::PodResourcesStatus {
-            up: reason.is_none(),
-            reason: reason.map(str::to_owned),
+            up: false,
+            reason: Some(reason.to_owned()),
         };
         self.publish_report_status(name, &gpus, &[], &[], Some(status))
             .await;
