@@ -243,23 +243,30 @@ impl Index {
         names: &[&str],
         f: impl Fn(Option<&NodeSlot>) -> T + Sync,
     ) -> Vec<T> {
+        let started = std::time::Instant::now();
+        self.map_slots_paced(names, f, || started.elapsed())
+    }
+
+    /// [`Self::map_slots`] with the clock given: `elapsed` says how long the calling thread has
+    /// worked so far (a test's clock decides the switch without depending on the machine's pace).
+    fn map_slots_paced<T: Send>(
+        &self,
+        names: &[&str],
+        f: impl Fn(Option<&NodeSlot>) -> T + Sync,
+        elapsed: impl Fn() -> std::time::Duration,
+    ) -> Vec<T> {
         use rayon::prelude::*;
         // Recursive: a rayon worker waiting inside this call may run another request's part,
         // which takes this lock again; an ordinary read would wait behind a queued writer.
         let nodes = self.nodes.read_recursive();
         let one = |n: &&str| f(nodes.get(*n).map(|s| &**s));
         let mut out = Vec::with_capacity(names.len());
-        let started = std::time::Instant::now();
         while out.len() < names.len() {
             let done = out.len();
             let step = &names[done..(done + SERIAL_STEP).min(names.len())];
             out.extend(step.iter().map(one));
             let (done, left) = (out.len(), names.len() - out.len());
-            // The rest at the pace so far: elapsed × left ÷ done.
-            if left > 0
-                && started.elapsed().as_nanos() * left as u128
-                    > PARALLEL_AFTER.as_nanos() * done as u128
-            {
+            if left > 0 && rest_is_slow(elapsed(), done, left) {
                 out.par_extend(names[done..].par_iter().map(one));
             }
         }
@@ -319,6 +326,12 @@ impl Index {
     }
 }
 
+/// Whether `left` more items, at the pace of `done` in `elapsed`, would take longer than
+/// [`PARALLEL_AFTER`] on one thread (elapsed × left ÷ done, without the division).
+fn rest_is_slow(elapsed: std::time::Duration, done: usize, left: usize) -> bool {
+    done > 0 && elapsed.as_nanos() * left as u128 > PARALLEL_AFTER.as_nanos() * done as u128
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,9 +349,11 @@ mod tests {
 
     /// Cheap work stays on the calling thread; work whose rest would take longer than
     /// `PARALLEL_AFTER` there moves to rayon's threads. Either way every name is answered once,
-    /// in order, unknown names with `None`.
+    /// in order, unknown names with `None`. The clock is the test's, so the machine's pace (a
+    /// loaded CI runner) cannot move the switch.
     #[test]
     fn map_slots_goes_parallel_only_when_the_rest_is_slow() {
+        use std::time::Duration;
         let index = Index::new();
         let names: Vec<String> = (0..200).map(|i| format!("n{i:03}")).collect();
         for n in names.iter().step_by(2) {
@@ -346,37 +361,59 @@ mod tests {
         }
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let caller = std::thread::current().id();
-        let run = |pause: std::time::Duration| {
-            index.map_slots(&names, |slot| {
-                std::thread::sleep(pause);
-                (
-                    slot.map(|s| s.read().ledger.name.clone()),
-                    std::thread::current().id() == caller,
-                )
-            })
-        };
-        for pause in [std::time::Duration::ZERO, PARALLEL_AFTER / 8] {
-            let out = run(pause);
-            let expected: Vec<Option<String>> = names
-                .iter()
-                .enumerate()
-                .map(|(i, n)| (i % 2 == 0).then(|| (*n).to_owned()))
-                .collect();
+        let expected: Vec<Option<String>> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i % 2 == 0).then(|| (*n).to_owned()))
+            .collect();
+        // Per item on the caller's clock: 0 (cheap), 1 µs (the rest 136 µs: still serial),
+        // PARALLEL_AFTER / 8 (the rest 136 × 25 µs: parallel after the first step).
+        for (per_item, parallel) in [
+            (Duration::ZERO, false),
+            (Duration::from_micros(1), false),
+            (PARALLEL_AFTER / 8, true),
+        ] {
+            let worked = std::sync::atomic::AtomicU64::new(0);
+            let out = index.map_slots_paced(
+                &names,
+                |slot| {
+                    let here = std::thread::current().id() == caller;
+                    if here {
+                        worked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    (slot.map(|s| s.read().ledger.name.clone()), here)
+                },
+                || {
+                    per_item
+                        * u32::try_from(worked.load(std::sync::atomic::Ordering::Relaxed)).unwrap()
+                },
+            );
             assert_eq!(
                 out.iter().map(|o| o.0.clone()).collect::<Vec<_>>(),
                 expected
             );
             let on_caller = out.iter().filter(|o| o.1).count();
-            if pause.is_zero() {
-                assert_eq!(on_caller, names.len(), "cheap work left the calling thread");
-            } else {
-                // The first step's pace says the other 136 would take 136 × 25 µs or more.
+            if parallel {
                 assert!(
                     on_caller < names.len(),
                     "slow work stayed on the calling thread"
                 );
                 assert!(on_caller >= SERIAL_STEP);
+            } else {
+                assert_eq!(on_caller, names.len(), "cheap work left the calling thread");
             }
         }
+    }
+
+    #[test]
+    fn the_rest_is_slow_when_its_pace_says_longer_than_parallel_after() {
+        use std::time::Duration;
+        assert!(!rest_is_slow(Duration::ZERO, 64, 136));
+        // 64 in 64 µs: 136 more take 136 µs < 200 µs.
+        assert!(!rest_is_slow(Duration::from_micros(64), 64, 136));
+        // 64 in 128 µs: 136 more take 272 µs.
+        assert!(rest_is_slow(Duration::from_micros(128), 64, 136));
+        assert!(!rest_is_slow(Duration::from_secs(1), 64, 0));
+        assert!(!rest_is_slow(Duration::from_secs(1), 0, 10));
     }
 }
