@@ -465,8 +465,11 @@ fn the_probe_listener_answers_while_the_main_one_is_full() {
             .unwrap();
             let reply = read_all(&mut s, Duration::from_secs(5));
             assert!(reply.starts_with("HTTP/1.1 200"), "{path}: {reply}");
+            // Blocked behind the full slots, it would wait for them (held until the end):
+            // `read_all` would give up at 5 s with nothing. The bound only says it did not
+            // wait that long; a loaded runner may take a second or two to answer.
             assert!(
-                start.elapsed() < Duration::from_secs(1),
+                start.elapsed() < Duration::from_secs(4),
                 "{path} took {:?}",
                 start.elapsed()
             );
