@@ -15,7 +15,9 @@
 //!
 //! And a node whose agent cannot read the kubelet's `PodResources` API: where the Node advertises
 //! `nvidia.com/gpu` (a device plugin could hand its GPUs out unseen) it takes no peakfit pod, with
-//! the reason in the pod's event; a node that advertises none keeps taking pods.
+//! the reason in the pod's event; a node that advertises none keeps taking pods. Once the agent
+//! reads the API again, the pod refused there binds there (the extender nudges the scheduler),
+//! not after kube-scheduler's 5-minute flush.
 //!
 //! Needs `../shared/tools/k8s`; fails, never skips, without it.
 
@@ -251,7 +253,20 @@ async fn a_mixed_node_whose_agent_cannot_read_pod_resources_takes_no_pod() {
     for node in ["dedicated", "mixed"] {
         c.set_pod_resources_down(node, reason).await;
     }
-    let _ext = c.start_peakfit(&["--max-report-age", "1h"]).await;
+    // The nudger's first tick runs as the extender starts, before its watches fill the index;
+    // with a long interval its second comes after the agent reads `PodResources` again below,
+    // so it first sees `mixed` recovered: the window where the waiting pod used to stay in
+    // kube-scheduler's unschedulable pool until its 5-minute flush (issue 23).
+    let nudge_every = Duration::from_secs(30);
+    let started = std::time::Instant::now();
+    let ext = c
+        .start_peakfit(&[
+            "--max-report-age",
+            "1h",
+            "--nudge-interval",
+            &format!("{}s", nudge_every.as_secs()),
+        ])
+        .await;
 
     // 20 GiB: one pod per L4.
     c.create_pod(NS, "first", &[("peakfit.io/vram", "20Gi")])
@@ -273,5 +288,36 @@ async fn a_mixed_node_whose_agent_cannot_read_pod_resources_takes_no_pod() {
         "{event}"
     );
     assert_eq!(node_of(&c.pods(NS).get("second").await.unwrap()), "");
+    c.assert_no_overcommit().await;
+
+    // The outage lasts past kube-scheduler's longest backoff (10 s): the pod still waits, now in
+    // its unschedulable pool, which only a cluster event (or the 5-minute flush) empties.
+    let refused = std::time::Instant::now();
+    while refused.elapsed() < Duration::from_secs(12) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(node_of(&c.pods(NS).get("second").await.unwrap()), "");
+    }
+    assert!(
+        started.elapsed() + Duration::from_secs(5) < nudge_every,
+        "too slow to test the window: {:?} since the extender started",
+        started.elapsed()
+    );
+    // The agent reads `PodResources` again: the nudger's next tick sees `mixed` usable and
+    // nudges it, and the waiting pod binds there.
+    let read_again = std::time::Instant::now();
+    c.set_pod_resources_up("mixed").await;
+    let second = c
+        .wait_bound(NS, "second", nudge_every + Duration::from_secs(15))
+        .await;
+    eprintln!(
+        "e2e: extender started, {:.1} s later refused `second`; PodResources read again {:.1} s \
+         after the refusal; bound {:.1} s after that (nudge interval {} s); nudges {}",
+        refused.duration_since(started).as_secs_f64(),
+        read_again.duration_since(refused).as_secs_f64(),
+        read_again.elapsed().as_secs_f64(),
+        nudge_every.as_secs(),
+        c.metric(&ext, "peakfit_extender_node_nudges_total", "")
+    );
+    assert_eq!(node_of(&second), "mixed");
     c.assert_no_overcommit().await;
 }

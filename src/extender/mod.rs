@@ -92,10 +92,11 @@ pub struct ExtenderArgs {
     /// only once it has scored the mix's usual classes everywhere.
     #[arg(long, env = "PEAKFIT_PRESCORE_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
     pub prescore_interval: Duration,
-    /// While pods wait, how often to look for nodes that gained GPU memory or a fresh report and
-    /// annotate them (`peakfit.io/capacity-changed-at`) so kube-scheduler retries the waiting
-    /// pods at once instead of after its 5-minute flush (`0`: never). Cluster mode only; needs
-    /// `patch` on nodes.
+    /// While pods wait, how often to look for nodes that gained GPU memory or turned usable again
+    /// (a fresh report, NVML or `PodResources` read again) and annotate them
+    /// (`peakfit.io/capacity-changed-at`) so kube-scheduler retries the waiting pods at once
+    /// instead of after its 5-minute flush (`0`: never). Cluster mode only; needs `patch` on
+    /// nodes.
     #[arg(long, env = "PEAKFIT_NUDGE_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub nudge_interval: Duration,
     /// How long a pod with priority must have waited, refused by filter on nodes where only

@@ -2,12 +2,21 @@
 //!
 //! kube-scheduler does not watch `NodeGpuReports`, and a pod the extender refused waits in its
 //! unschedulable queue until a Pod or Node event moves it, or its 5-minute flush: a node whose
-//! report turned fresh again, or whose memory freed (a pod deleted while the scheduler's retry
-//! raced the extender's watch, or memory freed only in a report), would leave its pods waiting
-//! for minutes. So while pods wait, each tick compares every node's usability and free memory
-//! per GPU with the last tick and, where they improved, bumps an annotation on the Node
-//! (field manager `peakfit-extender`): an annotation change is a Node update event, which moves
-//! the pods the extender refused back to the scheduler's active queue.
+//! report turned fresh again, whose agent reads the kubelet's `PodResources` API again, or whose
+//! memory freed (a pod deleted while the scheduler's retry raced the extender's watch, or memory
+//! freed only in a report), would leave its pods waiting for minutes. So while pods wait, each
+//! tick compares every node's usability and free memory per GPU with what the nudger last saw
+//! of it and, where they improved, bumps an annotation on the Node (field manager
+//! `peakfit-extender`): an annotation change is a Node update event (kube-scheduler's
+//! `UpdateNodeAnnotation`), and a pod an extender refused is requeued by any cluster event
+//! (kube-scheduler registers the extender's rejections under every event), so it goes back to
+//! the active queue.
+//!
+//! A node the nudger has not seen yet offered nothing as far as it knows: its first tick runs
+//! before the watches have filled the index, so a node that was refused and recovered before
+//! the nudger first saw it (a short `PodResources` outage right after a restart) must still
+//! count as improved, or its pods wait for the flush. A patch that fails keeps the node's old
+//! baseline, so the next tick tries again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,6 +40,12 @@ struct Offer {
 }
 
 impl Offer {
+    /// What a node the nudger has not seen offered, as far as it knows.
+    const NOTHING: Offer = Offer {
+        usable: false,
+        free: Vec::new(),
+    };
+
     /// More than `before`: usable again, or usable with some GPU freer (a changed GPU set
     /// counts as more).
     fn improves_on(&self, before: &Offer) -> bool {
@@ -41,31 +56,54 @@ impl Offer {
     }
 }
 
+/// Each node's offer, by node name.
+type Offers = HashMap<String, Offer>;
+
+/// The nodes of `now` that offer more than in `before` (sorted); a node `before` lacks counts
+/// as having offered nothing.
+fn improved(before: &Offers, now: &Offers) -> Vec<String> {
+    let mut names: Vec<String> = now
+        .iter()
+        .filter(|(name, offer)| offer.improves_on(before.get(*name).unwrap_or(&Offer::NOTHING)))
+        .map(|(name, _)| name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The baseline for the next tick: what was seen now, except that a node whose nudge failed
+/// keeps what it offered before (or stays unseen), so it counts as improved again.
+fn next_baseline(before: &Offers, mut now: Offers, failed: &[String]) -> Offers {
+    for name in failed {
+        match before.get(name) {
+            Some(offer) => now.insert(name.clone(), offer.clone()),
+            None => now.remove(name),
+        };
+    }
+    now
+}
+
 impl Extender {
-    /// The nodes that offer more than at the last call (all nodes' offers are remembered).
-    fn improved_nodes(&self, last: &mut HashMap<String, Offer>) -> Vec<String> {
+    /// What every node the index knows offers now.
+    fn offers(&self) -> Offers {
         let now = self.now();
-        let mut improved = Vec::new();
-        let mut seen = HashMap::with_capacity(last.len());
-        for slot in self.index.all_slots() {
-            let st = slot.read();
-            let offer = Offer {
-                usable: node_usable(&st.ledger, &self.fit, now).is_ok(),
-                free: st
-                    .ledger
-                    .gpus
-                    .iter()
-                    .map(peakfit_core::placement::GpuLedger::free_bytes)
-                    .collect(),
-            };
-            let name = st.ledger.name.clone();
-            if last.get(&name).is_some_and(|b| offer.improves_on(b)) {
-                improved.push(name.clone());
-            }
-            seen.insert(name, offer);
-        }
-        *last = seen;
-        improved
+        self.index
+            .all_slots()
+            .iter()
+            .map(|slot| {
+                let st = slot.read();
+                let offer = Offer {
+                    usable: node_usable(&st.ledger, &self.fit, now).is_ok(),
+                    free: st
+                        .ledger
+                        .gpus
+                        .iter()
+                        .map(peakfit_core::placement::GpuLedger::free_bytes)
+                        .collect(),
+                };
+                (st.ledger.name.clone(), offer)
+            })
+            .collect()
     }
 
     /// Whether any pod that still exists waits after filter refused it everywhere.
@@ -84,18 +122,22 @@ pub fn spawn(ext: Arc<Extender>, client: kube::Client, every: Duration) {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        let mut last = HashMap::new();
+        let mut last = Offers::new();
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let improved = ext.improved_nodes(&mut last);
+            let now = ext.offers();
+            let improved = improved(&last, &now);
             if improved.is_empty() || !ext.pods_wait() {
+                // Pods refused from now on are refused against what is seen now.
+                last = now;
                 continue;
             }
             let at = jiff::Timestamp::now().to_string();
             let patch =
                 serde_json::json!({ "metadata": { "annotations": { CAPACITY_CHANGED_AT: at } } });
+            let mut failed = Vec::new();
             for name in improved {
                 match nodes.patch(&name, &params, &Patch::Merge(&patch)).await {
                     Ok(_) => {
@@ -103,28 +145,119 @@ pub fn spawn(ext: Arc<Extender>, client: kube::Client, every: Duration) {
                         tracing::debug!(node = %name, "node can take waiting pods: nudged the scheduler");
                     }
                     Err(e) => {
-                        tracing::warn!(node = %name, error = %e, "could not annotate the node to retry waiting pods");
+                        tracing::warn!(node = %name, error = %e, "could not annotate the node to retry waiting pods; trying again next tick");
+                        failed.push(name);
                     }
                 }
             }
+            last = next_baseline(&last, now, &failed);
         }
     });
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Offer;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::NodeStatus;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    use super::{Offer, Offers, improved, next_baseline};
+    use crate::cluster::binding::MemoryBinder;
+    use crate::cluster::index::Index;
+    use crate::cluster::test_support::{mk_node, mk_report};
+    use crate::extender::Extender;
+    use crate::inventory::PodResourcesStatus;
+    use crate::metrics::extender::ExtenderMetrics;
+
+    const GIB: u64 = 1 << 30;
+
+    fn o(usable: bool, free: &[u64]) -> Offer {
+        Offer {
+            usable,
+            free: free.to_vec(),
+        }
+    }
 
     #[test]
     fn more_free_memory_or_usable_again_is_an_improvement() {
-        let o = |usable, free: &[u64]| Offer {
-            usable,
-            free: free.to_vec(),
-        };
         assert!(o(true, &[10, 5]).improves_on(&o(true, &[10, 4])));
         assert!(o(true, &[1]).improves_on(&o(false, &[1])));
         assert!(!o(true, &[10, 4]).improves_on(&o(true, &[10, 5])));
         assert!(!o(true, &[10]).improves_on(&o(true, &[10])));
         assert!(!o(false, &[20]).improves_on(&o(true, &[10])));
+    }
+
+    /// An extender whose index has node `mixed`: one 24 GiB GPU, a device plugin advertising
+    /// `nvidia.com/gpu`, and a report whose agent reads `PodResources` (`up`) or cannot.
+    fn mixed(ext: &Extender, up: bool) {
+        let mut node = mk_node("mixed");
+        node.status = Some(NodeStatus {
+            allocatable: Some(
+                [("nvidia.com/gpu".to_owned(), Quantity("1".into()))]
+                    .into_iter()
+                    .collect(),
+            ),
+            ..Default::default()
+        });
+        ext.index.apply_node(&node);
+        let mut report = mk_report("mixed", &[("GPU-m", 24 * GIB, 0, &[])]);
+        report.status.as_mut().unwrap().pod_resources = Some(PodResourcesStatus {
+            up,
+            reason: (!up).then(|| "permission denied".into()),
+        });
+        ext.index.apply_report(&report);
+    }
+
+    fn extender() -> Extender {
+        Extender::new(
+            Arc::new(Index::new()),
+            Arc::new(ExtenderMetrics::new()),
+            Arc::new(MemoryBinder::default()),
+        )
+        .with_fit(crate::placement::FitConfig {
+            safety_margin_bytes: 0,
+            max_report_age_secs: None,
+        })
+    }
+
+    /// Issue 23: a node refused while its agent could not read `PodResources` counts as improved
+    /// once it can, whether the nudger saw it refused or first sees it recovered (its first tick
+    /// runs before the watches fill the index; the recovery came before its next).
+    #[test]
+    fn a_node_whose_pod_resources_are_read_again_is_improved_even_if_first_seen_so() {
+        let ext = extender();
+        let before_watches = ext.offers();
+        assert!(before_watches.is_empty());
+        mixed(&ext, false);
+        let refused = ext.offers();
+        assert_eq!(refused["mixed"], o(false, &[24 * GIB]));
+        mixed(&ext, true);
+        let read_again = ext.offers();
+        assert_eq!(read_again["mixed"], o(true, &[24 * GIB]));
+
+        assert_eq!(improved(&refused, &read_again), ["mixed"]);
+        assert_eq!(improved(&before_watches, &read_again), ["mixed"]);
+        assert!(improved(&read_again, &read_again).is_empty());
+        assert!(improved(&before_watches, &refused).is_empty());
+    }
+
+    #[test]
+    fn a_failed_nudge_keeps_the_old_baseline_so_the_next_tick_tries_again() {
+        let before: Offers = HashMap::from([
+            ("a".to_owned(), o(false, &[1])),
+            ("b".to_owned(), o(false, &[1])),
+        ]);
+        let now: Offers = HashMap::from([
+            ("a".to_owned(), o(true, &[1])),
+            ("b".to_owned(), o(true, &[1])),
+            ("c".to_owned(), o(true, &[1])),
+        ]);
+        let next = next_baseline(&before, now.clone(), &["b".to_owned(), "c".to_owned()]);
+        assert_eq!(next["a"], now["a"]);
+        assert_eq!(next["b"], before["b"]);
+        assert!(!next.contains_key("c"));
+        assert_eq!(improved(&next, &now), ["b", "c"]);
     }
 }

@@ -537,6 +537,18 @@ impl Cluster {
             .await;
     }
 
+    /// Writes `name`'s report again (no holders, `observedAt` now) as an agent that reads the
+    /// kubelet's `PodResources` API again reports it.
+    pub async fn set_pod_resources_up(&self, name: &str) {
+        let gpus = self.gpus_of(name);
+        let status = peakfit::inventory::PodResourcesStatus {
+            up: true,
+            reason: None,
+        };
+        self.publish_report_status(name, &gpus, &[], &[], Some(status))
+            .await;
+    }
+
     /// The report the agent would write: these GPUs idle, these holders and pods' peaks.
     async fn publish_report_with(
         &self,
