@@ -17,6 +17,12 @@
 //! the nudger first saw it (a short `PodResources` outage right after a restart) must still
 //! count as improved, or its pods wait for the flush. A patch that fails keeps the node's old
 //! baseline, so the next tick tries again.
+//!
+//! At most [`NUDGES_PER_TICK`] nodes are annotated a tick. One Node update already moves every
+//! pod an extender refused (the scheduler queues them on any event), so more patches would move
+//! nothing more; and the first tick that sees a large cluster while pods wait counts every
+//! usable node as improved, which would otherwise be a write to every Node (5,000 at 5,000
+//! nodes) on each extender start.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -58,6 +64,17 @@ impl Offer {
 
 /// Each node's offer, by node name.
 type Offers = HashMap<String, Offer>;
+
+/// The most Nodes annotated in one tick (module docs: one suffices to move the waiting pods; a
+/// few name the nodes that improved for whoever reads the annotation, and survive one failing).
+pub const NUDGES_PER_TICK: usize = 8;
+
+/// The improved nodes to annotate this tick and those left out: the first [`NUDGES_PER_TICK`]
+/// by name (sorted by `improved`, so a tick is reproducible).
+fn to_annotate(mut improved: Vec<String>) -> (Vec<String>, Vec<String>) {
+    let rest = improved.split_off(improved.len().min(NUDGES_PER_TICK));
+    (improved, rest)
+}
 
 /// The nodes of `now` that offer more than in `before` (sorted); a node `before` lacks counts
 /// as having offered nothing.
@@ -137,18 +154,23 @@ pub fn spawn(ext: Arc<Extender>, client: kube::Client, every: Duration) {
             let at = jiff::Timestamp::now().to_string();
             let patch =
                 serde_json::json!({ "metadata": { "annotations": { CAPACITY_CHANGED_AT: at } } });
+            let (annotate, left_out) = to_annotate(improved);
             let mut failed = Vec::new();
-            for name in improved {
-                match nodes.patch(&name, &params, &Patch::Merge(&patch)).await {
+            for name in &annotate {
+                match nodes.patch(name, &params, &Patch::Merge(&patch)).await {
                     Ok(_) => {
                         ext.metrics.node_nudges.inc();
                         tracing::debug!(node = %name, "node can take waiting pods: nudged the scheduler");
                     }
                     Err(e) => {
                         tracing::warn!(node = %name, error = %e, "could not annotate the node to retry waiting pods; trying again next tick");
-                        failed.push(name);
+                        failed.push(name.clone());
                     }
                 }
+            }
+            if failed.len() == annotate.len() {
+                // Nothing moved the waiting pods: the nodes left out improved for them too.
+                failed.extend(left_out);
             }
             last = next_baseline(&last, now, &failed);
         }
@@ -163,7 +185,7 @@ mod tests {
     use k8s_openapi::api::core::v1::NodeStatus;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-    use super::{Offer, Offers, improved, next_baseline};
+    use super::{NUDGES_PER_TICK, Offer, Offers, improved, next_baseline, to_annotate};
     use crate::cluster::binding::MemoryBinder;
     use crate::cluster::index::Index;
     use crate::cluster::test_support::{mk_node, mk_report};
@@ -259,5 +281,17 @@ mod tests {
         assert_eq!(next["b"], before["b"]);
         assert!(!next.contains_key("c"));
         assert_eq!(improved(&next, &now), ["b", "c"]);
+    }
+
+    /// A tick annotates at most `NUDGES_PER_TICK` nodes, the first by name; fewer pass whole.
+    #[test]
+    fn a_tick_annotates_a_few_nodes_not_every_improved_one() {
+        let names: Vec<String> = (0..20).map(|i| format!("n{i:02}")).collect();
+        let (annotate, rest) = to_annotate(names.clone());
+        assert_eq!(annotate, names[..NUDGES_PER_TICK]);
+        assert_eq!(rest, names[NUDGES_PER_TICK..]);
+        let (annotate, rest) = to_annotate(names[..3].to_vec());
+        assert_eq!(annotate, names[..3]);
+        assert!(rest.is_empty());
     }
 }
