@@ -324,6 +324,51 @@ mod tests {
     use super::*;
     use crate::cluster::test_support::{mk_pod, mk_report};
 
+    /// What the API server answers for `resource.k8s.io/v1` decides whether the extender
+    /// watches `ResourceSlices`: served, not served (404: before 1.34), or unknown (any other
+    /// failure: watched anyway, the watch retries).
+    #[tokio::test]
+    async fn the_slice_watch_follows_what_the_api_server_serves() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        for (status, body, want) in [
+            (
+                200,
+                r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"resource.k8s.io/v1",
+                    "resources":[{"name":"resourceslices","singularName":"resourceslice",
+                    "namespaced":false,"kind":"ResourceSlice","verbs":["list","watch"]}]}"#,
+                Some(true),
+            ),
+            (
+                404,
+                r#"{"kind":"Status","apiVersion":"v1","status":"Failure",
+                    "message":"the server could not find the requested resource",
+                    "reason":"NotFound","code":404}"#,
+                Some(false),
+            ),
+            (
+                403,
+                r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"forbidden",
+                    "reason":"Forbidden","code":403}"#,
+                None,
+            ),
+        ] {
+            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let client = Client::new(svc, "default");
+            tokio::spawn(async move {
+                let (req, send) = handle.next_request().await.expect("one request");
+                assert_eq!(req.uri().path(), "/apis/resource.k8s.io/v1");
+                send.send_response(
+                    Response::builder()
+                        .status(status)
+                        .body(Body::from(body.as_bytes().to_vec()))
+                        .unwrap(),
+                );
+            });
+            assert_eq!(serves_resource_slices(&client).await, want, "{status}");
+        }
+    }
+
     #[test]
     fn readiness_opens_after_every_watch() {
         let r = Readiness::waiting_for(2);
