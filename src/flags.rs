@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-/// `--gpu-resources`, flattened into the agent and the extender: the chart gives both one value,
-/// and they must read it alike (the agent to map the kubelet's allocations onto GPUs, the
-/// extender to tell which nodes a device plugin hands GPUs out on).
+/// `--gpu-resources` and `--gpu-dra-drivers`, flattened into the agent and the extender: the
+/// chart gives both the same values, and they must read them alike (the agent to map the
+/// kubelet's allocations onto GPUs, the extender to tell which nodes a device plugin or a DRA
+/// driver hands GPUs out on).
 #[derive(Clone, Debug, clap::Args)]
 pub struct GpuResourceArgs {
     /// Device-plugin resources whose devices are GPUs: names, or prefixes ending in `*`. The
@@ -23,6 +24,26 @@ pub struct GpuResourceArgs {
         default_value = crate::gpu_resources::DEFAULT_GPU_RESOURCES
     )]
     pub gpu_resources: Vec<String>,
+    /// DRA drivers whose devices are GPUs (`none`: DRA is not used for GPUs). The agent reports
+    /// which claim holds each of their devices; the extender watches their `ResourceSlices`
+    /// and refuses a node they publish devices on while its agent cannot read the kubelet's
+    /// `PodResources` API.
+    #[arg(
+        long,
+        env = "PEAKFIT_GPU_DRA_DRIVERS",
+        value_delimiter = ',',
+        default_value = crate::gpu_resources::DEFAULT_GPU_DRA_DRIVERS
+    )]
+    pub gpu_dra_drivers: Vec<String>,
+}
+
+impl GpuResourceArgs {
+    /// The one matcher both flags make, or the first entry that cannot be used.
+    pub fn parse(
+        &self,
+    ) -> Result<crate::gpu_resources::GpuResources, crate::gpu_resources::FilterError> {
+        crate::gpu_resources::GpuResources::new(&self.gpu_resources, &self.gpu_dra_drivers)
+    }
 }
 
 /// How a command reaches the API server; flattened into every command that needs a client.

@@ -1048,3 +1048,63 @@ fn the_model_config_watch_can_be_turned_off_with_its_rbac() {
         assert_eq!(configmaps, watched, "{set:?}");
     }
 }
+
+/// The extender gets the agent's DRA drivers (so both agree on which are GPUs) and lists and
+/// watches `ResourceSlices`, never more; `extender.resourceSliceWatch: false` or an empty driver
+/// list (written `none`, which both read as no driver) drops the watch's access.
+#[test]
+fn the_resource_slice_watch_follows_the_dra_drivers_with_its_rbac() {
+    for (set, drivers, watched) in [
+        (vec![], "gpu.nvidia.com", true),
+        (
+            vec!["--set", "extender.resourceSliceWatch=false"],
+            "gpu.nvidia.com",
+            false,
+        ),
+        (
+            vec!["--set-json", "agent.podResources.draDrivers=[]"],
+            "none",
+            false,
+        ),
+    ] {
+        let docs = render(&set);
+        let deploy: Deployment = one(&docs, "Deployment", Some("scheduler"));
+        let extender = container(
+            pod_spec(deploy.spec.as_ref().map(|s| &s.template)),
+            "extender",
+        );
+        assert_eq!(
+            env_value(extender, "PEAKFIT_GPU_DRA_DRIVERS"),
+            drivers,
+            "{set:?}"
+        );
+        let ds: DaemonSet = one(&docs, "DaemonSet", Some("agent"));
+        let agent = container(pod_spec(ds.spec.as_ref().map(|s| &s.template)), "agent");
+        assert_eq!(
+            env_value(agent, "PEAKFIT_GPU_DRA_DRIVERS"),
+            drivers,
+            "{set:?}"
+        );
+        assert_eq!(
+            env_value(extender, "PEAKFIT_RESOURCE_SLICE_WATCH"),
+            (!set.contains(&"extender.resourceSliceWatch=false")).to_string()
+        );
+        let role: ClusterRole = named(&docs, "ClusterRole", "-extender");
+        let verbs: Vec<Vec<String>> = role
+            .rules
+            .iter()
+            .flatten()
+            .filter(|r| r.resources.iter().flatten().any(|x| x == "resourceslices"))
+            .map(|r| {
+                assert_eq!(r.api_groups, Some(vec!["resource.k8s.io".to_owned()]));
+                r.verbs.clone()
+            })
+            .collect();
+        let want: Vec<Vec<String>> = if watched {
+            vec![vec!["list".into(), "watch".into()]]
+        } else {
+            vec![]
+        };
+        assert_eq!(verbs, want, "{set:?}");
+    }
+}

@@ -151,3 +151,22 @@ fn the_extender_refuses_a_bad_gpu_resources_entry_naming_it() {
         "{err}"
     );
 }
+
+/// The extender reads `--gpu-dra-drivers` too (the `ResourceSlice` watch marks the nodes its
+/// drivers publish devices on): a bad entry stops it at start like the agent, naming the flag.
+#[test]
+fn the_extender_refuses_a_bad_gpu_dra_drivers_entry_naming_it() {
+    let out = peakfit(&[
+        "extender",
+        "--from-file",
+        "/dev/null",
+        "--gpu-dra-drivers",
+        "gpu.nvidia.com,gpu.*",
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains(r#"--gpu-dra-drivers: entry "gpu.*" is not allowed"#),
+        "{err}"
+    );
+}

@@ -17,7 +17,9 @@
 //! `nvidia.com/gpu` (a device plugin could hand its GPUs out unseen) it takes no peakfit pod, with
 //! the reason in the pod's event; a node that advertises none keeps taking pods. Once the agent
 //! reads the API again, the pod refused there binds there (the extender nudges the scheduler),
-//! not after kube-scheduler's 5-minute flush.
+//! not after kube-scheduler's 5-minute flush. The same where no device plugin runs but NVIDIA's
+//! DRA driver publishes a `ResourceSlice` of devices for the node: refused, with the driver
+//! named, until the slice is deleted.
 //!
 //! Needs `../shared/tools/k8s`; fails, never skips, without it.
 
@@ -240,6 +242,41 @@ async fn peakfit_never_shares_a_gpu_the_device_plugin_or_dra_gave_away() {
     );
 }
 
+/// Both nodes' agents report `PodResources` unreadable, then peakfit starts (with `args`): the
+/// first 20 GiB pod (one per L4) lands on `free`, the second waits, unbound, with a
+/// `FailedScheduling` event naming the read's error and `words` (what hands GPUs out on the
+/// other node), and no GPU is over-committed.
+async fn second_pod_waits_naming(
+    c: &Cluster,
+    args: &[&str],
+    free: &str,
+    other: &str,
+    words: &str,
+) -> Extender {
+    let reason = "connecting to /var/lib/kubelet/pod-resources/kubelet.sock: permission denied";
+    for node in [free, other] {
+        c.set_pod_resources_down(node, reason).await;
+    }
+    let ext = c.start_peakfit(args).await;
+    c.create_pod(NS, "first", &[("peakfit.io/vram", "20Gi")])
+        .await;
+    let first = c.wait_bound(NS, "first", Duration::from_secs(30)).await;
+    assert_eq!(node_of(&first), free);
+    c.create_pod(NS, "second", &[("peakfit.io/vram", "20Gi")])
+        .await;
+    let event = c
+        .wait_event(NS, "second", words, Duration::from_secs(30))
+        .await;
+    assert!(
+        event.contains("cannot read the kubelet's PodResources API")
+            && event.contains("permission denied"),
+        "{event}"
+    );
+    assert_eq!(node_of(&c.pods(NS).get("second").await.unwrap()), "");
+    c.assert_no_overcommit().await;
+    ext
+}
+
 #[tokio::test]
 async fn a_mixed_node_whose_agent_cannot_read_pod_resources_takes_no_pod() {
     let c = Cluster::up().await;
@@ -249,46 +286,21 @@ async fn a_mixed_node_whose_agent_cannot_read_pod_resources_takes_no_pod() {
         .await;
     c.add_reported_node("mixed", vec![Gpu::l4("mixed", 0)])
         .await;
-    let reason = "connecting to /var/lib/kubelet/pod-resources/kubelet.sock: permission denied";
-    for node in ["dedicated", "mixed"] {
-        c.set_pod_resources_down(node, reason).await;
-    }
     // The nudger's first tick runs as the extender starts, before its watches fill the index;
     // with a long interval its second comes after the agent reads `PodResources` again below,
     // so it first sees `mixed` recovered: the window where the waiting pod used to stay in
     // kube-scheduler's unschedulable pool until its 5-minute flush (issue 23).
     let nudge_every = Duration::from_secs(30);
     let started = std::time::Instant::now();
-    let ext = c
-        .start_peakfit(&[
-            "--max-report-age",
-            "1h",
-            "--nudge-interval",
-            &format!("{}s", nudge_every.as_secs()),
-        ])
-        .await;
-
-    // 20 GiB: one pod per L4.
-    c.create_pod(NS, "first", &[("peakfit.io/vram", "20Gi")])
-        .await;
-    let first = c.wait_bound(NS, "first", Duration::from_secs(30)).await;
-    assert_eq!(node_of(&first), "dedicated");
-    c.create_pod(NS, "second", &[("peakfit.io/vram", "20Gi")])
-        .await;
-    let event = c
-        .wait_event(
-            NS,
-            "second",
-            "cannot read the kubelet's PodResources API",
-            Duration::from_secs(30),
-        )
-        .await;
-    assert!(
-        event.contains("permission denied") && event.contains("nvidia.com/gpu"),
-        "{event}"
-    );
-    assert_eq!(node_of(&c.pods(NS).get("second").await.unwrap()), "");
-    c.assert_no_overcommit().await;
+    let interval = format!("{}s", nudge_every.as_secs());
+    let ext = second_pod_waits_naming(
+        &c,
+        &["--max-report-age", "1h", "--nudge-interval", &interval],
+        "dedicated",
+        "mixed",
+        "the node's device plugin advertises nvidia.com/gpu",
+    )
+    .await;
 
     // The outage lasts past kube-scheduler's longest backoff (10 s): the pod still waits, now in
     // its unschedulable pool, which only a cluster event (or the 5-minute flush) empties.
@@ -319,5 +331,41 @@ async fn a_mixed_node_whose_agent_cannot_read_pod_resources_takes_no_pod() {
         c.metric(&ext, "peakfit_extender_node_nudges_total", "")
     );
     assert_eq!(node_of(&second), "mixed");
+    c.assert_no_overcommit().await;
+}
+
+/// DRA devices are not in allocatable: neither Node advertises `nvidia.com/gpu`, but a
+/// `ResourceSlice` of `gpu.nvidia.com` (NVIDIA's DRA driver) publishes a device on `dra`. With
+/// both agents unable to read `PodResources`, `dra` takes no pod and the waiting pod's event
+/// names the driver; once the slice is deleted, the pod is retried at once (the nudge) and lands
+/// there. A slice of another driver on `plain` refuses nothing.
+#[tokio::test]
+async fn a_node_a_dra_gpu_driver_publishes_on_takes_no_pod_while_pod_resources_is_down() {
+    let c = Cluster::up().await;
+    c.namespace(NS).await;
+    for node in ["plain", "dra"] {
+        c.add_reported_node_advertising(node, vec![Gpu::l4(node, 0)], 0)
+            .await;
+    }
+    c.create_resource_slice("dra-gpu.nvidia.com", "gpu.nvidia.com", "dra")
+        .await;
+    c.create_resource_slice("plain-dra.net", "dra.net", "plain")
+        .await;
+    let _ext = second_pod_waits_naming(
+        &c,
+        &["--max-report-age", "1h", "--nudge-interval", "100ms"],
+        "plain",
+        "dra",
+        "DRA driver gpu.nvidia.com publishes GPUs on this node",
+    )
+    .await;
+
+    // The nudge compares the nodes' usability from one tick to the next: a node refused and
+    // usable again within one tick is never seen improving (nudge.rs), so let a few ticks see
+    // `dra` refused before its slice goes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.delete_resource_slice("dra-gpu.nvidia.com").await;
+    let second = c.wait_bound(NS, "second", Duration::from_secs(30)).await;
+    assert_eq!(node_of(&second), "dra");
     c.assert_no_overcommit().await;
 }

@@ -378,3 +378,59 @@ fn a_malformed_profile_in_a_file_is_refused_naming_it() {
     );
     assert!(store.is_empty());
 }
+
+/// A `kubectl get -o yaml` of a DRA cluster carries its `ResourceSlices`: in a file they mark
+/// nodes as the watch's do (issue 23 follow-up), so a node whose agent cannot read `PodResources`
+/// and that NVIDIA's DRA driver publishes devices on is refused; a slice of an older version
+/// than the watch reads is skipped, not an error.
+#[test]
+fn a_file_s_resource_slices_mark_their_nodes() {
+    let report = |node: &str| {
+        let mut r = mk_report(
+            node,
+            "2026-11-21T17:48:20Z",
+            vec![mk_gpu(0, format!("GPU-{node}"), 80 * GIB, 0)],
+        );
+        r.status.as_mut().unwrap().pod_resources = Some(peakfit::inventory::PodResourcesStatus {
+            up: false,
+            reason: Some("connection refused".into()),
+        });
+        serde_json::to_value(r).unwrap()
+    };
+    let slice = |version: &str, node: &str| {
+        serde_json::json!({
+            "apiVersion": format!("resource.k8s.io/{version}"),
+            "kind": "ResourceSlice",
+            "metadata": { "name": format!("{node}-gpu") },
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "nodeName": node,
+                "pool": { "name": node, "generation": 1, "resourceSliceCount": 1 },
+                "devices": [{ "name": "gpu-0", "basic": {} }],
+            },
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dra.json");
+    let list = serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": [
+        slice("v1", "dra"), report("dra"), report("beta"), slice("v1beta1", "beta"),
+    ] });
+    std::fs::write(&path, serde_json::to_vec(&list).unwrap()).unwrap();
+    let index = Index::new();
+    assert_eq!(
+        peakfit::cluster::file::load_into(&index, &path).unwrap(),
+        3,
+        "two reports and the v1 slice"
+    );
+    let condition = |node: &str| index.node(node).unwrap().read().ledger.condition.clone();
+    assert!(
+        matches!(
+            condition("dra"),
+            peakfit::placement::NodeCondition::PodResourcesDown { by, .. }
+                if by.dra_driver.as_deref() == Some("gpu.nvidia.com")
+        ),
+        "{:?}",
+        condition("dra")
+    );
+    assert_eq!(condition("beta"), peakfit::placement::NodeCondition::Ready);
+}

@@ -156,7 +156,7 @@ async fn lists_open_readiness_and_watch_events_change_the_index() {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(svc, "default");
     let index = Arc::new(Index::new());
-    let readiness = Readiness::waiting_for(peakfit::cluster::watch::watches(true, false));
+    let readiness = Readiness::waiting_for(peakfit::cluster::watch::watches(true, false, false));
     let lists = lists(true);
     // After the lists: pod b is bound to the same GPU by another scheduler replica, then pod
     // a finishes and is deleted.
@@ -215,7 +215,7 @@ async fn without_the_configmap_watch_no_configmap_is_asked_for() {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(svc, "default");
     let index = Arc::new(Index::new());
-    let readiness = Readiness::waiting_for(peakfit::cluster::watch::watches(false, false));
+    let readiness = Readiness::waiting_for(peakfit::cluster::watch::watches(false, false, false));
     let held = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let asked = Arc::new(parking_lot::Mutex::new(Vec::new()));
     tokio::spawn(serve(handle, lists(false), Vec::new(), held, asked.clone()));

@@ -29,7 +29,7 @@ use crate::inventory::NodeGpuReportStatus;
 
 use self::metrics::AgentMetrics;
 use self::nvml::{GpuSource, NvmlSource};
-use self::pod_resources::{GpuResources, PodResourcesReader};
+use self::pod_resources::PodResourcesReader;
 use self::publish::{NodeCapacity, Publisher};
 use self::report::{PodUsageHistory, PublishGate};
 
@@ -93,14 +93,6 @@ pub struct AgentArgs {
     pub pod_resources_timeout: Duration,
     #[command(flatten)]
     pub gpu: crate::flags::GpuResourceArgs,
-    /// DRA drivers whose devices are GPUs.
-    #[arg(
-        long,
-        env = "PEAKFIT_GPU_DRA_DRIVERS",
-        value_delimiter = ',',
-        default_value = crate::gpu_resources::DEFAULT_GPU_DRA_DRIVERS
-    )]
-    pub gpu_dra_drivers: Vec<String>,
 }
 
 /// Where the kubelet serves its `PodResources` API.
@@ -112,7 +104,7 @@ impl AgentArgs {
         if self.pod_resources_socket.trim().is_empty() {
             return Ok(None);
         }
-        let filter = GpuResources::new(&self.gpu.gpu_resources, &self.gpu_dra_drivers)?;
+        let filter = self.gpu.parse()?;
         Ok(Some(PodResourcesReader::new(
             self.pod_resources_socket.trim(),
             self.pod_resources_timeout,

@@ -110,6 +110,17 @@ pub fn load_str(index: &Index, text: &str, p: &str) -> Result<usize, FileError> 
             "ConfigMap" => {
                 index.apply_model_config(&serde_json::from_value::<ConfigMap>(obj).map_err(err)?);
             }
+            // A `kubectl get -o yaml` of a DRA cluster carries its slices: the same marks as the
+            // watch's (any order: a slot made later reads them). Only the version the watch
+            // reads; an older one is skipped like any object peakfit does not index.
+            "ResourceSlice"
+                if obj.get("apiVersion").and_then(Value::as_str) == Some("resource.k8s.io/v1") =>
+            {
+                index.apply_resource_slice(
+                    &serde_json::from_value::<k8s_openapi::api::resource::v1::ResourceSlice>(obj)
+                        .map_err(err)?,
+                );
+            }
             other => {
                 tracing::debug!(kind = other, %name, "skipping an object peakfit does not index");
                 continue;

@@ -1,4 +1,5 @@
-//! Cluster mode: watches on Nodes, Pods and `NodeGpuReports` feed the index one event at a time.
+//! Cluster mode: watches on Nodes, Pods, `NodeGpuReports` and DRA `ResourceSlices` feed the
+//! index one event at a time.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -6,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
@@ -41,13 +43,48 @@ impl Readiness {
 }
 
 /// How many watches must list before the extender is ready: Nodes, Pods, `NodeGpuReports`, the
-/// model-config ConfigMaps (a pod naming one would be refused until they are listed) and the
-/// `GpuWorkloadProfiles` (a pod of a known workload would be sized from its prediction alone).
-pub const WATCHES: usize = 5;
+/// model-config ConfigMaps (a pod naming one would be refused until they are listed), the
+/// `GpuWorkloadProfiles` (a pod of a known workload would be sized from its prediction alone)
+/// and the DRA `ResourceSlices` (a node whose agent cannot read the kubelet's `PodResources` API
+/// would take pods on GPUs a DRA driver may have handed out).
+pub const WATCHES: usize = 6;
 
-/// [`WATCHES`], less the ConfigMap watch and the profile watch when they are off.
-pub fn watches(model_configs: bool, profiles: bool) -> usize {
-    WATCHES - usize::from(!model_configs) - usize::from(!profiles)
+/// [`WATCHES`], less the ConfigMap, profile and `ResourceSlice` watches when they are off.
+pub fn watches(model_configs: bool, profiles: bool, resource_slices: bool) -> usize {
+    WATCHES - usize::from(!model_configs) - usize::from(!profiles) - usize::from(!resource_slices)
+}
+
+/// Starts the `ResourceSlice` watch (`resource.k8s.io/v1`), which marks the nodes a DRA GPU
+/// driver (`--gpu-dra-drivers`) publishes devices on; counts towards `readiness` like the
+/// others. Every slice is listed: a `spec.driver` field selector names one driver where
+/// `--gpu-dra-drivers` may list several, and a cluster has about one slice per node and driver,
+/// so the others cost little (the index keeps nothing of them).
+pub fn spawn_resource_slices(client: Client, index: Arc<Index>, readiness: Readiness) {
+    use tracing::Instrument as _;
+    tokio::spawn(
+        run_watch::<ResourceSlice>(
+            Api::all(client),
+            watcher::Config::default().any_semantic(),
+            index,
+            readiness,
+        )
+        .instrument(tracing::info_span!("watch", kind = "ResourceSlice")),
+    );
+}
+
+/// Whether the API server serves `resource.k8s.io/v1` (Kubernetes 1.34 and later): before, no
+/// GA DRA driver publishes slices there, and a watch on it would never list (and never let the
+/// extender be ready). `None` when the question itself failed (the watch is started anyway and
+/// retries like any other).
+pub async fn serves_resource_slices(client: &Client) -> Option<bool> {
+    match client.list_api_group_resources("resource.k8s.io/v1").await {
+        Ok(list) => Some(list.resources.iter().any(|r| r.name == "resourceslices")),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Some(false),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not ask whether resource.k8s.io/v1 is served; watching ResourceSlices anyway");
+            None
+        }
+    }
 }
 
 /// Starts the `GpuWorkloadProfile` watch (with `--learn` other than `off`), feeding `store`;
@@ -109,6 +146,20 @@ impl Indexed for Pod {
     }
     fn delete(index: &Index, key: &str) {
         index.delete_pod_key(key);
+    }
+}
+
+/// `ResourceSlices` (cluster-scoped), keyed by name.
+impl Indexed for ResourceSlice {
+    type Target = Index;
+    fn key(&self) -> String {
+        self.name_any()
+    }
+    fn apply(index: &Index, obj: &Self) {
+        index.apply_resource_slice(obj);
+    }
+    fn delete(index: &Index, key: &str) {
+        index.delete_resource_slice(key);
     }
 }
 
@@ -272,6 +323,51 @@ pub fn spawn(client: Client, index: Arc<Index>, readiness: Readiness, model_conf
 mod tests {
     use super::*;
     use crate::cluster::test_support::{mk_pod, mk_report};
+
+    /// What the API server answers for `resource.k8s.io/v1` decides whether the extender
+    /// watches `ResourceSlices`: served, not served (404: before 1.34), or unknown (any other
+    /// failure: watched anyway, the watch retries).
+    #[tokio::test]
+    async fn the_slice_watch_follows_what_the_api_server_serves() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        for (status, body, want) in [
+            (
+                200,
+                r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"resource.k8s.io/v1",
+                    "resources":[{"name":"resourceslices","singularName":"resourceslice",
+                    "namespaced":false,"kind":"ResourceSlice","verbs":["list","watch"]}]}"#,
+                Some(true),
+            ),
+            (
+                404,
+                r#"{"kind":"Status","apiVersion":"v1","status":"Failure",
+                    "message":"the server could not find the requested resource",
+                    "reason":"NotFound","code":404}"#,
+                Some(false),
+            ),
+            (
+                403,
+                r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"forbidden",
+                    "reason":"Forbidden","code":403}"#,
+                None,
+            ),
+        ] {
+            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let client = Client::new(svc, "default");
+            tokio::spawn(async move {
+                let (req, send) = handle.next_request().await.expect("one request");
+                assert_eq!(req.uri().path(), "/apis/resource.k8s.io/v1");
+                send.send_response(
+                    Response::builder()
+                        .status(status)
+                        .body(Body::from(body.as_bytes().to_vec()))
+                        .unwrap(),
+                );
+            });
+            assert_eq!(serves_resource_slices(&client).await, want, "{status}");
+        }
+    }
 
     #[test]
     fn readiness_opens_after_every_watch() {

@@ -60,6 +60,18 @@ pub struct ExtenderArgs {
         action = clap::ArgAction::Set
     )]
     pub model_config_watch: bool,
+    /// Watch `resource.k8s.io/v1` `ResourceSlices` to learn which nodes a DRA GPU driver
+    /// (`--gpu-dra-drivers`) publishes devices on, refusing them while their agent cannot read
+    /// the kubelet's `PodResources` API (`true`/`false`). Off with `false`, with
+    /// `--gpu-dra-drivers none`, or where the API server does not serve `resource.k8s.io/v1`
+    /// (before Kubernetes 1.34): then only device-plugin nodes are refused. Cluster mode only.
+    #[arg(
+        long,
+        env = "PEAKFIT_RESOURCE_SLICE_WATCH",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub resource_slice_watch: bool,
     /// How prioritize ranks the nodes that fit.
     #[arg(
         long,
@@ -82,8 +94,9 @@ pub struct ExtenderArgs {
     /// about live agents.
     #[arg(long, env = "PEAKFIT_MAX_REPORT_AGE", default_value = "120s", value_parser = parse_duration)]
     pub max_report_age: Duration,
-    // A node whose allocatable advertises one of these is refused while its agent reports the
-    // kubelet's `PodResources` API unreadable: a GPU the plugin hands out then would look free.
+    // A node whose allocatable advertises one of these resources, or that a listed DRA driver
+    // publishes devices on, is refused while its agent reports the kubelet's `PodResources` API
+    // unreadable: a GPU handed out then would look free.
     #[command(flatten)]
     pub gpu: crate::flags::GpuResourceArgs,
     /// How often a background thread scores the workload's usual pod classes on nodes that
@@ -569,11 +582,26 @@ fn spawn_profile_writer(
     );
 }
 
+/// Whether to watch `ResourceSlices` on this API server: yes unless it says it does not serve
+/// them, which is logged, since DRA nodes are then not refused while `PodResources` is down.
+async fn resource_slices_served(client: &kube::Client) -> bool {
+    let served = crate::cluster::watch::serves_resource_slices(client).await;
+    if served == Some(false) {
+        tracing::warn!(
+            "the API server does not serve resource.k8s.io/v1 ResourceSlices (Kubernetes before \
+             1.34): nodes are refused while PodResources is down only where a device plugin \
+             advertises a GPU"
+        );
+    }
+    served != Some(false)
+}
+
 pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     let platform = args
         .cuda_context
         .map_or_else(Platform::default, |cuda_context| Platform { cuda_context });
-    let gpu_resources = crate::gpu_resources::GpuResources::new(&args.gpu.gpu_resources, &[])?;
+    let gpu_resources = args.gpu.parse()?;
+    let dra_drivers = !gpu_resources.dra_drivers().is_empty();
     let index = Arc::new(Index::with_platform(platform).with_gpu_resources(gpu_resources));
     let policy = args.learn.policy()?;
     let profiles = Arc::new(ProfileStore::default());
@@ -615,10 +643,20 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         }
         None => {
             let client = args.client.client().await?;
+            let resource_slices =
+                args.resource_slice_watch && dra_drivers && resource_slices_served(&client).await;
             let readiness = Readiness::waiting_for(crate::cluster::watch::watches(
                 args.model_config_watch,
                 learning,
+                resource_slices,
             ));
+            if resource_slices {
+                crate::cluster::watch::spawn_resource_slices(
+                    client.clone(),
+                    index.clone(),
+                    readiness.clone(),
+                );
+            }
             crate::cluster::watch::spawn(
                 client.clone(),
                 index.clone(),

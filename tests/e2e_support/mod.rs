@@ -525,6 +525,33 @@ impl Cluster {
         self.publish_report_with(name, gpus, held, &[]).await;
     }
 
+    /// A `resource.k8s.io/v1` `ResourceSlice` named `name` of `driver` publishing one device on
+    /// `node`, as a DRA driver's kubelet plugin writes it (the API server stores it; no kubelet
+    /// or driver runs here).
+    pub async fn create_resource_slice(&self, name: &str, driver: &str, node: &str) {
+        let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> =
+            Api::all(self.client.clone());
+        let obj = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": { "name": name },
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": { "name": node, "generation": 1, "resourceSliceCount": 1 },
+                "devices": [{ "name": "gpu-0" }],
+            },
+        }))
+        .unwrap();
+        slices.create(&PostParams::default(), &obj).await.unwrap();
+    }
+
+    pub async fn delete_resource_slice(&self, name: &str) {
+        let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> =
+            Api::all(self.client.clone());
+        slices.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+
     /// Writes `name`'s report again (no holders, `observedAt` now) as an agent that cannot read
     /// the kubelet's `PodResources` API reports it, with this reason.
     pub async fn set_pod_resources_down(&self, name: &str, reason: &str) {

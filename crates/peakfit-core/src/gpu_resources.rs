@@ -1,8 +1,9 @@
 //! Which device-plugin resources and DRA drivers are GPUs (`--gpu-resources`,
 //! `--gpu-dra-drivers`): one parser and matcher for the agent, which maps the kubelet's
 //! allocations onto NVML's devices with it, and the extender, which asks whether a Node's
-//! allocatable advertises a GPU the device plugin could hand out behind peakfit's back. Both
-//! read the same chart value, so they must agree on what a name means.
+//! allocatable advertises a GPU the device plugin could hand out behind peakfit's back, or a DRA
+//! driver publishes GPUs for the node in a `ResourceSlice`. Both read the same chart values, so
+//! they must agree on what a name means.
 
 /// The device-plugin resources and DRA drivers whose devices are GPUs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,7 +42,11 @@ impl GpuResources {
             }
         }
         let mut drivers = Vec::new();
-        for d in dra_drivers.iter().map(|d| d.trim()) {
+        // `none` alone names no driver: DRA is not used for GPUs, and the extender starts no
+        // `ResourceSlice` watch. (The chart writes it for an empty list; an empty entry stays
+        // an error, as a value cut short is more likely than a wish for nothing.)
+        let none = matches!(dra_drivers, [d] if d.trim() == "none");
+        for d in dra_drivers.iter().filter(|_| !none).map(|d| d.trim()) {
             if d.is_empty() || d.contains('*') {
                 return Err(FilterError::Resource {
                     flag: "--gpu-dra-drivers",
@@ -60,6 +65,11 @@ impl GpuResources {
     /// Whether device-plugin resource `name` is a GPU (an exact name or a listed prefix).
     pub fn is_gpu_resource(&self, name: &str) -> bool {
         self.exact.iter().any(|e| e == name) || self.prefixes.iter().any(|p| name.starts_with(p))
+    }
+
+    /// The DRA drivers that hand out GPUs; empty when DRA is not used for GPUs.
+    pub fn dra_drivers(&self) -> &[String] {
+        &self.dra_drivers
     }
 
     /// Whether DRA driver `driver` hands out GPUs.
@@ -99,5 +109,23 @@ mod tests {
         assert!(!r.is_gpu_resource("nvidia.com/gpu.shared"));
         assert!(!r.is_gpu_resource("cpu"));
         assert!(r.is_gpu_driver("gpu.nvidia.com"));
+    }
+
+    /// `none` turns DRA off; an empty entry, alone or beside a driver, is refused naming the
+    /// flag.
+    #[test]
+    fn none_names_no_dra_driver() {
+        for off in ["none", " none "] {
+            let r = GpuResources::new(&[], &[off.to_owned()]).unwrap();
+            assert!(r.dra_drivers().is_empty(), "{off:?}");
+            assert!(!r.is_gpu_driver("gpu.nvidia.com"));
+        }
+        for bad in [
+            vec![String::new()],
+            vec!["gpu.nvidia.com".into(), String::new()],
+        ] {
+            let err = GpuResources::new(&[], &bad).unwrap_err();
+            assert!(err.to_string().starts_with("--gpu-dra-drivers"), "{err}");
+        }
     }
 }

@@ -14,7 +14,8 @@
 //! `reconcile` (the watch's and bind's writes to the pod table), `observe` (running pods' peaks
 //! by workload, for the profiles), `rebuild` (a node's ledger from
 //! its report and pods), `states` and `scores` (what is remembered per node state), `reasons`
-//! (the warnings' metric label), `holds` (holds for pods that starve: in force, made, ended).
+//! (the warnings' metric label), `holds` (holds for pods that starve: in force, made, ended),
+//! `resource_slices` (the nodes a DRA GPU driver publishes devices on).
 
 mod holds;
 mod observe;
@@ -23,6 +24,7 @@ mod reasons;
 mod rebuild;
 mod reconcile;
 mod report_view;
+mod resource_slices;
 mod scores;
 mod slot;
 mod states;
@@ -99,6 +101,9 @@ pub struct Index {
     /// The device-plugin resources that are GPUs (`--gpu-resources`): a node advertising one
     /// is refused while its agent cannot read which of them the kubelet handed out.
     gpu_resources: crate::gpu_resources::GpuResources,
+    /// The `ResourceSlices` of the DRA GPU drivers (`--gpu-dra-drivers`) that name nodes: a
+    /// node they publish devices on is refused like one advertising a device-plugin GPU.
+    resource_slices: Mutex<resource_slices::SliceTable>,
 }
 
 impl std::fmt::Debug for Index {
@@ -124,8 +129,8 @@ impl Index {
         }
     }
 
-    /// The device-plugin resources that are GPUs (the extender's `--gpu-resources`); the
-    /// default is the flag's.
+    /// The device-plugin resources and DRA drivers that are GPUs (the extender's
+    /// `--gpu-resources` and `--gpu-dra-drivers`); the default is the flags'.
     #[must_use]
     pub fn with_gpu_resources(mut self, gpu_resources: crate::gpu_resources::GpuResources) -> Self {
         self.gpu_resources = gpu_resources;

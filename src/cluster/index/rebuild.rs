@@ -10,7 +10,7 @@ use super::slot::NodeState;
 use super::{Assignment, HeldFor, Index, PodEntry};
 use crate::inventory::DeviceHolder;
 use crate::placement::{
-    GpuLedger, Grant, NodeCondition, NodeLedger, Placement, PodKey, ScoreInputs,
+    Allocators, GpuLedger, Grant, NodeCondition, NodeLedger, Placement, PodKey, ScoreInputs,
 };
 
 /// A node's ledger as [`ledger_of`] works it out, and the pods it had to charge elsewhere.
@@ -22,10 +22,11 @@ pub(super) struct Rebuilt<'a> {
     pub unreported: Vec<(&'a PodEntry, usize)>,
 }
 
-/// The ledger of node `name` from its allocatable (CPU millicores, memory bytes), the first GPU
-/// resource its device plugin advertises (`device_plugin_gpu`), its report and the pods bound to
-/// it, in the order given: O(pods × GPUs). No locks, no side effects, so that
-/// what the ledger holds can be tested row by row.
+/// The ledger of node `name` from its allocatable (CPU millicores, memory bytes), what can hand
+/// its GPUs out without peakfit (`by`: the first GPU resource its device plugin advertises, the
+/// DRA GPU driver publishing devices there), its report and the pods bound to it, in the order
+/// given: O(pods × GPUs). No locks, no side effects, so that what the ledger holds can be tested
+/// row by row.
 ///
 /// Every pod reserves its CPU and memory. With a report, a pod with an assignment reserves on
 /// each assigned GPU its `reserved-bytes`, or else what its request needs on a GPU of that size;
@@ -35,7 +36,7 @@ pub(super) struct Rebuilt<'a> {
 pub(super) fn ledger_of<'a>(
     name: &str,
     allocatable: (Option<u64>, Option<u64>),
-    device_plugin_gpu: Option<&str>,
+    by: &Allocators,
     report: Option<&ReportView>,
     pods: impl Iterator<Item = &'a PodEntry> + Clone,
 ) -> Rebuilt<'a> {
@@ -50,19 +51,16 @@ pub(super) fn ledger_of<'a>(
         return Rebuilt { ledger, unreported };
     };
     ledger.observed_at_unix = report.observed_at_unix;
-    // Unread allocations matter only where a device plugin can make them: on a node it does
-    // not advertise a GPU on, peakfit places every GPU pod and the report's GPUs are the truth.
-    ledger.condition = match (
-        &report.nvml_down,
-        &report.pod_resources_down,
-        device_plugin_gpu,
-    ) {
-        (Some(reason), _, _) => NodeCondition::NvmlDown {
+    // Unread allocations matter only where a device plugin or a DRA driver can make them: on a
+    // node neither hands GPUs out on, peakfit places every GPU pod and the report's GPUs are
+    // the truth.
+    ledger.condition = match (&report.nvml_down, &report.pod_resources_down) {
+        (Some(reason), _) => NodeCondition::NvmlDown {
             reason: reason.clone(),
         },
-        (None, Some(reason), Some(resource)) => NodeCondition::PodResourcesDown {
+        (None, Some(reason)) if by.any() => NodeCondition::PodResourcesDown {
             reason: reason.clone(),
-            resource: resource.to_owned(),
+            by: by.clone(),
         },
         _ => NodeCondition::Ready,
     };
@@ -197,7 +195,10 @@ impl Index {
         } = ledger_of(
             &name,
             st.allocatable,
-            st.device_plugin_gpu.as_deref(),
+            &Allocators {
+                device_plugin: st.device_plugin_gpu.clone(),
+                dra_driver: st.dra_gpu_driver.clone(),
+            },
             st.report.as_ref(),
             on_node,
         );
@@ -553,8 +554,13 @@ mod tests {
         for r in rows {
             let pods: Vec<PodEntry> = r.pods.iter().map(entry).collect();
             let report = r.report.map(|g| view(g, r.nvml_down));
-            let Rebuilt { ledger, unreported } =
-                ledger_of("n", r.allocatable, None, report.as_ref(), pods.iter());
+            let Rebuilt { ledger, unreported } = ledger_of(
+                "n",
+                r.allocatable,
+                &Allocators::default(),
+                report.as_ref(),
+                pods.iter(),
+            );
             let committed: Vec<u64> = ledger.gpus.iter().map(GpuLedger::committed_bytes).collect();
             let unattributed: Vec<u64> = ledger.gpus.iter().map(|g| g.unattributed_bytes).collect();
             let unreported: Vec<(&str, usize)> = unreported

@@ -301,7 +301,10 @@ mod tests {
                 down(),
                 NodeCondition::PodResourcesDown {
                     reason: "connection refused".into(),
-                    resource: "nvidia.com/gpu".into(),
+                    by: crate::placement::Allocators {
+                        device_plugin: Some("nvidia.com/gpu".into()),
+                        dra_driver: None,
+                    },
                 },
             ),
             (
@@ -310,7 +313,10 @@ mod tests {
                 down(),
                 NodeCondition::PodResourcesDown {
                     reason: "connection refused".into(),
-                    resource: "nvidia.com/mig-1g.10gb".into(),
+                    by: crate::placement::Allocators {
+                        device_plugin: Some("nvidia.com/mig-1g.10gb".into()),
+                        dra_driver: None,
+                    },
                 },
             ),
             (
@@ -371,7 +377,8 @@ mod tests {
         custom.apply_report(&report("n", down()));
         assert!(matches!(
             ledger(&custom, "n").condition,
-            NodeCondition::PodResourcesDown { resource, .. } if resource == "example.com/gpu"
+            NodeCondition::PodResourcesDown { by, .. }
+                if by.device_plugin.as_deref() == Some("example.com/gpu")
         ));
     }
 

@@ -25,6 +25,10 @@ pub struct NodeState {
     /// a device plugin there can hand out GPUs peakfit learns of only through the agent's
     /// `PodResources` read.
     pub(super) device_plugin_gpu: Option<String>,
+    /// The DRA GPU driver (`--gpu-dra-drivers`) with a `ResourceSlice` of devices on this node:
+    /// its devices are not in allocatable, and a claim it allocates is likewise seen only
+    /// through the agent's `PodResources` read.
+    pub(super) dra_gpu_driver: Option<String>,
     pub(super) report: Option<ReportView>,
     pub(super) pods: BTreeSet<PodKey>,
     pub ledger: NodeLedger,
@@ -71,13 +75,14 @@ pub struct NodeSlot {
 }
 
 impl NodeSlot {
-    fn new(name: &str) -> Self {
+    fn new(name: &str, dra_gpu_driver: Option<String>) -> Self {
         Self {
             bind_lock: tokio::sync::Mutex::new(()),
             state: RwLock::new(NodeState {
                 node_known: false,
                 allocatable: (None, None),
                 device_plugin_gpu: None,
+                dra_gpu_driver,
                 report: None,
                 pods: BTreeSet::new(),
                 ledger: NodeLedger::new(name),
@@ -292,7 +297,7 @@ impl Index {
         self.nodes
             .write()
             .entry(name.to_owned())
-            .or_insert_with(|| Arc::new(NodeSlot::new(name)))
+            .or_insert_with(|| Arc::new(NodeSlot::new(name, self.dra_gpu_driver_of(name))))
             .clone()
     }
 

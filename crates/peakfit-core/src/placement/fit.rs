@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::demand::{Demand, PodClass, PodShape};
-use super::ledger::{GpuLedger, NodeCondition, NodeLedger};
+use super::ledger::{Allocators, GpuLedger, NodeCondition, NodeLedger};
 
 /// Tunables of the fit; the same values serve filter and bind so that what filter admits, bind
 /// accepts on an unchanged ledger.
@@ -61,9 +61,10 @@ pub enum Rejection {
     )]
     NvmlDown { reason: String },
     #[error(
-        "the agent cannot read the kubelet's PodResources API ({reason}) and the node's device plugin advertises {resource}: a GPU it hands out would look free, so nothing is placed here"
+        "the agent cannot read the kubelet's PodResources API ({reason}) and {by}: a GPU {} hands out would look free, so nothing is placed here",
+        if by.device_plugin.is_some() && by.dra_driver.is_some() { "either" } else { "it" }
     )]
-    PodResourcesDown { reason: String, resource: String },
+    PodResourcesDown { reason: String, by: Allocators },
     #[error("{}", too_few(*needed, *have, models))]
     TooFewGpus {
         needed: u32,
@@ -195,10 +196,10 @@ pub fn node_usable(node: &NodeLedger, cfg: &FitConfig, now_unix: i64) -> Result<
                 reason: reason.clone(),
             });
         }
-        NodeCondition::PodResourcesDown { reason, resource } => {
+        NodeCondition::PodResourcesDown { reason, by } => {
             return Err(Rejection::PodResourcesDown {
                 reason: reason.clone(),
-                resource: resource.clone(),
+                by: by.clone(),
             });
         }
     }
@@ -509,20 +510,37 @@ mod tests {
     }
 
     /// Issue 23: a mixed node whose kubelet allocations cannot be read is refused whole, in
-    /// words naming the read's error and the advertised resource.
+    /// words naming the read's error and what hands GPUs out there: the advertised resource,
+    /// the DRA driver publishing devices, or both.
     #[test]
     fn pod_resources_down_names_the_error_and_the_resource() {
-        let mut n = node(&[80 * GI]);
-        n.condition = NodeCondition::PodResourcesDown {
-            reason: "connection refused".into(),
-            resource: "nvidia.com/gpu".into(),
+        let n = node(&[80 * GI]);
+        let down = |device_plugin: Option<&str>, dra_driver: Option<&str>| {
+            let mut n = n.clone();
+            n.condition = NodeCondition::PodResourcesDown {
+                reason: "connection refused".into(),
+                by: Allocators {
+                    device_plugin: device_plugin.map(str::to_owned),
+                    dra_driver: dra_driver.map(str::to_owned),
+                },
+            };
+            reject(&n, shape(1, GI))
         };
-        let r = reject(&n, shape(1, GI));
+        let r = down(Some("nvidia.com/gpu"), None);
         assert_eq!(r.reason(), "pod_resources_down");
         assert!(r.is_node_wide());
         assert_eq!(
             r.to_string(),
             "the agent cannot read the kubelet's PodResources API (connection refused) and the node's device plugin advertises nvidia.com/gpu: a GPU it hands out would look free, so nothing is placed here"
+        );
+        // A DRA driver's devices are not in allocatable: its `ResourceSlice` is what is named.
+        assert_eq!(
+            down(None, Some("gpu.nvidia.com")).to_string(),
+            "the agent cannot read the kubelet's PodResources API (connection refused) and DRA driver gpu.nvidia.com publishes GPUs on this node: a GPU it hands out would look free, so nothing is placed here"
+        );
+        assert_eq!(
+            down(Some("nvidia.com/gpu"), Some("gpu.nvidia.com")).to_string(),
+            "the agent cannot read the kubelet's PodResources API (connection refused) and the node's device plugin advertises nvidia.com/gpu and DRA driver gpu.nvidia.com publishes GPUs on this node: a GPU either hands out would look free, so nothing is placed here"
         );
     }
 

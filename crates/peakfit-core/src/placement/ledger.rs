@@ -341,10 +341,45 @@ pub enum NodeCondition {
     NoReport,
     /// The agent reported, but NVML is down on the node.
     NvmlDown { reason: String },
-    /// The agent cannot read the kubelet's `PodResources` API while the node's device plugin
-    /// advertises GPUs (`resource`, in the Node's allocatable): a GPU the plugin hands out now
-    /// would look free. Set by the extender, which sees the Node; a report alone never says it.
-    PodResourcesDown { reason: String, resource: String },
+    /// The agent cannot read the kubelet's `PodResources` API while something on the node can
+    /// hand GPUs out without peakfit (`by`): a GPU handed out now would look free. Set by the
+    /// extender, which sees the Node and the DRA `ResourceSlices`; a report alone never says it.
+    PodResourcesDown { reason: String, by: Allocators },
+}
+
+/// What can hand a node's GPUs to pods peakfit does not place, as the extender sees it from
+/// outside the node: at least one is named wherever it is used.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocators {
+    /// The first GPU resource (`--gpu-resources`) the Node's allocatable advertises non-zero.
+    pub device_plugin: Option<String>,
+    /// A DRA driver (`--gpu-dra-drivers`) with a `ResourceSlice` of devices for this node: DRA
+    /// devices never show in allocatable, so the slices are the only sign of them.
+    pub dra_driver: Option<String>,
+}
+
+impl Allocators {
+    /// Whether anything can hand GPUs out here.
+    pub fn any(&self) -> bool {
+        self.device_plugin.is_some() || self.dra_driver.is_some()
+    }
+}
+
+/// "the node's device plugin advertises R", "DRA driver D publishes GPUs on this node", or both
+/// joined by "and": the words of the refusal, naming what an operator would look at.
+impl std::fmt::Display for Allocators {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(r) = &self.device_plugin {
+            write!(f, "the node's device plugin advertises {r}")?;
+            if self.dra_driver.is_some() {
+                f.write_str(" and ")?;
+            }
+        }
+        if let Some(d) = &self.dra_driver {
+            write!(f, "DRA driver {d} publishes GPUs on this node")?;
+        }
+        Ok(())
+    }
 }
 
 /// A node's GPUs and their reservations.

@@ -20,8 +20,8 @@ pub use frag::{
 };
 pub use hold::{Hold, HoldConfig, Holds, choose_hold};
 pub use ledger::{
-    GpuHold, GpuLedger, Grant, HoldError, NodeCondition, NodeLedger, NodeSummary, PodKey,
-    ReportError, Reservation,
+    Allocators, GpuHold, GpuLedger, Grant, HoldError, NodeCondition, NodeLedger, NodeSummary,
+    PodKey, ReportError, Reservation,
 };
 pub use score::{
     Scored, ScoringPolicy, Tuning, place, place_score, place_tuned, score, scores_0_to_10,
