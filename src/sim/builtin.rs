@@ -463,6 +463,7 @@ fn pod_work(pods: &[DynPod]) -> Vec<PodWork> {
                 gpus: p.gpus,
                 demand: p.predicted,
                 hours: p.duration_min as f64 / 60.0,
+                arrival_hours: p.arrival_min as f64 / 60.0,
             })
         })
         .collect()
@@ -671,17 +672,21 @@ fn load_table(load: &[LoadRun]) -> String {
          pods can run on only within, against what its GPUs offer in 24 h (a pod's work = its \
          GPUs x the peakfit ledger's demand per GPU x its run time, at the least it takes on any \
          model it fits; GPU-h count a GPU as whole where the pod holds over half of it); load > \
-         1: no scheduler that never over-commits keeps those pods' queue bounded (docs/simulate.md)\n  \
-         {:<30}{:>6}{:>14}{:>15}{:>9}{:>14}{:>15}{:>9}{:>14}\n",
+         1: no scheduler that never over-commits keeps those pods' queue bounded; in 24 h = the \
+         load of the part of that work inside the 24 h had every pod started on arrival (> 1: \
+         waits push the excess past the end, whatever the order; docs/simulate.md)\n  \
+         {:<30}{:>6}{:>14}{:>15}{:>9}{:>14}{:>14}{:>15}{:>9}{:>14}{:>14}\n",
         "models",
         "GPUs",
         "pods",
         "TiB-h asked",
         "offered",
         "load",
+        "in 24 h",
         "GPU-h asked",
         "offered",
-        "load"
+        "load",
+        "in 24 h"
     );
     let Some(first) = load.first() else {
         return out;
@@ -694,16 +699,18 @@ fn load_table(load: &[LoadRun]) -> String {
             continue;
         }
         out.push_str(&format!(
-            "  {:<30}{:>6}{:>14}{:>15}{:>9.1}{:>14}{:>15}{:>9.0}{:>14}\n",
+            "  {:<30}{:>6}{:>14}{:>15}{:>9.1}{:>14}{:>14}{:>15}{:>9.0}{:>14}{:>14}\n",
             set.models.join("+"),
             set.gpus,
             mean_sd(&of(|s| s.pods as f64), 1),
             mean_sd(&of(|s| s.asked_gib_hours / 1024.0), 1),
             set.offered_gib_hours / 1024.0,
             mean_sd(&of(|s| s.memory_load), 2),
+            mean_sd(&of(|s| s.memory_load_in_run), 2),
             mean_sd(&of(|s| s.asked_gpu_hours), 0),
             set.offered_gpu_hours,
             mean_sd(&of(|s| s.gpu_load), 2),
+            mean_sd(&of(|s| s.gpu_load_in_run), 2),
         ));
     }
     out

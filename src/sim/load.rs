@@ -8,6 +8,13 @@
 //! the waits an ordering problem. The condition ignores fragmentation, nodes and CPU, so a load
 //! just under 1 does not say the pods can all be served.
 //!
+//! The load is a rate: the work of a day's arrivals, each pod's whole run time, against a day
+//! of the GPUs. A run that starts on an empty cluster and stops at its horizon also has the
+//! part of that work that would fall inside the run if every pod started on arrival: where it
+//! exceeds what the GPUs offer in the run, waits must push the difference past the end, whatever
+//! the order (a pod that waits w hours does at most w hours less of its work inside the run, so
+//! the sum over pods of its GPUs × w is at least the difference in GPU-hours).
+//!
 //! Two measures, because neither alone is the whole truth: memory (a pod holds its ledger
 //! demand per GPU for its run time) treats a GPU's memory as shareable down to the byte; GPU
 //! time counts a GPU as taken whole by a pod that holds more than half of it (no second such
@@ -41,10 +48,12 @@ pub struct PodWork {
     pub demand: Demand,
     /// Its run time.
     pub hours: f64,
+    /// When it arrives, in hours from the run's start.
+    pub arrival_hours: f64,
 }
 
 impl PodWork {
-    /// The least GiB-hours and GPU-hours it can take on any model it runs on.
+    /// The least GiB and GPUs it can hold at once on any model it runs on.
     fn least(&self, models: &[GpuModel]) -> (f64, f64) {
         self.models
             .iter()
@@ -56,8 +65,8 @@ impl PodWork {
                 } else {
                     bytes as f64 / m.bytes as f64
                 };
-                let per_hour = f64::from(self.gpus) * self.hours;
-                (bytes as f64 / GIB * per_hour, share * per_hour)
+                let gpus = f64::from(self.gpus);
+                (bytes as f64 / GIB * gpus, share * gpus)
             })
             .fold((f64::INFINITY, f64::INFINITY), |(b, g), (x, y)| {
                 (b.min(x), g.min(y))
@@ -80,6 +89,8 @@ pub struct KindWork {
     pub pods: usize,
     pub gib_hours: f64,
     pub gpu_hours: f64,
+    /// The part of `gpu_hours` inside the run if every pod started on arrival.
+    pub gpu_hours_in_run: f64,
 }
 
 /// One set of GPU models: the work the pods confined to it ask for, against what it offers.
@@ -101,6 +112,15 @@ pub struct SetLoad {
     pub offered_gpu_hours: f64,
     /// `asked_gpu_hours / offered_gpu_hours`.
     pub gpu_load: f64,
+    /// The part of `asked_gib_hours` inside the run if every pod started on arrival (each
+    /// pod's run time cut at the run's end).
+    pub in_run_gib_hours: f64,
+    /// `in_run_gib_hours / offered_gib_hours`: above 1, waits push the excess past the end.
+    pub memory_load_in_run: f64,
+    /// The part of `asked_gpu_hours` inside the run if every pod started on arrival.
+    pub in_run_gpu_hours: f64,
+    /// `in_run_gpu_hours / offered_gpu_hours`.
+    pub gpu_load_in_run: f64,
     /// The asked work per pod kind, in the order the kinds first appear among the pods.
     pub by_kind: Vec<KindWork>,
 }
@@ -112,11 +132,12 @@ pub fn loads(models: &[GpuModel], pods: &[PodWork], hours: f64) -> Vec<SetLoad> 
     let n = models.len().min(63);
     let mut sets: Vec<u64> = (1..(1u64 << n)).collect();
     sets.sort_by_key(|s| (s.count_ones(), std::cmp::Reverse(s.reverse_bits())));
-    let work: Vec<(u64, f64, f64)> = pods
+    // Per pod: its models, its least GiB and GPUs at once, its hours and its hours in the run.
+    let work: Vec<(u64, (f64, f64), f64, f64)> = pods
         .iter()
         .map(|p| {
-            let (b, g) = p.least(models);
-            (p.mask(), b, g)
+            let in_run = p.hours.min(hours - p.arrival_hours).max(0.0);
+            (p.mask(), p.least(models), p.hours, in_run)
         })
         .collect();
     sets.into_iter()
@@ -139,14 +160,16 @@ pub fn loads(models: &[GpuModel], pods: &[PodWork], hours: f64) -> Vec<SetLoad> 
                 ..SetLoad::default()
             };
             let mut used = 0u64;
-            for (p, &(mask, b, g)) in pods.iter().zip(&work) {
+            for (p, &(mask, (b, g), h, in_run)) in pods.iter().zip(&work) {
                 if mask == 0 || mask & !set != 0 {
                     continue;
                 }
                 used |= mask;
                 out.pods += 1;
-                out.asked_gib_hours += b;
-                out.asked_gpu_hours += g;
+                out.asked_gib_hours += b * h;
+                out.asked_gpu_hours += g * h;
+                out.in_run_gib_hours += b * in_run;
+                out.in_run_gpu_hours += g * in_run;
                 let k = match out.by_kind.iter().position(|k| k.kind == p.kind) {
                     Some(k) => k,
                     None => {
@@ -159,12 +182,15 @@ pub fn loads(models: &[GpuModel], pods: &[PodWork], hours: f64) -> Vec<SetLoad> 
                 };
                 let kind = &mut out.by_kind[k];
                 kind.pods += 1;
-                kind.gib_hours += b;
-                kind.gpu_hours += g;
+                kind.gib_hours += b * h;
+                kind.gpu_hours += g * h;
+                kind.gpu_hours_in_run += g * in_run;
             }
             out.tight = out.pods > 0 && used == set;
             out.memory_load = out.asked_gib_hours / offered_gib_hours;
             out.gpu_load = out.asked_gpu_hours / offered_gpu_hours;
+            out.memory_load_in_run = out.in_run_gib_hours / offered_gib_hours;
+            out.gpu_load_in_run = out.in_run_gpu_hours / offered_gpu_hours;
             out
         })
         .collect()
@@ -201,7 +227,9 @@ mod tests {
             gpus,
             demand,
             hours,
+            arrival_hours: 8.0,
         };
+        // Every pod arrives at hour 8, 2 h before the end: in the run a, b and c do 2 h each.
         let pods = [
             // Big only, 60 GiB of 80 (over half: a whole GPU) for 5 h: 300 GiB-h, 5 GPU-h.
             pod("a", vec![0], 1, Demand::fixed(60 * GI), 5.0),
@@ -223,6 +251,10 @@ mod tests {
         assert!(close(big.memory_load, 300.0 / 1600.0), "{big:?}");
         assert!(close(big.asked_gpu_hours, 5.0), "{big:?}");
         assert!(close(big.gpu_load, 5.0 / 20.0), "{big:?}");
+        assert!(close(big.in_run_gib_hours, 120.0), "{big:?}");
+        assert!(close(big.memory_load_in_run, 120.0 / 1600.0), "{big:?}");
+        assert!(close(big.in_run_gpu_hours, 2.0), "{big:?}");
+        assert!(close(big.gpu_load_in_run, 0.1), "{big:?}");
 
         // No pod is confined to the small GPUs alone.
         assert_eq!((small.pods, small.tight), (0, false));
@@ -233,6 +265,11 @@ mod tests {
         assert!(close(both.memory_load, 460.0 / 2400.0), "{both:?}");
         assert!(close(both.asked_gpu_hours, 8.5), "{both:?}");
         assert!(close(both.gpu_load, 8.5 / 60.0), "{both:?}");
+        // In the run: a 2 × 60, b 2 × 2 × 5, c 2 × 12 GiB-h; 2 × 1, 2 × 2 × 0.25, 2 × 0.15 GPU-h.
+        assert!(close(both.in_run_gib_hours, 164.0), "{both:?}");
+        assert!(close(both.memory_load_in_run, 164.0 / 2400.0), "{both:?}");
+        assert!(close(both.in_run_gpu_hours, 3.3), "{both:?}");
+        assert!(close(both.gpu_load_in_run, 3.3 / 60.0), "{both:?}");
         let kinds: Vec<(&str, usize, f64)> = both
             .by_kind
             .iter()
@@ -258,6 +295,7 @@ mod tests {
             gpus: 1,
             demand: Demand::fixed(GI),
             hours: 1.0,
+            arrival_hours: 0.0,
         }];
         let sets = loads(&models, &pods, 1.0);
         assert_eq!(sets.len(), 7);
