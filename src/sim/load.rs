@@ -3,9 +3,9 @@
 //!
 //! For every set S of the cluster's GPU models, the pods that can run only on models of S must
 //! do their work on S's GPUs. If the work that arrives in the run asks S for more than S's GPUs
-//! hold over the run (load > 1), no scheduler that never over-commits a GPU can keep the queue
+//! hold over as long a time (load > 1, a rate), no scheduler that never over-commits a GPU can keep the queue
 //! of those pods bounded, whatever order it starts them in; a load below 1 on every set leaves
-//! the waits an ordering problem. The condition ignores fragmentation, nodes and CPU, so a load
+//! the waits an ordering and packing problem. The condition ignores fragmentation, nodes and CPU, so a load
 //! just under 1 does not say the pods can all be served.
 //!
 //! The load is a rate: the work of a day's arrivals, each pod's whole run time, against a day
@@ -16,9 +16,10 @@
 //! the sum over pods of its GPUs × w is at least the difference in GPU-hours).
 //!
 //! Two measures, because neither alone is the whole truth: memory (a pod holds its ledger
-//! demand per GPU for its run time) treats a GPU's memory as shareable down to the byte; GPU
-//! time counts a GPU as taken whole by a pod that holds more than half of it (no second such
-//! pod fits beside it), otherwise at its share of the memory. Each pod is counted at the least
+//! demand per GPU for its run time) treats a GPU's memory as shareable down to the byte, a
+//! strict bound; GPU time counts a GPU as taken whole by a pod that holds more than half of it
+//! (no second such pod fits beside it, though a small one may: close, not strict), otherwise at
+//! its share of the memory. Each pod is counted at the least
 //! it can take on any model it can run on: the condition must hold for the best placement too.
 
 use serde::Serialize;
