@@ -56,6 +56,16 @@ fn builtin_default_writes_report_and_charts() {
             "{accounting}"
         );
     }
+    // The load check: one entry per seed, the seven sets of the three GPU models; the set of
+    // all three confines every pod of the 24 h part.
+    let load = report["load"].as_array().unwrap();
+    assert_eq!(load.len(), 1);
+    let sets = load[0]["sets"].as_array().unwrap();
+    assert_eq!(sets.len(), 7);
+    let all = &sets[6];
+    assert_eq!(all["models"].as_array().unwrap().len(), 3);
+    assert_eq!(all["pods"], dynamic[0]["pods"]);
+    assert!(all["memory_load"].as_f64().unwrap() > 0.0, "{all}");
     let packing = report["packing"].as_array().unwrap();
     assert_eq!(packing.len(), 2);
     // The cutting-stock reference is per run, and the same for every policy of a seed (they

@@ -20,6 +20,7 @@ use serde::Serialize;
 use super::dynamic::{
     self, Accounting, DynNode, DynPod, DynamicResult, KindWaits, Reserve, SecondPod,
 };
+use super::load::{self, GpuModel, PodWork, SetLoad};
 use super::openb::{NodeSpec, PodSpec, model_memory_mib};
 use super::profiles::{self, Kind, Profile};
 use super::real_peak;
@@ -434,6 +435,40 @@ fn dynamic_pods(
     }
 }
 
+/// The cluster's GPU models, for the load check.
+fn gpu_models() -> Vec<GpuModel> {
+    CLUSTER
+        .iter()
+        .map(|t| GpuModel {
+            name: t.model.to_owned(),
+            gpus: u32::try_from(t.count).unwrap_or(u32::MAX) * t.gpus,
+            bytes: gpu_bytes(t.model),
+        })
+        .collect()
+}
+
+/// The 24 h part's pods as the load check counts them: the models each can run on are
+/// `openb_fit`'s (the rule that made its pod), its demand per GPU is what the peakfit ledger
+/// reserves for it (`DynPod::predicted` on the GPU it lands on), its hours its run time.
+fn pod_work(pods: &[DynPod]) -> Vec<PodWork> {
+    pods.iter()
+        .filter_map(|p| {
+            let (models, _) = openb_fit(&p.predicted)?;
+            Some(PodWork {
+                kind: p.kind.clone(),
+                models: models
+                    .iter()
+                    .filter_map(|m| CLUSTER.iter().position(|t| t.model == *m))
+                    .collect(),
+                gpus: p.gpus,
+                demand: p.predicted,
+                hours: p.duration_min as f64 / 60.0,
+                arrival_hours: p.arrival_min as f64 / 60.0,
+            })
+        })
+        .collect()
+}
+
 /// The built-in default's report.
 #[derive(Serialize)]
 struct Report {
@@ -441,6 +476,14 @@ struct Report {
     workload: Vec<TemplateReport>,
     packing: Vec<RunResult>,
     dynamic: Vec<DynamicRun>,
+    /// Per seed, the 24 h part's load on every set of GPU models (`sim::load`).
+    load: Vec<LoadRun>,
+}
+
+#[derive(Serialize)]
+struct LoadRun {
+    seed: u64,
+    sets: Vec<SetLoad>,
 }
 
 #[derive(Serialize)]
@@ -510,10 +553,22 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         })
         .collect();
     bar.finish_and_clear();
+    let models = gpu_models();
+    let load: Vec<LoadRun> = seeds
+        .iter()
+        .map(|&seed| {
+            let pods = dynamic_pods(&resolved, &real, horizon, 30.0, seed);
+            LoadRun {
+                seed,
+                sets: load::loads(&models, &pod_work(&pods), horizon as f64 / 60.0),
+            }
+        })
+        .collect();
 
     let table = builtin_table(
         &packing,
         &dynamic,
+        &load,
         seeds.len(),
         (reserve.as_ref(), &learn),
         dyn_nodes.len(),
@@ -539,6 +594,7 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
             .collect(),
         packing,
         dynamic,
+        load,
     };
     write_report(&args.out, &report)?;
     let mut stdout = std::io::stdout().lock();
@@ -589,6 +645,7 @@ fn cluster_text(k: usize) -> String {
 fn builtin_table(
     packing: &[RunResult],
     dynamic: &[DynamicRun],
+    load: &[LoadRun],
     seeds: usize,
     (reserve, learn): (Option<&Reserve>, &LearnPolicy),
     nodes: usize,
@@ -602,7 +659,60 @@ fn builtin_table(
     ));
     out.push_str(&packing_table(packing));
     out.push_str(&dynamic_table(dynamic, reserve, nodes));
+    out.push_str(&load_table(load));
     out.push_str(&second_pod_table(dynamic, learn));
+    out
+}
+
+/// The load check's sets that say something (tight on some seed: exactly the models their
+/// pods can use), each figure the mean ± sd over the seeds.
+fn load_table(load: &[LoadRun]) -> String {
+    let mut out = format!(
+        "\nLoad on the GPU models: the work 24 h of arrivals ask of each set of models that some \
+         pods can run on only within, against what its GPUs offer in 24 h (a pod's work = its \
+         GPUs x the peakfit ledger's demand per GPU x its run time, at the least it takes on any \
+         model it fits; GPU-h count a GPU as whole where the pod holds over half of it); load > \
+         1: no scheduler that never over-commits keeps those pods' queue bounded; in 24 h = the \
+         load of the part of that work inside the 24 h had every pod started on arrival (> 1: \
+         waits push the excess past the end, whatever the order; docs/simulate.md)\n  \
+         {:<30}{:>6}{:>14}{:>15}{:>9}{:>14}{:>14}{:>15}{:>9}{:>14}{:>14}\n",
+        "models",
+        "GPUs",
+        "pods",
+        "TiB-h asked",
+        "offered",
+        "load",
+        "in 24 h",
+        "GPU-h asked",
+        "offered",
+        "load",
+        "in 24 h"
+    );
+    let Some(first) = load.first() else {
+        return out;
+    };
+    for (i, set) in first.sets.iter().enumerate() {
+        let of = |f: fn(&SetLoad) -> f64| -> Vec<f64> {
+            load.iter().filter_map(|r| r.sets.get(i)).map(f).collect()
+        };
+        if !load.iter().any(|r| r.sets.get(i).is_some_and(|s| s.tight)) {
+            continue;
+        }
+        out.push_str(&format!(
+            "  {:<30}{:>6}{:>14}{:>15}{:>9.1}{:>14}{:>14}{:>15}{:>9.0}{:>14}{:>14}\n",
+            set.models.join("+"),
+            set.gpus,
+            mean_sd(&of(|s| s.pods as f64), 1),
+            mean_sd(&of(|s| s.asked_gib_hours / 1024.0), 1),
+            set.offered_gib_hours / 1024.0,
+            mean_sd(&of(|s| s.memory_load), 2),
+            mean_sd(&of(|s| s.memory_load_in_run), 2),
+            mean_sd(&of(|s| s.asked_gpu_hours), 0),
+            set.offered_gpu_hours,
+            mean_sd(&of(|s| s.gpu_load), 2),
+            mean_sd(&of(|s| s.gpu_load_in_run), 2),
+        ));
+    }
     out
 }
 
@@ -1118,6 +1228,43 @@ mod tests {
             .find(|l| l.trim_start().starts_with("never"))
             .unwrap();
         assert_eq!(never.matches("100 ± 0 / 0").count(), 4, "{table}");
+    }
+
+    /// Every pod of a seed counts on the set of all models, and the models each pod can use
+    /// are the ones its pod was made for: the 70B engine on four GPUs at 90 % fits an A100's
+    /// budget too, the LoRA pods only the H100s.
+    #[test]
+    fn the_load_check_counts_the_seeds_pods_on_their_own_models() {
+        let resolved = resolve().unwrap();
+        let pods = dynamic_pods(&resolved, &[], 24 * 60, 30.0, 42);
+        let sets = load::loads(&gpu_models(), &pod_work(&pods), 24.0);
+        assert_eq!(sets.len(), 7);
+        let all = sets.last().unwrap();
+        assert_eq!((all.pods, all.gpus, all.tight), (pods.len(), 120, true));
+        let kind = |set: &SetLoad, kind: &str| set.by_kind.iter().find(|k| k.kind == kind).cloned();
+        let (h100, h100_a100) = (&sets[0], &sets[3]);
+        assert_eq!(h100.models, ["H100-80GB"]);
+        assert!(kind(h100, "llama-3.1-8b LoRA").is_some(), "{h100:?}");
+        assert!(kind(h100, "llama-3.1-70b vLLM TP4").is_none(), "{h100:?}");
+        assert_eq!(h100_a100.models, ["H100-80GB", "A100-40GB"]);
+        let big = kind(h100_a100, "llama-3.1-70b vLLM TP4").unwrap();
+        let arrived = pods
+            .iter()
+            .filter(|p| p.kind == "llama-3.1-70b vLLM TP4")
+            .count();
+        assert_eq!(big.pods, arrived);
+        // Four whole GPUs (90 % each) for the run time of each.
+        let hours: f64 = pods
+            .iter()
+            .filter(|p| p.kind == "llama-3.1-70b vLLM TP4")
+            .map(|p| p.duration_min as f64 / 60.0)
+            .sum();
+        assert!((big.gpu_hours - 4.0 * hours).abs() < 1e-6, "{big:?}");
+        let table = load_table(&[LoadRun { seed: 42, sets }]);
+        println!("{table}");
+        assert!(table.contains("\n  H100-80GB "), "{table}");
+        // A set no pod is confined to exactly (the L4s alone) says nothing: not printed.
+        assert!(!table.contains("\n  L4-24GB "), "{table}");
     }
 
     #[test]

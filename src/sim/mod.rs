@@ -8,6 +8,7 @@ pub mod cutstock;
 pub mod dynamic;
 pub mod expected;
 pub mod frag;
+pub mod load;
 pub mod openb;
 pub mod profiles;
 pub mod real_peak;
