@@ -360,10 +360,8 @@ async fn a_node_a_dra_gpu_driver_publishes_on_takes_no_pod_while_pod_resources_i
     )
     .await;
 
-    // The nudge compares the nodes' usability from one tick to the next: a node refused and
-    // usable again within one tick is never seen improving (nudge.rs), so let a few ticks see
-    // `dra` refused before its slice goes.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // At once: a node refused as a whole counts as having offered nothing at the nudger's
+    // next tick, however short the refusal (nudge.rs).
     c.delete_resource_slice("dra-gpu.nvidia.com").await;
     let second = c.wait_bound(NS, "second", Duration::from_secs(30)).await;
     assert_eq!(node_of(&second), "dra");

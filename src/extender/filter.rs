@@ -99,6 +99,8 @@ impl Candidates {
 struct Refusal {
     reason: &'static str,
     resolvable: bool,
+    /// The node takes no pod now, whatever its size (`Rejection::is_node_wide`).
+    node_wide: bool,
     words: String,
 }
 
@@ -266,6 +268,7 @@ impl Extender {
                                 r.reason()
                             },
                             resolvable: resolvable_by_preemption(ledger, &shape, &self.fit, r),
+                            node_wide: r.is_node_wide(),
                             words: match &note {
                                 Some(n) => format!("{words} ({n})"),
                                 None => words,
@@ -308,6 +311,7 @@ impl Extender {
                     Some(verdict.map(|v| refusal(&st, &st.ledger, &v.0, v.1.clone())))
                 });
                 let (mut resolvable, mut not_resolvable) = (Vec::new(), Vec::new());
+                let mut refused_whole = Vec::new();
                 let keep: Vec<bool> = names
                     .iter()
                     .zip(verdicts)
@@ -326,6 +330,9 @@ impl Extender {
                             None => true,
                             Some(refusal) => {
                                 *counts.entry(refusal.reason).or_default() += 1;
+                                if refusal.node_wide {
+                                    refused_whole.push((*name).to_owned());
+                                }
                                 let list = if refusal.resolvable {
                                     &mut resolvable
                                 } else {
@@ -337,6 +344,7 @@ impl Extender {
                         }
                     })
                     .collect();
+                self.note_refused_whole(refused_whole);
                 let preemptible: Vec<String> = resolvable
                     .iter()
                     .take(super::PREEMPTIBLE_NODES_KEPT)

@@ -316,6 +316,10 @@ pub struct Extender {
     /// What the prescorer's last pass kept warm.
     warmed: Mutex<prescore::Warmed>,
     pending: Mutex<HashMap<PodKey, Pending>>,
+    /// Nodes filter refused as a whole (report missing or stale, NVML or `PodResources` down)
+    /// since the nudger last looked: it counts them as having offered nothing then, so one that
+    /// recovered within a tick is still nudged (`nudge`).
+    refused_whole: Mutex<std::collections::HashSet<String>>,
     /// When `/preempt` last named each pod peakfit places: the scheduler's own preemption
     /// reached the extender for it, so `self_preempt` leaves it to the scheduler.
     preempt_calls: Mutex<HashMap<PodKey, std::time::Instant>>,
@@ -356,6 +360,7 @@ impl Extender {
             class_ids: Mutex::new(ClassIds::default()),
             warmed: Mutex::new(prescore::Warmed::default()),
             pending: Mutex::new(HashMap::new()),
+            refused_whole: Mutex::default(),
             preempt_calls: Mutex::new(HashMap::new()),
             bind_locks: bind::PodLocks::default(),
             holds: None,

@@ -18,6 +18,10 @@
 //! count as improved, or its pods wait for the flush. A patch that fails keeps the node's old
 //! baseline, so the next tick tries again.
 //!
+//! Likewise a node filter refused as a whole (report missing or stale, NVML or `PodResources`
+//! down) after the nudger last looked counts as having offered nothing: an outage shorter than
+//! a tick is seen usable at both ticks, and its refused pods would wait for the flush.
+//!
 //! At most [`NUDGES_PER_TICK`] nodes are annotated a tick. One Node update already moves every
 //! pod an extender refused (the scheduler queues them on any event), so more patches would move
 //! nothing more; and the first tick that sees a large cluster while pods wait counts every
@@ -100,7 +104,28 @@ fn next_baseline(before: &Offers, mut now: Offers, failed: &[String]) -> Offers 
     now
 }
 
+/// Counts each node filter refused as a whole since the last tick as having offered nothing
+/// then: it was refused after `last` saw it, so it may have been refused and usable again
+/// between two ticks, and seen usable both times it would never count as improved.
+fn forget_refused(last: &mut Offers, refused: impl IntoIterator<Item = String>) {
+    for name in refused {
+        last.insert(name, Offer::NOTHING);
+    }
+}
+
 impl Extender {
+    /// Remembers nodes filter refused as a whole, for the nudger's next tick.
+    pub(super) fn note_refused_whole(&self, names: Vec<String>) {
+        if !names.is_empty() {
+            self.refused_whole.lock().extend(names);
+        }
+    }
+
+    /// The nodes refused as a whole since the last call.
+    fn take_refused_whole(&self) -> std::collections::HashSet<String> {
+        std::mem::take(&mut *self.refused_whole.lock())
+    }
+
     /// What every node the index knows offers now.
     fn offers(&self) -> Offers {
         let now = self.now();
@@ -144,6 +169,8 @@ pub fn spawn(ext: Arc<Extender>, client: kube::Client, every: Duration) {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
+            // Taken before the offers: a node refused after this is seen at the next tick.
+            forget_refused(&mut last, ext.take_refused_whole());
             let now = ext.offers();
             let improved = improved(&last, &now);
             if improved.is_empty() || !ext.pods_wait() {
@@ -185,7 +212,9 @@ mod tests {
     use k8s_openapi::api::core::v1::NodeStatus;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-    use super::{NUDGES_PER_TICK, Offer, Offers, improved, next_baseline, to_annotate};
+    use super::{
+        NUDGES_PER_TICK, Offer, Offers, forget_refused, improved, next_baseline, to_annotate,
+    };
     use crate::cluster::binding::MemoryBinder;
     use crate::cluster::index::Index;
     use crate::cluster::test_support::{mk_node, mk_report};
@@ -293,5 +322,49 @@ mod tests {
         let (annotate, rest) = to_annotate(names[..3].to_vec());
         assert_eq!(annotate, names[..3]);
         assert!(rest.is_empty());
+    }
+
+    /// A node refused as a whole between two ticks that saw it usable both times is improved.
+    #[test]
+    fn a_node_refused_and_usable_again_within_a_tick_is_improved() {
+        let usable = Offer {
+            usable: true,
+            free: vec![10 * GIB],
+        };
+        let mut last: Offers = [
+            ("n1".to_owned(), usable.clone()),
+            ("n2".to_owned(), usable.clone()),
+        ]
+        .into_iter()
+        .collect();
+        let now = last.clone();
+        assert!(improved(&last, &now).is_empty());
+        forget_refused(&mut last, ["n1".to_owned()]);
+        assert_eq!(improved(&last, &now), ["n1"]);
+    }
+
+    /// Filter notes the nodes it refuses as a whole (here `PodResources` down on a mixed node),
+    /// not those it refuses for this pod's size.
+    #[test]
+    fn filter_notes_the_nodes_it_refused_as_a_whole() {
+        let ext = extender();
+        mixed(&ext, false);
+        ext.index.apply_node(&mk_node("small"));
+        ext.index
+            .apply_report(&mk_report("small", &[("GPU-s", 8 * GIB, 0, &[])]));
+        let pod = crate::cluster::test_support::mk_pod("p1", None, &[("peakfit.io/vram", "20Gi")]);
+        ext.index.apply_pod(&pod);
+        assert!(ext.take_refused_whole().is_empty());
+        let out = ext.filter(crate::extender::wire::ExtenderArgs {
+            pod: Some(pod),
+            nodes: None,
+            node_names: Some(vec!["mixed".into(), "small".into()]),
+        });
+        assert_eq!(out.node_names.as_deref(), Some(&[] as &[String]));
+        assert_eq!(
+            ext.take_refused_whole(),
+            ["mixed".to_owned()].into_iter().collect()
+        );
+        assert!(ext.take_refused_whole().is_empty(), "taken once");
     }
 }
