@@ -290,7 +290,9 @@ async fn a_mixed_node_whose_agent_cannot_read_pod_resources_takes_no_pod() {
     // with a long interval its second comes after the agent reads `PodResources` again below,
     // so it first sees `mixed` recovered: the window where the waiting pod used to stay in
     // kube-scheduler's unschedulable pool until its 5-minute flush (issue 23).
-    let nudge_every = Duration::from_secs(30);
+    // 45 s: room for a slow runner to start the extender and refuse the pod (about 1 s here)
+    // before the 12 s below, with the recovery still before the second tick.
+    let nudge_every = Duration::from_secs(45);
     let started = std::time::Instant::now();
     let interval = format!("{}s", nudge_every.as_secs());
     let ext = second_pod_waits_naming(
