@@ -1050,20 +1050,30 @@ fn the_model_config_watch_can_be_turned_off_with_its_rbac() {
 }
 
 /// The extender gets the agent's DRA drivers (so both agree on which are GPUs) and lists and
-/// watches `ResourceSlices`, never more; `extender.resourceSliceWatch: false` or an empty driver
-/// list (written `none`, which both read as no driver) drops the watch's access.
+/// watches `ResourceSlices`, never more; `extender.resourceSliceWatch: false`, an empty driver
+/// list (written `none`, which both read as no driver) or `agent.podResources.enabled: false`
+/// (no report says `PodResources` is down, so no slice could refuse a node) drops the watch and
+/// its access.
 #[test]
 fn the_resource_slice_watch_follows_the_dra_drivers_with_its_rbac() {
-    for (set, drivers, watched) in [
-        (vec![], "gpu.nvidia.com", true),
+    for (set, drivers, watch_env, watched) in [
+        (vec![], "gpu.nvidia.com", "true", true),
         (
             vec!["--set", "extender.resourceSliceWatch=false"],
             "gpu.nvidia.com",
+            "false",
             false,
         ),
         (
             vec!["--set-json", "agent.podResources.draDrivers=[]"],
             "none",
+            "true",
+            false,
+        ),
+        (
+            vec!["--set", "agent.podResources.enabled=false"],
+            "gpu.nvidia.com",
+            "false",
             false,
         ),
     ] {
@@ -1078,16 +1088,20 @@ fn the_resource_slice_watch_follows_the_dra_drivers_with_its_rbac() {
             drivers,
             "{set:?}"
         );
-        let ds: DaemonSet = one(&docs, "DaemonSet", Some("agent"));
-        let agent = container(pod_spec(ds.spec.as_ref().map(|s| &s.template)), "agent");
-        assert_eq!(
-            env_value(agent, "PEAKFIT_GPU_DRA_DRIVERS"),
-            drivers,
-            "{set:?}"
-        );
+        // An agent that does not read `PodResources` is not told the drivers.
+        if !set.contains(&"agent.podResources.enabled=false") {
+            let ds: DaemonSet = one(&docs, "DaemonSet", Some("agent"));
+            let agent = container(pod_spec(ds.spec.as_ref().map(|s| &s.template)), "agent");
+            assert_eq!(
+                env_value(agent, "PEAKFIT_GPU_DRA_DRIVERS"),
+                drivers,
+                "{set:?}"
+            );
+        }
         assert_eq!(
             env_value(extender, "PEAKFIT_RESOURCE_SLICE_WATCH"),
-            (!set.contains(&"extender.resourceSliceWatch=false")).to_string()
+            watch_env,
+            "{set:?}"
         );
         let role: ClusterRole = named(&docs, "ClusterRole", "-extender");
         let verbs: Vec<Vec<String>> = role

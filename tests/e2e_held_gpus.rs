@@ -339,8 +339,9 @@ async fn a_mixed_node_whose_agent_cannot_read_pod_resources_takes_no_pod() {
 /// DRA devices are not in allocatable: neither Node advertises `nvidia.com/gpu`, but a
 /// `ResourceSlice` of `gpu.nvidia.com` (NVIDIA's DRA driver) publishes a device on `dra`. With
 /// both agents unable to read `PodResources`, `dra` takes no pod and the waiting pod's event
-/// names the driver; once the slice is deleted, the pod is retried at once (the nudge) and lands
-/// there. A slice of another driver on `plain` refuses nothing.
+/// names the driver; once the slice is deleted, the mark goes and the pod lands there (the
+/// deletion is itself an event that requeues it: the nudge after a recovery is shown by the
+/// mixed-node test above). A slice of another driver on `plain` refuses nothing.
 #[tokio::test]
 async fn a_node_a_dra_gpu_driver_publishes_on_takes_no_pod_while_pod_resources_is_down() {
     let c = Cluster::up().await;
@@ -362,8 +363,6 @@ async fn a_node_a_dra_gpu_driver_publishes_on_takes_no_pod_while_pod_resources_i
     )
     .await;
 
-    // At once: a node refused as a whole counts as having offered nothing at the nudger's
-    // next tick, however short the refusal (nudge.rs).
     c.delete_resource_slice("dra-gpu.nvidia.com").await;
     let second = c.wait_bound(NS, "second", Duration::from_secs(30)).await;
     assert_eq!(node_of(&second), "dra");

@@ -406,7 +406,7 @@ fn a_file_s_resource_slices_mark_their_nodes() {
                 "driver": "gpu.nvidia.com",
                 "nodeName": node,
                 "pool": { "name": node, "generation": 1, "resourceSliceCount": 1 },
-                "devices": [{ "name": "gpu-0", "basic": {} }],
+                "devices": [{ "name": "gpu-0" }],
             },
         })
     };

@@ -62,26 +62,56 @@ pub fn watches(model_configs: bool, profiles: bool, resource_slices: bool) -> us
 pub fn spawn_resource_slices(client: Client, index: Arc<Index>, readiness: Readiness) {
     use tracing::Instrument as _;
     tokio::spawn(
-        run_watch::<ResourceSlice>(
-            Api::all(client),
-            watcher::Config::default().any_semantic(),
-            index,
-            readiness,
-        )
+        async move {
+            if resource_slices_served(&client, SERVED_RETRY_MAX).await {
+                run_watch::<ResourceSlice>(
+                    Api::all(client),
+                    watcher::Config::default().any_semantic(),
+                    index,
+                    readiness,
+                )
+                .await;
+            } else {
+                tracing::warn!(
+                    "the API server does not serve resource.k8s.io/v1 ResourceSlices (Kubernetes \
+                     before 1.34): nodes are refused while PodResources is down only where a \
+                     device plugin advertises a GPU"
+                );
+                // Nothing to list: the watch counts as synced.
+                readiness.synced();
+            }
+        }
         .instrument(tracing::info_span!("watch", kind = "ResourceSlice")),
     );
 }
 
+/// The longest wait between two discovery attempts for `ResourceSlices`.
+const SERVED_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether the API server serves `ResourceSlices`, asked until it answers (1 s, doubling, at
+/// most `retry_max` apart): a watch on a version it does not serve would never list, and a
+/// readiness that counts it would never open; but a discovery call that merely failed (the
+/// API server restarting, a timeout) says nothing either way, so it is asked again rather
+/// than guessed, as the other watches retry their lists.
+async fn resource_slices_served(client: &Client, retry_max: std::time::Duration) -> bool {
+    let mut wait = std::time::Duration::from_secs(1);
+    loop {
+        if let Some(served) = serves_resource_slices(client).await {
+            return served;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(retry_max);
+    }
+}
+
 /// Whether the API server serves `resource.k8s.io/v1` (Kubernetes 1.34 and later): before, no
-/// GA DRA driver publishes slices there, and a watch on it would never list (and never let the
-/// extender be ready). `None` when the question itself failed (the watch is started anyway and
-/// retries like any other).
+/// GA DRA driver publishes slices there. `None` when the question itself failed.
 pub async fn serves_resource_slices(client: &Client) -> Option<bool> {
     match client.list_api_group_resources("resource.k8s.io/v1").await {
         Ok(list) => Some(list.resources.iter().any(|r| r.name == "resourceslices")),
         Err(kube::Error::Api(s)) if s.is_not_found() => Some(false),
         Err(e) => {
-            tracing::warn!(error = %e, "could not ask whether resource.k8s.io/v1 is served; watching ResourceSlices anyway");
+            tracing::warn!(error = %e, "could not ask whether resource.k8s.io/v1 is served; asking again");
             None
         }
     }
@@ -273,7 +303,8 @@ async fn run_watch<K>(
     }
 }
 
-/// Starts the four watches, each in its own `watch` span naming its kind; `readiness` opens
+/// Starts the Node, Pod, `NodeGpuReport` and model-config watches, each in its own `watch` span
+/// naming its kind (the profile and `ResourceSlice` watches have their own `spawn_*`); `readiness` opens
 /// once each has listed ([`watches`]`(model_configs)` of them). ConfigMaps are watched by label
 /// ([`model_config::label_selector`]): only those meant for peakfit are listed, sent and kept;
 /// with `model_configs` false they are not watched at all (the extender then needs no RBAC on
@@ -326,7 +357,7 @@ mod tests {
 
     /// What the API server answers for `resource.k8s.io/v1` decides whether the extender
     /// watches `ResourceSlices`: served, not served (404: before 1.34), or unknown (any other
-    /// failure: watched anyway, the watch retries).
+    /// failure: asked again, `a_failed_discovery_is_asked_again_until_it_answers`).
     #[tokio::test]
     async fn the_slice_watch_follows_what_the_api_server_serves() {
         use http::{Request, Response};
@@ -367,6 +398,37 @@ mod tests {
             });
             assert_eq!(serves_resource_slices(&client).await, want, "{status}");
         }
+    }
+
+    /// A failed discovery call is asked again (on tokio's paused clock), and its answer
+    /// decides: here a 403, then a 404 (not served).
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_discovery_is_asked_again_until_it_answers() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, "default");
+        let server = tokio::spawn(async move {
+            for (status, reason) in [
+                (403, "Forbidden"),
+                (500, "InternalError"),
+                (404, "NotFound"),
+            ] {
+                let (req, send) = handle.next_request().await.expect("a request");
+                assert_eq!(req.uri().path(), "/apis/resource.k8s.io/v1");
+                let body = format!(
+                    r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"x","reason":"{reason}","code":{status}}}"#
+                );
+                send.send_response(
+                    Response::builder()
+                        .status(status)
+                        .body(Body::from(body.into_bytes()))
+                        .unwrap(),
+                );
+            }
+        });
+        assert!(!resource_slices_served(&client, std::time::Duration::from_secs(30)).await);
+        server.await.unwrap();
     }
 
     #[test]

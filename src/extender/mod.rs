@@ -320,6 +320,9 @@ pub struct Extender {
     /// since the nudger last looked: it counts them as having offered nothing then, so one that
     /// recovered within a tick is still nudged (`nudge`).
     refused_whole: Mutex<std::collections::HashSet<String>>,
+    /// Whether a nudger runs (`nudge::spawn`): without one nobody takes `refused_whole`, so
+    /// filter notes nothing there.
+    nudging: std::sync::atomic::AtomicBool,
     /// When `/preempt` last named each pod peakfit places: the scheduler's own preemption
     /// reached the extender for it, so `self_preempt` leaves it to the scheduler.
     preempt_calls: Mutex<HashMap<PodKey, std::time::Instant>>,
@@ -361,6 +364,7 @@ impl Extender {
             warmed: Mutex::new(prescore::Warmed::default()),
             pending: Mutex::new(HashMap::new()),
             refused_whole: Mutex::default(),
+            nudging: std::sync::atomic::AtomicBool::new(false),
             preempt_calls: Mutex::new(HashMap::new()),
             bind_locks: bind::PodLocks::default(),
             holds: None,
@@ -587,20 +591,6 @@ fn spawn_profile_writer(
     );
 }
 
-/// Whether to watch `ResourceSlices` on this API server: yes unless it says it does not serve
-/// them, which is logged, since DRA nodes are then not refused while `PodResources` is down.
-async fn resource_slices_served(client: &kube::Client) -> bool {
-    let served = crate::cluster::watch::serves_resource_slices(client).await;
-    if served == Some(false) {
-        tracing::warn!(
-            "the API server does not serve resource.k8s.io/v1 ResourceSlices (Kubernetes before \
-             1.34): nodes are refused while PodResources is down only where a device plugin \
-             advertises a GPU"
-        );
-    }
-    served != Some(false)
-}
-
 pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
     let platform = args
         .cuda_context
@@ -648,8 +638,9 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
         }
         None => {
             let client = args.client.client().await?;
-            let resource_slices =
-                args.resource_slice_watch && dra_drivers && resource_slices_served(&client).await;
+            // Whether the API server serves them is asked in the watch's task (until it
+            // answers), not here: the probes and the other watches need not wait for it.
+            let resource_slices = args.resource_slice_watch && dra_drivers;
             let readiness = Readiness::waiting_for(crate::cluster::watch::watches(
                 args.model_config_watch,
                 learning,

@@ -116,7 +116,7 @@ fn forget_refused(last: &mut Offers, refused: impl IntoIterator<Item = String>) 
 impl Extender {
     /// Remembers nodes filter refused as a whole, for the nudger's next tick.
     pub(super) fn note_refused_whole(&self, names: Vec<String>) {
-        if !names.is_empty() {
+        if !names.is_empty() && self.nudging.load(std::sync::atomic::Ordering::Relaxed) {
             self.refused_whole.lock().extend(names);
         }
     }
@@ -158,6 +158,8 @@ impl Extender {
 
 /// Runs the nudger every `every` until the process ends.
 pub fn spawn(ext: Arc<Extender>, client: kube::Client, every: Duration) {
+    ext.nudging
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     tokio::spawn(async move {
         let nodes: Api<Node> = Api::all(client);
         let params = PatchParams {
@@ -344,22 +346,30 @@ mod tests {
     }
 
     /// Filter notes the nodes it refuses as a whole (here `PodResources` down on a mixed node),
-    /// not those it refuses for this pod's size.
+    /// not those it refuses for this pod's size, and only while a nudger runs to take them.
     #[test]
     fn filter_notes_the_nodes_it_refused_as_a_whole() {
         let ext = extender();
         mixed(&ext, false);
         ext.index.apply_node(&mk_node("small"));
+        let pod = crate::cluster::test_support::mk_pod("p0", None, &[("peakfit.io/vram", "20Gi")]);
+        ext.index.apply_pod(&pod);
+        let args = |pod| crate::extender::wire::ExtenderArgs {
+            pod: Some(pod),
+            nodes: None,
+            node_names: Some(vec!["mixed".into(), "small".into()]),
+        };
+        // No nudger: nothing would ever take the notes, so none are kept.
+        let _ = ext.filter(args(pod));
+        assert!(ext.take_refused_whole().is_empty());
+        ext.nudging
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         ext.index
             .apply_report(&mk_report("small", &[("GPU-s", 8 * GIB, 0, &[])]));
         let pod = crate::cluster::test_support::mk_pod("p1", None, &[("peakfit.io/vram", "20Gi")]);
         ext.index.apply_pod(&pod);
         assert!(ext.take_refused_whole().is_empty());
-        let out = ext.filter(crate::extender::wire::ExtenderArgs {
-            pod: Some(pod),
-            nodes: None,
-            node_names: Some(vec!["mixed".into(), "small".into()]),
-        });
+        let out = ext.filter(args(pod));
         assert_eq!(out.node_names.as_deref(), Some(&[] as &[String]));
         assert_eq!(
             ext.take_refused_whole(),

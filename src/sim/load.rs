@@ -126,12 +126,30 @@ pub struct SetLoad {
     pub by_kind: Vec<KindWork>,
 }
 
+/// Above this many models, [`loads`] weighs only the sets some pod is confined to exactly and
+/// the whole cluster, not every subset (2^12 − 1 sets is already 4,095 rows).
+pub const ALL_SETS_UP_TO: usize = 12;
+
 /// The load on every non-empty set of `models` (fewest models first, then in the models'
-/// order) of `pods` over a run of `hours`. Exponential in the models: meant for a cluster of a
-/// few (models beyond the 63rd are left out).
+/// order) of `pods` over a run of `hours`. Exponential in the models, so beyond
+/// [`ALL_SETS_UP_TO`] models only the sets the pods' models make and the whole cluster (models
+/// beyond the 63rd are left out).
 pub fn loads(models: &[GpuModel], pods: &[PodWork], hours: f64) -> Vec<SetLoad> {
     let n = models.len().min(63);
-    let mut sets: Vec<u64> = (1..(1u64 << n)).collect();
+    let all = (1u64 << n) - 1;
+    let mut sets: Vec<u64> = if n <= ALL_SETS_UP_TO {
+        (1..=all).collect()
+    } else {
+        let mut s: Vec<u64> = pods
+            .iter()
+            .map(|p| p.mask() & all)
+            .filter(|m| *m != 0)
+            .chain([all])
+            .collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    };
     sets.sort_by_key(|s| (s.count_ones(), std::cmp::Reverse(s.reverse_bits())));
     // Per pod: its models, its least GiB and GPUs at once, its hours and its hours in the run.
     let work: Vec<(u64, (f64, f64), f64, f64)> = pods
@@ -306,5 +324,32 @@ mod tests {
         assert_eq!(confining, 4, "{sets:?}");
         // 1 GiB of 10 for an hour on the one GPU of z: a tenth either way.
         assert!(close(sets[2].memory_load, 0.1) && close(sets[2].gpu_load, 0.1));
+    }
+
+    /// Beyond `ALL_SETS_UP_TO` models only the pods' own sets and the whole cluster are weighed,
+    /// not 2^n − 1 of them.
+    #[test]
+    fn many_models_weigh_the_pods_sets_and_the_cluster_only() {
+        let models: Vec<GpuModel> = (0..ALL_SETS_UP_TO + 2)
+            .map(|i| GpuModel {
+                name: format!("m{i}"),
+                gpus: 1,
+                bytes: 10 * GI,
+            })
+            .collect();
+        let pod = |kind: &str, models: Vec<usize>| PodWork {
+            kind: kind.into(),
+            models,
+            gpus: 1,
+            demand: Demand::fixed(GI),
+            hours: 1.0,
+            arrival_hours: 0.0,
+        };
+        let pods = [pod("a", vec![0]), pod("b", vec![1, 2]), pod("c", vec![0])];
+        let sets = loads(&models, &pods, 1.0);
+        let names: Vec<usize> = sets.iter().map(|s| s.models.len()).collect();
+        assert_eq!(names, [1, 2, ALL_SETS_UP_TO + 2], "{sets:?}");
+        assert_eq!(sets[0].pods, 2);
+        assert_eq!(sets[2].pods, 3);
     }
 }
