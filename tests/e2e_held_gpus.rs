@@ -277,15 +277,21 @@ async fn second_pod_waits_naming(
     ext
 }
 
-#[tokio::test]
-async fn a_mixed_node_whose_agent_cannot_read_pod_resources_takes_no_pod() {
+/// A control plane with two one-L4 nodes: `dedicated` advertises no `nvidia.com/gpu`, `mixed`
+/// advertises its one.
+async fn dedicated_and_mixed() -> Cluster {
     let c = Cluster::up().await;
     c.namespace(NS).await;
-    // One L4 each: `dedicated` advertises no `nvidia.com/gpu`, `mixed` advertises its one.
     c.add_reported_node_advertising("dedicated", vec![Gpu::l4("dedicated", 0)], 0)
         .await;
     c.add_reported_node("mixed", vec![Gpu::l4("mixed", 0)])
         .await;
+    c
+}
+
+#[tokio::test]
+async fn a_mixed_node_whose_agent_cannot_read_pod_resources_takes_no_pod() {
+    let c = dedicated_and_mixed().await;
     // The nudger's first tick runs as the extender starts, before its watches fill the index;
     // with a long interval its second comes after the agent reads `PodResources` again below,
     // so it first sees `mixed` recovered: the window where the waiting pod used to stay in
@@ -330,6 +336,38 @@ async fn a_mixed_node_whose_agent_cannot_read_pod_resources_takes_no_pod() {
         read_again.duration_since(refused).as_secs_f64(),
         read_again.elapsed().as_secs_f64(),
         nudge_every.as_secs(),
+        c.metric(&ext, "peakfit_extender_node_nudges_total", "")
+    );
+    assert_eq!(node_of(&second), "mixed");
+    c.assert_no_overcommit().await;
+}
+
+/// An extender restarted while a pod it refused waits in kube-scheduler's unschedulable pool
+/// has no record of that refusal; the nudger reads the pod's `PodScheduled` condition instead,
+/// so when the mixed node's agent reads `PodResources` again the pod still binds within
+/// seconds, not after the scheduler's 5-minute flush.
+#[tokio::test]
+async fn a_pod_refused_before_an_extender_restart_binds_when_its_node_recovers() {
+    let c = dedicated_and_mixed().await;
+    let mut ext = second_pod_waits_naming(
+        &c,
+        &["--max-report-age", "1h"],
+        "dedicated",
+        "mixed",
+        "the node's device plugin advertises nvidia.com/gpu",
+    )
+    .await;
+    // Past the scheduler's longest backoff (10 s): the pod is in its unschedulable pool.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(node_of(&c.pods(NS).get("second").await.unwrap()), "");
+    c.restart_extender("extender", &mut ext);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let read_again = std::time::Instant::now();
+    c.set_pod_resources_up("mixed").await;
+    let second = c.wait_bound(NS, "second", Duration::from_secs(30)).await;
+    eprintln!(
+        "e2e: restarted extender; bound {:.1} s after PodResources was read again; nudges {}",
+        read_again.elapsed().as_secs_f64(),
         c.metric(&ext, "peakfit_extender_node_nudges_total", "")
     );
     assert_eq!(node_of(&second), "mixed");

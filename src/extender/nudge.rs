@@ -148,11 +148,13 @@ impl Extender {
             .collect()
     }
 
-    /// Whether any pod that still exists waits after filter refused it everywhere.
+    /// Whether any pod that still exists waits after filter refused it everywhere, or (this
+    /// extender's record lost in a restart or failover) kube-scheduler says a pod peakfit
+    /// places is unschedulable.
     fn pods_wait(&self) -> bool {
         let mut p = self.pending.lock();
         p.retain(|key, _| self.index.contains_pod(key));
-        !p.is_empty()
+        !p.is_empty() || self.index.any_pod_left_unschedulable()
     }
 }
 
@@ -376,5 +378,35 @@ mod tests {
             ["mixed".to_owned()].into_iter().collect()
         );
         assert!(ext.take_refused_whole().is_empty(), "taken once");
+    }
+
+    /// After a restart the extender's record of refused pods is empty; a pod kube-scheduler
+    /// marked unschedulable still makes pods wait, and only a pod peakfit places, unbound.
+    #[test]
+    fn a_pod_the_scheduler_left_unschedulable_waits_after_a_restart() {
+        use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+        let ext = extender();
+        let mut pod =
+            crate::cluster::test_support::mk_pod("w1", None, &[("peakfit.io/vram", "20Gi")]);
+        ext.index.apply_pod(&pod);
+        assert!(!ext.pods_wait(), "pending, not yet marked");
+        pod.status = Some(PodStatus {
+            conditions: Some(vec![PodCondition {
+                type_: "PodScheduled".into(),
+                status: "False".into(),
+                reason: Some("Unschedulable".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        ext.index.apply_pod(&pod);
+        assert!(ext.pods_wait());
+        let mut foreign = pod.clone();
+        foreign.metadata.uid = Some("f1".into());
+        foreign.metadata.name = Some("f1".into());
+        foreign.metadata.annotations = None;
+        ext.index.delete_pod(&pod);
+        ext.index.apply_pod(&foreign);
+        assert!(!ext.pods_wait(), "not a pod peakfit places");
     }
 }

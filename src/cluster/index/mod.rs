@@ -160,6 +160,13 @@ impl Index {
         self.pods.read().by_key.contains_key(key)
     }
 
+    /// Whether kube-scheduler left some pod peakfit places unschedulable (`PodEntry::
+    /// unschedulable`). A scan of the pod table: the nudger asks only when a node improved and
+    /// its own record of refused pods is empty.
+    pub fn any_pod_left_unschedulable(&self) -> bool {
+        self.pods.read().by_key.values().any(|p| p.unschedulable)
+    }
+
     /// Nodes the index has a slot for (known, reported, or named by a pod).
     pub fn node_count(&self) -> usize {
         self.nodes.read().len()

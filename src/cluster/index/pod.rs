@@ -25,6 +25,9 @@ pub struct Assignment {
 }
 
 /// What the index keeps of a pod: a few hundred bytes, not the object.
+// Its flags are independent facts read off the pod (or bind's own record), not the states of
+// one machine that an enum would name.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Clone, Debug)]
 pub struct PodEntry {
     pub key: PodKey,
@@ -55,6 +58,11 @@ pub struct PodEntry {
     /// Its `peakfit.io/hold`, read while it is pending (a bound pod's is history and ignored);
     /// `None` also for a malformed one, which `Index::apply_pod` warns about.
     pub hold: Option<HoldNote>,
+    /// A pod peakfit places, unbound, that kube-scheduler marked unschedulable (`PodScheduled`
+    /// false, reason `Unschedulable`): it waits in the scheduler's unschedulable pool, which
+    /// the nudger must empty when a node improves, also after an extender restart forgot which
+    /// pods its filter refused.
+    pub unschedulable: bool,
 }
 
 /// The key a pod is indexed under: its UID, or `namespace/name` for objects without one
@@ -139,7 +147,21 @@ impl PodEntry {
         let node = spec
             .and_then(|s| s.node_name.clone())
             .filter(|n| !n.is_empty());
+        let unschedulable = placed
+            && node.is_none()
+            && pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter().any(|c| {
+                        c.type_ == "PodScheduled"
+                            && c.status == "False"
+                            && c.reason.as_deref() == Some("Unschedulable")
+                    })
+                });
         Self {
+            unschedulable,
             key: pod_key(pod),
             namespace: pod
                 .metadata

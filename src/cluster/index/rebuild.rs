@@ -416,6 +416,7 @@ mod tests {
             explicit: vram.is_some(),
             started_unix: None,
             hold: None,
+            unschedulable: false,
         }
     }
 
