@@ -2,7 +2,8 @@
 //! one copy of what a Node, a Pod and a `NodeGpuReport` look like to the index, so that a change
 //! to those objects is made once and not in every test module that feeds the index.
 
-use k8s_openapi::api::core::v1::{Node, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ObjectMeta;
 
 use crate::cluster::index::{Index, ReasonLabels};
@@ -20,6 +21,21 @@ pub fn mk_node(name: &str) -> Node {
         },
         ..Default::default()
     }
+}
+
+/// A Node whose `status.allocatable` lists these resources (a device plugin's GPUs among them).
+pub fn mk_node_allocatable(name: &str, allocatable: &[(&str, &str)]) -> Node {
+    let mut n = mk_node(name);
+    n.status = Some(NodeStatus {
+        allocatable: Some(
+            allocatable
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+                .collect(),
+        ),
+        ..Default::default()
+    });
+    n
 }
 
 pub fn mk_pod(uid: &str, node: Option<&str>, ann: &[(&str, &str)]) -> Pod {

@@ -213,15 +213,12 @@ mod tests {
     use std::collections::HashMap;
     use std::sync::Arc;
 
-    use k8s_openapi::api::core::v1::NodeStatus;
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-
     use super::{
         NUDGES_PER_TICK, Offer, Offers, forget_refused, improved, next_baseline, to_annotate,
     };
     use crate::cluster::binding::MemoryBinder;
     use crate::cluster::index::Index;
-    use crate::cluster::test_support::{mk_node, mk_report};
+    use crate::cluster::test_support::{mk_node, mk_node_allocatable, mk_report};
     use crate::extender::Extender;
     use crate::inventory::PodResourcesStatus;
     use crate::metrics::extender::ExtenderMetrics;
@@ -247,16 +244,8 @@ mod tests {
     /// An extender whose index has node `mixed`: one 24 GiB GPU, a device plugin advertising
     /// `nvidia.com/gpu`, and a report whose agent reads `PodResources` (`up`) or cannot.
     fn mixed(ext: &Extender, up: bool) {
-        let mut node = mk_node("mixed");
-        node.status = Some(NodeStatus {
-            allocatable: Some(
-                [("nvidia.com/gpu".to_owned(), Quantity("1".into()))]
-                    .into_iter()
-                    .collect(),
-            ),
-            ..Default::default()
-        });
-        ext.index.apply_node(&node);
+        ext.index
+            .apply_node(&mk_node_allocatable("mixed", &[("nvidia.com/gpu", "1")]));
         let mut report = mk_report("mixed", &[("GPU-m", 24 * GIB, 0, &[])]);
         report.status.as_mut().unwrap().pod_resources = Some(PodResourcesStatus {
             up,

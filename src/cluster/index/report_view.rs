@@ -258,30 +258,16 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::test_support::{GIB, ledger, mk_node, mk_report, warnings};
+    use crate::cluster::test_support::{GIB, ledger, mk_node_allocatable, mk_report, warnings};
     use crate::inventory::PodResourcesStatus;
     use crate::placement::NodeCondition;
-    use k8s_openapi::api::core::v1::NodeStatus;
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     /// Issue 23: while the agent cannot read the kubelet's `PodResources` API, a GPU the device
     /// plugin hands out looks free; a node is refused only where a device plugin advertises a
     /// GPU (`--gpu-resources`, non-zero), and a report that does not read the API is trusted.
     #[test]
     fn pod_resources_down_refuses_only_nodes_a_device_plugin_hands_gpus_out_on() {
-        let node = |name: &str, allocatable: &[(&str, &str)]| {
-            let mut n = mk_node(name);
-            n.status = Some(NodeStatus {
-                allocatable: Some(
-                    allocatable
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
-                        .collect(),
-                ),
-                ..Default::default()
-            });
-            n
-        };
+        let node = mk_node_allocatable;
         let report = |name: &str, pod_resources: Option<PodResourcesStatus>| {
             let mut r = mk_report(name, &[("GPU-a", 80 * GIB, 0, &[])]);
             r.status.as_mut().unwrap().pod_resources = pod_resources;
