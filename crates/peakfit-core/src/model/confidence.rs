@@ -33,7 +33,7 @@ pub const MEASURED: &[Band] = &[
     band("inference", 58, 3.7, 20.5, 2.5),
     band("lora", 18, 3.5, 33.4, -1.8),
     band("offload", 2, 3.9, 4.2, -4.2),
-    band("qlora", 14, 12.9, 51.0, -8.7),
+    band("qlora", 14, 12.9, 51.0, -0.5),
     band("sharded-training", 22, 4.9, 16.1, 3.0),
     band("training", 6, 4.3, 51.8, 3.9),
 ];

@@ -1,12 +1,12 @@
 //! What training adds for the parameters that train: gradients, fp32 master weights and
-//! optimizer state, sharded by ZeRO stage or offloaded, and the gradient bucket DeepSpeed
-//! ZeRO-3 keeps on the GPU.
+//! optimizer state, sharded by ZeRO stage or offloaded, and the gradient bucket DeepSpeed's
+//! ZeRO optimizers keep on the GPU.
 //!
 //! | term | formula | source |
 //! |---|---|---|
 //! | gradients | `/N` from ZeRO-2 (`shard-grad-op`); 16-bit only with `offload: optimizer`; torchtune's single-device full fine-tune: the largest parameter's only | ZeRO paper; ZeRO-Offload (Ren et al. 2021) §3; torchtune `optimizer_in_bwd: True` in `*_full_single_device.yaml` |
 //! | master weights, optimizer | `/N` from ZeRO-1; 0 with `offload: optimizer` | ZeRO paper; ZeRO-Offload |
-//! | DeepSpeed buckets | ZeRO-3 training sharded the DeepSpeed way (numeric stage, not torchtitan/torchtune/litgpt): `reduce_bucket_size` (default 5e8) elements at the parameters' width (4 B fp32, else 2 B), with or without offload | `deepspeed/runtime/zero/stage3.py` `__ipg_bucket_flat_buffer`, `contiguous_gradients` default on |
+//! | DeepSpeed buckets | training under a DeepSpeed ZeRO stage 1-3 (numeric stage, not torchtitan/torchtune/litgpt), on one GPU too: `reduce_bucket_size` (default 5e8) elements at the parameters' width (4 B fp32, else 2 B), with or without offload | ZeRO-3: `deepspeed/runtime/zero/stage3.py` `__ipg_bucket_flat_buffer`; ZeRO-1/2: `DeepSpeedZeroOptimizer.backward` (`stage_1_and_2.py`) allocates `ipg_buffer` before every backward; `contiguous_gradients` default on |
 
 use super::Inputs;
 use super::framework::Framework;
@@ -15,7 +15,8 @@ use crate::model::annotations::{Dtype, Optimizer, Workload};
 /// DeepSpeed's `reduce_bucket_size` default (5e8 elements). ZeRO-3 allocates its contiguous
 /// gradient bucket (`__ipg_bucket_flat_buffer` in `deepspeed/runtime/zero/stage3.py`) of this
 /// many elements, in the parameters' dtype, on the GPU when `contiguous_gradients` is on (its
-/// default), whatever share of the model trains and wherever the optimizer runs. accelerate's
+/// default), whatever share of the model trains and wherever the optimizer runs; ZeRO-1/2 allocate
+/// their `ipg_buffer` of the same size (`DeepSpeedZeroOptimizer.backward`). accelerate's
 /// DeepSpeed plugin leaves the key unset unless a config file says `auto`, so the default holds
 /// for `accelerate launch` with a plugin config (PEFT's examples).
 const DS_REDUCE_BUCKET: f64 = 5e8;
@@ -132,12 +133,18 @@ impl Inputs {
             && !self.multi_gpu()
     }
 
-    /// DeepSpeed ZeRO-3's gradient bucket ([`DS_REDUCE_BUCKET`]) in a training job sharded
-    /// the DeepSpeed way (a numeric stage, not an FSDP strategy or an FSDP-based engine); on one
-    /// GPU too, as ZeRO-Offload runs there. Elements are the parameters' width: fp32 models
-    /// keep fp32, mixed precision converts the model to 16 bits.
+    /// DeepSpeed's gradient bucket ([`DS_REDUCE_BUCKET`]) in a training job run the DeepSpeed
+    /// way (a numeric stage, not an FSDP strategy or an FSDP-based engine), on one GPU too:
+    /// ZeRO-3 keeps its flat bucket, and the ZeRO-1/2 optimizer allocates `ipg_buffer`, a
+    /// `torch.empty(reduce_bucket_size)` in the parameters' dtype, at the start of every
+    /// backward when `contiguous_gradients` is on (`DeepSpeedZeroOptimizer.backward`,
+    /// `deepspeed/runtime/zero/stage_1_and_2.py`), so it sits beside every saved activation.
+    /// A second one comes with `overlap_comm`, which defaults to off below stage 3
+    /// (`DeepSpeedZeroConfig.overlap_comm_valid`: `stage == 3`) and which no annotation
+    /// states. Elements are the parameters' width: fp32 models keep fp32, mixed precision
+    /// converts the model to 16 bits.
     pub(super) fn deepspeed_buckets(&self) -> f64 {
-        if !(self.deepspeed() && self.zero_stage() >= 3) {
+        if !self.deepspeed() {
             return 0.0;
         }
         let bytes = if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 };
@@ -323,7 +330,7 @@ mod tests {
     }
 
     #[test]
-    fn deepspeed_zero3_keeps_its_reduce_bucket_fsdp_does_not() {
+    fn deepspeed_keeps_its_reduce_bucket_fsdp_does_not() {
         let with = |extra: &[(&'static str, &'static str)]| {
             est_with(
                 &[
@@ -340,8 +347,15 @@ mod tests {
             part(&with(&[("zero-stage", "3")]), "deepspeed-buckets"),
             2e9
         );
+        // ZeRO-1/2 allocate their `ipg_buffer` of the same size before every backward.
+        for stage in ["1", "2"] {
+            assert_eq!(
+                part(&with(&[("zero-stage", stage)]), "deepspeed-buckets"),
+                2e9
+            );
+        }
         assert_eq!(
-            part(&with(&[("zero-stage", "2")]), "deepspeed-buckets"),
+            part(&with(&[("zero-stage", "0")]), "deepspeed-buckets"),
             0.0
         );
         assert_eq!(
