@@ -26,17 +26,17 @@ const H200_FLOOR: f64 = -6.0;
 const KNOWN_GAPS: &[(&str, &str)] = &[
     (
         "qwen2.5-0.5b-inference-bf16-b32-t8192-n64",
-        "decode: each step's cache copies are one token longer than the blocks the last step \
-         freed (9.9 GiB allocated, 74.9 reserved)",
+        "the config's use_cache: false: each decode step reruns the whole sequence, one token \
+         longer than the blocks the last step freed (9.9 GiB allocated, 74.9 reserved)",
     ),
     (
         "qwen2.5-0.5b-inference-fp32-b1-t16384-n32",
-        "largest storages the fp32 math kernel's 14 GiB scores; last segment in decode; 129.4 \
+        "use_cache: false, each step rerunning fp32 math-kernel attention (14 GiB scores); 129.4 \
          GiB after the allocator released its free segments at the H200's capacity",
     ),
     (
         "qwen2.5-0.5b-inference-fp32-b4-t1024-n32",
-        "last segment in decode, fp32 math kernel (not traced further)",
+        "use_cache: false (as above)",
     ),
     (
         "qwen3-0.6b-inference-bf16-b32-t8192-n64",
