@@ -30,6 +30,7 @@
 
 mod model_rows;
 
+use model_rows::percentile;
 use peakfit::model::estimate;
 use peakfit::model::quantity::GIB;
 
@@ -80,12 +81,6 @@ fn score(annotations: Annotations) -> Vec<Scored> {
 
 fn error((measured, predicted): (f64, f64)) -> f64 {
     (predicted - measured) / measured * 100.0
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank =
-        peakfit::convert::f64_to_usize((p * sorted.len() as f64).ceil()).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 /// `(median |error|, p90 |error|, signed median, rows low by more than 10 %)`.

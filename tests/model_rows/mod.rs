@@ -109,7 +109,8 @@ fn prompt_in_notes(notes: &str) -> Option<String> {
     (!digits.is_empty() && after[digits.len()..].starts_with(" + ")).then_some(digits)
 }
 
-/// One oracle-grid workload: its spec and the oracle's peak allocated GiB.
+/// One oracle-grid workload: its spec and the oracle's peak GiB (allocated in
+/// `oracle-grid.csv`, reserved in `oracle-reserved.csv`).
 pub struct GridRow {
     pub id: String,
     pub workload: String,
@@ -123,8 +124,18 @@ pub struct GridRow {
 /// The grid's rows; `#` lines are its header (command, versions, date). Every row is
 /// `engine: hf`; `attention: eager` is `flash-attention: false`.
 pub fn oracle_grid() -> Vec<GridRow> {
+    grid_rows("oracle-grid.csv", "oracle_allocated_gib")
+}
+
+/// The reserved sample's rows (`oracle-reserved.csv`: the caching-allocator replay of a spread
+/// sample of the grid's cases), with the oracle's peak reserved GiB.
+pub fn oracle_reserved() -> Vec<GridRow> {
+    grid_rows("oracle-reserved.csv", "oracle_reserved_gib")
+}
+
+fn grid_rows(file: &str, column: &str) -> Vec<GridRow> {
     let dir = data();
-    let text = std::fs::read_to_string(dir.join("oracle-grid.csv")).expect("the oracle grid");
+    let text = std::fs::read_to_string(dir.join(file)).expect("the oracle grid");
     let body = text
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -170,9 +181,25 @@ pub fn oracle_grid() -> Vec<GridRow> {
             spec: spec(&id, &config, &workload),
             with_prompt,
             workload: f["workload"].to_string(),
-            oracle_gib: f["oracle_allocated_gib"].parse().expect("oracle GiB"),
+            oracle_gib: f[column].parse().expect("oracle GiB"),
             id,
         });
     }
     rows
+}
+
+/// The `p` quantile of sorted values (nearest rank).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank =
+        peakfit::convert::f64_to_usize((p * sorted.len() as f64).ceil()).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// Errors sorted two ways: by magnitude (for median and p90 |error|) and signed.
+pub fn sorted_errors(errors: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let mut abs: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
+    let mut signed = errors.to_vec();
+    abs.sort_by(f64::total_cmp);
+    signed.sort_by(f64::total_cmp);
+    (abs, signed)
 }

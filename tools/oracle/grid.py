@@ -266,11 +266,14 @@ def row_of(c, r):
                 activations_gib=g(act), peak_phase=r["peak_phase"], seconds=f"{r['seconds']:.1f}")
 
 
-def run(c, root):
-    cc = dict(c)
+def run(c, root, reserved=False):
+    """The grid's allocated peak: generate's shortcut (prefill and last decode step), 2 training steps. With
+    `reserved`, the caching-allocator replay too, over the run the GPU really does: every decode step (a
+    second run) and measure.py's 3 training steps (a segment made in step 3 would count)."""
+    cc = dict(c, reserved=reserved)
     cc["config"] = f"{root}/tests/data/oracle-configs/{c['config']}.json"
     if cc["workload"] != "inference":
-        cc["steps"] = 2
+        cc["steps"] = 3 if reserved else 2
     return oracle.run_case(cc)
 
 
@@ -402,16 +405,22 @@ def generate(a):
     return 0
 
 
-def write_csv(root, path, cases, done, seconds, final=True):
+def csv_body(cases, done, columns, key):
+    """The CSV text of the rows of `done` that have `key`, in the order of `cases`, and their count."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     w.writeheader()
     n = 0
     for c in cases:
         r = done.get(c["id"])
-        if r and "oracle_allocated_gib" in r:
+        if r and key in r:
             w.writerow(r)
             n += 1
+    return buf, n
+
+
+def write_csv(root, path, cases, done, seconds, final=True):
+    buf, n = csv_body(cases, done, COLUMNS, "oracle_allocated_gib")
     with open(path, "w") as f:
         f.write("\n".join(header(root, seconds if final else None)) + "\n")
         f.write(buf.getvalue())
@@ -424,28 +433,121 @@ def read_grid(path):
     return list(csv.DictReader(lines))
 
 
-def check(a):
+RESERVED_COLUMNS = ["id", "config", "workload", "dtype", "batch", "context_tokens", "new_tokens",
+                    "gradient_checkpointing", "optimizer", "lora_rank", "attention", "oracle_allocated_gib",
+                    "oracle_reserved_gib", "weights_gib", "weight_segments_gib", "largest_tensor_gib",
+                    "peak_phase", "reserved_phase", "seconds"]
+
+
+def reserved_sample(root, n_inference, n_training):
+    """A spread sample of the committed grid's rows for the reserved replay: every k-th inference row (in
+    design order: every section, model, batch and context) whose replay is affordable (generation runs every
+    decode step, so at most 64 new tokens; Whisper at most 64 decoded tokens), and every k-th training row."""
+    rows = {r["id"] for r in read_grid(f"{root}/tests/data/oracle-grid.csv")}
+    cases = [c for c in design(root) if c["id"] in rows]
+    cheap = lambda c: (c["new_tokens"] or 0) <= 64 and not (c["config"].startswith("whisper") and c["batch"] > 32)
+    inf = [c for c in cases if c["workload"] == "inference" and cheap(c)]
+    tr = [c for c in cases if c["workload"] != "inference"]
+    pick = lambda xs, n: [xs[int(i * len(xs) / n)] for i in range(min(n, len(xs)))]
+    return pick(inf, n_inference) + pick(tr, n_training)
+
+
+def reserved_row(c, r):
+    g = lambda n: f"{n / GIB:.4f}"
+    base = row_of(c, r)
+    return dict({k: base[k] for k in RESERVED_COLUMNS if k in base},
+                oracle_reserved_gib=g(r["peak_reserved_bytes"]),
+                weight_segments_gib=g(r["reserved_breakdown_bytes"]["weight_segments"]),
+                largest_tensor_gib=g(r["largest_tensor_bytes"]), reserved_phase=r["reserved_phase"])
+
+
+def reserved(a):
+    """tests/data/oracle-reserved.csv: peak max_memory_reserved of a sample of grid cases (allocator replay)."""
+    import torch
+    import transformers
+    import peft
     root = a.root
-    rows = read_grid(f"{root}/tests/data/oracle-grid.csv")
+    path = f"{root}/tests/data/oracle-reserved.csv"
+    partial = f"{root}/target/oracle-reserved.partial.jsonl"
+    os.makedirs(os.path.dirname(partial), exist_ok=True)
+    cases = reserved_sample(root, a.inference, a.training)
+    done = load_partial(partial, a.resume)
+    with open(partial, "a") as sink:
+        for i, c in enumerate(cases):
+            if c["id"] in done:
+                continue
+            try:
+                r = run(c, root, reserved=True)
+            except Exception as e:
+                print(f"[{i + 1}/{len(cases)}] {c['id']}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+                rec = dict(id=c["id"], failed=f"{type(e).__name__}: {str(e)[:200]}")
+            else:
+                rec = dict(id=c["id"], oom=r["peak_reserved_gib"]) if r["reserved_oom"] else reserved_row(c, r)
+                print(f"[{i + 1}/{len(cases)}] {c['id']}: allocated {r['peak_allocated_gib']:.3f} reserved "
+                      f"{r['peak_reserved_gib']:.3f} GiB {r['reserved_phase']} {r['seconds']:.1f}s", flush=True)
+            done[c["id"]] = rec
+            sink.write(json.dumps(rec) + "\n")
+            sink.flush()
+    buf, n = csv_body(cases, done, RESERVED_COLUMNS, "oracle_reserved_gib")
+    lines = [
+        "# peakfit oracle, reserved memory: peak torch.cuda.max_memory_reserved (GiB) of a sample of the grid's",
+        "# cases on an sm90 GPU, computed without a GPU by replaying tools/oracle/oracle.py's allocation stream",
+        "# through tools/oracle/allocator.py (PyTorch's CUDA caching allocator, default settings; docs/oracle.md).",
+        f"# command: scripts/oracle reserved --inference {a.inference} --training {a.training}",
+        f"# torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}",
+        f"# date {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"# machine {platform.machine()} {platform.system()} {platform.release()}, {os.cpu_count()} CPUs, no GPU",
+        "# oracle_allocated_gib as in oracle-grid.csv (generate: prefill and last decode step); oracle_reserved_gib",
+        "# from a run with every decode step and, for training, measure.py's 3 steps. weight_segments_gib: reserved",
+        "# after the weights (measure.py's empty_cache); largest_tensor_gib: the largest storage of the run;",
+        "# reserved_phase: where the last segment was made. seconds: both runs. Cases whose replay runs out of",
+        "# an H200's 139.72 GiB for segments (after releasing its free ones, as the allocator does) are left out:",
+        f"# {sum(1 for r in done.values() if 'oom' in r)} of {len(cases)}.",
+        f"# {n} rows; {sum(float(r.get('seconds') or 0) for r in done.values()) / 60:.1f} min of oracle time "
+        f"(seconds column summed)",
+    ]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+        f.write(buf.getvalue())
+    print(f"{path}: {n} rows", flush=True)
+    return 0
+
+
+def check(a):
+    """Rerun a sample of the committed rows and compare: N rows of the grid (allocated), and a quarter as many
+    of oracle-reserved.csv (allocated and reserved, through the caching-allocator replay)."""
+    root = a.root
     by_id = {c["id"]: c for c in design(root)}
     rng = random.Random(a.seed)
-    sample = rng.sample(rows, min(a.n, len(rows)))
     bad = 0
-    for row in sample:
-        c = by_id.get(row["id"])
-        if c is None:
-            print(f"{row['id']}: not in the design any more")
-            bad += 1
+    for name, n, cols, reserved in (
+            ("oracle-grid.csv", a.n, ("oracle_allocated_gib",), False),
+            ("oracle-reserved.csv", max(1, a.n // 4), ("oracle_allocated_gib", "oracle_reserved_gib"), True)):
+        path = f"{root}/tests/data/{name}"
+        if not os.path.exists(path):
             continue
-        r = run(c, root)
-        new = float(row_of(c, r)["oracle_allocated_gib"])
-        old = float(row["oracle_allocated_gib"])
-        diff = 100.0 * (new - old) / old
-        ok = abs(diff) <= 0.5
-        bad += not ok
-        print(f"{row['id']:60s} committed {old:9.4f}  now {new:9.4f}  {diff:+.3f}%  {'ok' if ok else 'DIFFERS'}",
-              flush=True)
-    print(f"{len(sample) - bad}/{len(sample)} rows within 0.5 %")
+        rows = read_grid(path)
+        sample = rng.sample(rows, min(n, len(rows)))
+        off = 0
+        for row in sample:
+            c = by_id.get(row["id"])
+            if c is None:
+                print(f"{row['id']}: not in the design any more")
+                off += 1
+                continue
+            r = run(c, root, reserved=reserved)
+            now = dict(oracle_allocated_gib=r["peak_allocated_bytes"] / GIB,
+                       oracle_reserved_gib=r.get("peak_reserved_bytes", 0) / GIB)
+            line = f"{row['id']:60s}"
+            for col in cols:
+                old, new = float(row[col]), now[col]
+                diff = 100.0 * (new - old) / old
+                ok = abs(diff) <= 0.5
+                off += not ok
+                line += f"  {col.split('_')[1]} committed {old:9.4f} now {new:9.4f} {diff:+.3f}% {'ok' if ok else 'DIFFERS'}"
+            print(line, flush=True)
+        print(f"{name}: {len(sample)} rows, {off} values off by more than 0.5 %")
+        bad += off
     return 1 if bad else 0
 
 
@@ -461,11 +563,18 @@ def main():
     ch.add_argument("--root", required=True)
     ch.add_argument("n", type=int, nargs="?", default=8)
     ch.add_argument("--seed", type=int, default=None)
+    rs = sub.add_parser("reserved", help="tests/data/oracle-reserved.csv: the allocator replay on a grid sample")
+    rs.add_argument("--root", required=True)
+    rs.add_argument("--inference", type=int, default=60)
+    rs.add_argument("--training", type=int, default=12)
+    rs.add_argument("--resume", action="store_true", help="keep the rows of an interrupted run")
     ls = sub.add_parser("list")
     ls.add_argument("--root", required=True)
     a = ap.parse_args()
     if a.cmd == "generate":
         return generate(a)
+    if a.cmd == "reserved":
+        return reserved(a)
     if a.cmd == "list":
         for c in design(a.root):
             print(c["id"])

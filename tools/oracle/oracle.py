@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
-"""peakfit oracle: the peak torch.cuda.max_memory_allocated of a Hugging Face workload, without a GPU.
+"""peakfit oracle: the peak torch.cuda.max_memory_allocated and max_memory_reserved of a Hugging Face
+workload, without a GPU.
 
 The real transformers / PEFT / torch.optim code runs on fake tensors (torch FakeTensorMode, CPU
 device, no data) while a TorchDispatchMode sees every tensor the ops produce and follows every
 storage until Python frees it. Each storage counts as the CUDA caching allocator counts it in
-`allocated_bytes`: its size rounded up to a multiple of 512 bytes (0 bytes: no block). Where the
-code path on a CPU differs from the one on an sm90 GPU (H100/H200) the oracle makes it take the
-GPU's path; docs/oracle.md lists each place and why.
+`allocated_bytes`: its size rounded up to a multiple of 512 bytes (0 bytes: no block). Every
+allocation and free is also logged, in order, and replayed through a model of the caching
+allocator (allocator.py) for the reserved peak. Where the code path on a CPU differs from the one
+on an sm90 GPU (H100/H200) the oracle makes it take the GPU's path; docs/oracle.md lists each
+place and why.
 
 usage:
   oracle.py case --config F.json --workload inference|training|lora --dtype bf16|fp16|fp32|fp16-amp
                  --batch B --context-tokens T [--new-tokens N] [--gradient-checkpointing none|full]
-                 [--optimizer adamw|adamw-fused|sgd] [--lora-rank R] [--attention sdpa|eager]
+                 [--optimizer adamw|adamw-fused|sgd] [--lora-rank R] [--attention sdpa|eager] [--no-reserved]
   oracle.py batch CASES.jsonl          (one JSON case per line; one JSON result per line on stdout)
 """
 import argparse
@@ -24,6 +27,8 @@ import weakref
 
 import torch
 import torch.nn.functional as F
+
+from allocator import Allocator
 from torch._subclasses.fake_tensor import FakeTensorMode, FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -73,13 +78,30 @@ class Tracker(TorchDispatchMode):
         self.last_op = None
         self.kept = []
         self.workspaces = {}
+        # every allocation and free, in the order the run makes them, for the caching-allocator replay
+        # (replay_events): ("a", handle, requested bytes, phase), ("f", handle), ("r",) = measure.py's
+        # empty_cache() + reset_peak_memory_stats() after the weights; marks: the event index at each
+        # model forward call (generate's steps, Whisper's decoder calls)
+        self.events = []
+        self.marks = []
+        self.handles = 0
+        self.synth_calls = None     # run_inference recorded fewer model calls than the run makes (synthesize)
+        self.largest = 0        # the largest storage the workload allocates (weights not counted)
+
+    def _malloc(self, nbytes):
+        self.handles += 1
+        if nbytes > 0:
+            self.events.append(("a", self.handles, nbytes, self.phase))
+        return self.handles
 
     def _freed(self, key):
         def cb(_ref):
             if key in self.live:
                 if self.dirty:          # the peak was the state just before this first free after it
                     self._snapshot()
-                self.cur -= self.live.pop(key)[0]
+                rec = self.live.pop(key)
+                self.cur -= rec[0]
+                self.events.append(("f", rec[6]))
         return cb
 
     def _snapshot(self):
@@ -98,10 +120,16 @@ class Tracker(TorchDispatchMode):
                 self.cur += n - rec[0]
                 rec[0] = n
                 self._maybe_peak()
+                # the storage's resize takes a new block, copies, then frees the old one (resize_bytes_cuda)
+                old, rec[6] = rec[6], self._malloc(st.nbytes())
+                self.events.append(("f", old))
             return rec
-        rec = [n, category, weakref.ref(st, self._freed(key)), self.last_op, tuple(t.shape), t.dtype]
+        rec = [n, category, weakref.ref(st, self._freed(key)), self.last_op, tuple(t.shape), t.dtype,
+               self._malloc(st.nbytes())]
         self.live[key] = rec
         self.cur += n
+        if self.phase != "init":
+            self.largest = max(self.largest, n)
         self._maybe_peak()
         return rec
 
@@ -180,6 +208,120 @@ class Tracker(TorchDispatchMode):
         for n, c, *_ in self.snap:
             cats[c] = cats.get(c, 0) + n
         return cats
+
+
+# --------------------------------------------------------------------------- reserved: the allocator replay
+# What cudaMalloc can hand the caching allocator on the H200 of the measured rows: its 140.40 GiB
+# (gpu_memory_total_gib) less what NVML shows beyond max_reserved there (0.68 GiB: the CUDA context, 0.598,
+# and the library handles). Only a run that fragments past it notices (the allocator then releases its free
+# segments and retries, or runs out of memory).
+H200_ALLOCATOR_CAPACITY = round((140.40 - 0.68) * GIB)
+
+
+def replay_events(events, capacity=H200_ALLOCATOR_CAPACITY):
+    """Feed a run's allocations and frees to the caching allocator. Returns the allocator (its peak_reserved is
+    max_memory_reserved as measure.py reads it; oom: the run would not fit), the phase of the allocation that
+    made the last segment, and what was reserved after the weights."""
+    al = Allocator(capacity)
+    phase, weight_segments = "weights", 0
+    for e in events:
+        if e[0] == "a":
+            before = al.reserved
+            al.malloc(e[1], e[2])
+            if al.reserved > before and weight_segments is not None:
+                phase = e[3]
+        elif e[0] == "f":
+            al.free(e[1])
+        else:
+            al.empty_cache()
+            al.reset_peak()
+            weight_segments = al.reserved
+    return al, phase, weight_segments
+
+
+SYNTH_RECORDED = 7      # model calls run for real before the rest are synthesized (see synthesize_steps)
+
+
+def synthesize_steps(events, marks, calls):
+    """The event stream of a generation of `calls` model calls, from a run of the first SYNTH_RECORDED.
+
+    Each decode step of generate (or of the Whisper loop) runs the same ops; only the tensors that grow with the
+    cache (its torch.cat, attention over it, the growing ids) change size, by the same bytes every step. Step k
+    (the events from the k-th model call to the next) is written relative to itself: an allocation's size; a free
+    as (steps back, index in that step), or as the handle itself for something allocated before the prefill. The
+    steps 3, 4, 5 must read the same and their sizes grow linearly (3 points); then steps 6 .. calls-2 are steps
+    5's with sizes + k·delta, and the recorded last call (its forward, then generate's exit) is moved to the end
+    the same way. Returns None when the steps do not repeat (a sliding window filling up, say): run them all."""
+    n = SYNTH_RECORDED
+    if calls <= n or len(marks) != n:
+        return None
+    where = {}                              # handle -> (step, index in step)
+    segs = []
+    for k in range(n):
+        seg = events[marks[k]:marks[k + 1]] if k + 1 < n else events[marks[k]:]
+        for j, e in enumerate(seg):
+            if e[0] == "a":
+                where[e[1]] = (k, j)
+        segs.append(seg)
+
+    def rel(k, seg):
+        out = []
+        for e in seg:
+            if e[0] == "a":
+                out.append(("a",))
+            elif e[0] == "f":
+                src = where.get(e[1])
+                out.append(("f", "abs", e[1]) if src is None else ("f", k - src[0], src[1]))
+            else:
+                return None
+        return out
+
+    sig = [rel(k, segs[k]) for k in (3, 4, 5)]
+    if sig[0] is None or not sig[0] == sig[1] == sig[2]:
+        return None
+    size = lambda k: [e[2] for e in segs[k] if e[0] == "a"]
+    s3, s4, s5 = size(3), size(4), size(5)
+    delta = [b - a for a, b in zip(s3, s4)]
+    if delta != [c - b for b, c in zip(s4, s5)]:
+        return None
+    # the last call reads like a step up to the preparation of a next call, which it does not make
+    last = rel(6, segs[6])
+    if last is None:
+        return None
+    common = next((j for j, (x, y) in enumerate(zip(last, sig[0])) if x != y), min(len(last), len(sig[0])))
+    if common < len(sig[0]) - 16:
+        return None
+    handles = {}                            # (step, index) -> handle, recorded and synthesized
+    for k in range(n):
+        for j, e in enumerate(segs[k]):
+            if e[0] == "a":
+                handles[(k, j)] = e[1]
+    out = list(events[:marks[6]])
+    nxt = [max(where, default=0) + 1]
+
+    def emit(k, template, sizes_from, shift, steady):
+        ai = 0
+        for j, (e, r) in enumerate(zip(template, rel(sizes_from, template))):
+            if e[0] == "a":
+                h = nxt[0]
+                nxt[0] += 1
+                handles[(k, j)] = h
+                grow = delta[ai] * shift if j < steady else 0
+                out.append(("a", h, e[2] + grow, "decode"))
+                ai += 1
+            elif r[1] == "abs":
+                out.append(e)
+            else:
+                src_step = k - r[1]
+                if j >= steady and where[e[1]][0] <= 2:
+                    out.append(e)          # the exit frees what the prefill and first steps made: as recorded
+                else:
+                    out.append(("f", handles[(src_step, r[2])]))
+
+    for k in range(6, calls - 1):
+        emit(k, segs[5], 5, k - 5, len(segs[5]))
+    emit(calls - 1, segs[6], 6, calls - 1 - 6, common)
+    return out
 
 
 # --------------------------------------------------------------------------- SDPA as on sm90
@@ -395,7 +537,60 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, 
 
 def run_case(c):
     """c: dict with config (path), workload, dtype, batch, context_tokens, new_tokens, gradient_checkpointing,
-    optimizer, lora_rank, attention. Returns the result dict."""
+    optimizer, lora_rank, attention; reserved (default true): also replay the run through the caching
+    allocator. Returns the result dict.
+
+    The allocated peak comes from the run as `decode` asks (by default the prefill and the last decode step).
+    Reserved memory is never released in the real run, so it depends on every step the GPU really ran: when
+    the allocated run took that shortcut, reserved comes from a second run with every decode step."""
+    res = _run_case(c)
+    if c.get("reserved", True) and res.pop("_shortcut"):
+        full = _run_case(dict(c, decode=c.get("reserved_decode") or "synth"))
+        full.pop("_shortcut")
+        res.update({k: full[k] for k in ("peak_reserved_bytes", "peak_reserved_gib", "reserved_phase",
+                                          "reserved_breakdown_bytes", "largest_tensor_bytes", "reserved_oom",
+                                          "reserved_cache_releases")})
+        res["reserved_run"] = dict(decode=full["reserved_decode"], seconds=full["seconds"],
+                                   peak_allocated_bytes=full["peak_allocated_bytes"],
+                                   replay_allocated_bytes=full["reserved_breakdown_bytes"]["allocated_blocks"])
+        res["seconds"] = round(res["seconds"] + full["seconds"], 2)
+    elif not c.get("reserved", True):
+        for k in ("peak_reserved_bytes", "peak_reserved_gib", "reserved_phase", "reserved_breakdown_bytes",
+                  "reserved_oom", "reserved_cache_releases"):
+            res.pop(k)
+    res.pop("_shortcut", None)
+    res.pop("_events", None)
+    res.pop("reserved_decode", None)
+    return res
+
+
+def canonical(events):
+    """Events with handles renumbered in allocation order (to compare two runs' streams)."""
+    ids, out = {}, []
+    for e in events:
+        if e[0] == "a":
+            ids[e[1]] = len(ids)
+            out.append(("a", ids[e[1]], e[2]))
+        elif e[0] == "f":
+            out.append(("f", ids.get(e[1], ("?", e[1]))))
+        else:
+            out.append(e)
+    return out
+
+
+def check_synth(c):
+    """Self-check of synthesize_steps: the synthesized stream against the one of a run of every step
+    (`python -c 'import oracle; print(oracle.check_synth(case_dict))'` in tools/oracle)."""
+    full = _run_case(dict(c, decode="all"))
+    syn = _run_case(dict(c, decode="synth"))
+    a, b = canonical(full["_events"]), canonical(syn["_events"])
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return dict(id=c.get("id"), reserved_all=full["peak_reserved_bytes"], reserved_synth=syn["peak_reserved_bytes"],
+                synthesized=syn["reserved_decode"] == "synth", events_all=len(a), events_synth=len(b),
+                identical=a == b, first_difference=first, seconds_all=full["seconds"], seconds_synth=syn["seconds"])
+
+
+def _run_case(c):
     import transformers
     t0 = time.time()
     d, cfg = load_config(c["config"])
@@ -445,6 +640,9 @@ def run_case(c):
         for t in list(model.parameters()) + list(model.buffers()):
             tr.track(t, "weights")
         weights = tr.cur
+        # measure.py builds the model on the GPU, then empty_cache() and reset_peak_memory_stats(): reserved
+        # starts at the weights' segments (with the free room left in them)
+        tr.events.append(("r",))
         tr.phase = "forward"
         tr.restart()
         if not training:
@@ -456,8 +654,26 @@ def run_case(c):
     if c.get("debug"):
         for rec in sorted(tr.snap, key=lambda r: -r[0])[:int(c["debug"])]:
             print(f"{rec[0] / GIB:8.4f} {rec[1]:12s} {rec[3]} {rec[4]} {rec[5]}", file=sys.stderr)
+    events = tr.events
+    if tr.synth_calls:
+        events = synthesize_steps(tr.events, tr.marks, tr.synth_calls)
+        if events is None:      # the recorded steps do not repeat: run every step
+            return _run_case(dict(c, decode="all"))
+    al, reserved_phase, weight_segments = replay_events(events)
+    decode = c.get("decode") or "ends"
+    shortcut = (not training and decode == "ends" and
+                ((kind == "causal" and new > 2) or (kind == "whisper" and ctx > 2)))
     res = dict(c)
     res.update(
+        _shortcut=shortcut, reserved_decode=("synth" if tr.synth_calls else "all" if decode == "synth" else decode),
+        _events=events,
+        peak_reserved_bytes=al.peak_reserved, peak_reserved_gib=round(al.peak_reserved / GIB, 4),
+        reserved_phase=reserved_phase,
+        reserved_breakdown_bytes=dict(weight_segments=weight_segments, small_pool=al.segments[True],
+                                      large_pool=al.segments[False], segments=al.mallocs,
+                                      allocated_blocks=al.peak_allocated),
+        reserved_oom=al.oom, reserved_cache_releases=al.releases,
+        largest_tensor_bytes=tr.largest,
         kind=kind, params=nparams, attn_implementation=getattr(model.config, "_attn_implementation", attn),
         sdpa_backends=dict(_SDPA_USED),
         peak_allocated_bytes=tr.peak, peak_allocated_gib=round(tr.peak / GIB, 4), peak_phase=tr.peak_phase,
@@ -490,6 +706,7 @@ def run_inference(model, cfg, kind, b, ctx, new, dt, tr, decode, total):
 
     def pre_hook(_m, _a, _k):
         tr.phase = "prefill" if calls[0] == 0 else "decode"
+        tr.marks.append(len(tr.events))
         if calls[0] == 1 and on_decode[0]:
             on_decode[0]()
         calls[0] += 1
@@ -517,6 +734,7 @@ def run_inference(model, cfg, kind, b, ctx, new, dt, tr, decode, total):
         if kind == "whisper":
             def whisper(first_len, steps):
                 calls[0] = 0
+                tr.marks.clear()
                 tr.phase = "prefill"
                 feats = torch.randn(b, cfg.num_mel_bins, WHISPER_FRAMES, dtype=dt)
                 enc = model.model.encoder(feats)
@@ -529,7 +747,10 @@ def run_inference(model, cfg, kind, b, ctx, new, dt, tr, decode, total):
                     if out.logits.shape[1] > 1:
                         # the stand-in for ctx - 1 one-token steps: keep what the last of them would leave
                         out = type(out)(logits=out.logits[:, -1:].clone(), past_key_values=past)
-            if decode == "all" or ctx <= 2:
+            if decode == "synth" and ctx > SYNTH_RECORDED:
+                tr.synth_calls = ctx
+                whisper(1, SYNTH_RECORDED)
+            elif decode in ("all", "synth") or ctx <= 2:
                 whisper(1, ctx)
             else:
                 whisper(1, 1)
@@ -541,6 +762,7 @@ def run_inference(model, cfg, kind, b, ctx, new, dt, tr, decode, total):
 
         def gen(prompt, n):
             calls[0] = 0
+            tr.marks.clear()
             total[0] = prompt + n
             x = torch.randint(0, cfg.vocab_size, (b, prompt))
             gc = transformers.GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False,
@@ -549,7 +771,13 @@ def run_inference(model, cfg, kind, b, ctx, new, dt, tr, decode, total):
             assert out.shape[1] == prompt + n, out.shape
             assert calls[0] == n, (calls[0], n)
 
-        if decode == "all" or new <= 2:
+        # a sliding window the cache fills during the decode changes the steps' ops: run every step then
+        window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+        crosses = bool(window) and ctx - new < window <= ctx + 1
+        if decode == "synth" and new > SYNTH_RECORDED and not crosses:
+            tr.synth_calls = new
+            gen(ctx - new, SYNTH_RECORDED)
+        elif decode in ("all", "synth") or new <= 2:
             gen(ctx - new, new)
         else:
             gen(ctx - new, 1)
@@ -612,7 +840,8 @@ def visible_cases(d):
                  new_tokens=int(m.group(2)) if m else None,
                  gradient_checkpointing=r["gradient_checkpointing"] or "none", optimizer=r["optimizer"] or None,
                  lora_rank=int(r["lora_rank"]) if r["lora_rank"] else None, attention=r["attention"] or "sdpa",
-                 measured_gib=float(r["max_allocated_gib"]), measured_weights_gib=float(r["weights_gib"]))
+                 measured_gib=float(r["max_allocated_gib"]), measured_reserved_gib=float(r["max_reserved_gib"]),
+                 measured_weights_gib=float(r["weights_gib"]))
         out.append(c)
     return out
 
@@ -620,22 +849,34 @@ def visible_cases(d):
 def visible(a):
     cases = [c for c in visible_cases(a.dir) if not a.only or c["id"] in a.only]
     sink = open(a.jsonl, "a") if a.jsonl else None
-    print(f"{'case':36s} {'measured':>9s} {'oracle':>9s} {'error':>8s}  phase           seconds")
-    worst = 0.0
+    print(f"{'case':36s} {'allocated m / oracle':>21s} {'error':>8s}  {'reserved m / oracle':>21s} {'error':>8s}  "
+          f"{'peak phase':15s} {'reserved phase':15s} seconds")
+    errs, rerrs = [], []
     for c in cases:
         try:
-            r = run_case(c)
+            r = run_case(dict(c, reserved=not a.no_reserved))
         except Exception as e:
             print(f"{c['id']:36s} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
         err = 100.0 * (r["peak_allocated_gib"] - c["measured_gib"]) / c["measured_gib"]
-        worst = max(worst, abs(err))
-        print(f"{c['id']:36s} {c['measured_gib']:9.3f} {r['peak_allocated_gib']:9.3f} {err:+7.2f}%  "
-              f"{r['peak_phase']:15s} {r['seconds']:7.1f}", flush=True)
+        errs.append(err)
+        line = f"{c['id']:36s} {c['measured_gib']:9.3f} / {r['peak_allocated_gib']:9.3f} {err:+7.2f}%  "
+        if "peak_reserved_bytes" in r:
+            rerr = 100.0 * (r["peak_reserved_bytes"] / GIB - c["measured_reserved_gib"]) / c["measured_reserved_gib"]
+            rerrs.append(rerr)
+            line += (f"{c['measured_reserved_gib']:9.3f} / {r['peak_reserved_bytes'] / GIB:9.3f} {rerr:+7.2f}%  "
+                     f"{r['peak_phase']:15s} {r['reserved_phase']:15s}")
+        else:
+            line += f"{'':31s}  {r['peak_phase']:15s} {'':15s}"
+        print(f"{line} {r['seconds']:7.1f}", flush=True)
         if sink:
             sink.write(json.dumps(r) + "\n")
             sink.flush()
-    print(f"worst |error| {worst:.2f}%")
+    for name, e in (("allocated", errs), ("reserved", rerrs)):
+        if e:
+            a_ = sorted(abs(x) for x in e)
+            print(f"{name}: {len(e)} rows, median |error| {a_[len(a_) // 2] if len(a_) % 2 else (a_[len(a_) // 2 - 1] + a_[len(a_) // 2]) / 2:.2f}%, "
+                  f"worst |error| {a_[-1]:.2f}%, signed median {sorted(e)[len(e) // 2]:+.2f}%, lowest {min(e):+.2f}%")
     return 0
 
 
@@ -643,7 +884,7 @@ def visible(a):
 def case_from_args(a):
     return dict(config=a.config, workload=a.workload, dtype=a.dtype, batch=a.batch, context_tokens=a.context_tokens,
                 new_tokens=a.new_tokens, gradient_checkpointing=a.gradient_checkpointing, optimizer=a.optimizer,
-                lora_rank=a.lora_rank, attention=a.attention, kind=a.kind)
+                lora_rank=a.lora_rank, attention=a.attention, kind=a.kind, reserved=not a.no_reserved)
 
 
 def main(argv=None):
@@ -661,10 +902,13 @@ def main(argv=None):
     p.add_argument("--lora-rank", type=int, default=None)
     p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa")
     p.add_argument("--kind", choices=["causal", "encoder", "whisper"], default=None)
+    p.add_argument("--no-reserved", action="store_true",
+                   help="skip the caching-allocator replay (and the every-step generate run it needs)")
     p3 = sub.add_parser("visible", help="the measured H200 rows: oracle vs max_allocated")
     p3.add_argument("--dir", default="../shared/data/gpu-measurements")
     p3.add_argument("--only", nargs="*", default=None)
     p3.add_argument("--jsonl", default=None, help="also write each result here")
+    p3.add_argument("--no-reserved", action="store_true", help="skip the caching-allocator replay")
     p2 = sub.add_parser("batch", help="JSON lines in, JSON lines out (one process for many cases)")
     p2.add_argument("cases")
     a = ap.parse_args(argv)

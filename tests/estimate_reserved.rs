@@ -1,0 +1,161 @@
+//! The peak-memory model's reserved bytes (`max_memory_reserved`: tensors plus the caching
+//! allocator's slack) against two references: the oracle's replay of each run's allocations
+//! through a model of PyTorch's CUDA caching allocator (`tests/data/oracle-reserved.csv`, a
+//! spread sample of the grid; `tools/oracle/allocator.py`, `docs/oracle.md`, "Reserved memory")
+//! and the H200 rows' measured `max_reserved` (`tests/data/h200`). No torch here.
+//!
+//! What it holds the model to: no H200 row's reserved more than `H200_FLOOR` percent low (the
+//! lowest today, so a change to the slack term cannot make a measured row lower), and no
+//! oracle-reserved row more than 5 % low unless `KNOWN_GAPS` names it with the mechanism the
+//! model lacks. The bands are printed per source (median, p90, signed median, lowest).
+
+mod model_rows;
+
+use model_rows::percentile;
+use peakfit::model::quantity::GIB;
+use peakfit::model::{Spec, estimate};
+
+/// The lowest signed reserved error over the H200 rows with the slack constants of
+/// `HF_SLACK_*_TENSORS` (−5.4 %, phi-3-mini b4 × 4k; `cargo nextest run -E
+/// 'binary(estimate_reserved)' --no-capture`), rounded down.
+const H200_FLOOR: f64 = -6.0;
+
+/// Oracle-reserved rows the model reads more than 5 % low, by id, with what the replay shows:
+/// blocks stranded by the allocator's best fit (`get_free_block`, `should_split`), which a
+/// number of largest tensors does not follow. Reported, not hidden (they are in the bands).
+const KNOWN_GAPS: &[(&str, &str)] = &[
+    (
+        "qwen2.5-0.5b-inference-bf16-b32-t8192-n64",
+        "the config's use_cache: false: each decode step reruns the whole sequence, one token \
+         longer than the blocks the last step freed (9.9 GiB allocated, 74.9 reserved)",
+    ),
+    (
+        "qwen2.5-0.5b-inference-fp32-b1-t16384-n32",
+        "use_cache: false, each step rerunning fp32 math-kernel attention (14 GiB scores); 129.4 \
+         GiB after the allocator released its free segments at the H200's capacity",
+    ),
+    (
+        "qwen2.5-0.5b-inference-fp32-b4-t1024-n32",
+        "use_cache: false (as above)",
+    ),
+    (
+        "qwen3-0.6b-inference-bf16-b32-t8192-n64",
+        "last segment in decode at batch 32, the pattern above, smaller",
+    ),
+    (
+        "qwen3-30b-a3b-inference-bf16-b256-t512-n32",
+        "last segment in decode at batch 256 (not traced further)",
+    ),
+    (
+        "qwen3-4b-inference-bf16-b8-t32768-n64",
+        "last segment in the 32k prefill (not traced further)",
+    ),
+    (
+        "bert-base-uncased-inference-fp32-b1-t128",
+        "0.04 GiB: free room in the weights' 2 MiB and 20 MiB segments",
+    ),
+    (
+        "smollm2-135m-inference-bf16-b1-t512-n64",
+        "0.02 GiB: free room in the weights' segments",
+    ),
+    (
+        "phi-2-lora-bf16-b4-t2048-gcfull-adamw-r16",
+        "last segment in the optimizer step (not traced further)",
+    ),
+];
+
+/// A row scored: id, workload, reference GiB, model GiB, signed error in percent.
+type Scored = (String, String, f64, f64, f64);
+
+fn score(id: &str, workload: &str, spec: &Spec, reference: f64) -> Scored {
+    let model = estimate(spec, 141 << 30).reserved_bytes as f64 / GIB;
+    (
+        id.to_string(),
+        workload.to_string(),
+        reference,
+        model,
+        (model - reference) / reference * 100.0,
+    )
+}
+
+/// Median and p90 of |error|, signed median and lowest, in percent.
+fn bands(errors: &[f64]) -> (f64, f64, f64, f64) {
+    let (abs, signed) = model_rows::sorted_errors(errors);
+    (
+        percentile(&abs, 0.5),
+        percentile(&abs, 0.9),
+        percentile(&signed, 0.5),
+        signed[0],
+    )
+}
+
+fn print_bands(label: &str, errors: &[f64]) {
+    let (median, p90, signed, min) = bands(errors);
+    println!(
+        "{label:<34} {:>4} rows  median {median:>5.1}%  p90 {p90:>5.1}%  signed {signed:>+6.1}%  min {min:>+6.1}%",
+        errors.len()
+    );
+}
+
+#[test]
+fn reserved_against_the_allocator_replay_and_the_h200_rows() {
+    let oracle = model_rows::oracle_reserved();
+    assert!(
+        oracle.len() >= 40,
+        "oracle-reserved.csv has {} rows",
+        oracle.len()
+    );
+    let mut scored: Vec<Scored> = oracle
+        .iter()
+        .map(|r| score(&r.id, &r.workload, &r.spec, r.oracle_gib))
+        .collect();
+    let h200: Vec<Scored> = model_rows::h200()
+        .iter()
+        .map(|r| score(&r.id, &r.workload, &r.spec, r.max_reserved))
+        .collect();
+    for (label, rows) in [
+        ("oracle reserved sample", &scored),
+        ("H200 max_reserved", &h200),
+    ] {
+        let all: Vec<f64> = rows.iter().map(|r| r.4).collect();
+        print_bands(label, &all);
+        for workload in ["inference", "training", "lora"] {
+            let errors: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.1 == workload)
+                .map(|r| r.4)
+                .collect();
+            if !errors.is_empty() {
+                print_bands(&format!("  {workload}"), &errors);
+            }
+        }
+    }
+    println!("H200 rows: measured reserved / model (GiB):");
+    for r in &h200 {
+        println!("  {:<40} {:>8.3} {:>8.3} {:>+6.1}%", r.0, r.2, r.3, r.4);
+    }
+    scored.sort_by(|a, b| a.4.total_cmp(&b.4));
+    println!("oracle reserved sample, lowest first: oracle reserved / model (GiB):");
+    for r in &scored {
+        println!("  {:<58} {:>8.3} {:>8.3} {:>+6.1}%", r.0, r.2, r.3, r.4);
+    }
+    for r in &h200 {
+        assert!(
+            r.4 >= H200_FLOOR,
+            "{}: reserved {:.1}% low, below the floor of {H200_FLOOR}%",
+            r.0,
+            r.4
+        );
+    }
+    for r in &scored {
+        if KNOWN_GAPS.iter().any(|(id, _)| r.0 == *id) {
+            continue;
+        }
+        assert!(
+            r.4 >= -5.0,
+            "{}: the model's reserved is {:.1}% below the allocator replay",
+            r.0,
+            r.4
+        );
+    }
+}
