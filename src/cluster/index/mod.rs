@@ -160,6 +160,12 @@ impl Index {
         self.pods.read().by_key.contains_key(key)
     }
 
+    /// Whether pod `key` is bound to a node (or bound by our own bind in flight); `None` when
+    /// the index does not have it.
+    pub fn pod_bound(&self, key: &str) -> Option<bool> {
+        self.pods.read().by_key.get(key).map(|p| p.node.is_some())
+    }
+
     /// Whether kube-scheduler left some pod peakfit places unschedulable (`PodEntry::
     /// unschedulable`). A scan of the pod table: the nudger asks only when a node improved and
     /// its own record of refused pods is empty.
