@@ -4,10 +4,12 @@
 //! percentiles: criterion reports means and medians, the targets are p99s.
 //!
 //! `cargo bench --bench extender` (env `PEAKFIT_BENCH_ITERS`, default 2000 per measurement;
-//! `PEAKFIT_BENCH_ONLY=repeat,http,stream,cold,mixchange,criterion,spread` to run some of them;
-//! `criterion` adds criterion's estimates for the in-process calls; `PEAKFIT_BENCH_CLUSTER=distinct`
-//! gives every node a state of its own, see `build`; `spread` replays what kube-scheduler sends in
-//! `scheduler_throughput`'s spread variant, at `PEAKFIT_BENCH_SPREAD_NODES`, default `1000,5000`).
+//! `PEAKFIT_BENCH_ONLY=repeat,http,stream,cold,mixchange,criterion,spread,unschedulable` to run
+//! some of them; `criterion` adds criterion's estimates for the in-process calls;
+//! `PEAKFIT_BENCH_CLUSTER=distinct` gives every node a state of its own, see `build`; `spread`
+//! replays what kube-scheduler sends in `scheduler_throughput`'s spread variant, at
+//! `PEAKFIT_BENCH_SPREAD_NODES`, default `1000,5000`; `unschedulable` times the nudger's
+//! question over 50,000 pods, see `unschedulable`).
 //!
 //! Four workloads: one pod asked about again and again (every node's memo answers), a stream
 //! of pods in runs of one shape with a bind and a finished pod per request (what a scheduler
@@ -62,19 +64,20 @@ fn pod_uid(i: usize) -> String {
     format!("00000000-0000-4000-8000-{i:012x}")
 }
 
-/// A deterministic mixed cluster: pod i sits on node i % NODES, GPU (i / NODES) % GPUS, asks
-/// 2-17 GiB, and its processes use 60-100 % of that; every 7th GPU runs a process of no pod.
+/// A deterministic mixed cluster of `pods` pods (a multiple of `NODES`): pod i sits on node
+/// i % NODES, GPU (i / NODES) % GPUS, asks 2-17 GiB, and its processes use 60-100 % of that;
+/// every 7th GPU runs a process of no pod.
 /// Node n's pods follow n % 16 and its stray processes n % 7, so the nodes fall into 112 states
 /// (what scoring reads of them: `placement::signature`), as nodes of a real pool repeat. With
 /// `distinct`, GPU 0 of node n also runs a stray process of n + 1 MiB: 5,000 states, no two
 /// nodes alike, the worst case for sharing scores between equal nodes.
-fn build(index: &Index, distinct: bool) {
+fn build(index: &Index, distinct: bool, pods: usize) {
     for n in 0..NODES {
         let name = format!("gpu-node-{n:05}");
         // Allocatable CPU and memory: the ledgers track CPU, so scoring's CPU balance is on.
         index.apply_node(&node(&name, NODE_CPU, "1Ti"));
     }
-    let per_node = PODS / NODES;
+    let per_node = pods / NODES;
     for n in 0..NODES {
         let name = format!("gpu-node-{n:05}");
         let mut gpus: Vec<GpuDevice> = (0..GPUS)
@@ -122,7 +125,7 @@ fn build(index: &Index, distinct: bool) {
         }
         index.apply_report(&fresh_report(&name, gpus));
     }
-    for i in 0..PODS {
+    for i in 0..pods {
         let n = i % NODES;
         let g = (i / NODES) % GPUS;
         let want = (2 + (i % 16) as u64) * GIB;
@@ -534,6 +537,12 @@ fn main() {
             return;
         }
     }
+    if wanted("unschedulable") {
+        unschedulable(iters);
+        if only == "unschedulable" {
+            return;
+        }
+    }
     let body = request_body();
     let distinct = match std::env::var("PEAKFIT_BENCH_CLUSTER").as_deref() {
         Ok("distinct") => true,
@@ -545,7 +554,7 @@ fn main() {
     let before = rss_bytes();
     let t = Instant::now();
     let bare = Index::new();
-    build(&bare, distinct);
+    build(&bare, distinct, PODS);
     let bare_rss = rss_bytes().saturating_sub(before);
     println!(
         "index without metrics: {NODES} nodes x {GPUS} GPUs, {} pods, built in {:.1} s, RSS +{:.1} MiB",
@@ -560,7 +569,7 @@ fn main() {
     let metrics = Arc::new(ExtenderMetrics::with_index(index.clone(), || {
         jiff::Timestamp::now().as_second()
     }));
-    build(&index, distinct);
+    build(&index, distinct, PODS);
     println!(
         "index again (ledger gauges are read at scrape, nothing kept): built in {:.1} s, RSS +{:.1} MiB (RSS now {:.1} MiB; freed pages of the first build may be reused)",
         t.elapsed().as_secs_f64(),
@@ -694,6 +703,49 @@ fn main() {
     if wanted("criterion") {
         criterion_estimates(&ext, &body);
     }
+}
+
+/// Pods in the nudger's cluster (issue 23): what `Index::any_pod_left_unschedulable` is asked
+/// over.
+const NUDGE_PODS: usize = 50_000;
+
+/// The nudger's question when a node improved and its filter's record of refused pods is
+/// empty: does kube-scheduler leave some pod peakfit places unschedulable? Asked of 5,000 nodes
+/// × 8 GPUs with 50,000 bound pods and none waiting, the answer that costs the most where it
+/// is worked out by a pass over the pod table.
+fn unschedulable(iters: usize) {
+    let index = Index::new();
+    let t = Instant::now();
+    build(&index, false, NUDGE_PODS);
+    println!(
+        "index for the nudger: {NODES} nodes x {GPUS} GPUs, {} pods, built in {:.1} s",
+        index.pod_count(),
+        t.elapsed().as_secs_f64()
+    );
+    assert!(!index.any_pod_left_unschedulable());
+    let s = timed(iters, || {
+        std::hint::black_box(index.any_pod_left_unschedulable());
+    });
+    println!(
+        "{}",
+        s.line(&format!("any_pod_left_unschedulable, {NUDGE_PODS} pods"))
+    );
+    // The nudger asks at most once a tick (1 s), after the requests have had the caches: each
+    // call after walking a buffer larger than the last-level cache.
+    let mut flush = vec![0u8; 64 << 20];
+    let cold = measure(iters.div_ceil(10), || {
+        for i in (0..flush.len()).step_by(64) {
+            flush[i] = flush[i].wrapping_add(1);
+        }
+        std::hint::black_box(&flush);
+        let t = Instant::now();
+        std::hint::black_box(index.any_pod_left_unschedulable());
+        t.elapsed()
+    });
+    println!(
+        "{}",
+        cold.line("  the same, caches flushed before each call")
+    );
 }
 
 #[path = "extender/spread.rs"]

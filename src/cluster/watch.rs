@@ -62,31 +62,66 @@ pub fn watches(model_configs: bool, profiles: bool, resource_slices: bool) -> us
 pub fn spawn_resource_slices(client: Client, index: Arc<Index>, readiness: Readiness) {
     use tracing::Instrument as _;
     tokio::spawn(
-        async move {
-            if resource_slices_served(&client, SERVED_RETRY_MAX).await {
-                run_watch::<ResourceSlice>(
-                    Api::all(client),
-                    watcher::Config::default().any_semantic(),
-                    index,
-                    readiness,
-                )
-                .await;
-            } else {
-                tracing::warn!(
-                    "the API server does not serve resource.k8s.io/v1 ResourceSlices (Kubernetes \
-                     before 1.34): nodes are refused while PodResources is down only where a \
-                     device plugin advertises a GPU"
-                );
-                // Nothing to list: the watch counts as synced.
-                readiness.synced();
-            }
-        }
-        .instrument(tracing::info_span!("watch", kind = "ResourceSlice")),
+        watch_resource_slices(client, index, readiness, SERVED_RETRY_MAX, SERVED_RECHECK)
+            .instrument(tracing::info_span!("watch", kind = "ResourceSlice")),
     );
 }
 
 /// The longest wait between two discovery attempts for `ResourceSlices`.
 const SERVED_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long after the API server said it does not serve `ResourceSlices` it is asked again: a
+/// control plane upgraded to Kubernetes 1.34 while the extender runs starts serving them, and
+/// the watch should follow without a restart. Not a flag: one discovery call every 5 minutes
+/// costs the API server nothing an operator would trade, and a DRA driver publishes slices only
+/// once it is installed after the upgrade, which takes longer than that; until then the watch
+/// has nothing to list.
+pub const SERVED_RECHECK: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The `ResourceSlice` watch's task: asks discovery (`resource_slices_served`), and while the
+/// API server does not serve `resource.k8s.io/v1` asks again every `recheck`, starting the watch
+/// once it does. Readiness opens at the first "not served" and stays open: the extender served
+/// before the upgrade, and a watch started afterwards counts its first list towards a gate of
+/// its own, not the probes' (a gate that opened never closes again).
+async fn watch_resource_slices(
+    client: Client,
+    index: Arc<Index>,
+    readiness: Readiness,
+    retry_max: std::time::Duration,
+    recheck: std::time::Duration,
+) {
+    let readiness = if resource_slices_served(&client, retry_max).await {
+        readiness
+    } else {
+        tracing::warn!(
+            every = ?recheck,
+            "the API server does not serve resource.k8s.io/v1 ResourceSlices (Kubernetes \
+             before 1.34): nodes are refused while PodResources is down only where a device \
+             plugin advertises a GPU; asking again periodically"
+        );
+        // Nothing to list: the watch counts as synced.
+        readiness.synced();
+        loop {
+            tokio::time::sleep(recheck).await;
+            if resource_slices_served(&client, retry_max).await {
+                break;
+            }
+            tracing::debug!("resource.k8s.io/v1 ResourceSlices still not served");
+        }
+        tracing::info!(
+            "the API server serves resource.k8s.io/v1 ResourceSlices now (upgraded to \
+             Kubernetes 1.34 or later): watching them"
+        );
+        Readiness::waiting_for(1)
+    };
+    run_watch::<ResourceSlice>(
+        Api::all(client),
+        watcher::Config::default().any_semantic(),
+        index,
+        readiness,
+    )
+    .await;
+}
 
 /// Whether the API server serves `ResourceSlices`, asked until it answers (1 s, doubling, at
 /// most `retry_max` apart): a watch on a version it does not serve would never list, and a
@@ -429,6 +464,99 @@ mod tests {
         });
         assert!(!resource_slices_served(&client, std::time::Duration::from_secs(30)).await);
         server.await.unwrap();
+    }
+
+    /// A cluster upgraded to 1.34 while the extender runs (issue 23): "not served" opens
+    /// readiness at once, discovery is asked again every `SERVED_RECHECK` (on tokio's paused
+    /// clock) with readiness open throughout, and once `resource.k8s.io/v1` is served the watch
+    /// lists the slices, which mark their node.
+    #[tokio::test(start_paused = true)]
+    async fn slices_served_after_an_upgrade_are_watched_without_a_restart() {
+        use crate::inventory::PodResourcesStatus;
+        use crate::placement::NodeCondition;
+        use http::{Request, Response};
+        use kube::client::Body;
+        use std::time::Duration;
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, "default");
+        let index = Arc::new(Index::new());
+        index.apply_node(&crate::cluster::test_support::mk_node("n1"));
+        let mut report = mk_report("n1", &[("GPU-a", 80 << 30, 0, &[])]);
+        report.status.as_mut().unwrap().pod_resources = Some(PodResourcesStatus {
+            up: false,
+            reason: Some("connection refused".into()),
+        });
+        index.apply_report(&report);
+        let ledger = |index: &Index| crate::cluster::test_support::ledger(index, "n1").condition;
+        assert_eq!(ledger(&index), NodeCondition::Ready, "no slice seen yet");
+        let readiness = Readiness::waiting_for(1);
+        let start = tokio::time::Instant::now();
+        tokio::spawn(watch_resource_slices(
+            client,
+            index.clone(),
+            readiness.clone(),
+            SERVED_RETRY_MAX,
+            SERVED_RECHECK,
+        ));
+        let respond = |send: tower_test::mock::SendResponse<Response<Body>>, status, body: &str| {
+            send.send_response(
+                Response::builder()
+                    .status(status)
+                    .body(Body::from(body.as_bytes().to_vec()))
+                    .unwrap(),
+            );
+        };
+        let not_found = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"x",
+            "reason":"NotFound","code":404}"#;
+        for ask in 0..3u32 {
+            let (req, send) = handle.next_request().await.expect("discovery");
+            assert_eq!(req.uri().path(), "/apis/resource.k8s.io/v1");
+            let waited = start.elapsed();
+            assert!(
+                waited >= SERVED_RECHECK * ask
+                    && waited < SERVED_RECHECK * ask + Duration::from_secs(1),
+                "asked again after {ask} waits, at {waited:?}"
+            );
+            assert_eq!(
+                readiness.is_ready(),
+                ask > 0,
+                "open after the first answer, and stays"
+            );
+            respond(send, 404, not_found);
+        }
+        let (req, send) = handle.next_request().await.expect("discovery");
+        assert_eq!(req.uri().path(), "/apis/resource.k8s.io/v1");
+        assert!(start.elapsed() >= SERVED_RECHECK * 3);
+        respond(
+            send,
+            200,
+            r#"{"kind":"APIResourceList","apiVersion":"v1","groupVersion":"resource.k8s.io/v1",
+                "resources":[{"name":"resourceslices","singularName":"resourceslice",
+                "namespaced":false,"kind":"ResourceSlice","verbs":["list","watch"]}]}"#,
+        );
+        let (req, send) = handle.next_request().await.expect("the slices' list");
+        assert_eq!(req.uri().path(), "/apis/resource.k8s.io/v1/resourceslices");
+        respond(
+            send,
+            200,
+            r#"{"kind":"ResourceSliceList","apiVersion":"resource.k8s.io/v1",
+                "metadata":{"resourceVersion":"7"},
+                "items":[{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice",
+                  "metadata":{"name":"n1-gpu","resourceVersion":"7"},
+                  "spec":{"driver":"gpu.nvidia.com","nodeName":"n1",
+                    "pool":{"name":"p","generation":1,"resourceSliceCount":1},
+                    "devices":[{"name":"gpu-0"}]}}]}"#,
+        );
+        // The watch asks for changes once it has applied the list.
+        let (req, _send) = handle.next_request().await.expect("the slices' watch");
+        assert_eq!(req.uri().path(), "/apis/resource.k8s.io/v1/resourceslices");
+        assert!(readiness.is_ready());
+        assert!(
+            matches!(ledger(&index), NodeCondition::PodResourcesDown { by, .. }
+                if by.dra_driver.as_deref() == Some("gpu.nvidia.com")),
+            "{:?}",
+            ledger(&index)
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod conflicts;
 pub mod filter;
 pub mod holds;
 pub mod nudge;
+mod pending;
 pub mod preempt;
 pub mod prescore;
 pub mod prioritize;
@@ -281,18 +282,6 @@ fn gpu_models_of<'a>(
     out
 }
 
-#[derive(Clone, Debug)]
-struct Pending {
-    since_unix: i64,
-    reason: &'static str,
-    /// When filter first refused it everywhere (`since_unix` follows the test clock).
-    since: std::time::Instant,
-    /// Nodes that passed every kube-scheduler plugin and only filter refused, where evicting
-    /// pods could make room (the resolvable refusals of its last filter, at most
-    /// [`PREEMPTIBLE_NODES_KEPT`]): where `self_preempt` may look for victims.
-    preemptible: Vec<String>,
-}
-
 /// How many resolvable nodes a waiting pod keeps for `self_preempt`.
 pub const PREEMPTIBLE_NODES_KEPT: usize = 64;
 
@@ -315,7 +304,9 @@ pub struct Extender {
     class_ids: Mutex<ClassIds>,
     /// What the prescorer's last pass kept warm.
     warmed: Mutex<prescore::Warmed>,
-    pending: Mutex<HashMap<PodKey, Pending>>,
+    /// Pods filter refused on every node (`pending`): recorded from the request, before the
+    /// Pod watch may have shown them.
+    pending: Mutex<pending::PendingPods>,
     /// Nodes filter refused as a whole (report missing or stale, NVML or `PodResources` down)
     /// since the nudger last looked: it counts them as having offered nothing then, so one that
     /// recovered within a tick is still nudged (`nudge`).
@@ -362,7 +353,7 @@ impl Extender {
             shapes: Mutex::new(ShapeStats::default()),
             class_ids: Mutex::new(ClassIds::default()),
             warmed: Mutex::new(prescore::Warmed::default()),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::default(),
             refused_whole: Mutex::default(),
             nudging: std::sync::atomic::AtomicBool::new(false),
             preempt_calls: Mutex::new(HashMap::new()),
@@ -508,39 +499,43 @@ impl Extender {
         self.preempt_calls.lock().get(key).copied()
     }
 
+    /// Records that filter refused pod `key` everywhere for `reason` (`None`: it did not, or
+    /// the pod is bound), whether or not the index has shown the pod yet (`pending`).
     fn set_pending(&self, key: &str, reason: Option<&'static str>, preemptible: Vec<String>) {
+        let Some(reason) = reason else {
+            self.pending.lock().remove(key);
+            return;
+        };
+        // Asked before the table's lock is taken; the sweep takes them the other way round.
+        let shown = self.index.contains_pod(key);
+        let now = std::time::Instant::now();
         let mut p = self.pending.lock();
-        match reason {
-            Some(reason) => {
-                let now = self.now();
-                p.entry(key.to_owned())
-                    .and_modify(|e| {
-                        e.reason = reason;
-                        e.preemptible.clone_from(&preemptible);
-                    })
-                    .or_insert(Pending {
-                        since_unix: now,
-                        reason,
-                        since: std::time::Instant::now(),
-                        preemptible,
-                    });
-            }
-            None => {
-                p.remove(key);
-            }
+        if !shown && p.sweep_due(now) {
+            p.sweep(now, |k| self.index.pod_bound(k));
+        }
+        if !p.refused(key, reason, preemptible, shown, (self.now(), now)) {
+            tracing::debug!(pod = %key, "too many refused pods the Pod watch has not shown; not recorded");
         }
     }
 
+    /// The refused pods after forgetting those bound, deleted, or never shown by the Pod watch
+    /// (`pending`), locked.
+    fn pending_swept(&self) -> parking_lot::MutexGuard<'_, pending::PendingPods> {
+        let mut p = self.pending.lock();
+        p.sweep(std::time::Instant::now(), |k| self.index.pod_bound(k));
+        p
+    }
+
     /// Writes the pending-pod gauges (scrape time), first forgetting pods that no longer exist
-    /// (deleted while pending: no later filter would have cleared them).
+    /// (deleted while pending: no later filter would have cleared them) or are bound
+    /// (`pending_swept`).
     pub fn refresh_pending_gauges(&self) {
         self.sweep_holds();
         let now = self.now();
-        let mut p = self.pending.lock();
-        p.retain(|key, _| self.index.contains_pod(key));
+        let p = self.pending_swept();
         // Per reason: how many pods wait, and for how long the oldest has.
         let mut by_reason: HashMap<&'static str, (i64, i64)> = HashMap::new();
-        for e in p.values() {
+        for (_, e) in p.iter() {
             let r = by_reason.entry(e.reason).or_default();
             r.0 += 1;
             r.1 = r.1.max(now - e.since_unix);

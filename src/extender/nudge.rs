@@ -148,13 +148,11 @@ impl Extender {
             .collect()
     }
 
-    /// Whether any pod that still exists waits after filter refused it everywhere, or (this
-    /// extender's record lost in a restart or failover) kube-scheduler says a pod peakfit
-    /// places is unschedulable.
+    /// Whether any pod waits after filter refused it everywhere (also one the Pod watch has not
+    /// shown yet: `pending`), or (this extender's record lost in a restart or failover)
+    /// kube-scheduler says a pod peakfit places is unschedulable.
     fn pods_wait(&self) -> bool {
-        let mut p = self.pending.lock();
-        p.retain(|key, _| self.index.contains_pod(key));
-        !p.is_empty() || self.index.any_pod_left_unschedulable()
+        !self.pending_swept().is_empty() || self.index.any_pod_left_unschedulable()
     }
 }
 
@@ -367,6 +365,50 @@ mod tests {
             ["mixed".to_owned()].into_iter().collect()
         );
         assert!(ext.take_refused_whole().is_empty(), "taken once");
+    }
+
+    /// Issue 23: filter's own record of a refusal makes pods wait before the Pod watch shows
+    /// the pod (a tick landing between the refusal and the watch event used to drop it), and
+    /// the record goes once the pod binds, or is deleted after the index showed it.
+    #[test]
+    fn a_refusal_counts_before_the_watch_shows_the_pod_until_it_binds_or_goes() {
+        let ext = extender();
+        ext.index
+            .apply_report(&mk_report("small", &[("GPU-s", 8 * GIB, 0, &[])]));
+        let refuse = |uid: &str| {
+            let pod =
+                crate::cluster::test_support::mk_pod(uid, None, &[("peakfit.io/vram", "20Gi")]);
+            let out = ext.filter(crate::extender::wire::ExtenderArgs {
+                pod: Some(pod.clone()),
+                nodes: None,
+                node_names: Some(vec!["small".into()]),
+            });
+            assert_eq!(out.node_names.as_deref(), Some(&[] as &[String]));
+            pod
+        };
+        for gone_by in ["binding", "deletion"] {
+            let pod = refuse(gone_by);
+            assert!(
+                ext.index.find_pod(gone_by, "", "").is_none(),
+                "the watch has not shown it"
+            );
+            assert!(
+                ext.pods_wait(),
+                "{gone_by}: waits before the watch shows it"
+            );
+            ext.index.apply_pod(&pod);
+            assert!(ext.pods_wait(), "{gone_by}: waits once shown");
+            if gone_by == "binding" {
+                let mut bound = pod.clone();
+                bound.spec.as_mut().unwrap().node_name = Some("small".into());
+                ext.index.apply_pod(&bound);
+                assert!(!ext.pods_wait(), "bound: no longer waits");
+                ext.index.delete_pod(&bound);
+            } else {
+                ext.index.delete_pod(&pod);
+                assert!(!ext.pods_wait(), "deleted: no longer waits");
+            }
+        }
     }
 
     /// After a restart the extender's record of refused pods is empty; a pod kube-scheduler
