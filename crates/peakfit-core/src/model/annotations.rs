@@ -50,7 +50,6 @@
 //! | `flash-attention` | `true` `false`: `false` is eager attention (the score matrix) | `true`: transformers' SDPA in every dtype (`false` for fp32 outside transformers) |
 //! | `lora-rank` | 1–65536, only with lora/qlora | 8 (adapters on every linear layer) |
 //! | `lora-dropout` | LoRA's dropout probability, 0 up to (not) 1, only with lora/qlora: above 0 each adapted layer saves a dropped-out copy of its input and the mask | 0 (PEFT's `LoraConfig` default); 0.05 with `engine: litgpt` (its `finetune/lora.py` default) |
-//! | `bitsandbytes-version` | the bitsandbytes release a qlora pod trains with, `MAJOR.MINOR[.PATCH]` (`0.41.1`), only with qlora: before 0.43.2 its 4-bit matmul saved every quantised linear's input for backward (bitsandbytes#1270), so an nf4 base without recomputation holds those inputs in every layer | a current release (0.43.2 or later: nothing saved) |
 //! | `headroom` | extra fraction, 0–10, on the whole estimate (on the part outside a fraction engine's budget) | 0 |
 //! | `model-type` | a Hugging Face `model_type` (`config.json`, set by `--model-config`): `qwen3`, `phi3`, `gemma2`, ... decide what transformers' modules keep alive (q/k norms, fused projections, four norms per block) | the Llama layout (gated MLP unless 4 x hidden) |
 //! | `sliding-window` | tokens a sliding-window layer attends to, 1–67108864 (`sliding_window`, set by `--model-config` unless `use_sliding_window` is false): past it transformers builds the window's mask and repeats k and v to every head | none |
@@ -109,7 +108,6 @@ pub const INPUT_KEYS: &[&str] = &[
     "flash-attention",
     "lora-rank",
     "lora-dropout",
-    "bitsandbytes-version",
     "headroom",
     "model-type",
     "encoder-positions",
@@ -584,9 +582,6 @@ pub struct Spec {
     pub lora_rank: Option<u32>,
     /// LoRA's dropout probability on each adapter's input.
     pub lora_dropout: Option<f64>,
-    /// The bitsandbytes release (major, minor, patch) a QLoRA run trains with: releases before
-    /// 0.43.2 keep each 4-bit linear's input for backward.
-    pub bitsandbytes_version: Option<(u32, u32, u32)>,
     pub headroom: Option<f64>,
     /// The Hugging Face `model_type` (`config.json`): how the modeling code builds a block
     /// (fused projections, q/k norms, sandwich norms), which decides what it keeps alive.
@@ -691,25 +686,6 @@ fn count<T: TryFrom<u64>>(
         return Err(err());
     }
     T::try_from(n).map_err(|_| err())
-}
-
-/// A release number, `MAJOR.MINOR[.PATCH]`; a suffix after the patch (`0.41.3.post2`) is
-/// ignored, as it never changes what a release keeps alive.
-fn version(key: &str, value: &str) -> Result<(u32, u32, u32), AnnotationError> {
-    let err = || {
-        AnnotationError::new(
-            key,
-            value,
-            "a release number MAJOR.MINOR[.PATCH], such as 0.41.1",
-        )
-    };
-    let mut parts = value.trim().split('.');
-    let mut next = |required: bool| match parts.next() {
-        Some(p) => p.parse::<u32>().map_err(|_| err()),
-        None if required => Err(err()),
-        None => Ok(0),
-    };
-    Ok((next(true)?, next(true)?, next(false)?))
 }
 
 fn boolean(key: &str, value: &str) -> Result<bool, AnnotationError> {
@@ -963,7 +939,6 @@ impl Spec {
                 }
                 self.lora_dropout = Some(p);
             }
-            "bitsandbytes-version" => self.bitsandbytes_version = Some(version(key, v)?),
             "headroom" => self.headroom = Some(fraction(key, v, false, 10.0)?),
             k if OUTPUT_KEYS
                 .iter()
@@ -1110,15 +1085,6 @@ impl Spec {
                 "lora-dropout",
                 &self.lora_dropout.map(|p| p.to_string()).unwrap_or_default(),
                 "only with peakfit.io/workload lora or qlora",
-            ));
-        }
-        if let Some((major, minor, patch)) = self.bitsandbytes_version
-            && self.workload != Some(Workload::Qlora)
-        {
-            return Err(AnnotationError::new(
-                "bitsandbytes-version",
-                &format!("{major}.{minor}.{patch}"),
-                "only with peakfit.io/workload qlora (bitsandbytes trains only through a quantised base)",
             ));
         }
         if self.workload == Some(Workload::Qlora) && self.dtype.is_some_and(|d| !d.is_quantised()) {
@@ -1550,45 +1516,6 @@ mod tests {
         assert_eq!(spec.flash_attention, Some(true));
         assert_eq!(spec.engine, Some(Engine::Fraction(FractionEngine::Vllm)));
         assert_eq!(spec.context_tokens, Some(128_000));
-    }
-
-    #[test]
-    fn bitsandbytes_version_is_a_release_for_qlora_only() {
-        let qlora = [
-            ("model", "llama-3.1-8b"),
-            ("workload", "qlora"),
-            ("dtype", "nf4"),
-        ];
-        let spec = |v: &'static str| {
-            let mut a = qlora.to_vec();
-            a.push(("bitsandbytes-version", v));
-            Spec::parse(&ann(&a))
-        };
-        assert_eq!(
-            spec("0.41.1").unwrap().bitsandbytes_version,
-            Some((0, 41, 1))
-        );
-        assert_eq!(spec("0.45").unwrap().bitsandbytes_version, Some((0, 45, 0)));
-        assert_eq!(
-            spec("0.41.3.post2").unwrap().bitsandbytes_version,
-            Some((0, 41, 3))
-        );
-        for bad in ["0", "latest", "0.x.1", "0.41.-1"] {
-            let e = spec(bad).unwrap_err();
-            assert_eq!(
-                (e.key.as_str(), e.value.as_str()),
-                ("bitsandbytes-version", bad),
-                "{e}"
-            );
-            assert!(e.allowed.contains("MAJOR.MINOR"), "{e}");
-        }
-        let e = err(&[
-            ("model", "llama-3.1-8b"),
-            ("workload", "lora"),
-            ("bitsandbytes-version", "0.41.1"),
-        ]);
-        assert_eq!(e.key, "bitsandbytes-version");
-        assert!(e.allowed.contains("qlora"), "{e}");
     }
 
     #[test]

@@ -6,7 +6,6 @@
 //! |---|---|---|
 //! | activations | `s/c` tokens per sequence; TP shards 24 of the 34 `sbh` bytes, sequence parallel all 34 (`34·sbh/t`); torchtitan's DTensor sequence parallelism keeps the gathered attention and MLP inputs (4 of them) whole in every layer holding its full working set | Korthikanti et al. 2022, Table 2 and §4.2.2; torchtitan `parallelize_llama.py` `apply_tp` (`PrepareModuleInput(..., desired_input_layouts=Replicate())`) |
 //! | LoRA dropout | with `lora-dropout` > 0 (litgpt: 0.05 unless stated) each adapted linear's dropped-out input (activation width) and mask (1 B) per token, in every layer without recomputation, in the recomputed one with it; all linears (q, k, v, o, MLP), litgpt its fused QKV input only | peft `lora.Linear.forward`; litgpt `LoRAQKVLinear.forward`, `finetune/lora.py` defaults |
-//! | bitsandbytes' saved inputs | QLoRA on an nf4 base with `bitsandbytes-version` before 0.43.2: every quantised linear's 16-bit input, `2·(2h + q/t + I/t)` bytes per token (attention and MLP inputs, `o_proj`'s and `down_proj`'s), in every layer without recomputation, in the recomputed one with it; none from 0.43.2 (a frozen 16-bit linear saves no input either) | bitsandbytes `MatMul4Bit.forward` (`ctx.tensors = (A, B)` whenever an input needs a gradient; backward reads only `B`), removed by bitsandbytes#1270 |
 //! | activation offload | two layers' saved activations stay, the rest is on the CPU | torchtune activation offloading |
 //! | logits | `s·b·V/t` (tokens `/c`) at the framework's bytes per entry ([`Framework::logits_bytes_per_token_vocab`]); inference keeps the last token's | huggingface/transformers#38452; ring attention |
 
@@ -87,29 +86,6 @@ impl Inputs {
         (width + 1.0) * inputs / h
     }
 
-    /// Bytes per `s·b·h` per layer that bitsandbytes' 4-bit matmul keeps beyond what a frozen
-    /// 16-bit base keeps. Up to 0.43.1 `MatMul4Bit.forward` stored its input whenever any input
-    /// needed a gradient (`ctx.tensors = (A, B)`, `bitsandbytes/autograd/_functions.py`), and
-    /// under LoRA the input always does (the adapters upstream train), although its backward
-    /// computes only the input's gradient, from the weight alone: a frozen `nn.Linear` saves no
-    /// input, since autograd keeps `mm`'s first operand only for the weight's gradient.
-    /// bitsandbytes#1270 ("delete useless buffered activation", merged 2024-07-16, in 0.43.2)
-    /// stores `(None, B)` instead. The inputs of a block's quantised linears are the
-    /// attention's (q, k and v share one, `h` wide), `o_proj`'s (`q` wide, a contiguous copy
-    /// of the attention output), the MLP's (gate and up share one) and `down_proj`'s (`I`
-    /// wide), at the 16-bit compute width `Linear4bit` casts to (`compute_dtype`);
-    /// tensor parallelism splits the row-parallel ones' inputs.
-    pub(super) fn bnb_saved_inputs(&self) -> f64 {
-        if !(self.bnb_saves_matmul_input && self.workload.is_training()) {
-            return 0.0;
-        }
-        let a = &self.arch;
-        let h = f64::from(a.hidden_size);
-        let q = f64::from(a.attention_heads * a.head_dim) / self.tp;
-        let ffn = f64::from(a.intermediate_size) / self.tp;
-        2.0 * (2.0 * h + q + ffn) / h
-    }
-
     /// Training activations (Korthikanti et al. 2022, arXiv:2205.05198, Table 2), per GPU.
     pub(super) fn activations(&self) -> f64 {
         let a = &self.arch;
@@ -175,16 +151,14 @@ impl Inputs {
             Checkpointing::Selective => saved(ACT_SELECTIVE),
             Checkpointing::Full => saved(ACT_FULL) + ACT_FULL_WORKING_LAYERS * working(!self.flash),
         };
-        // LoRA's dropout copies and bitsandbytes' saved inputs live as long as the layer's
-        // other saved tensors: in every layer without recomputation, in the one being
-        // recomputed with it.
+        // LoRA's dropout copies live as long as the layer's other saved tensors: in every
+        // layer without recomputation, in the one being recomputed with it.
         let dropout_layers = match self.checkpointing {
             Checkpointing::Full => ACT_FULL_WORKING_LAYERS,
             _ if self.offload == Offload::Activations => 2.0 + ACT_FULL_WORKING_LAYERS,
             _ => l,
         };
-        let dropout =
-            dropout_layers * s * b * h * (self.lora_dropout_saved() + self.bnb_saved_inputs());
+        let dropout = dropout_layers * s * b * h * self.lora_dropout_saved();
         // fp32 training keeps fp32 activations: ~1.9x the 16-bit bytes (checked against
         // BERT-large's fp32 rows, nvml, in HF Transformers'
         // `docs/source/en/perf_train_gpu_one.md`).
@@ -214,48 +188,6 @@ impl Inputs {
 mod tests {
     use crate::model::estimate::testing::{est, est_with, part};
     use crate::model::quantity::{GIB, MIB};
-
-    #[test]
-    fn bitsandbytes_before_0_43_2_keeps_every_quantised_linears_input() {
-        let run = |gc: &'static str, version: Option<&'static str>| {
-            let mut a = vec![
-                ("model", "llama-2-7b"),
-                ("workload", "qlora"),
-                ("dtype", "nf4"),
-                ("engine", "litgpt"),
-                ("context-tokens", "1304"),
-                ("lora-dropout", "0"),
-                ("gradient-checkpointing", gc),
-            ];
-            if let Some(v) = version {
-                a.push(("bitsandbytes-version", v));
-            }
-            part(&est(&a), "activations")
-        };
-        // Llama-2-7B: the attention and MLP inputs (h = 4096 each), o_proj's (32 x 128) and
-        // down_proj's (11008), 16-bit, for 1304 tokens in each of 32 layers.
-        let per_layer = 1304.0 * 2.0 * (2.0 * 4096.0 + 4096.0 + 11008.0);
-        let current = run("none", None);
-        assert_eq!(run("none", Some("0.43.2")), current);
-        let old = run("none", Some("0.41.1")) - current;
-        assert!((old - 32.0 * per_layer).abs() <= 2.0, "{old}");
-        // With recomputation only the layer being recomputed holds them.
-        let old_full = run("full", Some("0.43.1")) - run("full", None);
-        assert!((old_full - per_layer).abs() <= 2.0, "{old_full}");
-        // GPTQ's int4 layers are not bitsandbytes': nothing changes.
-        let gptq = |version: Option<&'static str>| {
-            let mut a = vec![
-                ("model", "llama-2-7b"),
-                ("workload", "qlora"),
-                ("dtype", "int4-gptq"),
-            ];
-            if let Some(v) = version {
-                a.push(("bitsandbytes-version", v));
-            }
-            part(&est(&a), "activations")
-        };
-        assert_eq!(gptq(Some("0.41.1")), gptq(None));
-    }
 
     #[test]
     fn activations_by_checkpointing_and_flash_attention() {

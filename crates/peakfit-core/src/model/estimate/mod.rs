@@ -221,9 +221,6 @@ struct Inputs {
     lora_rank: f64,
     /// LoRA's dropout probability (0: PEFT's identity, no copies).
     lora_dropout: f64,
-    /// A bitsandbytes release before 0.43.2 runs the 4-bit base: its `MatMul4Bit` keeps each
-    /// quantised linear's input for backward ([`activations`]).
-    bnb_saves_matmul_input: bool,
     /// HF `generate` with the legacy concatenating cache (no flash-attention path stated, or a
     /// model whose own code keeps tuples: [`super::presets::Preset::tuple_cache`]).
     legacy_cache: bool,
@@ -403,11 +400,6 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         lora_dropout: spec
             .lora_dropout
             .unwrap_or(framework.map_or(0.0, Framework::default_lora_dropout)),
-        // bitsandbytes#1270 (merged 2024-07-16, released in 0.43.2) stopped `MatMul4Bit` from
-        // keeping its input; only the 4-bit dtypes run through it.
-        bnb_saves_matmul_input: workload == Workload::Qlora
-            && matches!(dtype, Dtype::Nf4 | Dtype::Nf4Dq)
-            && spec.bitsandbytes_version.is_some_and(|v| v < (0, 43, 2)),
         headroom: spec.headroom.unwrap_or(0.0),
         engine: spec.engine.clone(),
         optimizer_paged: spec.optimizer_paged,
