@@ -228,7 +228,7 @@ def replay_events(events, capacity=H200_ALLOCATOR_CAPACITY):
         if e[0] == "a":
             before = al.reserved
             al.malloc(e[1], e[2])
-            if al.reserved > before and weight_segments is not None:
+            if al.reserved > before:
                 phase = e[3]
         elif e[0] == "f":
             al.free(e[1])
