@@ -41,6 +41,10 @@ pub(super) struct Pending {
     pub(super) preemptible: Vec<String>,
     /// Whether the index has shown the pod since its refusal was recorded.
     seen: bool,
+    /// The latest refusal: an unseen entry is kept [`UNSEEN_FOR`] from this, not from `since`,
+    /// so a Pod watch that lags longer (a relist on a large cluster) does not drop a pod that
+    /// is still being refused and restart its age (`since`, which self-preemption reads).
+    last_refused: Instant,
 }
 
 /// Where the index has a pod now (`Index::pod_bound`: `None` when it has none).
@@ -70,6 +74,7 @@ impl PendingPods {
         if let Some(e) = self.pods.get_mut(key) {
             e.reason = reason;
             e.preemptible = preemptible;
+            e.last_refused = now;
             if shown && !e.seen {
                 e.seen = true;
                 self.unseen -= 1;
@@ -90,6 +95,7 @@ impl PendingPods {
                 since: now,
                 preemptible,
                 seen: shown,
+                last_refused: now,
             },
         );
         true
@@ -114,8 +120,8 @@ impl PendingPods {
     }
 
     /// Forgets the pods `bound` says are bound, those the index showed and no longer has
-    /// (deleted), and those it has not shown for [`UNSEEN_FOR`]; marks the others it has as
-    /// seen.
+    /// (deleted), and those it has not shown and filter has not refused for [`UNSEEN_FOR`]; marks
+    /// the others it has as seen.
     pub(super) fn sweep(&mut self, now: Instant, bound: impl Fn(&str) -> Bound) {
         self.last_sweep = Some(now);
         let unseen = &mut self.unseen;
@@ -129,7 +135,7 @@ impl PendingPods {
                     }
                     return true;
                 }
-                None => !e.seen && now.saturating_duration_since(e.since) < UNSEEN_FOR,
+                None => !e.seen && now.saturating_duration_since(e.last_refused) < UNSEEN_FOR,
             };
             if !keep && !e.seen {
                 *unseen -= 1;
@@ -185,6 +191,23 @@ mod tests {
         assert_eq!(p.pods.len(), 1);
         p.sweep(t0 + UNSEEN_FOR * 10, |_| Some(true));
         assert!(p.is_empty());
+    }
+
+    /// A pod still refused while the Pod watch lags past `UNSEEN_FOR` stays, with the age of
+    /// its first refusal: the window runs from the latest refusal.
+    #[test]
+    fn an_unseen_pod_refused_again_keeps_its_entry_and_age() {
+        let t0 = Instant::now();
+        let mut p = PendingPods::default();
+        assert!(p.refused("a", "r", Vec::new(), false, at(t0)));
+        let again = t0 + UNSEEN_FOR - Duration::from_secs(1);
+        assert!(p.refused("a", "r", Vec::new(), false, at(again)));
+        p.sweep(t0 + UNSEEN_FOR + Duration::from_secs(30), |_| None);
+        let kept: Vec<_> = p.iter().map(|(k, e)| (k.as_str(), e.since)).collect();
+        assert_eq!(kept, [("a", t0)]);
+        p.sweep(again + UNSEEN_FOR, |_| None);
+        assert!(p.is_empty());
+        assert_eq!(p.unseen, 0);
     }
 
     /// At most `UNSEEN_MAX` unseen pods are kept; pods the index shows are always recorded,
