@@ -200,9 +200,9 @@ mod tests {
         let t0 = Instant::now();
         let mut p = PendingPods::default();
         assert!(p.refused("a", "r", Vec::new(), false, at(t0)));
-        let again = t0 + UNSEEN_FOR - Duration::from_secs(1);
+        let again = t0 + UNSEEN_FOR / 2;
         assert!(p.refused("a", "r", Vec::new(), false, at(again)));
-        p.sweep(t0 + UNSEEN_FOR + Duration::from_secs(30), |_| None);
+        p.sweep(t0 + UNSEEN_FOR + UNSEEN_FOR / 4, |_| None);
         let kept: Vec<_> = p.iter().map(|(k, e)| (k.as_str(), e.since)).collect();
         assert_eq!(kept, [("a", t0)]);
         p.sweep(again + UNSEEN_FOR, |_| None);
