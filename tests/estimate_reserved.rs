@@ -29,12 +29,16 @@ const KNOWN_GAPS: &[(&str, f64, &str)] = &[
     (
         "qwen3-0.6b-inference-bf16-b32-t8192-n64",
         -23.0,
-        "last segment in decode at batch 32 (not traced further)",
+        "decode's KV `torch.cat`: each step needs every layer's key and value 64 KiB larger \
+         than the 508 MiB blocks it frees; 15 of step 1's 56 copies fit no cached block and \
+         take fresh 510 MiB segments, 2 more in step 2, 7 of 512 MiB at step 33 (+12.0 GiB \
+         over the prefill's 38.9; docs/oracle.md)",
     ),
     (
         "qwen3-30b-a3b-inference-bf16-b256-t512-n32",
         -11.0,
-        "last segment in decode at batch 256 (not traced further)",
+        "decode step 1 gathers each token's expert weights (12,288 and 6,144 MiB), larger than \
+         any block the prefill freed (3,840 MiB at most): two fresh segments, +18.0 GiB",
     ),
     (
         "bert-base-uncased-inference-fp32-b1-t128",
@@ -44,7 +48,9 @@ const KNOWN_GAPS: &[(&str, f64, &str)] = &[
     (
         "qwen3-4b-inference-bf16-b8-t32768-n64",
         -9.0,
-        "last segment in the 32k prefill (not traced further)",
+        "the prefill carves each layer's 511 MiB key and value out of the freed 4,856 MiB MLP \
+         blocks, and every 3-5 layers the next layer's intermediates find no three whole \
+         blocks: 9 fresh segments",
     ),
     (
         "smollm2-135m-inference-bf16-b1-t512-n64",
