@@ -35,12 +35,6 @@ const KNOWN_GAPS: &[(&str, f64, &str)] = &[
          over the prefill's 38.9; docs/oracle.md)",
     ),
     (
-        "qwen3-30b-a3b-inference-bf16-b256-t512-n32",
-        -11.0,
-        "decode step 1 gathers each token's expert weights (12,288 and 6,144 MiB), larger than \
-         any block the prefill freed (3,840 MiB at most): two fresh segments, +18.0 GiB",
-    ),
-    (
         "bert-base-uncased-inference-fp32-b1-t128",
         -9.0,
         "0.04 GiB: free room in the weights' 2 MiB and 20 MiB segments",

@@ -22,6 +22,7 @@
 //! | prefill, score matrix (eager; fp32 SDPA on grouped-query attention, the math kernel) | repeated k and v (`2·T·q·c`) and two score tensors at once, `8·b·heads·s²`; eager's materialised mask `b·s²·c` | `eager_attention_forward`, `repeat_kv`, `masking_utils.eager_mask`; `sdp_utils.cpp` (`Pass::scores`) |
 //! | RMSNorm | two fp32 copies of its input at once, `8·T·h` | `LlamaRMSNorm.forward` (`to(float32)`, `pow(2)`, `* rsqrt`) |
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
+//! | decode, a mixture of experts' reserved | the gathered gate/up and down weights (`b·k·2·I·h·c`, `b·k·I·h·c`) larger than the prefill's largest tensor take new segments on top of the prefill's (slack `P + fresh − max(P, D)` beyond the prefill's own) | `batched_mm_experts_forward` (`self.gate_up_proj[expert_ids]`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` ([`gathered_experts_fresh`]) |
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
 //! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
 //! | training, a sliding window shorter than the sequence | the boolean `b·s²` mask for the whole step; per layer SDPA's saved float mask `c·b·s²` and k, v repeated to every head | `masking_utils.sdpa_mask`; `convert_boolean_attn_mask`; the SDPA kernels' `attn_bias` saved for backward; `use_gqa_in_sdpa` (no `enable_gqa` with a mask), `repeat_kv` |
@@ -864,9 +865,45 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
             encoder_positions, ..
         } if encoder_positions > 0 => inp.pass(inp.batch, f64::from(encoder_positions)),
         Kind::Encoder | Kind::EncoderDecoder { .. } => inp.pass(inp.batch, inp.context),
-        _ => inp.pass(inp.batch * inp.beams, inp.prompt),
+        _ => {
+            let seqs = inp.batch * inp.beams;
+            let prefill = inp.pass(seqs, inp.prompt);
+            let largest = largest_tensor(&block, &prefill);
+            let decode = decode_step(&block, seqs, inp.context, inp.kv_bytes, inp.compute_bytes());
+            return HF_SLACK_INFERENCE_TENSORS * largest
+                + gathered_experts_fresh(&block, &prefill, seqs, decode, largest);
+        }
     };
     HF_SLACK_INFERENCE_TENSORS * largest_tensor(&block, &pass)
+}
+
+/// Reserved bytes a mixture of experts adds at its first decode step beyond what the allocated
+/// peak already counts: the gathered gate/up (`b·k·2·I·h·c`) and down (`b·k·I·h·c`) weights of
+/// `batched_mm_experts_forward` ([`decode_step`]) that are larger than any block the prefill
+/// freed (at most its largest tensor) get segments of their own. The caching allocator serves
+/// a request from the smallest cached block that holds it and makes a new segment when none
+/// does (`CUDACachingAllocator.cpp`: `get_free_block`, then `alloc_block`), and it never
+/// releases the prefill's segments, so those gathers sit on top of the prefill's reserved
+/// memory: reserved = weights + cache + prefill activations `P` + the prefill's slack + fresh,
+/// while allocated counts `max(P, D)` (`D` the decode step's activations). The difference
+/// beyond the prefill's slack is `P + fresh − max(P, D)`, never below 0; a dense model gathers
+/// nothing. Traced on the allocator replay: Qwen3-30B-A3B at batch 256 × 512 made 12,288 and
+/// 6,144 MiB segments in decode step 1, where the prefill's largest block was 3,840 MiB
+/// (`docs/oracle.md`, "Why the model reads low on three rows").
+fn gathered_experts_fresh(
+    block: &Block,
+    prefill: &Pass,
+    seqs: f64,
+    decode: f64,
+    largest: f64,
+) -> f64 {
+    if block.experts_per_token <= 0.0 {
+        return 0.0;
+    }
+    let down = seqs * block.experts_per_token * block.ffn * block.h * prefill.c;
+    let fresh: f64 = [2.0 * down, down].iter().filter(|&&g| g > largest).sum();
+    let p = forward_peak(block, prefill);
+    (p + fresh - p.max(decode)).max(0.0)
 }
 
 #[cfg(test)]
@@ -1053,6 +1090,37 @@ mod tests {
         assert_eq!(
             decode_step(&block, 32.0, 1.0, 2.0, 2.0),
             32.0 * 8.0 * 3.0 * 768.0 * 2048.0 * 2.0
+        );
+    }
+
+    /// A mixture of experts decoding at wide batch gathers expert weights larger than any block
+    /// its prefill freed: those segments come on top of the prefill's; a narrow batch, or a
+    /// dense model, adds nothing.
+    #[test]
+    fn gathered_expert_weights_larger_than_the_prefill_blocks_get_fresh_segments() {
+        let mut block = llama_1b();
+        (block.ffn, block.experts_per_token) = (768.0, 8.0);
+        let p = pass(256.0, 512.0);
+        let largest = largest_tensor(&block, &p);
+        let down = 256.0 * 8.0 * 768.0 * 2048.0 * 2.0;
+        assert!(
+            down > largest,
+            "both gathers exceed the prefill's largest block"
+        );
+        let decode = decode_step(&block, 256.0, 544.0, 2.0, 2.0);
+        let prefill = forward_peak(&block, &p);
+        assert_eq!(
+            gathered_experts_fresh(&block, &p, 256.0, decode, largest),
+            prefill + 3.0 * down - prefill.max(decode)
+        );
+        let narrow = pass(2.0, 2048.0);
+        let d2 = decode_step(&block, 2.0, 2048.0, 2.0, 2.0);
+        let l2 = largest_tensor(&block, &narrow);
+        assert_eq!(gathered_experts_fresh(&block, &narrow, 2.0, d2, l2), 0.0);
+        let dense = llama_1b();
+        assert_eq!(
+            gathered_experts_fresh(&dense, &p, 256.0, decode, largest),
+            0.0
         );
     }
 
