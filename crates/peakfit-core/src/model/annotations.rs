@@ -39,6 +39,7 @@
 //! | `context-parallel` | 1–256: the sequence is split over this many GPUs (ring attention) | 1 |
 //! | `data-parallel` | 1–1048576 | 1 |
 //! | `zero-stage` | `0`–`3`, or FSDP's `no-shard` (0) `shard-grad-op` (2) `full-shard` (3) `hybrid-shard` (3 within the pod's GPUs); a numeric `3` outside torchtitan/torchtune/litgpt is DeepSpeed, which adds its 5e8-element gradient bucket | 0 |
+//! | `deepspeed-overlap-comm` | `true` `false`: DeepSpeed's `overlap_comm`, a second ZeRO-1/2 gradient bucket | `false` |
 //! | `offload` | `none optimizer params optimizer+params activations sequential model`: what lives in CPU memory (ZeRO-Offload / FSDP `cpu_offload` / activation offloading / diffusers `enable_sequential_cpu_offload` / `enable_model_cpu_offload`) | `none` |
 //! | `image-size` | diffusion only: image side in pixels, 64–16384 | the preset's (512 SD 1.5, 1024 others) |
 //! | `images` | diffusion only: images per prompt, 1–1024 | 1 |
@@ -97,6 +98,7 @@ pub const INPUT_KEYS: &[&str] = &[
     "context-parallel",
     "data-parallel",
     "zero-stage",
+    "deepspeed-overlap-comm",
     "offload",
     "image-size",
     "images",
@@ -560,6 +562,9 @@ pub struct Spec {
     pub context_parallel: Option<u32>,
     pub data_parallel: Option<u32>,
     pub zero_stage: Option<u8>,
+    /// DeepSpeed's `overlap_comm` (ZeRO-1/2: a second gradient bucket; DeepSpeed's default is
+    /// off below stage 3).
+    pub overlap_comm: Option<bool>,
     /// FSDP `HYBRID_SHARD`: sharded within the pod's GPUs, replicated across pods.
     pub hybrid_shard: bool,
     /// The stage was named the FSDP way (`full-shard` ...), not as a DeepSpeed stage number:
@@ -901,6 +906,7 @@ impl Spec {
                 self.zero_stage = Some(stage);
                 self.hybrid_shard = hybrid;
             }
+            "deepspeed-overlap-comm" => self.overlap_comm = Some(boolean(key, v)?),
             "offload" => self.offload = Some(Offload::parse(key, v)?),
             "image-size" => self.image_size = Some(int(key, v, 64, 16384)?),
             "images" => self.images = Some(int(key, v, 1, 1024)?),
@@ -1409,6 +1415,7 @@ mod tests {
             ("tensor-parallel", "0", "from 1"),
             ("data-parallel", "0", "from 1"),
             ("zero-stage", "4", "from 0 to 3"),
+            ("deepspeed-overlap-comm", "on", "true or false"),
             ("optimizer", "adamq", "paged-adamw-8bit"),
             ("gradient-checkpointing", "some", "none selective full"),
             ("flash-attention", "maybe", "true or false"),

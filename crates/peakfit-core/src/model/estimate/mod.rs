@@ -205,6 +205,8 @@ struct Inputs {
     cp: f64,
     /// Sequence parallelism alongside tensor parallelism (Megatron-LM `--sequence-parallel`).
     sp: bool,
+    /// DeepSpeed's `overlap_comm` (`deepspeed-overlap-comm`).
+    overlap_comm: bool,
     /// FSDP hybrid shard: sharded over the pod's GPUs only.
     hybrid: bool,
     /// Sharding named the FSDP way (else a DeepSpeed ZeRO stage).
@@ -374,6 +376,7 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         pp: f64::from(pp),
         cp: f64::from(cp),
         sp: spec.sequence_parallel.unwrap_or(false),
+        overlap_comm: spec.overlap_comm.unwrap_or(false),
         hybrid: spec.hybrid_shard,
         fsdp: spec.fsdp,
         offload: spec.offload.unwrap_or(Offload::None),

@@ -139,16 +139,23 @@ impl Inputs {
     /// `torch.empty(reduce_bucket_size)` in the parameters' dtype, at the start of every
     /// backward when `contiguous_gradients` is on (`DeepSpeedZeroOptimizer.backward`,
     /// `deepspeed/runtime/zero/stage_1_and_2.py`), so it sits beside every saved activation.
-    /// A second one comes with `overlap_comm`, which defaults to off below stage 3
-    /// (`DeepSpeedZeroConfig.overlap_comm_valid`: `stage == 3`) and which no annotation
-    /// states. Elements are the parameters' width: fp32 models keep fp32, mixed precision
-    /// converts the model to 16 bits.
+    /// A second one comes with `overlap_comm` ("Use double buffers to avoid data access
+    /// conflict when `overlap_comm` is enabled", the same function), which defaults to off below
+    /// stage 3 (`DeepSpeedZeroConfig.overlap_comm_valid`: `stage == 3`) and which many published
+    /// ZeRO-2 configs turn on: `deepspeed-overlap-comm: "true"` says so. ZeRO-3's flat bucket is
+    /// one buffer either way. Elements are the parameters' width: fp32 models keep fp32, mixed
+    /// precision converts the model to 16 bits.
     pub(super) fn deepspeed_buckets(&self) -> f64 {
         if !self.deepspeed() {
             return 0.0;
         }
         let bytes = if self.dtype == Dtype::Fp32 { 4.0 } else { 2.0 };
-        DS_REDUCE_BUCKET * bytes
+        let buffers = if self.overlap_comm && self.zero < 3 {
+            2.0
+        } else {
+            1.0
+        };
+        buffers * DS_REDUCE_BUCKET * bytes
     }
 }
 
@@ -347,13 +354,28 @@ mod tests {
             part(&with(&[("zero-stage", "3")]), "deepspeed-buckets"),
             2e9
         );
-        // ZeRO-1/2 allocate their `ipg_buffer` of the same size before every backward.
+        // ZeRO-1/2 allocate their `ipg_buffer` of the same size before every backward, and a
+        // second one with `overlap_comm`; ZeRO-3's flat bucket stays one.
         for stage in ["1", "2"] {
             assert_eq!(
                 part(&with(&[("zero-stage", stage)]), "deepspeed-buckets"),
                 2e9
             );
+            assert_eq!(
+                part(
+                    &with(&[("zero-stage", stage), ("deepspeed-overlap-comm", "true")]),
+                    "deepspeed-buckets"
+                ),
+                4e9
+            );
         }
+        assert_eq!(
+            part(
+                &with(&[("zero-stage", "3"), ("deepspeed-overlap-comm", "true")]),
+                "deepspeed-buckets"
+            ),
+            2e9
+        );
         assert_eq!(
             part(&with(&[("zero-stage", "0")]), "deepspeed-buckets"),
             0.0
