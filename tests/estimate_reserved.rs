@@ -7,7 +7,7 @@
 //! What it holds the model to: no H200 row's reserved more than `H200_FLOOR` percent low (the
 //! lowest today, so a change to the slack term cannot make a measured row lower), and no
 //! oracle-reserved row more than 5 % low unless `KNOWN_GAPS` names it with the mechanism the
-//! model lacks. The bands are printed per source (median, p90, signed median, lowest).
+//! model lacks and the lowest it may read. The bands are printed per source (median, p90, signed median, lowest).
 
 mod model_rows;
 
