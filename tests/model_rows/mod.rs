@@ -67,9 +67,30 @@ const H200_WORKLOAD: &[&str] = &[
     "flash_attention",
 ];
 
+/// The H200 rows (`tests/data/h200`, from `../shared/data/gpu-measurements`).
 pub fn h200() -> Vec<H200Row> {
-    let dir = data().join("h200");
-    let mut reader = csv::Reader::from_path(dir.join("h200-2026-11.csv")).expect("readable CSV");
+    real_gpu("h200", "h200-2026-11.csv")
+}
+
+/// The H100 rows (`tests/data/h100`, measured by `tools/measure/measure.py`), less the one
+/// whose reserved and NVML counters a neighbouring case cut (`max_reserved_gib` empty): its
+/// allocated counter is kept by [`h100_allocated`].
+pub fn h100() -> Vec<H200Row> {
+    real_gpu("h100", "h100-2026-11.csv")
+        .into_iter()
+        .filter(|r| !r.max_reserved.is_nan())
+        .collect()
+}
+
+/// Every H100 row, the cut one too, for the allocated counter alone.
+pub fn h100_allocated() -> Vec<H200Row> {
+    real_gpu("h100", "h100-2026-11.csv")
+}
+
+/// One real-GPU file's rows; an empty counter reads as NaN.
+fn real_gpu(folder: &str, file: &str) -> Vec<H200Row> {
+    let dir = data().join(folder);
+    let mut reader = csv::Reader::from_path(dir.join(file)).expect("readable CSV");
     let headers = reader.headers().expect("header row").clone();
     let mut rows = Vec::new();
     for record in reader.records() {
@@ -78,6 +99,9 @@ pub fn h200() -> Vec<H200Row> {
         let id = field["id"].to_string();
         let workload: Vec<(&str, &str)> = H200_WORKLOAD.iter().map(|c| (*c, field[c])).collect();
         let number = |c: &str| {
+            if field[c].is_empty() {
+                return f64::NAN;
+            }
             field[c]
                 .parse::<f64>()
                 .unwrap_or_else(|e| panic!("{id} {c}: {e}"))

@@ -831,7 +831,11 @@ def run_training(model, cfg, c, b, ctx, dtype, tr):
 def visible_cases(d):
     import csv
     import re
-    rows = list(csv.DictReader(open(f"{d}/h200-2026-11.csv")))
+    import glob
+    # The measured rows of a real-GPU folder (tests/data/h200, tests/data/h100): its one
+    # `*-2026-11.csv` (the `-oom.csv` beside it lists cases that did not fit, with no counters).
+    (path,) = [p for p in glob.glob(f"{d}/*.csv") if not p.endswith("-oom.csv")]
+    rows = list(csv.DictReader(open(path)))
     out = []
     for r in rows:
         m = re.search(r"prompt (\d+) \+ (\d+) new tokens", r["notes"])
@@ -840,7 +844,8 @@ def visible_cases(d):
                  new_tokens=int(m.group(2)) if m else None,
                  gradient_checkpointing=r["gradient_checkpointing"] or "none", optimizer=r["optimizer"] or None,
                  lora_rank=int(r["lora_rank"]) if r["lora_rank"] else None, attention=r["attention"] or "sdpa",
-                 measured_gib=float(r["max_allocated_gib"]), measured_reserved_gib=float(r["max_reserved_gib"]),
+                 measured_gib=float(r["max_allocated_gib"]),
+                 measured_reserved_gib=float(r["max_reserved_gib"] or "nan"),
                  measured_weights_gib=float(r["weights_gib"]))
         out.append(c)
     return out
@@ -861,7 +866,7 @@ def visible(a):
         err = 100.0 * (r["peak_allocated_gib"] - c["measured_gib"]) / c["measured_gib"]
         errs.append(err)
         line = f"{c['id']:36s} {c['measured_gib']:9.3f} / {r['peak_allocated_gib']:9.3f} {err:+7.2f}%  "
-        if "peak_reserved_bytes" in r:
+        if "peak_reserved_bytes" in r and c["measured_reserved_gib"] == c["measured_reserved_gib"]:
             rerr = 100.0 * (r["peak_reserved_bytes"] / GIB - c["measured_reserved_gib"]) / c["measured_reserved_gib"]
             rerrs.append(rerr)
             line += (f"{c['measured_reserved_gib']:9.3f} / {r['peak_reserved_bytes'] / GIB:9.3f} {rerr:+7.2f}%  "
@@ -904,7 +909,7 @@ def main(argv=None):
     p.add_argument("--kind", choices=["causal", "encoder", "whisper"], default=None)
     p.add_argument("--no-reserved", action="store_true",
                    help="skip the caching-allocator replay (and the every-step generate run it needs)")
-    p3 = sub.add_parser("visible", help="the measured H200 rows: oracle vs max_allocated")
+    p3 = sub.add_parser("visible", help="a real-GPU folder's measured rows (--dir tests/data/h200 or tests/data/h100): oracle vs max_allocated and max_reserved")
     p3.add_argument("--dir", default="../shared/data/gpu-measurements")
     p3.add_argument("--only", nargs="*", default=None)
     p3.add_argument("--jsonl", default=None, help="also write each result here")

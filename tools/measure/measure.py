@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Measure the peak GPU memory of random-initialised models, one case per process.
+
+usage: measure.py OUT.jsonl [CASE_ID ...]      (parent: runs every case in its own process)
+       measure.py --case CASE_ID               (child: runs one case, prints one JSON line)
+       measure.py --list                       (prints the case ids)
+
+Derived from ../shared/data/gpu-measurements/measure.py (which produced the H200 rows in
+tests/data/h200): the same child, counters and parent, with three changes, each because the
+shared script could not otherwise be used or read back here:
+- the configurations are the repository's tests/data/oracle-configs/*.json (the public
+  config.json of each model), so the script runs from a checkout with nothing beside it;
+- the configuration written back is the one the model was built from, dumped *before* training
+  sets use_cache = False (the shared script's dump of a training run says use_cache false, which
+  is not the model's config.json; docs/oracle.md);
+- NVML's device-level used memory is sampled beside the per-process counter, so a container
+  whose process ids NVML cannot see still gives a peak (device used minus the idle baseline).
+
+Counters per case: torch max_memory_allocated / max_memory_reserved (reset after the CUDA
+context exists), and NVML's used memory for the process (sampled every 5 ms, and at the end).
+Weights are random: memory does not depend on their values.
+"""
+import json, os, subprocess, sys, tempfile, threading, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIGS = os.path.join(HERE, "..", "..", "tests", "data", "oracle-configs")
+
+
+def cfg(name):
+    with open(os.path.join(CONFIGS, name + ".json")) as f:
+        return json.load(f)
+
+
+def case(id, model, workload, dtype, batch, ctx, **kw):
+    return dict(id=id, model=model, cfg=cfg(model), workload=workload, dtype=dtype, batch=batch, ctx=ctx, **kw)
+
+
+# Architectures and settings the H200 rows do not have (fp32 and fp16 generate, eager attention,
+# sliding-window caches, MQA, GPT-2's Conv1D, Phi's parallel block, SGD, LoRA under autocast,
+# pure-bf16 full fine-tuning without checkpointing), most informative first: the parent skips
+# what its deadline leaves no time for.
+CASES = [
+    case("h100-qwen3-0.6b-b32-8k", "qwen3-0.6b", "inference", "bf16", 32, 8192, new=64, gib=53),
+    case("h100-qwen3-4b-b16-4k", "qwen3-4b", "inference", "bf16", 16, 4096, new=64, gib=25),
+    case("h100-gemma2-2b-b4-8k", "gemma-2-2b", "inference", "bf16", 4, 8192, new=64, gib=15),
+    case("h100-falcon-7b-b4-2k", "falcon-7b", "inference", "bf16", 4, 2048, new=64, gib=17),
+    case("h100-phi2-fp16-b8-2k", "phi-2", "inference", "fp16", 8, 2048, new=64, gib=14),
+    case("h100-gpt2-fp32-b64-1k", "gpt2", "inference", "fp32", 64, 1024, new=32, gib=8),
+    case("h100-qwen3-0.6b-ft-bf16-b8-2k", "qwen3-0.6b", "training", "bf16", 8, 2048, ckpt="none", optim="adamw", gib=35),
+    case("h100-smollm2-1.7b-ft-sgd-b4-2k-gc", "smollm2-1.7b", "training", "fp16-amp", 4, 2048, ckpt="full", optim="sgd", gib=28),
+    case("h100-qwen25-1.5b-lora8-amp-b4-2k", "qwen2.5-1.5b", "lora", "fp16-amp", 4, 2048, ckpt="none", optim="adamw", rank=8, gib=38),
+    case("h100-smollm2-1.7b-eager-b16-2k", "smollm2-1.7b", "inference", "bf16", 16, 2048, new=64, attn="eager", gib=20),
+    case("h100-mistral-7b-v01-b4-8k", "mistral-7b-v0.1", "inference", "bf16", 4, 8192, new=64, gib=25),
+    case("h100-qwen25-1.5b-fp16-b64-2k", "qwen2.5-1.5b", "inference", "fp16", 64, 2048, new=64, gib=16),
+    case("h100-whisper-small-b64", "whisper-small", "inference", "fp16", 64, 128, kind="whisper", gib=4),
+    case("h100-bert-base-fp32-b128-512", "bert-base-uncased", "inference", "fp32", 128, 512, kind="encoder", gib=5),
+    case("h100-llama32-3b-lora32-b4-4k-gc", "llama-3.2-3b", "lora", "bf16", 4, 4096, ckpt="full", optim="adamw", rank=32, gib=32),
+    case("h100-gemma2-2b-lora16-b4-2k-gc", "gemma-2-2b", "lora", "bf16", 4, 2048, ckpt="full", optim="adamw", rank=16, gib=30),
+    case("h100-qwen3-4b-b1-32k", "qwen3-4b", "inference", "bf16", 1, 32768, new=128, gib=16),
+    case("h100-llama32-1b-b256-512", "llama-3.2-1b", "inference", "bf16", 256, 512, new=32, gib=15),
+    case("h100-gpt2-ft-fp32-b16-1k", "gpt2", "training", "fp32", 16, 1024, ckpt="none", optim="adamw", gib=14),
+    case("h100-qwen25-0.5b-ft-eager-b4-2k", "qwen2.5-0.5b", "training", "fp16-amp", 4, 2048, ckpt="none", optim="adamw", attn="eager", gib=42),
+    case("h100-llama32-1b-fp32-b8-4k", "llama-3.2-1b", "inference", "fp32", 8, 4096, new=64, gib=10),
+    case("h100-smollm2-135m-b128-2k", "smollm2-135m", "inference", "bf16", 128, 2048, new=64, gib=12),
+    case("h100-phi2-ft-amp-fused-b2-1k-gc", "phi-2", "training", "fp16-amp", 2, 1024, ckpt="full", optim="adamw-fused", gib=52),
+    case("h100-qwen3-8b-lora16-amp-b2-2k-gc", "qwen3-8b", "lora", "fp16-amp", 2, 2048, ckpt="full", optim="adamw", rank=16, gib=42),
+    case("h100-mistral-7b-fp16-b32-1k", "mistral-7b-v0.3", "inference", "fp16", 32, 1024, new=64, gib=24),
+    case("h100-llama31-8b-b1-512", "llama-3.1-8b", "inference", "bf16", 1, 512, new=64, gib=18),
+    case("h100-qwen3-1.7b-b64-4k", "qwen3-1.7b", "inference", "bf16", 64, 4096, new=64, gib=40),
+    case("h100-qwen25-7b-fp16-b8-8k", "qwen2.5-7b", "inference", "fp16", 8, 8192, new=64, gib=30),
+    case("h100-gemma2-9b-b4-8k", "gemma-2-9b", "inference", "bf16", 4, 8192, new=64, gib=40),
+    case("h100-whisper-large-v3-fp32-b8", "whisper-large-v3", "inference", "fp32", 8, 128, kind="whisper", gib=12),
+    case("h100-bert-large-fp32-b64-512", "bert-large", "inference", "fp32", 64, 512, kind="encoder", gib=6),
+    case("h100-llama32-1b-ft-fp32-sgd-b4-2k", "llama-3.2-1b", "training", "fp32", 4, 2048, ckpt="none", optim="sgd", gib=45),
+    case("h100-qwen3-1.7b-lora64-b4-2k", "qwen3-1.7b", "lora", "bf16", 4, 2048, ckpt="none", optim="adamw", rank=64, gib=40),
+    case("h100-phi3-mini-eager-b4-4k", "phi-3-mini-4k-instruct", "inference", "bf16", 4, 4096, new=64, attn="eager", gib=30),
+    case("h100-smollm2-135m-ft-bf16-b32-2k", "smollm2-135m", "training", "bf16", 32, 2048, ckpt="none", optim="adamw", gib=50),
+    case("h100-mistral-7b-lora8-amp-b4-2k-gc", "mistral-7b-v0.3", "lora", "fp16-amp", 4, 2048, ckpt="full", optim="adamw", rank=8, gib=45),
+    case("h100-llama31-8b-b32-4k", "llama-3.1-8b", "inference", "bf16", 32, 4096, new=64, gib=55),
+    case("h100-qwen3-30b-a3b-b8-1k", "qwen3-30b-a3b", "inference", "bf16", 8, 1024, new=32, gib=75),
+]
+
+def nvml_device_used(handle):
+    import pynvml
+    return pynvml.nvmlDeviceGetMemoryInfo(handle).used
+
+
+def nvml_used(handle, pid):
+    import pynvml
+    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        if p.pid == pid:
+            return p.usedGpuMemory or 0
+    return 0
+
+def child(cid):
+    import torch, pynvml, transformers
+    c = next(c for c in CASES if c["id"] == cid)
+    t0 = time.time()
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    pid = os.getpid()
+    dev_idle = nvml_device_used(h)
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    nvml_ctx = nvml_used(h, pid)
+    dev_ctx = nvml_device_used(h) - dev_idle
+    peak = [nvml_ctx]
+    dev_peak = [dev_ctx]
+    stop = threading.Event()
+    def sample():
+        while not stop.is_set():
+            try:
+                peak[0] = max(peak[0], nvml_used(h, pid))
+                dev_peak[0] = max(dev_peak[0], nvml_device_used(h) - dev_idle)
+            except Exception:
+                pass
+            time.sleep(0.005)
+    th = threading.Thread(target=sample, daemon=True); th.start()
+    torch.cuda.reset_peak_memory_stats()
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp16-amp": torch.float32, "fp32": torch.float32}[c["dtype"]]
+    extra = {"attn_implementation": c["attn"]} if c.get("attn") else {}
+    if c["workload"] != "inference" and c["dtype"] == "bf16":
+        dt = torch.bfloat16
+    cfg = transformers.AutoConfig.for_model(**c["cfg"])
+    cfg_dump = cfg.to_dict()
+    kind = c.get("kind", "causal")
+    with torch.device("cuda"):
+        if kind == "encoder":
+            model = transformers.AutoModel.from_config(cfg, dtype=dt, **extra)
+        elif kind == "whisper":
+            model = transformers.AutoModelForSpeechSeq2Seq.from_config(cfg, dtype=dt)
+        else:
+            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dt, **extra)
+    torch.cuda.synchronize()
+    # A served model is loaded from a checkpoint; drop what random init left cached so the
+    # counters below start at the weights, as after a real load.
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    peak[0] = nvml_used(h, pid)
+    weights = torch.cuda.memory_allocated()
+    nparams = sum(p.numel() for p in model.parameters())
+    attn = getattr(model.config, "_attn_implementation", None)
+    path = None
+    t1 = time.time()
+    b, ctx = c["batch"], c["ctx"]
+    if c["workload"] == "inference":
+        model.eval()
+        with torch.no_grad():
+            if kind == "encoder":
+                x = torch.randint(0, cfg.vocab_size, (b, ctx), device="cuda")
+                model(input_ids=x); path = "forward"
+            elif kind == "whisper":
+                feats = torch.randn(b, cfg.num_mel_bins, 3000, device="cuda", dtype=dt)
+                enc = model.model.encoder(feats)
+                ids = torch.full((b, 1), 50258, device="cuda")
+                past = None; cur = ids
+                for _ in range(ctx):
+                    out = model(encoder_outputs=enc, decoder_input_ids=cur, past_key_values=past, use_cache=True)
+                    past = out.past_key_values
+                    cur = out.logits[:, -1:].argmax(-1)
+                path = "manual-greedy"
+            else:
+                new = c["new"]
+                x = torch.randint(0, cfg.vocab_size, (b, ctx - new), device="cuda")
+                try:
+                    gc = transformers.GenerationConfig(max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                                       eos_token_id=None, pad_token_id=0)
+                    out = model.generate(x, attention_mask=torch.ones_like(x), generation_config=gc)
+                    assert out.shape[1] == ctx, out.shape
+                    path = "generate"
+                except Exception as e:  # fall back to a manual greedy loop; say so
+                    path = f"manual ({type(e).__name__}: {str(e)[:120]})"
+                    torch.cuda.reset_peak_memory_stats()
+                    o = model(x, use_cache=True, logits_to_keep=1)
+                    past, cur = o.past_key_values, o.logits[:, -1:].argmax(-1)
+                    for _ in range(new - 1):
+                        o = model(cur, past_key_values=past, use_cache=True)
+                        past, cur = o.past_key_values, o.logits[:, -1:].argmax(-1)
+    else:
+        model.train()
+        model.config.use_cache = False
+        if c.get("ckpt") == "full":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        if c["workload"] == "lora":
+            import peft
+            model = peft.get_peft_model(model, peft.LoraConfig(r=c["rank"], lora_alpha=2 * c["rank"],
+                                        target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
+        params = [p for p in model.parameters() if p.requires_grad]
+        if c["optim"] == "sgd":
+            opt = torch.optim.SGD(params, lr=1e-5, momentum=0.9)
+        else:
+            opt = torch.optim.AdamW(params, lr=1e-5, fused=(c["optim"] == "adamw-fused"))
+        x = torch.randint(0, cfg.vocab_size, (b, ctx), device="cuda")
+        for _ in range(3):
+            if c["dtype"] == "fp16-amp":
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = model(input_ids=x, labels=x).loss
+            else:
+                loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        path = "train-3-steps"
+    torch.cuda.synchronize()
+    stats = torch.cuda.memory_stats()
+    nvml_end = nvml_used(h, pid)
+    dev_end = nvml_device_used(h) - dev_idle
+    stop.set(); th.join()
+    res = dict(id=cid, ok=True, model=c["model"], workload=c["workload"], dtype=c["dtype"], batch=b, ctx=ctx,
+               new=c.get("new"), ckpt=c.get("ckpt"), optim=c.get("optim"), rank=c.get("rank"), kind=kind,
+               params=nparams, weights_bytes=weights, attn=attn, path=path,
+               max_allocated=torch.cuda.max_memory_allocated(), max_reserved=torch.cuda.max_memory_reserved(),
+               nvml_context=nvml_ctx, nvml_peak=max(peak[0], nvml_end), nvml_end=nvml_end,
+               device_context=dev_ctx, device_peak=max(dev_peak[0], dev_end),
+               alloc_retries=stats.get("num_alloc_retries"), ooms=stats.get("num_ooms"),
+               load_s=round(t1 - t0, 2), run_s=round(time.time() - t1, 2),
+               torch=torch.__version__, transformers=transformers.__version__,
+               gpu=pynvml.nvmlDeviceGetName(h), driver=pynvml.nvmlSystemGetDriverVersion(),
+               gpu_total=pynvml.nvmlDeviceGetMemoryInfo(h).total, config=cfg_dump)
+    print("RESULT " + json.dumps(res, default=str), flush=True)
+
+def summary_line(r, secs):
+    gib = 2 ** 30
+    if r.get("ok"):
+        return (f"{r['id']:36s} alloc {r['max_allocated']/gib:7.2f}  resv {r['max_reserved']/gib:7.2f}  "
+                f"nvml {r['nvml_peak']/gib:7.2f} (ctx {r['nvml_context']/gib:.2f}) dev {r['device_peak']/gib:7.2f} "
+                f"retries {r.get('alloc_retries')}  {r['path'][:40]}  {secs:.0f}s")
+    return f"{r['id']:36s} FAILED {r.get('err', '')[-300:]}"
+
+
+def parent(out_path, ids):
+    """Runs the cases, several at once where their memory fits.
+
+    Each case runs in its own process, so torch's and NVML's per-process counters are its own
+    whatever runs beside it. What two neighbours can change is the caching allocator's reserve:
+    when cudaMalloc fails it frees its cached blocks and retries, which lowers max_reserved. So a
+    case starts only while the `gib` hints of the running cases (each about 1.3 x its expected
+    NVML peak) sum under MEASURE_BUDGET_GIB, every result records the allocator's
+    `num_alloc_retries` (non-zero: the reserve was cut, and the row says so), and a case that
+    ran out of memory is rerun alone at the end if time is left.
+    """
+    todo = [c for c in CASES if not ids or c["id"] in ids]
+    deadline = float(os.environ.get("MEASURE_DEADLINE", "1e18"))
+    jobs = int(os.environ.get("MEASURE_JOBS", "1"))
+    budget = float(os.environ.get("MEASURE_BUDGET_GIB", "1e9"))
+    running = {}  # id -> (case, Popen, start)
+    retry = []
+    with open(out_path, "a") as out:
+        def finish(c, line, t):
+            out.write(line + "\n"); out.flush()
+            r = json.loads(line)
+            print(summary_line(r, time.time() - t), flush=True)
+            return r
+
+        while todo or running:
+            now = time.time()
+            for cid, (c, p, t) in list(running.items()):
+                if p.poll() is None and now - t < c.get("timeout", 150) and now < deadline - 5:
+                    continue
+                if p.poll() is None:
+                    p.kill(); p.wait()
+                    line = json.dumps(dict(id=cid, ok=False, err="timeout"))
+                else:
+                    for f in p.files:
+                        f.seek(0)
+                    stdout, stderr = (f.read() for f in p.files)
+                    line = next((l[7:] for l in stdout.splitlines() if l.startswith("RESULT ")), None)
+                    if line is None:
+                        line = json.dumps(dict(id=cid, ok=False, rc=p.returncode, err=(stderr or "")[-1500:]))
+                del running[cid]
+                r = finish(c, line, t)
+                if not r.get("ok") and "OutOfMemory" in r.get("err", "") and len(running) + len(todo) > 0:
+                    retry.append(c)
+            if not todo and retry and not running:
+                todo, retry = retry, []
+                jobs, budget = 1, 1e9
+            used = sum(c.get("gib", 0) for c, _, _ in running.values())
+            started = False
+            if len(running) < jobs and deadline - time.time() > 20:
+                for c in todo:
+                    if not running or used + c.get("gib", 0) <= budget:
+                        todo.remove(c)
+                        # Files, not pipes: a child's warnings must never fill a pipe and stall it.
+                        fo, fe = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+                        p = subprocess.Popen([sys.executable, __file__, "--case", c["id"]], stdout=fo, stderr=fe, text=True)
+                        p.files = (fo, fe)
+                        running[c["id"]] = (c, p, time.time())
+                        started = True
+                        break
+            if not running and deadline - time.time() <= 20:
+                for c in todo:
+                    print(f"skip {c['id']}: {deadline - time.time():.0f}s left", flush=True)
+                break
+            if not started:
+                time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--list":
+        print("\n".join(c["id"] for c in CASES))
+    elif sys.argv[1] == "--case":
+        child(sys.argv[2])
+    else:
+        parent(sys.argv[1], sys.argv[2:])
