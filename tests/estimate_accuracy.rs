@@ -229,11 +229,11 @@ const P90_BAR: f64 = 20.0;
 /// safe side, and kept visible rather than tuned away: the bar over all rows is 25 %.
 const P90_BAR_ALL: f64 = 25.0;
 
-/// The H200 rows (`tests/data/h200`), scored on their NVML counter (the one that decides an
-/// OOM; `tests/estimate_h200.rs` checks all three counters).
-fn h200() -> Vec<Row> {
-    model_rows::h200()
-        .into_iter()
+/// Real-GPU rows measured for peakfit (`tests/data/h200`, `tests/data/h100`), scored on their
+/// NVML counter (the one that decides an OOM; `tests/estimate_h200.rs` and
+/// `tests/estimate_h100.rs` check all three counters).
+fn real_gpu(rows: Vec<model_rows::H200Row>) -> Vec<Row> {
+    rows.into_iter()
         .map(|r| Row {
             category: workload_kind(&r.spec),
             hidden_input: false,
@@ -264,8 +264,8 @@ fn estimate_matches_project_measurements() {
     assert_bars(&scored, P90_BAR);
 }
 
-/// Every real-GPU row together (the shared file, the project's, the H200 rows): the bars over
-/// all of them, and the bands `peakfit estimate` prints.
+/// Every real-GPU row together (the shared file, the project's, the H200 and H100 rows): the
+/// bars over all of them, and the bands `peakfit estimate` prints.
 #[test]
 #[ignore = "needs ../shared/data"]
 fn estimate_matches_public_measurements() {
@@ -286,9 +286,11 @@ fn estimate_matches_public_measurements() {
         &our_rows,
         &our_skipped,
     );
-    let h200_rows = h200();
+    let h200_rows = real_gpu(model_rows::h200());
     let c = report("tests/data/h200 (NVML)", &h200_rows, &[]);
-    let both: Vec<&Row> = a.into_iter().chain(b).chain(c).collect();
+    let h100_rows = real_gpu(model_rows::h100());
+    let d = report("tests/data/h100 (NVML)", &h100_rows, &[]);
+    let both: Vec<&Row> = a.into_iter().chain(b).chain(c).chain(d).collect();
     println!("\n== every real-GPU row");
     print_table(&both);
     assert_bars(&both, P90_BAR_ALL);

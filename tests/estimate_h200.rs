@@ -30,106 +30,14 @@
 
 mod model_rows;
 
-use model_rows::percentile;
-use peakfit::model::estimate;
-use peakfit::model::quantity::GIB;
+use model_rows::scoring::{Annotations, COUNTERS, Scored, error, report};
 
-/// One row's three counters, measured and predicted, in GiB.
-struct Scored {
-    id: String,
-    workload: String,
-    /// (measured, predicted) for allocated, reserved, NVML.
-    counters: [(f64, f64); 3],
-}
-
-const COUNTERS: [&str; 3] = ["allocated", "reserved", "nvml"];
 /// Issue 20's bar for one row, met by every generate row once its prompt is stated.
 const GENERATE_NVML_BAR: f64 = 10.0;
 
-/// Which annotations a row is estimated with.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Annotations {
-    /// The workload columns only: a generate row's prefill is sized over its whole context.
-    Default,
-    /// Plus `prompt-tokens` where the row's notes state the prompt (every generate row).
-    WithPrompt,
-}
-
 /// Scores every row of the H200 file.
 fn score(annotations: Annotations) -> Vec<Scored> {
-    let gib = |b: u64| b as f64 / GIB;
-    model_rows::h200()
-        .into_iter()
-        .map(|r| {
-            let spec = match (annotations, &r.with_prompt) {
-                (Annotations::WithPrompt, Some(with_prompt)) => with_prompt,
-                _ => &r.spec,
-            };
-            let e = estimate(spec, peakfit::convert::f64_to_u64(r.gpu_total_gib * GIB));
-            Scored {
-                id: r.id,
-                workload: r.workload,
-                counters: [
-                    (r.max_allocated, gib(e.allocated_bytes)),
-                    (r.max_reserved, gib(e.reserved_bytes)),
-                    (r.nvml, gib(e.per_gpu_bytes)),
-                ],
-            }
-        })
-        .collect()
-}
-
-fn error((measured, predicted): (f64, f64)) -> f64 {
-    (predicted - measured) / measured * 100.0
-}
-
-/// `(median |error|, p90 |error|, signed median, rows low by more than 10 %)`.
-fn summary(errors: &[f64]) -> (f64, f64, f64, usize) {
-    let mut abs: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
-    let mut signed = errors.to_vec();
-    abs.sort_by(f64::total_cmp);
-    signed.sort_by(f64::total_cmp);
-    (
-        percentile(&abs, 0.5),
-        percentile(&abs, 0.9),
-        percentile(&signed, 0.5),
-        errors.iter().filter(|e| **e < -10.0).count(),
-    )
-}
-
-/// Prints every row's three counters and the per-counter summary; returns the summaries.
-fn report(label: &str, rows: &[Scored]) -> Vec<(f64, f64, f64, usize)> {
-    println!("\n== {label}");
-    println!(
-        "{:<36} {:<9} {:>17} {:>17} {:>17}",
-        "id", "workload", "allocated m/p %", "reserved m/p %", "nvml m/p %"
-    );
-    for r in rows {
-        let cell = |i: usize| {
-            let (m, p) = r.counters[i];
-            format!("{m:.2}/{p:.2} {:+.1}", error(r.counters[i]))
-        };
-        println!(
-            "{:<36} {:<9} {:>17} {:>17} {:>17}",
-            r.id,
-            r.workload,
-            cell(0),
-            cell(1),
-            cell(2)
-        );
-    }
-    println!(
-        "{:<10} {:>8} {:>8} {:>8} {:>10}",
-        "counter", "median", "p90", "signed", "low >10%"
-    );
-    let mut summaries = Vec::new();
-    for (i, name) in COUNTERS.iter().enumerate() {
-        let errors: Vec<f64> = rows.iter().map(|r| error(r.counters[i])).collect();
-        let (median, p90, signed, low) = summary(&errors);
-        println!("{name:<10} {median:>7.1}% {p90:>7.1}% {signed:>+7.1}% {low:>10}");
-        summaries.push((median, p90, signed, low));
-    }
-    summaries
+    model_rows::scoring::score(model_rows::h200(), annotations)
 }
 
 /// The bars every scoring must meet: NVML median |error| <= 3 %, every row within

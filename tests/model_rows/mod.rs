@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use peakfit::model::{Spec, hf_config};
 
+pub mod scoring;
+
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
 }
@@ -85,6 +87,48 @@ pub fn h100() -> Vec<H200Row> {
 /// Every H100 row, the cut one too, for the allocated counter alone.
 pub fn h100_allocated() -> Vec<H200Row> {
     real_gpu("h100", "h100-2026-11.csv")
+}
+
+/// A case that ran out of memory alone on the GPU (`tests/data/h100/h100-2026-11-oom.csv`):
+/// what was allocated when the failing request came, plus the request, bounds its peak below.
+pub struct OomRow {
+    pub id: String,
+    pub spec: Spec,
+    pub gpu_total_gib: f64,
+    pub min_peak_allocated_gib: f64,
+}
+
+/// The H100 cases that did not fit (their configs are in `tests/data/oracle-configs`).
+pub fn h100_oom() -> Vec<OomRow> {
+    let mut reader =
+        csv::Reader::from_path(data().join("h100/h100-2026-11-oom.csv")).expect("readable CSV");
+    let headers = reader.headers().expect("header row").clone();
+    reader
+        .records()
+        .map(|record| {
+            let record = record.expect("well-formed row");
+            let field: BTreeMap<&str, &str> = headers.iter().zip(record.iter()).collect();
+            let id = field["id"].to_string();
+            let workload: Vec<(&str, &str)> = H200_WORKLOAD
+                .iter()
+                .filter_map(|c| field.get(c).map(|v| (*c, *v)))
+                .collect();
+            let config = data()
+                .join("oracle-configs")
+                .join(format!("{}.json", field["model"]));
+            let number = |c: &str| {
+                field[c]
+                    .parse::<f64>()
+                    .unwrap_or_else(|e| panic!("{id} {c}: {e}"))
+            };
+            OomRow {
+                spec: spec(&id, &config, &workload),
+                gpu_total_gib: number("gpu_memory_total_gib"),
+                min_peak_allocated_gib: number("min_peak_allocated_gib"),
+                id,
+            }
+        })
+        .collect()
 }
 
 /// One real-GPU file's rows; an empty counter reads as NaN.

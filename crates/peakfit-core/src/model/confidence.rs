@@ -1,7 +1,7 @@
 //! How far to trust an estimate: the workload kind a pod belongs to and the error the model
 //! showed on real-GPU measurements of that kind (`tests/estimate_accuracy.rs` over
 //! `../shared/data/memory-validation.csv`, `tests/data/memory-measurements.csv` and the H200
-//! rows in `tests/data/h200`, which checks this table against what it measures). The oracle
+//! and H100 rows in `tests/data/h200` and `tests/data/h100`, which checks this table against what it measures). The oracle
 //! grid (`tests/data/oracle-grid.csv`) is exact for allocated tensors but is no GPU: it is
 //! reported beside these (README, "Accuracy"), not counted in them.
 
@@ -27,15 +27,15 @@ pub struct Band {
 /// --nocapture` (the "every real-GPU row" table).
 pub const MEASURED: &[Band] = &[
     band("diffusion", 12, 5.3, 29.4, -4.9),
-    band("encoder", 11, 2.0, 6.0, 1.2),
-    band("encoder-decoder", 10, 6.3, 20.4, 6.3),
+    band("encoder", 13, 2.2, 6.0, 1.3),
+    band("encoder-decoder", 12, 6.3, 22.6, 6.3),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
-    band("inference", 58, 3.7, 20.5, 2.5),
-    band("lora", 18, 3.5, 33.4, -1.8),
+    band("inference", 78, 4.5, 20.5, 2.3),
+    band("lora", 24, 3.8, 25.2, 0.2),
     band("offload", 2, 3.9, 4.2, -4.2),
     band("qlora", 14, 12.9, 51.0, -0.5),
     band("sharded-training", 22, 4.9, 16.1, 3.0),
-    band("training", 6, 4.3, 51.8, 3.9),
+    band("training", 11, 4.3, 18.4, 3.5),
 ];
 
 const fn band(kind: &'static str, rows: usize, median: f64, p90: f64, signed: f64) -> Band {
