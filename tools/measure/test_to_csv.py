@@ -1,0 +1,55 @@
+"""The committed H100 rows are what to_csv.py makes of the raw JSON lines the device returned:
+rerun it into a scratch folder and compare every file byte for byte. Plain python3, no torch.
+
+Run: python3 -m unittest discover -s tools/measure -p 'test_*.py'
+"""
+import filecmp
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "..", "..", "tests", "data", "h100")
+sys.path.insert(0, HERE)
+
+import measure  # noqa: E402
+import to_csv  # noqa: E402
+
+
+class ToCsv(unittest.TestCase):
+    def test_the_committed_rows_are_the_raw_lines_converted(self):
+        raw = os.path.join(DATA, "raw")
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "h100")
+            to_csv.main(out, [os.path.join(raw, "h100-run1.jsonl"), os.path.join(raw, "h100-run2.jsonl")])
+            for name in ("h100-2026-11.csv", "h100-2026-11-oom.csv"):
+                with self.subTest(file=name):
+                    self.assertTrue(filecmp.cmp(os.path.join(out, name), os.path.join(DATA, name), shallow=False))
+            made = sorted(os.listdir(os.path.join(out, "configs")))
+            self.assertEqual(made, sorted(os.listdir(os.path.join(DATA, "configs"))))
+            for name in made:
+                with self.subTest(config=name):
+                    self.assertTrue(filecmp.cmp(os.path.join(out, "configs", name),
+                                                os.path.join(DATA, "configs", name), shallow=False))
+
+    def test_a_row_whose_allocator_retried_keeps_only_its_allocated_counter(self):
+        import csv
+        rows = {r["id"]: r for r in csv.DictReader(open(os.path.join(DATA, "h100-2026-11.csv")))}
+        cut = rows["h100-llama32-1b-b256-512"]
+        self.assertEqual((cut["max_reserved_gib"], cut["nvml_gib"], cut["measured_gib"]), ("", "", ""))
+        self.assertNotEqual(cut["max_allocated_gib"], "")
+        self.assertIn("retried", cut["notes"])
+
+
+class Cases(unittest.TestCase):
+    def test_case_ids_are_unique_and_each_config_names_its_model_type(self):
+        ids = [c["id"] for c in measure.CASES]
+        self.assertEqual(len(ids), len(set(ids)))
+        for c in measure.CASES:
+            self.assertIn("model_type", c["cfg"], c["id"])
+            self.assertGreater(c["gib"], 0, c["id"])
+
+
+if __name__ == "__main__":
+    unittest.main()
