@@ -22,6 +22,7 @@
 //! | prefill, score matrix (eager; fp32 SDPA on grouped-query attention, the math kernel) | repeated k and v (`2·T·q·c`) and two score tensors at once, `8·b·heads·s²`; eager's materialised mask `b·s²·c` | `eager_attention_forward`, `repeat_kv`, `masking_utils.eager_mask`; `sdp_utils.cpp` (`Pass::scores`) |
 //! | RMSNorm | two fp32 copies of its input at once, `8·T·h` | `LlamaRMSNorm.forward` (`to(float32)`, `pow(2)`, `* rsqrt`) |
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
+//! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
 //! | decode, a mixture of experts' reserved | the gathered gate/up and down weights (`b·k·2·I·h·c`, `b·k·I·h·c`) larger than the prefill's largest tensor take new segments on top of the prefill's (slack `P + fresh − max(P, D)` beyond the prefill's own) | `batched_mm_experts_forward` (`self.gate_up_proj[expert_ids]`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` ([`gathered_experts_fresh`]) |
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
 //! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
@@ -37,7 +38,7 @@
 use super::framework::Framework;
 use super::{
     Checkpointing, Dtype, HF_SLACK_INFERENCE_TENSORS, HF_SLACK_TRAINING_TENSORS, Inputs, Kind,
-    ModelType, Offload, Optimizer, Workload,
+    ModelType, Offload, Optimizer, Workload, allocator,
 };
 
 /// The shape of a block as HF's modeling code builds it.
@@ -870,11 +871,79 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
             let prefill = inp.pass(seqs, inp.prompt);
             let largest = largest_tensor(&block, &prefill);
             let decode = decode_step(&block, seqs, inp.context, inp.kv_bytes, inp.compute_bytes());
+            let relocation = if inp.legacy_cache {
+                // The legacy cache is counted twice over already (`kv_cache`).
+                0.0
+            } else {
+                cache_relocation_fresh(&block, &prefill, inp.kv_bytes, largest)
+            };
             return HF_SLACK_INFERENCE_TENSORS * largest
-                + gathered_experts_fresh(&block, &prefill, seqs, decode, largest);
+                + gathered_experts_fresh(&block, &prefill, seqs, decode, largest)
+                + relocation;
         }
     };
     HF_SLACK_INFERENCE_TENSORS * largest_tensor(&block, &pass)
+}
+
+/// The blocks a prefill leaves free for the decode, at least: one layer's MLP intermediates
+/// and its `RMSNorm`'s two fp32 copies, each alive beside the others of its phase and so each a
+/// block of its own, freed at the end of every layer (the attention phase's smaller tensors
+/// may be carved out of these, so they are not counted again). A mixture of experts' routed
+/// copies are left out: fewer blocks is the safe side of [`cache_relocation_fresh`].
+fn prefill_free_blocks(block: &Block, p: &Pass) -> Vec<f64> {
+    let t = p.t();
+    let i = t * block.ffn * p.c;
+    let mut blocks = match block.mlp {
+        _ if block.experts_per_token > 0.0 => Vec::new(),
+        Mlp::Gated => vec![i; 3],
+        // The `2I` output, whose chunks are views, beside `act(gate)` and the product.
+        Mlp::FusedGated => vec![2.0 * i, i, i],
+        Mlp::Plain if block.composed_gelu() => vec![i; 4],
+        Mlp::Plain => vec![i; 2],
+    };
+    if block.rms() {
+        blocks.extend([4.0 * t * block.h; 2]);
+    }
+    blocks
+}
+
+/// Fresh segments at the first decode step of `generate`, when every layer's key and value
+/// outgrow the blocks they were built in. `DynamicLayer.update` (transformers
+/// `cache_utils.py`) replaces each layer's key, then its value, by `torch.cat([old, new],
+/// dim=-2)`: a request one token (`b·kv·c`) larger than the block it replaces, made while that
+/// block is still live. The caching allocator (`allocator`) serves it from the smallest
+/// free block that holds it (`get_free_block`); the old block, freed after, is too small by
+/// that token for the next one. A layer's key and value were built back to back in the prefill,
+/// so they sit side by side; once both are freed they merge (`try_merge_blocks`) into one
+/// block that holds the next layer's key. That leaves one request per layer (its value) to the
+/// blocks the prefill freed (`prefill_free_blocks`, each holding as many as whole requests
+/// fit: a block of exactly three old keys holds two new ones) and the rest to fresh segments
+/// of its size rounded up to 2 MiB (`get_allocation_size`). Those segments sit on top of the
+/// prefill's reserved memory, which nothing else in the decode needs.
+///
+/// Traced on the allocator replay (`docs/oracle.md`, "Why the model reads low on three rows"):
+/// Qwen3-0.6B at batch 32 × 8,128 put 30 of step 1's 56 copies in merged old blocks, 11 in the
+/// prefill's free blocks and the rest in 510 MiB segments, +12.0 GiB over the decode; the H100
+/// measured +10.0 GiB. Later steps outgrow the 2 MiB rounding again (every `2 MiB / (b·kv·c)`
+/// steps), which this term does not follow.
+fn cache_relocation_fresh(block: &Block, prefill: &Pass, kv_bytes: f64, largest: f64) -> f64 {
+    let token = prefill.b * block.kv * kv_bytes;
+    let grown = allocator::block(prefill.b * prefill.s * block.kv * kv_bytes + token);
+    let slots: f64 = if allocator::small(grown) {
+        // The small pool never borrows the large pool's blocks.
+        0.0
+    } else {
+        // The prefill's own slack, `HF_SLACK_INFERENCE_TENSORS` blocks of its largest tensor
+        // stranded, is free room too.
+        let stranded =
+            HF_SLACK_INFERENCE_TENSORS * allocator::fits(allocator::block(largest), grown);
+        prefill_free_blocks(block, prefill)
+            .into_iter()
+            .map(|b| allocator::fits(allocator::block(b), grown))
+            .sum::<f64>()
+            + stranded
+    };
+    allocator::fresh(block.layers - slots, grown)
 }
 
 /// Reserved bytes a mixture of experts adds at its first decode step beyond what the allocated
@@ -1091,6 +1160,67 @@ mod tests {
             decode_step(&block, 32.0, 1.0, 2.0, 2.0),
             32.0 * 8.0 * 3.0 * 768.0 * 2048.0 * 2.0
         );
+    }
+
+    /// Qwen3-0.6B's shape: every prefill block is a whole number of cache blocks, so none holds
+    /// as many copies one token longer.
+    fn qwen3_06b() -> Block {
+        Block {
+            h: 1024.0,
+            q: 2048.0,
+            kv: 1024.0,
+            heads: 16.0,
+            ffn: 3072.0,
+            vocab: 151_936.0,
+            layers: 28.0,
+            mlp: Mlp::Gated,
+            family: ModelType::QkNorm,
+            experts_per_token: 0.0,
+            experts: 0.0,
+            sliding_window: 0.0,
+        }
+    }
+
+    /// The first decode step's key and value copies, one token longer than the prefill's
+    /// blocks: one per layer goes to the blocks the prefill freed, the rest to fresh 2 MiB-rounded
+    /// segments.
+    #[test]
+    fn cache_copies_a_token_longer_than_the_prefill_blocks_take_fresh_segments() {
+        let (block, p) = (qwen3_06b(), pass(32.0, 8128.0));
+        let mib = 1_048_576.0;
+        let largest = largest_tensor(&block, &p);
+        // An MLP intermediate, 1,524 MiB, is the largest tensor.
+        assert_eq!(largest, p.t() * 3072.0 * 2.0);
+        // Slots for a 508.06 MiB copy: the MLP's three 1,524 MiB blocks and the two stranded
+        // ones two each, the norm's two 1,016 MiB fp32 copies one each.
+        let slots = 5.0 * 2.0 + 2.0;
+        assert_eq!(
+            cache_relocation_fresh(&block, &p, 2.0, largest),
+            (28.0 - slots) * 510.0 * mib
+        );
+        // Llama-3.1-8B at batch 16 × 1,984: 62 MiB copies, hundreds of slots in 868 MiB MLP
+        // blocks, nothing fresh.
+        let llama = Block {
+            h: 4096.0,
+            q: 4096.0,
+            kv: 1024.0,
+            ffn: 14_336.0,
+            layers: 32.0,
+            ..llama_1b()
+        };
+        let p = pass(16.0, 1984.0);
+        let largest = largest_tensor(&llama, &p);
+        assert_eq!(cache_relocation_fresh(&llama, &p, 2.0, largest), 0.0);
+    }
+
+    /// Copies of at most 1 MiB come from the small pool and pack into its 2 MiB segments; the
+    /// large pool's free blocks do not serve them.
+    #[test]
+    fn small_cache_copies_pack_into_small_segments() {
+        let (block, p) = (qwen3_06b(), pass(1.0, 256.0));
+        // 256 tokens × 1,024 × 2 B = 512 KiB, one token more rounds to 514 KiB: 3 per 2 MiB.
+        let fresh = cache_relocation_fresh(&block, &p, 2.0, largest_tensor(&block, &p));
+        assert_eq!(fresh, (28.0_f64 / 3.0).ceil() * 2.0 * 1_048_576.0);
     }
 
     /// A mixture of experts decoding at wide batch gathers expert weights larger than any block
