@@ -23,7 +23,7 @@
 //! | RMSNorm | two fp32 copies of its input at once, `8·T·h` | `LlamaRMSNorm.forward` (`to(float32)`, `pow(2)`, `* rsqrt`) |
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
 //! | reserved, the stranded tensor | `HF_SLACK_INFERENCE_TENSORS` blocks of the pass's largest tensor, except an fp32 score matrix: every score tensor is then one size, each layer gets the previous layer's blocks back whole and nothing smaller splits them, unless SDPA's math kernel's per-call float mask (`4·s²`) is larger than every block outside attention ([`stranding_tensor`]) | `eager_attention_forward` (`softmax(dtype=float32)`), `_scaled_dot_product_attention_math` (`tril`, `convert_boolean_attn_mask`); `CUDACachingAllocator.cpp` `get_free_block`, `should_split` |
-//! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
+//! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
 //! | decode, a mixture of experts' reserved | the gathered gate/up and down weights (`b·k·2·I·h·c`, `b·k·I·h·c`) larger than the prefill's largest tensor take new segments on top of the prefill's (slack `P + fresh − max(P, D)` beyond the prefill's own) | `batched_mm_experts_forward` (`self.gate_up_proj[expert_ids]`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` ([`gathered_experts_fresh`]) |
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
 //! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
@@ -966,20 +966,23 @@ fn prefill_free_blocks(block: &Block, p: &Pass) -> Vec<f64> {
 fn cache_relocation_fresh(block: &Block, prefill: &Pass, kv_bytes: f64, stranding: f64) -> f64 {
     let token = prefill.b * block.kv * kv_bytes;
     let grown = allocator::block(prefill.b * prefill.s * block.kv * kv_bytes + token);
-    let slots: f64 = if allocator::small(grown) {
-        // The small pool never borrows the large pool's blocks.
-        0.0
-    } else {
-        // The prefill's own slack, `HF_SLACK_INFERENCE_TENSORS` blocks of its
-        // [`stranding_tensor`], is free room too.
-        let stranded =
-            HF_SLACK_INFERENCE_TENSORS * allocator::fits(allocator::block(stranding), grown);
-        prefill_free_blocks(block, prefill)
-            .into_iter()
-            .map(|b| allocator::fits(allocator::block(b), grown))
-            .sum::<f64>()
-            + stranded
-    };
+    if allocator::small(grown) {
+        // Small-pool copies (`get_pool`: at most 1 MiB; the large pool's blocks never serve
+        // them): a layer's key and value share a 2 MiB segment, and once both are freed it is
+        // whole again (`try_merge_blocks`) and holds the next layer's two copies, so only the
+        // first layer's need a segment of their own. The replays of SmolLM2-135M and
+        // Llama-3.1-8B at 1 × 448 + 64 new tokens made one small segment in decode, and
+        // Llama two more once its copies reached 1 MiB.
+        return allocator::fresh(1.0, grown);
+    }
+    // The prefill's own slack, `HF_SLACK_INFERENCE_TENSORS` blocks of its
+    // [`stranding_tensor`], is free room too.
+    let stranded = HF_SLACK_INFERENCE_TENSORS * allocator::fits(allocator::block(stranding), grown);
+    let slots: f64 = prefill_free_blocks(block, prefill)
+        .into_iter()
+        .map(|b| allocator::fits(allocator::block(b), grown))
+        .sum::<f64>()
+        + stranded;
     allocator::fresh(block.layers - slots, grown)
 }
 
@@ -1289,14 +1292,14 @@ mod tests {
         assert_eq!(cache_relocation_fresh(&llama, &p, 2.0, largest), 0.0);
     }
 
-    /// Copies of at most 1 MiB come from the small pool and pack into its 2 MiB segments; the
-    /// large pool's free blocks do not serve them.
+    /// Copies of at most 1 MiB come from the small pool, where each layer's freed pair leaves a
+    /// whole 2 MiB segment for the next layer's: only the first layer's take a new one.
     #[test]
-    fn small_cache_copies_pack_into_small_segments() {
+    fn small_cache_copies_take_one_small_segment() {
         let (block, p) = (qwen3_06b(), pass(1.0, 256.0));
-        // 256 tokens × 1,024 × 2 B = 512 KiB, one token more rounds to 514 KiB: 3 per 2 MiB.
+        // 256 tokens × 1,024 × 2 B = 512 KiB, one token more rounds to 514 KiB.
         let fresh = cache_relocation_fresh(&block, &p, 2.0, largest_tensor(&block, &p));
-        assert_eq!(fresh, (28.0_f64 / 3.0).ceil() * 2.0 * 1_048_576.0);
+        assert_eq!(fresh, 2.0 * 1_048_576.0);
     }
 
     /// A mixture of experts decoding at wide batch gathers expert weights larger than any block
