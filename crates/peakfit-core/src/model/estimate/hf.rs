@@ -22,6 +22,8 @@
 //! | prefill, score matrix (eager; fp32 SDPA on grouped-query attention, the math kernel) | repeated k and v (`2·T·q·c`) and two score tensors at once, `8·b·heads·s²`; eager's materialised mask `b·s²·c` | `eager_attention_forward`, `repeat_kv`, `masking_utils.eager_mask`; `sdp_utils.cpp` (`Pass::scores`) |
 //! | RMSNorm | two fp32 copies of its input at once, `8·T·h` | `LlamaRMSNorm.forward` (`to(float32)`, `pow(2)`, `* rsqrt`) |
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
+//! | reserved, the stranded tensor | `HF_SLACK_INFERENCE_TENSORS` blocks of the pass's largest tensor, except an fp32 score matrix: every score tensor is then one size, each layer gets the previous layer's blocks back whole and nothing smaller splits them, unless SDPA's math kernel's per-call float mask (`4·s²`) is larger than every block outside attention ([`stranding_tensor`]) | `eager_attention_forward` (`softmax(dtype=float32)`), `_scaled_dot_product_attention_math` (`tril`, `convert_boolean_attn_mask`); `CUDACachingAllocator.cpp` `get_free_block`, `should_split` |
+//! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
 //! | decode, a mixture of experts' reserved | the gathered gate/up and down weights (`b·k·2·I·h·c`, `b·k·I·h·c`) larger than the prefill's largest tensor take new segments on top of the prefill's (slack `P + fresh − max(P, D)` beyond the prefill's own) | `batched_mm_experts_forward` (`self.gate_up_proj[expert_ids]`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` ([`gathered_experts_fresh`]) |
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
 //! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
@@ -37,7 +39,7 @@
 use super::framework::Framework;
 use super::{
     Checkpointing, Dtype, HF_SLACK_INFERENCE_TENSORS, HF_SLACK_TRAINING_TENSORS, Inputs, Kind,
-    ModelType, Offload, Optimizer, Workload,
+    ModelType, Offload, Optimizer, Workload, allocator,
 };
 
 /// The shape of a block as HF's modeling code builds it.
@@ -352,6 +354,16 @@ pub(super) fn forward_peak(block: &Block, p: &Pass) -> f64 {
 /// The largest single tensor of a forward pass: an MLP intermediate (the fused gate/up output
 /// is two wide), an fp32 copy in a norm, or eager attention's fp32 softmax.
 pub(super) fn largest_tensor(block: &Block, p: &Pass) -> f64 {
+    let scores = if p.scores(block) {
+        4.0 * p.b * block.heads * p.s * p.s
+    } else {
+        0.0
+    };
+    largest_outside_attention(block, p).max(scores)
+}
+
+/// The largest tensor of a forward pass outside a materialised score matrix.
+fn largest_outside_attention(block: &Block, p: &Pass) -> f64 {
     let t = p.t();
     let mlp = if block.experts_per_token > 0.0 {
         t * block.experts_per_token * p.c * (2.0 * block.ffn).max(block.h)
@@ -365,12 +377,37 @@ pub(super) fn largest_tensor(block: &Block, p: &Pass) -> f64 {
             }
     };
     let norm = if block.rms() { 4.0 * t * block.h } else { 0.0 };
-    let scores = if p.scores(block) {
-        4.0 * p.b * block.heads * p.s * p.s
+    mlp.max(norm)
+}
+
+/// The tensor whose blocks a forward pass strands, in [`slack`]'s count of them. In fp32 every
+/// tensor of a materialised score matrix (the scores, the softmax, its `to(float32)`, which is
+/// the same tensor; torch's math kernel likewise) is `4·b·heads·s²`: each layer asks for the
+/// same sizes the previous layer freed, the caching allocator's best fit hands back those very
+/// blocks (`get_free_block`), and the layer's other requests take the smaller free blocks
+/// first, so the score blocks are never split and strand nothing; the largest tensor outside
+/// attention counts instead. Two cases keep the scores counted:
+/// - 16 bits: the scores (`c` per score) and softmax's fp32 copy (4) differ in size, a 16-bit
+///   request takes half of a freed fp32 block when no 16-bit one is free, and the next fp32
+///   request finds none whole;
+/// - SDPA's math kernel builds its float mask in every call (`_scaled_dot_product_attention_math`:
+///   `ones(L, S, bool).tril()` under `is_causal`, then `convert_boolean_attn_mask`), `4·s²`
+///   (`4·b·s²` for a mask handed in): when that is larger than every block outside attention,
+///   the only free block that holds it is a freed score block, which it splits, and the next
+///   score request takes a fresh segment (the oracle's replay of Qwen2.5-0.5B fp32 at 1 × 16,352
+///   made a third 14,282 MiB segment right after its 1,020 MiB mask).
+fn stranding_tensor(block: &Block, p: &Pass) -> f64 {
+    let outside = largest_outside_attention(block, p);
+    let math_mask = if p.sdpa {
+        4.0 * p.s * p.s * if block.sdpa_mask(p) { p.b } else { 1.0 }
     } else {
         0.0
     };
-    mlp.max(norm).max(scores)
+    if p.c >= 4.0 && math_mask <= outside {
+        outside
+    } else {
+        largest_tensor(block, p)
+    }
 }
 
 /// Extra bytes of one decode step of `generate`: one layer's key (or value) block while
@@ -869,12 +906,84 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
             let seqs = inp.batch * inp.beams;
             let prefill = inp.pass(seqs, inp.prompt);
             let largest = largest_tensor(&block, &prefill);
+            let stranding = stranding_tensor(&block, &prefill);
             let decode = decode_step(&block, seqs, inp.context, inp.kv_bytes, inp.compute_bytes());
-            return HF_SLACK_INFERENCE_TENSORS * largest
-                + gathered_experts_fresh(&block, &prefill, seqs, decode, largest);
+            let relocation = if inp.legacy_cache {
+                // The legacy cache is counted twice over already (`kv_cache`).
+                0.0
+            } else {
+                cache_relocation_fresh(&block, &prefill, inp.kv_bytes, stranding)
+            };
+            return HF_SLACK_INFERENCE_TENSORS * stranding
+                + gathered_experts_fresh(&block, &prefill, seqs, decode, largest)
+                + relocation;
         }
     };
-    HF_SLACK_INFERENCE_TENSORS * largest_tensor(&block, &pass)
+    HF_SLACK_INFERENCE_TENSORS * stranding_tensor(&block, &pass)
+}
+
+/// The blocks a prefill leaves free for the decode, at least: one layer's MLP intermediates
+/// and its `RMSNorm`'s two fp32 copies, each alive beside the others of its phase and so each a
+/// block of its own, freed at the end of every layer (the attention phase's smaller tensors
+/// may be carved out of these, so they are not counted again). A mixture of experts' routed
+/// copies are left out: fewer blocks is the safe side of [`cache_relocation_fresh`].
+fn prefill_free_blocks(block: &Block, p: &Pass) -> Vec<f64> {
+    let t = p.t();
+    let i = t * block.ffn * p.c;
+    let mut blocks = match block.mlp {
+        _ if block.experts_per_token > 0.0 => Vec::new(),
+        Mlp::Gated => vec![i; 3],
+        // The `2I` output, whose chunks are views, beside `act(gate)` and the product.
+        Mlp::FusedGated => vec![2.0 * i, i, i],
+        Mlp::Plain if block.composed_gelu() => vec![i; 4],
+        Mlp::Plain => vec![i; 2],
+    };
+    if block.rms() {
+        blocks.extend([4.0 * t * block.h; 2]);
+    }
+    blocks
+}
+
+/// Fresh segments at the first decode step of `generate`, when every layer's key and value
+/// outgrow the blocks they were built in. `DynamicLayer.update` (transformers
+/// `cache_utils.py`) replaces each layer's key, then its value, by `torch.cat([old, new],
+/// dim=-2)`: a request one token (`b·kv·c`) larger than the block it replaces, made while that
+/// block is still live. The caching allocator (`allocator`) serves it from the smallest
+/// free block that holds it (`get_free_block`); the old block, freed after, is too small by
+/// that token for the next one. A layer's key and value were built back to back in the prefill,
+/// so they sit side by side; once both are freed they merge (`try_merge_blocks`) into one
+/// block that holds the next layer's key. That leaves one request per layer (its value) to the
+/// blocks the prefill freed (`prefill_free_blocks`, each holding as many as whole requests
+/// fit: a block of exactly three old keys holds two new ones) and the rest to fresh segments
+/// of its size rounded up to 2 MiB (`get_allocation_size`). Those segments sit on top of the
+/// prefill's reserved memory, which nothing else in the decode needs.
+///
+/// Traced on the allocator replay (`docs/oracle.md`, "Why the model reads low on three rows"):
+/// Qwen3-0.6B at batch 32 × 8,128 put 30 of step 1's 56 copies in merged old blocks, 11 in the
+/// prefill's free blocks and the rest in 510 MiB segments, +12.0 GiB over the decode; the H100
+/// measured +10.0 GiB. Later steps outgrow the 2 MiB rounding again (every `2 MiB / (b·kv·c)`
+/// steps), which this term does not follow.
+fn cache_relocation_fresh(block: &Block, prefill: &Pass, kv_bytes: f64, stranding: f64) -> f64 {
+    let token = prefill.b * block.kv * kv_bytes;
+    let grown = allocator::block(prefill.b * prefill.s * block.kv * kv_bytes + token);
+    if allocator::small(grown) {
+        // Small-pool copies (`get_pool`: at most 1 MiB; the large pool's blocks never serve
+        // them): a layer's key and value share a 2 MiB segment, and once both are freed it is
+        // whole again (`try_merge_blocks`) and holds the next layer's two copies, so only the
+        // first layer's need a segment of their own. The replays of SmolLM2-135M and
+        // Llama-3.1-8B at 1 × 448 + 64 new tokens made one small segment in decode, and
+        // Llama two more once its copies reached 1 MiB.
+        return allocator::fresh(1.0, grown);
+    }
+    // The prefill's own slack, `HF_SLACK_INFERENCE_TENSORS` blocks of its
+    // [`stranding_tensor`], is free room too.
+    let stranded = HF_SLACK_INFERENCE_TENSORS * allocator::fits(allocator::block(stranding), grown);
+    let slots: f64 = prefill_free_blocks(block, prefill)
+        .into_iter()
+        .map(|b| allocator::fits(allocator::block(b), grown))
+        .sum::<f64>()
+        + stranded;
+    allocator::fresh(block.layers - slots, grown)
 }
 
 /// Reserved bytes a mixture of experts adds at its first decode step beyond what the allocated
@@ -1091,6 +1200,106 @@ mod tests {
             decode_step(&block, 32.0, 1.0, 2.0, 2.0),
             32.0 * 8.0 * 3.0 * 768.0 * 2048.0 * 2.0
         );
+    }
+
+    /// fp32 score matrices are one size per layer and come back whole; 16-bit ones sit beside
+    /// softmax's fp32 copy, and the math kernel's per-call float mask may outgrow every other
+    /// block: those keep the scores as the stranded tensor.
+    #[test]
+    fn fp32_scores_strand_nothing_unless_something_else_splits_them() {
+        let block = llama_1b();
+        // Grouped-query attention in fp32: SDPA's math kernel, 16 GiB of scores at 8 × 4,096.
+        let fp32 = Pass {
+            c: 4.0,
+            ..pass(8.0, 4096.0)
+        };
+        let mlp = fp32.t() * block.ffn * 4.0;
+        assert_eq!(
+            largest_tensor(&block, &fp32),
+            4.0 * 8.0 * 32.0 * 4096.0 * 4096.0
+        );
+        assert_eq!(stranding_tensor(&block, &fp32), mlp);
+        // Eager in bf16: the fp32 softmax copy beside 16-bit scores.
+        let eager = Pass {
+            sdpa: false,
+            ..pass(8.0, 4096.0)
+        };
+        assert_eq!(
+            stranding_tensor(&block, &eager),
+            largest_tensor(&block, &eager)
+        );
+        // One sequence of 16,384 in fp32: the math kernel's 1 GiB float causal mask outgrows the
+        // 512 MiB MLP blocks and splits a freed score block.
+        let long = Pass {
+            c: 4.0,
+            ..pass(1.0, 16_384.0)
+        };
+        assert!(4.0 * 16_384.0 * 16_384.0 > long.t() * block.ffn * 4.0);
+        assert_eq!(
+            stranding_tensor(&block, &long),
+            largest_tensor(&block, &long)
+        );
+    }
+
+    /// Qwen3-0.6B's shape: every prefill block is a whole number of cache blocks, so none holds
+    /// as many copies one token longer.
+    fn qwen3_06b() -> Block {
+        Block {
+            h: 1024.0,
+            q: 2048.0,
+            kv: 1024.0,
+            heads: 16.0,
+            ffn: 3072.0,
+            vocab: 151_936.0,
+            layers: 28.0,
+            mlp: Mlp::Gated,
+            family: ModelType::QkNorm,
+            experts_per_token: 0.0,
+            experts: 0.0,
+            sliding_window: 0.0,
+        }
+    }
+
+    /// The first decode step's key and value copies, one token longer than the prefill's
+    /// blocks: one per layer goes to the blocks the prefill freed, the rest to fresh 2 MiB-rounded
+    /// segments.
+    #[test]
+    fn cache_copies_a_token_longer_than_the_prefill_blocks_take_fresh_segments() {
+        let (block, p) = (qwen3_06b(), pass(32.0, 8128.0));
+        let mib = 1_048_576.0;
+        let largest = largest_tensor(&block, &p);
+        // An MLP intermediate, 1,524 MiB, is the largest tensor.
+        assert_eq!(largest, p.t() * 3072.0 * 2.0);
+        // Slots for a 508.06 MiB copy: the MLP's three 1,524 MiB blocks and the two stranded
+        // ones two each, the norm's two 1,016 MiB fp32 copies one each.
+        let slots = 5.0 * 2.0 + 2.0;
+        assert_eq!(
+            cache_relocation_fresh(&block, &p, 2.0, largest),
+            (28.0 - slots) * 510.0 * mib
+        );
+        // Llama-3.1-8B at batch 16 × 1,984: 62 MiB copies, hundreds of slots in 868 MiB MLP
+        // blocks, nothing fresh.
+        let llama = Block {
+            h: 4096.0,
+            q: 4096.0,
+            kv: 1024.0,
+            ffn: 14_336.0,
+            layers: 32.0,
+            ..llama_1b()
+        };
+        let p = pass(16.0, 1984.0);
+        let largest = largest_tensor(&llama, &p);
+        assert_eq!(cache_relocation_fresh(&llama, &p, 2.0, largest), 0.0);
+    }
+
+    /// Copies of at most 1 MiB come from the small pool, where each layer's freed pair leaves a
+    /// whole 2 MiB segment for the next layer's: only the first layer's take a new one.
+    #[test]
+    fn small_cache_copies_take_one_small_segment() {
+        let (block, p) = (qwen3_06b(), pass(1.0, 256.0));
+        // 256 tokens × 1,024 × 2 B = 512 KiB, one token more rounds to 514 KiB.
+        let fresh = cache_relocation_fresh(&block, &p, 2.0, largest_tensor(&block, &p));
+        assert_eq!(fresh, 2.0 * 1_048_576.0);
     }
 
     /// A mixture of experts decoding at wide batch gathers expert weights larger than any block

@@ -35,15 +35,18 @@
 //! | [`fraction`] | engines that budget a fraction of the GPU |
 //! | [`framework`] | what each named framework changes in the terms above |
 //! | [`hf`] | what transformers' own modules keep alive (generate's prefill and decode, encoders, Whisper, training's saved tensors and loss) and their allocator slack, for HF engines on one GPU; replaces `activations`, `logits` and the slack ratio there |
+//! | [`allocator`] | the CUDA caching allocator's block rounding, pools, segment sizes and splitting, which [`hf`]'s slack terms apply |
 //! | this module | resolution of the spec, the parallel layout every term reads, workspace, allocator slack, CUDA context, NCCL, headroom |
 //!
 //! The term modules are `impl Inputs` blocks over the resolved spec here. They read this
 //! module's layout (shards, ZeRO stage, tokens) and [`Framework`]'s rules, and one another only
 //! downwards: [`training_state`], [`diffusion`] and [`fraction`] read [`weights`] (the weights'
 //! width and size), [`diffusion`] reads [`activations`]' per-layer bytes and [`fraction`] the
-//! [`kv_cache`]; [`weights`], [`activations`] and [`kv_cache`] read no other term.
+//! [`kv_cache`], [`hf`] reads [`allocator`]; [`weights`], [`activations`], [`kv_cache`] and
+//! [`allocator`] read no other term.
 
 mod activations;
+mod allocator;
 mod diffusion;
 mod fraction;
 mod framework;

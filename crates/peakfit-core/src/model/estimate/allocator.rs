@@ -1,0 +1,90 @@
+//! PyTorch's CUDA caching allocator as far as the slack terms need it (torch 2.11,
+//! `c10/cuda/CUDACachingAllocator.cpp`, default configuration: one stream, `max_split_size`
+//! unlimited, expandable segments off), the rules `tools/oracle/allocator.py` replays:
+//!
+//! | rule | what it does | code |
+//! |---|---|---|
+//! | block rounding | a request becomes a block of a multiple of 512 B, at least 512 B | `round_size` (`kMinBlockSize`) |
+//! | pools | blocks of at most 1 MiB come from the small pool, larger ones from the large pool; neither serves the other | `get_pool` (`kSmallSize`) |
+//! | segment size | a request no cached block fits makes a segment: 2 MiB for the small pool, 20 MiB for a large block under 10 MiB, else the block rounded up to 2 MiB | `get_allocation_size` (`kSmallBuffer`, `kLargeBuffer`, `kMinLargeAlloc`, `kRoundLarge`) |
+//! | splitting | the rest of a block stays a free block when it is at least 512 B (small pool) or more than 1 MiB (large pool) | `should_split` |
+//! | best fit | a request takes the smallest free block of its pool that holds it | `get_free_block` (`BlockComparatorSize`) |
+//!
+//! The terms that use these rules (`hf::slack`) say which of the workload's requests meet which
+//! free blocks; this module only answers how the allocator sizes and splits them.
+
+const MIN_BLOCK: f64 = 512.0;
+const SMALL_SIZE: f64 = 1_048_576.0;
+const SMALL_BUFFER: f64 = 2.0 * SMALL_SIZE;
+const LARGE_BUFFER: f64 = 20.0 * SMALL_SIZE;
+const MIN_LARGE_ALLOC: f64 = 10.0 * SMALL_SIZE;
+const ROUND_LARGE: f64 = 2.0 * SMALL_SIZE;
+
+/// The block a request of `bytes` gets (`round_size`).
+pub(super) fn block(bytes: f64) -> f64 {
+    (bytes / MIN_BLOCK).ceil().max(1.0) * MIN_BLOCK
+}
+
+/// Whether a block comes from the small pool (`get_pool`).
+pub(super) fn small(block: f64) -> bool {
+    block <= SMALL_SIZE
+}
+
+/// The segment `cudaMalloc` makes for a block no cached block fits (`get_allocation_size`).
+pub(super) fn segment(block: f64) -> f64 {
+    if small(block) {
+        SMALL_BUFFER
+    } else if block < MIN_LARGE_ALLOC {
+        LARGE_BUFFER
+    } else {
+        (block / ROUND_LARGE).ceil() * ROUND_LARGE
+    }
+}
+
+/// How many blocks of size `block` one free block of `free` bytes serves: each request splits
+/// off what it takes (`should_split`), and the last one takes the rest whole when that is too
+/// small to split, which still holds it.
+pub(super) fn fits(free: f64, block: f64) -> f64 {
+    (free / block).floor().max(0.0)
+}
+
+/// Bytes of fresh segments for `n` requests of `block` bytes that no cached block holds: a
+/// segment under 10 MiB's worth of block (2 MiB small, 20 MiB large) is split among as many
+/// of them as it holds; a larger one holds one, with at most 2 MiB spare.
+pub(super) fn fresh(n: f64, block: f64) -> f64 {
+    if n <= 0.0 {
+        return 0.0;
+    }
+    let seg = segment(block);
+    (n / fits(seg, block).max(1.0)).ceil() * seg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: f64 = 1_048_576.0;
+
+    #[test]
+    fn requests_round_to_512_bytes_and_segments_to_the_pools_sizes() {
+        assert_eq!(block(1.0), 512.0);
+        assert_eq!(block(513.0), 1024.0);
+        assert!(small(MIB) && !small(MIB + 512.0));
+        assert_eq!(segment(4096.0), 2.0 * MIB);
+        assert_eq!(segment(3.0 * MIB), 20.0 * MIB);
+        // Qwen3-0.6B, batch 32 x 8,128: a layer's key one token longer, 508.06 MiB, gets a
+        // 510 MiB segment (docs/oracle.md, "Why the model reads low on three rows").
+        assert_eq!(segment(block(532_676_608.0 + 65_536.0)), 510.0 * MIB);
+    }
+
+    #[test]
+    fn small_blocks_share_a_segment_and_large_ones_take_their_own() {
+        // Six 3 MiB blocks fit six to a 20 MiB segment; seven need two.
+        assert_eq!(fresh(6.0, 3.0 * MIB), 20.0 * MIB);
+        assert_eq!(fresh(7.0, 3.0 * MIB), 40.0 * MIB);
+        assert_eq!(fresh(2.0, 100.0 * MIB), 200.0 * MIB);
+        assert_eq!(fresh(0.0, 100.0 * MIB), 0.0);
+        // A free block one byte short of three holds two.
+        assert_eq!(fits(3.0 * 100.0 * MIB - 1.0, 100.0 * MIB), 2.0);
+    }
+}
