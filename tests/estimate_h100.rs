@@ -27,9 +27,6 @@ const KNOWN_LOW: &[(&str, &str, f64)] = &[
     // SDPA's math kernel under multi-query attention without `enable_gqa`, and the boolean mask
     // `_safe_softmax` builds on CUDA.
     ("h100-falcon-7b-b4-2k", "allocated", -10.7),
-    // Decode's KV `torch.cat` one token larger than the blocks it frees (`docs/oracle.md`).
-    ("h100-qwen3-0.6b-b32-8k", "reserved", -19.1),
-    ("h100-qwen3-0.6b-b32-8k", "nvml", -18.8),
 ];
 
 /// NVML median |error| over the rows (issue 20's bar for visible rows is 3 %).
