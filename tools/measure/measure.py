@@ -4,6 +4,7 @@
 usage: measure.py OUT.jsonl [CASE_ID ...]      (parent: runs every case in its own process)
        measure.py --case CASE_ID               (child: runs one case, prints one JSON line)
        measure.py --list                       (prints the case ids)
+       measure.py --unmeasured DIR             (the ids DIR's CSVs do not hold yet, in priority order)
 
 Derived from ../shared/data/gpu-measurements/measure.py (which produced the H200 rows in
 tests/data/h200): the same child, counters and parent, with three changes, each because the
@@ -39,7 +40,23 @@ def case(id, model, workload, dtype, batch, ctx, **kw):
 # sliding-window caches, MQA, GPT-2's Conv1D, Phi's parallel block, SGD, LoRA under autocast,
 # pure-bf16 full fine-tuning without checkpointing), most informative first: the parent skips
 # what its deadline leaves no time for.
-CASES = [
+# For the next lease (`--unmeasured tests/data/h100` lists them first): the decode relocations past
+# the first step (docs/oracle.md, "What the model follows now": the replay reserves 50.9 / 56.9 /
+# 69.2 GiB at 64 / 128 / 256 new tokens on Qwen3-0.6B at batch 32 x 8k), the mitigation
+# (`expandable_segments`), and the SDPA math kernel at long context and in fp32 training.
+NEXT = [
+    case("h100-qwen3-0.6b-b32-8k-n128", "qwen3-0.6b", "inference", "bf16", 32, 8192, new=128, gib=62),
+    case("h100-qwen3-0.6b-b32-8k-n256", "qwen3-0.6b", "inference", "bf16", 32, 8192, new=256, gib=74),
+    case("h100-qwen3-0.6b-b32-8k-n256-expandable", "qwen3-0.6b", "inference", "bf16", 32, 8192, new=256, gib=50,
+         alloc_conf="expandable_segments:True"),
+    case("h100-qwen3-0.6b-b16-8k-n512", "qwen3-0.6b", "inference", "bf16", 16, 8192, new=512, gib=50),
+    case("h100-llama31-8b-b8-8k-n256", "llama-3.1-8b", "inference", "bf16", 8, 8192, new=256, gib=40),
+    case("h100-qwen3-0.6b-b1-32k-n256", "qwen3-0.6b", "inference", "bf16", 1, 32768, new=256, gib=12),
+    case("h100-falcon-7b-b1-8k", "falcon-7b", "inference", "bf16", 1, 8192, new=64, gib=40),
+    case("h100-qwen25-0.5b-ft-fp32-b4-2k", "qwen2.5-0.5b", "training", "fp32", 4, 2048, ckpt="none", optim="adamw", gib=60),
+]
+
+CASES = NEXT + [
     case("h100-qwen3-0.6b-b32-8k", "qwen3-0.6b", "inference", "bf16", 32, 8192, new=64, gib=53),
     case("h100-qwen3-4b-b16-4k", "qwen3-4b", "inference", "bf16", 16, 4096, new=64, gib=25),
     case("h100-gemma2-2b-b4-8k", "gemma-2-2b", "inference", "bf16", 4, 8192, new=64, gib=15),
@@ -214,6 +231,7 @@ def child(cid):
                nvml_context=nvml_ctx, nvml_peak=max(peak[0], nvml_end), nvml_end=nvml_end,
                device_context=dev_ctx, device_peak=max(dev_peak[0], dev_end),
                alloc_retries=stats.get("num_alloc_retries"), ooms=stats.get("num_ooms"),
+               alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
                load_s=round(t1 - t0, 2), run_s=round(time.time() - t1, 2),
                torch=torch.__version__, transformers=transformers.__version__,
                gpu=pynvml.nvmlDeviceGetName(h), driver=pynvml.nvmlSystemGetDriverVersion(),
@@ -283,7 +301,11 @@ def parent(out_path, ids):
                         todo.remove(c)
                         # Files, not pipes: a child's warnings must never fill a pipe and stall it.
                         fo, fe = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-                        p = subprocess.Popen([sys.executable, __file__, "--case", c["id"]], stdout=fo, stderr=fe, text=True)
+                        env = dict(os.environ)
+                        if c.get("alloc_conf"):
+                            env["PYTORCH_CUDA_ALLOC_CONF"] = c["alloc_conf"]
+                        p = subprocess.Popen([sys.executable, __file__, "--case", c["id"]], stdout=fo, stderr=fe,
+                                             text=True, env=env)
                         p.files = (fo, fe)
                         running[c["id"]] = (c, p, time.time())
                         started = True
@@ -299,6 +321,10 @@ def parent(out_path, ids):
 if __name__ == "__main__":
     if sys.argv[1] == "--list":
         print("\n".join(c["id"] for c in CASES))
+    elif sys.argv[1] == "--unmeasured":
+        import csv, glob
+        done = {r["id"] for p in glob.glob(os.path.join(sys.argv[2], "*.csv")) for r in csv.DictReader(open(p))}
+        print(" ".join(c["id"] for c in CASES if c["id"] not in done))
     elif sys.argv[1] == "--case":
         child(sys.argv[2])
     else:

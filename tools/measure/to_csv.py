@@ -85,6 +85,9 @@ def main(out_dir, files):
                 notes += "; loss by the model from labels, 3 optimizer steps, use_cache off"
             if r["workload"] == "lora":
                 notes += f"; PEFT LoRA on all linear layers, alpha {2 * r['rank']}, dropout 0"
+            if r.get("alloc_conf"):
+                # Not an input the model reads: tests/model_rows leaves such rows out of the scoring.
+                notes += f"; PYTORCH_CUDA_ALLOC_CONF={r['alloc_conf']}"
             if cut:
                 notes += (f"; the caching allocator freed its cache and retried {r['alloc_retries']} time(s) "
                           "(a neighbouring case held the rest of the GPU): reserved and NVML are not this "
