@@ -5,6 +5,8 @@
   grid.py generate --root R --add [--resume]         run only the cases of hunt() missing from the file, keep
                                                      the other rows and their header, note the addition
   grid.py check --root R N [--seed S]                rerun N sampled rows, compare with the committed file
+  grid.py rerun --root R math-kernel                 rerun the rows a change of the oracle touches, in both
+                                                     files, keep the rest, note the rerun in each header
 """
 import argparse
 import csv
@@ -513,6 +515,75 @@ def reserved(a):
     return 0
 
 
+# The rows a change of the oracle can move, by name: each selector says which rows, and why.
+RERUN = {
+    # SDPA rows whose attention runs torch's math kernel: fp32 on fewer kv heads than heads (the memory-efficient
+    # kernel takes no grouped heads) and Falcon's multi-query attention (one kv head handed over without
+    # enable_gqa, which cuDNN and flash refuse). Issue 20: cuDNN's head rule and _safe_softmax's temporaries.
+    "math-kernel": (lambda cfg, row: row["attention"] == "sdpa" and (
+        (cfg.get("model_type") == "falcon" and cfg.get("multi_query") and not cfg.get("new_decoder_architecture"))
+        or (row["dtype"] == "fp32" and kv_heads(cfg) < heads(cfg))),
+        "cuDNN's head rule and the math kernel's _safe_softmax temporaries (issue 20)"),
+}
+
+
+def heads(cfg):
+    return cfg.get("num_attention_heads") or cfg.get("n_head") or cfg.get("encoder_attention_heads")
+
+
+def kv_heads(cfg):
+    kv = cfg.get("num_key_value_heads") or cfg.get("num_kv_heads")
+    return kv or (1 if cfg.get("multi_query") else heads(cfg))
+
+
+def rerun(a):
+    """Rerun the rows of RERUN[a.select] in oracle-grid.csv (allocated) and oracle-reserved.csv (allocated and
+    reserved); every other row, the order and the header stay, and each header gets a line saying which rows
+    were rerun, when, why and with which versions. A rerun row that no longer fits is left out, as `generate`
+    and `reserved` leave such cases out: over an H200's 141 GiB allocated, or a replay that runs out."""
+    import torch
+    import transformers
+    import peft
+    root = a.root
+    pick, why = RERUN[a.select]
+    by_id = {c["id"]: c for c in design(root)}
+    for name, cols, reserved_run in (("oracle-grid.csv", COLUMNS, False),
+                                     ("oracle-reserved.csv", RESERVED_COLUMNS, True)):
+        path = f"{root}/tests/data/{name}"
+        old_header = [l.rstrip("\n") for l in open(path) if l.startswith("#")]
+        rows = read_grid(path)
+        todo = [r for r in rows if pick(json.load(open(f"{root}/tests/data/oracle-configs/{r['config']}")), r)]
+        seconds = 0.0
+        dropped = []
+        for i, row in enumerate(todo):
+            c = by_id[row["id"]]
+            r = run(c, root, reserved=reserved_run)
+            new = reserved_row(c, r) if reserved_run else row_of(c, r)
+            old = float(row["oracle_allocated_gib"])
+            print(f"{name} [{i + 1}/{len(todo)}] {row['id']}: allocated {old:.4f} -> {new['oracle_allocated_gib']}"
+                  + (f", reserved {row['oracle_reserved_gib']} -> {new['oracle_reserved_gib']}" if reserved_run else "")
+                  + f" {r['sdpa_backends']} {r['seconds']:.1f}s", flush=True)
+            row.update({k: new[k] for k in cols})
+            seconds += r["seconds"]
+            if r["peak_allocated_bytes"] / GIB > H200_GIB or (reserved_run and r["reserved_oom"]):
+                dropped.append(row["id"])
+        rows = [row for row in rows if row["id"] not in dropped]
+        left_out = (f"; {len(dropped)} of them left out, over an H200 now: {', '.join(dropped)}" if dropped else "")
+        note = (f"# {len(todo)} rows rerun {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"
+                f" with `scripts/oracle rerun {a.select}` after {why} (torch {torch.__version__}, transformers "
+                f"{transformers.__version__}, peft {peft.__version__}; {seconds / 60:.1f} min){left_out}")
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: row[k] for k in cols})
+        with open(path, "w") as f:
+            f.write("\n".join(old_header + [note]) + "\n")
+            f.write(buf.getvalue())
+        print(f"{path}: {len(rows)} rows ({len(todo)} rerun, {len(dropped)} left out)", flush=True)
+    return 0
+
+
 def check(a):
     """Rerun a sample of the committed rows and compare: N rows of the grid (allocated), and a quarter as many
     of oracle-reserved.csv (allocated and reserved, through the caching-allocator replay)."""
@@ -568,6 +639,9 @@ def main():
     rs.add_argument("--inference", type=int, default=60)
     rs.add_argument("--training", type=int, default=12)
     rs.add_argument("--resume", action="store_true", help="keep the rows of an interrupted run")
+    rr = sub.add_parser("rerun", help="rerun the rows a change of the oracle touches, in both files")
+    rr.add_argument("--root", required=True)
+    rr.add_argument("select", choices=sorted(RERUN))
     ls = sub.add_parser("list")
     ls.add_argument("--root", required=True)
     a = ap.parse_args()
@@ -575,6 +649,8 @@ def main():
         return generate(a)
     if a.cmd == "reserved":
         return reserved(a)
+    if a.cmd == "rerun":
+        return rerun(a)
     if a.cmd == "list":
         for c in design(a.root):
             print(c["id"])

@@ -199,7 +199,30 @@ class Tracker(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 self.track(t)
+        if func is torch.ops.aten._safe_softmax.default:
+            self.safe_softmax_temporaries(out, *args, **(kwargs or {}))
         return out
+
+    def safe_softmax_temporaries(self, out, x, dim, dtype=None):
+        """The temporaries of the math SDPA kernel's softmax as a GPU makes them.
+
+        `_scaled_dot_product_attention_math` (aten/src/ATen/native/transformers/attention.cpp) calls
+        `at::_safe_softmax(attn, -1)`. That op is CompositeExplicitAutograd (native_functions.yaml; no CUDA
+        kernel of its own), so on CUDA its C++ body runs: `out = at::softmax(self, dim, dtype)`,
+        `masked = self.isneginf()` (a bool the size of the scores), `masked_rows = all(masked, dim, true)`,
+        a 0-dim `zero`, then `at::where_out(out, masked_rows, zero, out)` into out's own storage; the locals
+        die in reverse order at return. On fake tensors the op runs its meta function instead, which only
+        makes the output, so the bool (one byte per score, alive with the scores and their softmax) is made
+        here, in the same order, for the peak and the allocator replay. Checked on torch 2.11's CPU build
+        (the same composite body): the profiler lists softmax, isneginf, all, scalar_tensor, where."""
+        with torch.no_grad():
+            masked = torch.ops.aten.isneginf.default(x)
+            self.track(masked)
+            rows = torch.ops.aten.all.dim(masked, dim, True)
+            self.track(rows)
+            zero = torch.ops.aten.scalar_tensor.default(0.0, dtype=out.dtype, device=out.device)
+            self.track(zero)
+            del zero, rows, masked
 
     def breakdown(self):
         if self.dirty:
@@ -341,9 +364,15 @@ def select_backend(q, k, v, mask, dropout_p, is_causal, enable_gqa):
     divisible = hk == hv and hk > 0 and hq % hk == 0
     strides_ok = all(t.stride(-1) == 1 or t.shape[-1] == 1 for t in (q, k, v))
     # cuDNN: fp16/bf16, head dims <= 256 (sm90, cuDNN >= 9.10) and multiples of 8, kv length != 1,
-    # batch and heads <= 65535, dropout a multiple of 1/16; masks allowed; kv heads dividing q heads are
-    # accepted with or without enable_gqa.
-    if (_half(q.dtype) and strides_ok and divisible and dq <= 256 and dv <= 256 and dq % 8 == 0 and dv % 8 == 0
+    # batch and heads <= 65535, dropout a multiple of 1/16; masks allowed. Heads: can_use_cudnn_attention's
+    # dense constraints (cuda/sdp_utils.cpp) run check_batch_size_and_num_heads_dense<true /*supports_gqa*/,
+    # false /*requires_same_num_heads*/> (sdp_utils_cpp.h), which takes the grouped-query path only
+    # `if (params.enable_gqa && supports_gqa)` (k and v heads each dividing q heads) and otherwise requires
+    # q, k and v to have the same number of heads. So unequal heads without enable_gqa (Falcon's multi-query
+    # attention calls F.scaled_dot_product_attention itself, without it) are refused, as by flash and the
+    # efficient kernel: the math kernel runs.
+    cudnn_heads = same_heads or (enable_gqa and hk > 0 and hv > 0 and hq % hk == 0 and hq % hv == 0)
+    if (_half(q.dtype) and strides_ok and cudnn_heads and dq <= 256 and dv <= 256 and dq % 8 == 0 and dv % 8 == 0
             and sk != 1 and q.shape[0] <= 65535 and hq <= 65535
             and dropout_p * 16.0 == math.floor(dropout_p * 16.0)):
         return "cudnn"
@@ -393,15 +422,14 @@ def sdpa_sm90(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                 attn_mask = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
             return torch.ops.aten._scaled_dot_product_efficient_attention(
                 query, key, value, attn_mask, need_lse, dropout_p, is_causal, scale=scale)[0]
-        # math: on CUDA, 16-bit inputs are computed in fp32 (allow_fp16_bf16_reduction_math_sdp is off)
-        orig = query.dtype
-        if _half(orig):
-            query, key, value = query.float(), key.float(), value.float()
-            if attn_mask is not None and attn_mask.is_floating_point():
-                attn_mask = attn_mask.float()
-        out = torch.ops.aten._scaled_dot_product_attention_math(
+        # math: the composite kernel itself (attention.cpp `_scaled_dot_product_attention_math`, the same C++
+        # on CPU and CUDA) copies 16-bit q, k, v to fp32 (allowFP16BF16ReductionMathSDP is off by default),
+        # adds the mask to the fp32 scores (`add_` on CUDA converts a 16-bit mask into a temporary; fake
+        # tensors are "subclass-like" and take its out-of-place `add`, a transient below the softmax's), runs
+        # `_safe_softmax` (its temporaries: Tracker.safe_softmax_temporaries) and returns the output and the
+        # probabilities cast back to the input dtype. The probabilities' cast is dropped at return.
+        return torch.ops.aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
-        return out.to(orig) if out.dtype != orig else out
 
 
 # --------------------------------------------------------------------------- CUDA autocast on CPU tensors

@@ -30,7 +30,7 @@ pub const MEASURED: &[Band] = &[
     band("encoder", 13, 2.2, 6.0, 1.3),
     band("encoder-decoder", 12, 6.3, 22.6, 6.3),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
-    band("inference", 78, 3.6, 20.0, 2.3),
+    band("inference", 78, 3.1, 20.0, 2.3),
     band("lora", 24, 3.8, 25.2, 0.2),
     band("offload", 2, 3.9, 4.2, -4.2),
     band("qlora", 14, 12.9, 51.0, -0.5),

@@ -7,7 +7,7 @@
 //! | `layers` | `num_hidden_layers` `n_layer` `num_layers`; encoder-decoder: `encoder_layers + decoder_layers`, T5 `num_layers + num_decoder_layers` |
 //! | `hidden-size` | `hidden_size` `n_embd` `d_model` |
 //! | `attention-heads` | `num_attention_heads` `n_head` `num_heads` `encoder_attention_heads` |
-//! | `kv-heads` | `num_key_value_heads` `num_kv_heads`, 1 with `multi_query`, else the heads |
+//! | `kv-heads` | 1 with `multi_query` (unless `new_decoder_architecture`), else `num_key_value_heads` `num_kv_heads`, else the heads |
 //! | `head-dim` | `head_dim` `d_kv`, else hidden / heads |
 //! | `vocab-size` | `vocab_size` (required) |
 //! | `intermediate-size` | `intermediate_size` `n_inner` `d_ff` `ffn_dim` `encoder_ffn_dim` `ffn_hidden_size`, else 4 x hidden; per expert for mixture-of-experts (`moe_intermediate_size`) |
@@ -319,9 +319,15 @@ pub fn annotations(json: &str) -> Result<FromConfig, ConfigError> {
             });
         }
     };
+    // Multi-query attention has one kv head whatever `num_kv_heads` says: transformers'
+    // `FalconConfig` fills `num_kv_heads` with the heads when unset (so a `save_pretrained`
+    // config carries 71 for Falcon-7B), and `FalconAttention` takes
+    // `config.num_kv_heads if (new_decoder_architecture or not multi_query) else 1`.
+    let multi_query = flag(cfg, "multi_query") == Some(true)
+        && flag(cfg, "new_decoder_architecture") != Some(true);
     let kv = match uint(cfg, &["num_key_value_heads", "num_kv_heads"])? {
+        _ if multi_query => 1,
         Some(kv) => kv,
-        None if flag(cfg, "multi_query") == Some(true) => 1,
         None => heads,
     };
     let head_dim = uint(cfg, &["head_dim", "d_kv"])?.unwrap_or((hidden / heads).max(1));
@@ -484,6 +490,23 @@ mod tests {
         assert!(e.to_string().contains("text_config"), "{e}");
         // "auto" is the checkpoint's own type: no dtype annotation, no error.
         assert!(annotations(&base(r#", "torch_dtype": "auto""#)).is_ok());
+    }
+
+    #[test]
+    fn multi_query_has_one_kv_head_whatever_num_kv_heads_says() {
+        // Falcon-7B's config as `save_pretrained` writes it: `num_kv_heads` filled with the heads.
+        let falcon = r#"{"model_type": "falcon", "hidden_size": 4544, "num_hidden_layers": 32,
+            "num_attention_heads": 71, "num_kv_heads": 71, "multi_query": true,
+            "new_decoder_architecture": false, "vocab_size": 65024}"#;
+        assert_eq!(annotations(falcon).unwrap().annotations["kv-heads"], "1");
+        // Falcon-40B's new decoder architecture keeps its `num_kv_heads`.
+        let falcon_40b = r#"{"model_type": "falcon", "hidden_size": 8192, "num_hidden_layers": 60,
+            "num_attention_heads": 128, "num_kv_heads": 8, "multi_query": true,
+            "new_decoder_architecture": true, "vocab_size": 65024}"#;
+        assert_eq!(
+            annotations(falcon_40b).unwrap().annotations["kv-heads"],
+            "8"
+        );
     }
 
     #[test]

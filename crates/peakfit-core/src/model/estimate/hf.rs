@@ -19,7 +19,9 @@
 //! | prefill, MLP | `2·T·h·c` (residual sum, normed input) + `3·T·I·c` gated (`act(gate)`, `up`, their product alive at the `*`), `4·T·I·c` fused gate/up (the `2I` output stays alive through its chunk views), `2·T·I·c` plain, `4·T·I·c` plain through GPT-2's composed GELU (GPT-2, GPT-J, Phi: its input, two elementwise temporaries and their product) | `LlamaMLP.forward`, `Phi3MLP.forward`, BERT `BertIntermediate`, `NewGELUActivation.forward` (`PhiMLP`, `GPT2MLP`) |
 //! | prefill, attention | normed input + q, k, v + the RoPE temporaries (`q·cos`, `rotate_half(q)·sin`, their sum: `3·T·q·c`) or, with q/k norms, two fp32 copies of q (`8·T·q`) | `apply_rotary_pos_emb`, `Qwen3Attention` |
 //! | prefill, SDPA's mask | a boolean `b·s²` built once per forward when SDPA needs a mask (a sliding window shorter than the sequence; Falcon always), and in each attention call its conversion to the query's dtype beside the `logical_not` it is built from, `(c+1)·b·s²`; k and v repeated (no `enable_gqa` with a mask); a fused projection kept by its views beside the rotated q and k, `T·(q+kv)·c`. RoPE's temporaries are gone by then: the attention phase is the larger of the two | `masking_utils.sdpa_mask`; `FalconModel.forward` (`create_causal_mask(allow_is_causal_skip=False)`); `convert_boolean_attn_mask` in `aten/src/ATen/native/transformers/attention.cpp` (`where(mask.logical_not(), -inf, 0)`); `FalconAttention.forward`, `Phi3Attention.forward` |
-//! | prefill, score matrix (eager; fp32 SDPA on grouped-query attention, the math kernel) | repeated k and v (`2·T·q·c`) and two score tensors at once, `8·b·heads·s²`; eager's materialised mask `b·s²·c` | `eager_attention_forward`, `repeat_kv`, `masking_utils.eager_mask`; `sdp_utils.cpp` (`Pass::scores`) |
+//! | prefill, score matrix (eager) | repeated k and v (`2·T·q·c`) and the score tensors alive at once ([`Block::score_bytes`]); eager's materialised mask `b·s²·c` | `eager_attention_forward`, `repeat_kv`, `masking_utils.eager_mask` |
+//! | prefill, SDPA's kernel choice | torch's math kernel where no fused kernel takes the call: fp32 with fewer kv heads than heads (cuDNN and flash take 16-bit only, the memory-efficient kernel equal heads only), and fewer kv heads handed over without `enable_gqa` (Falcon's multi-query attention), which cuDNN and flash refuse as well ([`Pass::math_kernel`]) | `aten/src/ATen/native/transformers/cuda/sdp_utils.cpp` (`can_use_cudnn_attention`: `check_batch_size_and_num_heads_dense<true, false>`; `sdp_utils_cpp.h`: grouped heads only `if (params.enable_gqa && supports_gqa)`); `FalconAttention.forward` (`F.scaled_dot_product_attention(q, k, v, attn_mask=...)`, one kv head under `multi_query`) |
+//! | prefill, SDPA's math kernel | in 16 bits fp32 copies of q, k and v (`4·T·(q+2·kv)`); the scaled q (`4·T·q`); with `enable_gqa` k and v repeated to every head (`8·T·q`); the fp32 scores, `_safe_softmax`'s fp32 output and the boolean `isneginf` of the scores, 9 bytes per score (`9·b·heads·s²`); a mask in its converted dtype (`c·b·s²`) ([`math_kernel_bytes`]) | `_scaled_dot_product_attention_math` and `_safe_softmax` in `aten/src/ATen/native/transformers/attention.cpp` (`_safe_softmax` is `CompositeExplicitAutograd`: CUDA runs this body: `softmax`, `self.isneginf()`, `all`, `where_out` into the softmax's storage) |
 //! | RMSNorm | two fp32 copies of its input at once, `8·T·h` | `LlamaRMSNorm.forward` (`to(float32)`, `pow(2)`, `* rsqrt`) |
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
 //! | reserved, the stranded tensor | `HF_SLACK_INFERENCE_TENSORS` blocks of the pass's largest tensor, except an fp32 score matrix: every score tensor is then one size, each layer gets the previous layer's blocks back whole and nothing smaller splits them, unless SDPA's math kernel's per-call float mask (`4·s²`) is larger than every block outside attention ([`stranding_tensor`]) | `eager_attention_forward` (`softmax(dtype=float32)`), `_scaled_dot_product_attention_math` (`tril`, `convert_boolean_attn_mask`); `CUDACachingAllocator.cpp` `get_free_block`, `should_split` |
@@ -84,6 +86,17 @@ impl Block {
     /// (`create_causal_mask(..., allow_is_causal_skip=False)`, so that alibi can be added to it).
     fn always_masks(&self) -> bool {
         self.family == ModelType::Falcon
+    }
+
+    /// Whether SDPA is handed fewer key/value heads than query heads without `enable_gqa`.
+    /// `FalconAttention.forward` calls `F.scaled_dot_product_attention` itself, with no
+    /// `enable_gqa`: under multi-query attention (`multi_query`, one kv head: `_split_heads`
+    /// keeps `fused_qkv[..., [-2], :]`) k and v have one head for all of q's. Falcon's new
+    /// decoder architecture (Falcon-40B, several kv heads) broadcasts k and v to every head
+    /// first (`torch.broadcast_to`), and the other families go through
+    /// `sdpa_attention_forward`, which passes `enable_gqa` or repeats k and v (`repeat_kv`).
+    fn unequal_heads_without_gqa(&self) -> bool {
+        self.family == ModelType::Falcon && self.kv < self.q && self.kv * self.heads <= self.q
     }
 
     /// Whether SDPA is handed a boolean `b·1·s·s` mask (`masking_utils.sdpa_mask`): a sliding
@@ -231,15 +244,24 @@ impl Pass {
     }
 
     /// Whether attention materialises the `b·heads·s·s` score matrix: eager attention always;
-    /// SDPA when its fused kernels cannot take the call. On sm90 torch 2.11 tries cuDNN, flash,
-    /// then memory-efficient attention, then the math kernel
-    /// (`aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`): cuDNN and flash take 16-bit
-    /// inputs only, and the memory-efficient kernel takes fp32 but not grouped-query attention
-    /// (`enable_gqa`, which transformers passes when there is no mask:
-    /// `integrations/sdpa_attention.py` `use_gqa_in_sdpa`), so fp32 with fewer kv heads than
-    /// heads runs the math kernel, which computes `softmax(q·kᵀ)` whole.
+    /// SDPA when it runs its math kernel.
     fn scores(&self, block: &Block) -> bool {
-        !self.sdpa || (self.c >= 4.0 && block.kv < block.q)
+        !self.sdpa || self.math_kernel(block)
+    }
+
+    /// Whether SDPA falls back to torch's math kernel, which computes `softmax(q·kᵀ)` whole. On
+    /// sm90 torch 2.11 tries cuDNN, flash, then memory-efficient attention, then the math
+    /// kernel (`aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`). cuDNN and flash take
+    /// 16-bit inputs only, and fewer kv heads than heads only with `enable_gqa`: both run
+    /// `check_batch_size_and_num_heads_dense<true, ...>` (`sdp_utils_cpp.h`), which takes the
+    /// grouped-query path `if (params.enable_gqa && supports_gqa)` and otherwise requires equal
+    /// heads. The memory-efficient kernel takes fp32 but never unequal heads
+    /// (`check_batch_size_and_num_heads_dense<false>`). So the math kernel runs for fp32 with
+    /// fewer kv heads (transformers passes `enable_gqa` when there is no mask:
+    /// `integrations/sdpa_attention.py` `use_gqa_in_sdpa`), and in any precision for heads
+    /// handed over unequal without `enable_gqa` ([`Block::unequal_heads_without_gqa`]).
+    fn math_kernel(&self, block: &Block) -> bool {
+        self.sdpa && block.kv < block.q && (self.c >= 4.0 || block.unequal_heads_without_gqa())
     }
 }
 
@@ -262,6 +284,33 @@ fn mlp_transient(block: &Block, t: f64, c: f64) -> f64 {
         Mlp::Plain => 2.0,
     };
     live * t * block.ffn * c
+}
+
+/// Bytes torch's math SDPA kernel holds at its peak, inside `_safe_softmax`
+/// (`_scaled_dot_product_attention_math`, `aten/src/ATen/native/transformers/attention.cpp`).
+/// In 16 bits it first copies q, k and v to fp32 (`query_.to(at::kFloat)`:
+/// `allowFP16BF16ReductionMathSDP` is off by default) and keeps the copies to its end; it
+/// scales q into a new tensor (`query_acc * scaling_factor`); with `enable_gqa` it repeats k
+/// and v to every head (`pre_process_group_query_attention_input`: `repeat_interleave`), while
+/// without it `matmul` broadcasts k into a copy that is gone before the softmax. Then the fp32
+/// scores (`attn`, the mask added in place) and `at::_safe_softmax(attn, -1)`: that op is
+/// `CompositeExplicitAutograd`, so CUDA runs its C++ body, `out = at::softmax(self)` (fp32),
+/// `masked = self.isneginf()` (a boolean per score, alive beside both) and
+/// `where_out(out, all(masked), 0, out)` into the softmax's own storage: 9 bytes per score.
+fn math_kernel_bytes(block: &Block, p: &Pass) -> f64 {
+    let t = p.t();
+    let upcast = if p.c < 4.0 {
+        4.0 * t * (block.q + 2.0 * block.kv)
+    } else {
+        0.0
+    };
+    let repeated = if block.unequal_heads_without_gqa() {
+        0.0
+    } else {
+        8.0 * t * block.q
+    };
+    let scores = (4.0 + 4.0 + 1.0) * p.b * block.heads * p.s * p.s;
+    upcast + 4.0 * t * block.q + repeated + scores
 }
 
 /// The transient attention bytes of one forward without autograd, beyond the cache copies.
@@ -288,9 +337,25 @@ fn attention_transient(block: &Block, p: &Pass) -> f64 {
     } else {
         0.0
     };
+    // A fused projection stays alive through its views beside the rotated q and k.
+    let fused = if block.fused_qkv() {
+        t * (block.q + block.kv) * p.c
+    } else {
+        0.0
+    };
+    if p.math_kernel(block) {
+        // RoPE's temporaries are gone (q and k rebound to their rotated copies); the mask's
+        // `logical_not` died with its conversion, the converted mask (`c`) is the kernel's.
+        let mask = if block.sdpa_mask(p) {
+            p.c * p.b * p.s * p.s
+        } else {
+            0.0
+        };
+        return t * block.h * p.c + projections + fused + mask + math_kernel_bytes(block, p);
+    }
     if p.scores(block) {
-        // The score matrix (`Block::score_bytes` per score) and k and v repeated to every head
-        // (`repeat_kv`, or the math kernel's `repeat_interleave`), beside RoPE's outputs.
+        // Eager: the score matrix (`Block::score_bytes` per score) and k and v repeated to
+        // every head (`repeat_kv`), beside RoPE's outputs.
         return t * block.h * p.c
             + projections
             + position
@@ -299,14 +364,9 @@ fn attention_transient(block: &Block, p: &Pass) -> f64 {
             + conversion;
     }
     // With a window's mask SDPA gets no `enable_gqa` (`use_gqa_in_sdpa`): k and v are
-    // repeated. A fused projection stays alive through its views beside the rotated q and k.
+    // repeated.
     let repeat = if block.windowed(p.s) && block.kv < block.q {
         2.0 * t * block.q * p.c
-    } else {
-        0.0
-    };
-    let fused = if block.fused_qkv() {
-        t * (block.q + block.kv) * p.c
     } else {
         0.0
     };
@@ -386,8 +446,10 @@ fn largest_outside_attention(block: &Block, p: &Pass) -> f64 {
 /// same sizes the previous layer freed, the caching allocator's best fit hands back those very
 /// blocks (`get_free_block`), and the layer's other requests take the smaller free blocks
 /// first, so the score blocks are never split and strand nothing; the largest tensor outside
-/// attention counts instead. Two cases keep the scores counted:
-/// - 16 bits: the scores (`c` per score) and softmax's fp32 copy (4) differ in size, a 16-bit
+/// attention counts instead. SDPA's math kernel upcasts 16-bit inputs, so its scores are fp32 in
+/// any precision (Falcon-7B's bf16 `generate`: the H100 row's replay strands no score block).
+/// Two cases keep the scores counted:
+/// - 16 bits outside the math kernel: the scores (`c` per score) and softmax's fp32 copy (4) differ in size, a 16-bit
 ///   request takes half of a freed fp32 block when no 16-bit one is free, and the next fp32
 ///   request finds none whole;
 /// - SDPA's math kernel builds its float mask in every call (`_scaled_dot_product_attention_math`:
@@ -403,7 +465,11 @@ fn stranding_tensor(block: &Block, p: &Pass) -> f64 {
     } else {
         0.0
     };
-    if p.c >= 4.0 && math_mask <= outside {
+    // The math kernel computes in fp32 whatever its inputs (`_scaled_dot_product_attention_math`
+    // upcasts 16-bit q, k and v while `allowFP16BF16ReductionMathSDP` is off): Falcon's bf16
+    // multi-query attention has fp32 scores too.
+    let fp32_scores = p.c >= 4.0 || p.math_kernel(block);
+    if fp32_scores && math_mask <= outside {
         outside
     } else {
         largest_tensor(block, p)
@@ -540,9 +606,13 @@ pub(super) fn saved_per_layer(
     };
     // The score path saves the fp32 softmax and, in 16 bits, its cast (`matmul` with v);
     // in fp32 they are one tensor. A softmax that keeps its input's dtype saves its 16-bit
-    // output, except under autocast (see `Block::softmax_keeps_dtype`).
+    // output, except under autocast (see `Block::softmax_keeps_dtype`). SDPA's math kernel
+    // saves its fp32 `_safe_softmax` output, for that op's backward and the `matmul` with v,
+    // in every precision (its 16-bit cast of the probabilities is returned and dropped).
     let attention = if p.scores(block) {
-        let per_score = if block.softmax_keeps_dtype() && prec != Precision::Autocast {
+        let per_score = if p.math_kernel(block) {
+            4.0
+        } else if block.softmax_keeps_dtype() && prec != Precision::Autocast {
             c
         } else {
             4.0 + if c < 4.0 { c } else { 0.0 }
@@ -647,16 +717,19 @@ pub(super) fn loss_tensor(block: &Block, tokens: f64) -> f64 {
 
 /// Bytes a layer's backward allocates beside its saved tensors: the gradients of the MLP's
 /// product, `act(gate)` and `up` alive together (`MulBackward0`), or, where attention
-/// materialised its scores (eager, the fp32 math kernel), the scores' gradient beside
+/// materialised its scores (eager, the math kernel), the scores' gradient beside
 /// `softmax`'s input gradient (`_softmax_backward_data`) at the attention's backward: `c` and
-/// 4 B per score (the fp32 softmax's gradient; `2c` where softmax keeps the dtype). (An
-/// adapter's fp32 input gradient comes when that input's saved copy is released.)
+/// 4 B per score (the fp32 softmax's gradient; `2c` where softmax keeps the dtype; 8 in the
+/// math kernel, whose scores are fp32 in every precision). (An adapter's fp32 input gradient
+/// comes when that input's saved copy is released.)
 pub(super) fn backward_transient(block: &Block, p: &Pass, prec: Precision) -> f64 {
     let mlp = 3.0 * prec.c() * p.t() * block.ffn;
     if !p.scores(block) {
         return mlp;
     }
-    let per_score = if block.layer_norm() {
+    let per_score = if p.math_kernel(block) {
+        8.0
+    } else if block.layer_norm() {
         2.0 * p.c
     } else {
         p.c + 4.0
@@ -1239,6 +1312,16 @@ mod tests {
             stranding_tensor(&block, &long),
             largest_tensor(&block, &long)
         );
+        // Falcon-7B in bf16: one KV head without `enable_gqa`, so the math kernel, whose scores
+        // are fp32 although the inputs are 16-bit: nothing stranded there either.
+        let falcon = falcon_7b();
+        let bf16 = pass(4.0, 1984.0);
+        assert!(bf16.math_kernel(&falcon));
+        assert_eq!(
+            stranding_tensor(&falcon, &bf16),
+            largest_outside_attention(&falcon, &bf16)
+        );
+        assert!(largest_tensor(&falcon, &bf16) > largest_outside_attention(&falcon, &bf16));
     }
 
     /// Qwen3-0.6B's shape: every prefill block is a whole number of cache blocks, so none holds
@@ -1512,7 +1595,12 @@ mod tests {
 
     #[test]
     fn falcon_builds_its_causal_mask_and_sdpa_converts_it_in_every_layer() {
-        let (block, p) = (falcon_7b(), pass(8.0, 32768.0));
+        // Multi-head Falcon (`multi_query` false): equal heads, so a fused kernel takes the mask.
+        let block = Block {
+            kv: 4544.0,
+            ..falcon_7b()
+        };
+        let p = pass(8.0, 32768.0);
         let (t, c, bss) = (p.t(), p.c, p.b * p.s * p.s);
         // Held: `inputs_embeds`, the layer input and the boolean mask; in attention: the normed
         // input, the fused qkv output kept by its views, the rotated q and k, and the mask's
@@ -1531,6 +1619,48 @@ mod tests {
             ..block
         };
         assert!(forward_peak(&block, &p) > forward_peak(&unmasked, &p) + 2.0 * bss);
+    }
+
+    #[test]
+    fn falcons_multi_query_attention_runs_the_math_kernel() {
+        // Falcon-7B hands SDPA 71 query heads and one kv head without `enable_gqa`: cuDNN and
+        // flash refuse unequal heads without it, the efficient kernel always. 16 bits too.
+        let (block, p) = (falcon_7b(), pass(4.0, 2048.0));
+        let scores = 9.0 * p.b * block.heads * p.s * p.s;
+        assert!(p.math_kernel(&block));
+        assert!(forward_peak(&block, &p) > scores);
+        // Multi-head Falcon, and the new decoder architecture (Falcon-40B: 8 kv heads of 64,
+        // broadcast to every head before SDPA), run a fused kernel: no scores.
+        for kv in [block.q, 8.0 * 64.0] {
+            let fused = Block { kv, ..block };
+            assert!(!p.math_kernel(&fused));
+            assert!(forward_peak(&fused, &p) < scores / 4.0);
+        }
+        // Llama's grouped-query attention gets `enable_gqa`: cuDNN in 16 bits.
+        assert!(!p.math_kernel(&llama_1b()));
+    }
+
+    #[test]
+    fn the_math_kernel_holds_fp32_scores_their_softmax_and_a_boolean_per_score() {
+        // fp32 grouped-query attention: the scaled q, k and v repeated to every head, and per
+        // score the fp32 scores, `_safe_softmax`'s output and its `isneginf` boolean.
+        let block = llama_1b();
+        let p = Pass {
+            c: 4.0,
+            ..pass(8.0, 4096.0)
+        };
+        let (t, bhss) = (p.t(), p.b * block.heads * p.s * p.s);
+        assert_eq!(
+            math_kernel_bytes(&block, &p),
+            4.0 * t * block.q + 8.0 * t * block.q + 9.0 * bhss
+        );
+        // Falcon in bf16: fp32 copies of q, k and v and the scaled q; k stays one head.
+        let (falcon, p) = (falcon_7b(), pass(4.0, 2048.0));
+        let (t, bhss) = (p.t(), p.b * falcon.heads * p.s * p.s);
+        assert_eq!(
+            math_kernel_bytes(&falcon, &p),
+            4.0 * t * (falcon.q + 2.0 * falcon.kv) + 4.0 * t * falcon.q + 9.0 * bhss
+        );
     }
 
     #[test]
