@@ -232,6 +232,7 @@ def child(cid):
                device_context=dev_ctx, device_peak=max(dev_peak[0], dev_end),
                alloc_retries=stats.get("num_alloc_retries"), ooms=stats.get("num_ooms"),
                alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+               date=time.strftime("%Y-%m-%d", time.gmtime()),
                load_s=round(t1 - t0, 2), run_s=round(time.time() - t1, 2),
                torch=torch.__version__, transformers=transformers.__version__,
                gpu=pynvml.nvmlDeviceGetName(h), driver=pynvml.nvmlSystemGetDriverVersion(),
@@ -273,7 +274,7 @@ def parent(out_path, ids):
 
         while todo or running:
             now = time.time()
-            for cid, (c, p, t) in list(running.items()):
+            for cid, (c, p, t, alone) in list(running.items()):
                 if p.poll() is None and now - t < c.get("timeout", 150) and now < deadline - 5:
                     continue
                 if p.poll() is None:
@@ -288,12 +289,13 @@ def parent(out_path, ids):
                         line = json.dumps(dict(id=cid, ok=False, rc=p.returncode, err=(stderr or "")[-1500:]))
                 del running[cid]
                 r = finish(c, line, t)
-                if not r.get("ok") and "OutOfMemory" in r.get("err", "") and len(running) + len(todo) > 0:
+                # Rerun alone what ran out of memory beside others; what ran out alone would again.
+                if not r.get("ok") and "OutOfMemory" in r.get("err", "") and not alone:
                     retry.append(c)
             if not todo and retry and not running:
                 todo, retry = retry, []
                 jobs, budget = 1, 1e9
-            used = sum(c.get("gib", 0) for c, _, _ in running.values())
+            used = sum(c.get("gib", 0) for c, _, _, _ in running.values())
             started = False
             if len(running) < jobs and deadline - time.time() > 20:
                 for c in todo:
@@ -307,7 +309,10 @@ def parent(out_path, ids):
                         p = subprocess.Popen([sys.executable, __file__, "--case", c["id"]], stdout=fo, stderr=fe,
                                              text=True, env=env)
                         p.files = (fo, fe)
-                        running[c["id"]] = (c, p, time.time())
+                        # A case is alone only if nothing ran beside it at any time.
+                        for k, (c2, p2, t2, _) in list(running.items()):
+                            running[k] = (c2, p2, t2, False)
+                        running[c["id"]] = (c, p, time.time(), not running)
                         started = True
                         break
             if not running and deadline - time.time() <= 20:

@@ -2,9 +2,10 @@
 """Turn measure.py's JSON lines into the real-GPU row format of tests/data/h200 (the columns of
 ../shared/data/memory-validation.md plus the three counters), one config file per row.
 
-usage: to_csv.py OUT_DIR FILE.jsonl [FILE.jsonl ...]
+usage: to_csv.py [--date YYYY-MM-DD] OUT_DIR FILE.jsonl [FILE.jsonl ...]
 
-Writes OUT_DIR/<prefix>.csv (measured rows), OUT_DIR/<prefix>-oom.csv (cases that ran out of
+The date is each result's `date` (measure.py writes it) or `--date` for lines from before it
+did. Writes OUT_DIR/<folder>-<YYYY-MM>.csv (measured rows), OUT_DIR/<prefix>-oom.csv (cases that ran out of
 memory: the allocation that failed, and what was allocated then, a lower bound on the peak) and
 OUT_DIR/configs/<id>.json. A later line for the same id replaces an earlier one (a case rerun
 alone after running out of memory beside others). A row whose allocator had to free its cache
@@ -51,7 +52,7 @@ def versions(r):
             f"(driver {r['driver']})")
 
 
-def main(out_dir, files):
+def main(out_dir, files, date=None):
     results = {}
     for f in files:
         for line in open(f):
@@ -60,9 +61,15 @@ def main(out_dir, files):
     ok = [r for r in results.values() if r.get("ok")]
     gpu_total = max(r["gpu_total"] for r in ok) / GIB
     failed = [r for r in results.values() if not r.get("ok")]
-    prefix = os.path.basename(os.path.normpath(out_dir)) + "-2026-11"
+    dates = {r.get("date") or date for r in ok}
+    gpus = {r["gpu"] for r in ok}
+    if None in dates or len(dates) != 1 or len(gpus) != 1:
+        sys.exit(f"to_csv: one GPU and one date per folder (pass --date for lines without one): "
+                 f"gpus {sorted(gpus)}, dates {sorted(map(str, dates))}")
+    (day,), (gpu,) = dates, gpus
+    prefix = f"{os.path.basename(os.path.normpath(out_dir))}-{day[:7]}"
     os.makedirs(os.path.join(out_dir, "configs"), exist_ok=True)
-    source = "measured for peakfit: tools/measure/measure.py, one NVIDIA H100 80GB HBM3, 2026-11-27"
+    source = f"measured for peakfit: tools/measure/measure.py, one {gpu}, {day}"
     with open(os.path.join(out_dir, prefix + ".csv"), "w", newline="") as out:
         w = csv.DictWriter(out, COLUMNS, lineterminator="\n")
         w.writeheader()
@@ -83,6 +90,9 @@ def main(out_dir, files):
                 notes += "; 30 s of audio (3000 mel frames) per sequence, greedy decode of context_tokens tokens, beams 1"
             elif training:
                 notes += "; loss by the model from labels, 3 optimizer steps, use_cache off"
+            if r["dtype"] == "fp16-amp":
+                # measure.py's (and the H200 rows') fp16-amp: the 16-bit type autocast runs is bf16.
+                notes += "; fp16-amp = fp32 weights under torch.autocast(cuda, bfloat16)"
             if r["workload"] == "lora":
                 notes += f"; PEFT LoRA on all linear layers, alpha {2 * r['rank']}, dropout 0"
             if r.get("alloc_conf"):
@@ -122,10 +132,15 @@ def main(out_dir, files):
                         gradient_checkpointing=c.get("ckpt") or "", lora_rank=c.get("rank") or "",
                         flash_attention="false" if c.get("attn") == "eager" else "true")
             print(f"{r['id']}: OOM, allocated {allocated} + request {req}", file=sys.stderr)
+            where = "backward pass" if "run the backward pass" in err or "backward" in err else "forward pass"
             w.writerow(dict(id=r["id"], allocated_at_oom_gib=f"{allocated:.2f}", failed_request_gib=f"{req:.2f}",
                             min_peak_allocated_gib=f"{allocated + req:.2f}", source=source,
-                            notes="alone on the GPU; torch.OutOfMemoryError in the backward pass", **case))
+                            notes=f"alone on the GPU; torch.OutOfMemoryError in the {where}", **case))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    args = sys.argv[1:]
+    day = None
+    if args[:1] == ["--date"]:
+        day, args = args[1], args[2:]
+    main(args[0], args[1:], date=day)
