@@ -207,6 +207,12 @@ pub fn oracle_reserved() -> Vec<GridRow> {
     grid_rows("oracle-reserved.csv", "oracle_reserved_gib")
 }
 
+/// Long generations' replayed reserve (`oracle-reserved-long.csv`: decode's KV relocations past
+/// the first step, which the model does not follow yet).
+pub fn oracle_reserved_long() -> Vec<GridRow> {
+    grid_rows("oracle-reserved-long.csv", "oracle_reserved_gib")
+}
+
 fn grid_rows(file: &str, column: &str) -> Vec<GridRow> {
     let dir = data();
     let text = std::fs::read_to_string(dir.join(file)).expect("the oracle grid");

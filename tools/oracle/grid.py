@@ -515,6 +515,50 @@ def reserved(a):
     return 0
 
 
+# Long generations, where decode's KV relocations continue past the first step (docs/oracle.md, "What the
+# model follows now"): every 2 MiB crossing of a layer's key and value makes segments of the grown size and
+# strands the previous ones. The reserved sample holds generations of at most 64 new tokens (its replays run
+# every decode step); these few longer ones are the known gap's own file.
+LONG_GENERATIONS = [
+    dict(config="qwen3-0.6b", batch=32, context_tokens=8192, new_tokens=128),
+    dict(config="qwen3-0.6b", batch=32, context_tokens=8192, new_tokens=256),
+]
+
+
+def long_generations(a):
+    """tests/data/oracle-reserved-long.csv: the allocator replay of LONG_GENERATIONS."""
+    import torch
+    import transformers
+    import peft
+    rows = []
+    for spec in LONG_GENERATIONS:
+        c = dict(spec, workload="inference", dtype="bf16", gradient_checkpointing=None, optimizer=None,
+                 lora_rank=None, attention="sdpa", kind=None)
+        c["id"] = (f"{c['config']}-inference-{c['dtype']}-b{c['batch']}-t{c['context_tokens']}"
+                   f"-n{c['new_tokens']}")
+        r = run(c, a.root, reserved=True)
+        print(f"{c['id']}: allocated {r['peak_allocated_gib']:.3f} reserved {r['peak_reserved_gib']:.3f} GiB "
+              f"{r['reserved_phase']} {r['seconds']:.1f}s", flush=True)
+        rows.append(reserved_row(c, r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, RESERVED_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    lines = [
+        "# peakfit oracle, reserved memory of long generations: peak torch.cuda.max_memory_reserved (GiB),",
+        "# the caching-allocator replay of every decode step (columns as in oracle-reserved.csv). Decode's KV",
+        "# relocations past the first step, which the model does not follow yet (docs/oracle.md).",
+        "# command: scripts/oracle long",
+        f"# torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}",
+        f"# date {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"# machine {platform.machine()} {platform.system()} {platform.release()}, {os.cpu_count()} CPUs, no GPU",
+    ]
+    with open(f"{a.root}/tests/data/oracle-reserved-long.csv", "w") as f:
+        f.write("\n".join(lines) + "\n")
+        f.write(buf.getvalue())
+    return 0
+
+
 # The rows a change of the oracle can move, by name: each selector says which rows, and why.
 RERUN = {
     # SDPA rows whose attention runs torch's math kernel: fp32 on fewer kv heads than heads (the memory-efficient
@@ -644,6 +688,8 @@ def main():
     rr.add_argument("select", choices=sorted(RERUN))
     ls = sub.add_parser("list")
     ls.add_argument("--root", required=True)
+    lg = sub.add_parser("long", help="tests/data/oracle-reserved-long.csv: the replay of long generations")
+    lg.add_argument("--root", required=True)
     a = ap.parse_args()
     if a.cmd == "generate":
         return generate(a)
@@ -651,6 +697,8 @@ def main():
         return reserved(a)
     if a.cmd == "rerun":
         return rerun(a)
+    if a.cmd == "long":
+        return long_generations(a)
     if a.cmd == "list":
         for c in design(a.root):
             print(c["id"])
