@@ -110,13 +110,15 @@ fn every_rows_config_reads_as_its_published_config() {
 fn allocated_over_every_h100_row() {
     let rows = score(model_rows::h100_allocated(), Annotations::Default);
     assert_eq!(rows.len(), 36);
-    let cut = rows
-        .iter()
-        .find(|r| r.counters[1].0.is_nan())
-        .expect("the row whose reserved was cut");
-    let e = error(cut.counters[0]);
-    println!("{}: allocated {e:+.1}%", cut.id);
-    assert!(e >= -10.0, "{}: allocated {e:+.1}% low", cut.id);
+    let allocated_only: Vec<_> = rows.iter().filter(|r| r.counters[1].0.is_nan()).collect();
+    assert_eq!(allocated_only.len(), 1, "the row whose reserve was cut");
+    for r in &rows {
+        let e = error(r.counters[0]);
+        assert!(e >= -10.0, "{}: allocated {e:+.1}% low", r.id);
+    }
+    for r in allocated_only {
+        println!("{}: allocated {:+.1}%", r.id, error(r.counters[0]));
+    }
 }
 
 /// A pod that ran out of memory alone on an 80 GB card must not be told it fits one; and its

@@ -74,9 +74,10 @@ pub fn h200() -> Vec<H200Row> {
     real_gpu("h200", "h200-2026-11.csv")
 }
 
-/// The H100 rows (`tests/data/h100`, measured by `tools/measure/measure.py`), less the one
-/// whose reserved and NVML counters a neighbouring case cut (`max_reserved_gib` empty): its
-/// allocated counter is kept by [`h100_allocated`].
+/// The H100 rows (`tests/data/h100`, measured by `tools/measure/measure.py`) with all three
+/// counters: less those whose reserve a neighbouring case cut (`max_reserved_gib` empty) or an
+/// allocator setting changed (`PYTORCH_CUDA_ALLOC_CONF`), whose allocated counter
+/// [`h100_allocated`] keeps.
 pub fn h100() -> Vec<H200Row> {
     real_gpu("h100", "h100-2026-11.csv")
         .into_iter()

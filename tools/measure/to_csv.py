@@ -61,15 +61,18 @@ def main(out_dir, files, date=None):
     ok = [r for r in results.values() if r.get("ok")]
     gpu_total = max(r["gpu_total"] for r in ok) / GIB
     failed = [r for r in results.values() if not r.get("ok")]
-    dates = {r.get("date") or date for r in ok}
+    for r in results.values():
+        r.setdefault("date", date)
+    if any(r["date"] is None for r in ok):
+        sys.exit("to_csv: a result without a date (lines from before measure.py wrote one): pass --date")
     gpus = {r["gpu"] for r in ok}
-    if None in dates or len(dates) != 1 or len(gpus) != 1:
-        sys.exit(f"to_csv: one GPU and one date per folder (pass --date for lines without one): "
-                 f"gpus {sorted(gpus)}, dates {sorted(map(str, dates))}")
-    (day,), (gpu,) = dates, gpus
-    prefix = f"{os.path.basename(os.path.normpath(out_dir))}-{day[:7]}"
+    if len(gpus) != 1:
+        sys.exit(f"to_csv: one GPU per folder, got {sorted(gpus)}")
+    (gpu,) = gpus
+    # Named for the folder and the month of its first rows, so that later leases add to the same file.
+    prefix = f"{os.path.basename(os.path.normpath(out_dir))}-{min(r['date'] for r in ok)[:7]}"
     os.makedirs(os.path.join(out_dir, "configs"), exist_ok=True)
-    source = f"measured for peakfit: tools/measure/measure.py, one {gpu}, {day}"
+    source_of = lambda r: f"measured for peakfit: tools/measure/measure.py, one {gpu}, {r['date'] or '?'}"
     with open(os.path.join(out_dir, prefix + ".csv"), "w", newline="") as out:
         w = csv.DictWriter(out, COLUMNS, lineterminator="\n")
         w.writeheader()
@@ -108,7 +111,7 @@ def main(out_dir, files, date=None):
                        tensor_parallel=1, data_parallel=1, zero_stage="0" if training else "",
                        optimizer=r.get("optim") or "", gradient_checkpointing=r.get("ckpt") or "",
                        lora_rank=r.get("rank") or "", flash_attention="false" if r["attn"] == "eager" else "true",
-                       measured_gib="" if cut else f"{nvml:.3f}", counter="nvml", source=source, notes=notes,
+                       measured_gib="" if cut else f"{nvml:.3f}", counter="nvml", source=source_of(r), notes=notes,
                        max_allocated_gib=f"{alloc:.3f}", max_reserved_gib="" if cut else f"{resv:.3f}",
                        nvml_gib="" if cut else f"{nvml:.3f}", weights_gib=f"{r['weights_bytes'] / GIB:.3f}",
                        cuda_context_gib=f"{r['nvml_context'] / GIB:.3f}", attention=r["attn"])
@@ -134,7 +137,7 @@ def main(out_dir, files, date=None):
             print(f"{r['id']}: OOM, allocated {allocated} + request {req}", file=sys.stderr)
             where = "backward pass" if "run the backward pass" in err or "backward" in err else "forward pass"
             w.writerow(dict(id=r["id"], allocated_at_oom_gib=f"{allocated:.2f}", failed_request_gib=f"{req:.2f}",
-                            min_peak_allocated_gib=f"{allocated + req:.2f}", source=source,
+                            min_peak_allocated_gib=f"{allocated + req:.2f}", source=source_of(r),
                             notes=f"alone on the GPU; torch.OutOfMemoryError in the {where}", **case))
 
 

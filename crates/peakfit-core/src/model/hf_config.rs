@@ -7,7 +7,7 @@
 //! | `layers` | `num_hidden_layers` `n_layer` `num_layers`; encoder-decoder: `encoder_layers + decoder_layers`, T5 `num_layers + num_decoder_layers` |
 //! | `hidden-size` | `hidden_size` `n_embd` `d_model` |
 //! | `attention-heads` | `num_attention_heads` `n_head` `num_heads` `encoder_attention_heads` |
-//! | `kv-heads` | 1 with `multi_query` (unless `new_decoder_architecture`), else `num_key_value_heads` `num_kv_heads`, else the heads |
+//! | `kv-heads` | 1 with `multi_query` (unless `new_decoder_architecture`), else `num_key_value_heads` `num_kv_heads`, else the heads; Falcon with `new_decoder_architecture` caches every head (`params` still counts `num_kv_heads` projections) |
 //! | `head-dim` | `head_dim` `d_kv`, else hidden / heads |
 //! | `vocab-size` | `vocab_size` (required) |
 //! | `intermediate-size` | `intermediate_size` `n_inner` `d_ff` `ffn_dim` `encoder_ffn_dim` `ffn_hidden_size`, else 4 x hidden; per expert for mixture-of-experts (`moe_intermediate_size`) |
@@ -424,7 +424,18 @@ pub fn annotations(json: &str) -> Result<FromConfig, ConfigError> {
     put("layers", layers.to_string());
     put("hidden-size", hidden.to_string());
     put("attention-heads", heads.to_string());
-    put("kv-heads", kv.to_string());
+    // Falcon's new decoder architecture (Falcon-40B, -180B) projects `num_kv_heads` keys and
+    // values (the `params` above count those) but broadcasts them to every head before the
+    // cache and SDPA (`FalconAttention.forward`: `expand` and `reshape` to `num_heads` when
+    // `new_decoder_architecture`), so the cache and attention hold all the heads.
+    let cached_kv = if cfg.get("model_type").and_then(Value::as_str) == Some("falcon")
+        && flag(cfg, "new_decoder_architecture") == Some(true)
+    {
+        heads
+    } else {
+        kv
+    };
+    put("kv-heads", cached_kv.to_string());
     put("head-dim", head_dim.to_string());
     put("vocab-size", vocab.to_string());
     put("intermediate-size", ffn.to_string());
@@ -499,13 +510,14 @@ mod tests {
             "num_attention_heads": 71, "num_kv_heads": 71, "multi_query": true,
             "new_decoder_architecture": false, "vocab_size": 65024}"#;
         assert_eq!(annotations(falcon).unwrap().annotations["kv-heads"], "1");
-        // Falcon-40B's new decoder architecture keeps its `num_kv_heads`.
+        // Falcon-40B's new decoder architecture projects 8 KV heads but caches them broadcast
+        // to all 128.
         let falcon_40b = r#"{"model_type": "falcon", "hidden_size": 8192, "num_hidden_layers": 60,
             "num_attention_heads": 128, "num_kv_heads": 8, "multi_query": true,
             "new_decoder_architecture": true, "vocab_size": 65024}"#;
         assert_eq!(
             annotations(falcon_40b).unwrap().annotations["kv-heads"],
-            "8"
+            "128"
         );
     }
 

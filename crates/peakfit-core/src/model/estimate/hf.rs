@@ -21,9 +21,10 @@
 //! | prefill, SDPA's mask | a boolean `b·s²` built once per forward when SDPA needs a mask (a sliding window shorter than the sequence; Falcon always), and in each attention call its conversion to the query's dtype beside the `logical_not` it is built from, `(c+1)·b·s²`; k and v repeated (no `enable_gqa` with a mask); a fused projection kept by its views beside the rotated q and k, `T·(q+kv)·c`. RoPE's temporaries are gone by then: the attention phase is the larger of the two | `masking_utils.sdpa_mask`; `FalconModel.forward` (`create_causal_mask(allow_is_causal_skip=False)`); `convert_boolean_attn_mask` in `aten/src/ATen/native/transformers/attention.cpp` (`where(mask.logical_not(), -inf, 0)`); `FalconAttention.forward`, `Phi3Attention.forward` |
 //! | prefill, score matrix (eager) | repeated k and v (`2·T·q·c`) and the score tensors alive at once ([`Block::score_bytes`]); eager's materialised mask `b·s²·c` | `eager_attention_forward`, `repeat_kv`, `masking_utils.eager_mask` |
 //! | prefill, SDPA's kernel choice | torch's math kernel where no fused kernel takes the call: fp32 with fewer kv heads than heads (cuDNN and flash take 16-bit only, the memory-efficient kernel equal heads only), and fewer kv heads handed over without `enable_gqa` (Falcon's multi-query attention), which cuDNN and flash refuse as well ([`Pass::math_kernel`]) | `aten/src/ATen/native/transformers/cuda/sdp_utils.cpp` (`can_use_cudnn_attention`: `check_batch_size_and_num_heads_dense<true, false>`; `sdp_utils_cpp.h`: grouped heads only `if (params.enable_gqa && supports_gqa)`); `FalconAttention.forward` (`F.scaled_dot_product_attention(q, k, v, attn_mask=...)`, one kv head under `multi_query`) |
-//! | prefill, SDPA's math kernel | in 16 bits fp32 copies of q, k and v (`4·T·(q+2·kv)`); the scaled q (`4·T·q`); with `enable_gqa` k and v repeated to every head (`8·T·q`); the fp32 scores, `_safe_softmax`'s fp32 output and the boolean `isneginf` of the scores, 9 bytes per score (`9·b·heads·s²`); a mask in its converted dtype (`c·b·s²`) ([`math_kernel_bytes`]) | `_scaled_dot_product_attention_math` and `_safe_softmax` in `aten/src/ATen/native/transformers/attention.cpp` (`_safe_softmax` is `CompositeExplicitAutograd`: CUDA runs this body: `softmax`, `self.isneginf()`, `all`, `where_out` into the softmax's storage) |
+//! | prefill, SDPA's math kernel | in 16 bits fp32 copies of q, k and v (`4·T·(q+2·kv)`); the scaled q (`4·T·q`); with `enable_gqa` k and v repeated to every head (`8·T·q`); the fp32 scores, `_safe_softmax`'s fp32 output and the boolean `isneginf` of the scores, 9 bytes per score (`9·b·heads·s²`); a mask in its converted dtype (`c·b·s²`), or, causal with none handed in, its own fp32 one (`4·s²`: `ones(L, S).tril()` converted) ([`math_kernel_bytes`], [`attention_transient`]) | `_scaled_dot_product_attention_math` and `_safe_softmax` in `aten/src/ATen/native/transformers/attention.cpp` (`_safe_softmax` is `CompositeExplicitAutograd`: CUDA runs this body: `softmax`, `self.isneginf()`, `all`, `where_out` into the softmax's storage) |
 //! | RMSNorm | two fp32 copies of its input at once, `8·T·h` | `LlamaRMSNorm.forward` (`to(float32)`, `pow(2)`, `* rsqrt`) |
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
+//! | decode, SDPA's math kernel | one query token against the whole cache, but keys copied per head: Falcon's broadcast `matmul` of k in fp32 (`4·b·s·q`) beside the fp32 copies of its 16-bit k and v (`8·b·s·kv`); fp32 with `enable_gqa`, k and v repeated and k scaled (`12·b·s·q`) ([`math_kernel_decode`]) | `_scaled_dot_product_attention_math` (`query_.to(at::kFloat)`, `matmul` broadcasting, `pre_process_group_query_attention_input`) |
 //! | reserved, the stranded tensor | `HF_SLACK_INFERENCE_TENSORS` blocks of the pass's largest tensor, except an fp32 score matrix: every score tensor is then one size, each layer gets the previous layer's blocks back whole and nothing smaller splits them, unless SDPA's math kernel's per-call float mask (`4·s²`) is larger than every block outside attention ([`stranding_tensor`]) | `eager_attention_forward` (`softmax(dtype=float32)`), `_scaled_dot_product_attention_math` (`tril`, `convert_boolean_attn_mask`); `CUDACachingAllocator.cpp` `get_free_block`, `should_split` |
 //! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
 //! | decode, a mixture of experts' reserved | the gathered gate/up and down weights (`b·k·2·I·h·c`, `b·k·I·h·c`) larger than the prefill's largest tensor take new segments on top of the prefill's (slack `P + fresh − max(P, D)` beyond the prefill's own) | `batched_mm_experts_forward` (`self.gate_up_proj[expert_ids]`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` ([`gathered_experts_fresh`]) |
@@ -32,6 +33,7 @@
 //! | training, a sliding window shorter than the sequence | the boolean `b·s²` mask for the whole step; per layer SDPA's saved float mask `c·b·s²` and k, v repeated to every head | `masking_utils.sdpa_mask`; `convert_boolean_attn_mask`; the SDPA kernels' `attn_bias` saved for backward; `use_gqa_in_sdpa` (no `enable_gqa` with a mask), `repeat_kv` |
 //! | training, LoRA on a mixture of experts | each adapted layer's folded expert weights, `E·3·I·h` at the frozen weights' width, saved until its backward | PEFT `ParamWrapper` (`parametrize`; `_LoraFactorsProxy.forward`: `baddbmm(W, lhs, rhs)`), the experts' `grouped_mm` saving its weight |
 //! | training, Gemma-2's eager scores | `tanh`'s output, `c·b·heads·s²` per layer, beside the softmax | `Gemma2`'s `eager_attention_forward` (`softcap`: `tanh(w / softcap) * softcap`) |
+//! | training, the score `bmm`s' saved inputs | q, k and v in the compute dtype (`3·T·q·c`), or in SDPA's math kernel the scaled fp32 q and fp32 k and v per head (`12·T·q`, any precision) ([`score_inputs_saved`]) | `BmmBackward` saving `self` and `mat2`; `_scaled_dot_product_attention_math` |
 //! | training, attention backward | where scores exist (eager, fp32 math kernel), the scores' gradient and softmax's input gradient, `(c+4)·b·heads·s²` | `MatmulBackward`, `_softmax_backward_data` |
 //! | training, loss | `12·T·V`: the saved `log_softmax` output, the NLL gradient and `log_softmax`'s input gradient, all fp32, at the start of backward; Gemma-2 also saves its soft-capped logits' `tanh` output, `c·T·V` | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`); `Gemma2ForCausalLM.forward` (`final_logit_softcapping`: `tanh(logits / cap) * cap`, default 30.0) |
 //! | training, Gemma norms | the fp32 normed input a trained weight's `mul` saves, 4 B instead of the stream's width | `Gemma2RMSNorm.forward`, `Gemma3RMSNorm.forward` (`output * (1.0 + self.weight.float())` in fp32, then `type_as(x)`) |
@@ -346,8 +348,12 @@ fn attention_transient(block: &Block, p: &Pass) -> f64 {
     if p.math_kernel(block) {
         // RoPE's temporaries are gone (q and k rebound to their rotated copies); the mask's
         // `logical_not` died with its conversion, the converted mask (`c`) is the kernel's.
+        // Without a mask handed in the kernel is causal and builds its own: `ones(L, S, bool)
+        // .tril()` converted to the scores' fp32 (`4·s²`), alive at the softmax.
         let mask = if block.sdpa_mask(p) {
             p.c * p.b * p.s * p.s
+        } else if p.s > 1.0 {
+            4.0 * p.s * p.s
         } else {
             0.0
         };
@@ -476,14 +482,50 @@ fn stranding_tensor(block: &Block, p: &Pass) -> f64 {
     }
 }
 
+/// q, k and v as a training step's score `bmm`s save them for backward: in the compute dtype
+/// (`3·T·q·c`, k and v already repeated to every head), or, in SDPA's math kernel, the scaled
+/// fp32 q and the fp32 k and v broadcast to every head (`12·T·q` in any precision: the kernel
+/// upcasts 16-bit inputs, `_scaled_dot_product_attention_math`).
+fn score_inputs_saved(block: &Block, p: &Pass, c: f64) -> f64 {
+    let per = if p.math_kernel(block) { 12.0 } else { 3.0 * c };
+    per * p.t() * block.q
+}
+
 /// Extra bytes of one decode step of `generate`: one layer's key (or value) block while
 /// `torch.cat` builds its successor.
-pub(super) fn decode_step(block: &Block, b: f64, s: f64, kv_bytes: f64, c: f64) -> f64 {
+pub(super) fn decode_step(block: &Block, p: &Pass, kv_bytes: f64) -> f64 {
+    let (b, s, c) = (p.b, p.s, p.c);
     // A mixture of experts decodes with `batched_mm_experts_forward`: each of the `b·k` routed
     // tokens gathers its expert's gate/up and down matrices (`self.gate_up_proj[expert_ids]`),
     // both alive at the down projection: `b·k·3·I·h·c`.
     let experts = b * block.experts_per_token * 3.0 * block.ffn * block.h * c;
-    (b * s * block.kv * kv_bytes).max(experts)
+    (b * s * block.kv * kv_bytes)
+        .max(experts)
+        .max(math_kernel_decode(block, p))
+}
+
+/// Bytes SDPA's math kernel holds in one decode step, one query token against the whole cache
+/// (`_scaled_dot_product_attention_math`): the scores are one row per head, but the keys and
+/// values are not. Without `enable_gqa` (Falcon's one KV head), `matmul` broadcasts k to every
+/// head into a contiguous fp32 copy (`4·b·s·q`; v's comes after k's is gone), beside the fp32
+/// copies of the 16-bit k and v (`query_.to(at::kFloat)`, `8·b·s·kv`). With `enable_gqa` in
+/// fp32, `repeat_interleave` copies k and v to every head and the kernel scales k into a third
+/// (`12·b·s·q`). Zero where a fused kernel runs.
+fn math_kernel_decode(block: &Block, p: &Pass) -> f64 {
+    if !p.math_kernel(block) {
+        return 0.0;
+    }
+    let (b, s) = (p.b, p.s);
+    if block.unequal_heads_without_gqa() {
+        let upcast = if p.c < 4.0 {
+            8.0 * b * s * block.kv
+        } else {
+            0.0
+        };
+        4.0 * b * s * block.q + upcast
+    } else {
+        12.0 * b * s * block.q
+    }
 }
 
 /// The last position's logits and `generate`'s fp32 copy of them.
@@ -617,7 +659,7 @@ pub(super) fn saved_per_layer(
         } else {
             4.0 + if c < 4.0 { c } else { 0.0 }
         } + if block.softcapped_scores() { c } else { 0.0 };
-        3.0 * c * t * block.q + per_score * p.b * block.heads * p.s * p.s
+        score_inputs_saved(block, p, c) + per_score * p.b * block.heads * p.s * p.s
     } else if block.windowed(p.s) {
         // A window shorter than the sequence hands SDPA a boolean mask, converted to the
         // query's dtype in every call (`convert_boolean_attn_mask`) and saved as the kernel's
@@ -901,10 +943,8 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
             // The prefill runs over the prompt; the decode steps attend over the whole context.
             _ => forward_peak(&block, &inp.pass(seqs, inp.prompt)).max(decode_step(
                 &block,
-                seqs,
-                inp.context,
+                &inp.pass(seqs, inp.context),
                 inp.kv_bytes,
-                inp.compute_bytes(),
             )),
         };
         tensor("activations", activations);
@@ -980,7 +1020,7 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
             let prefill = inp.pass(seqs, inp.prompt);
             let largest = largest_tensor(&block, &prefill);
             let stranding = stranding_tensor(&block, &prefill);
-            let decode = decode_step(&block, seqs, inp.context, inp.kv_bytes, inp.compute_bytes());
+            let decode = decode_step(&block, &inp.pass(seqs, inp.context), inp.kv_bytes);
             let relocation = if inp.legacy_cache {
                 // The legacy cache is counted twice over already (`kv_cache`).
                 0.0
@@ -1270,7 +1310,7 @@ mod tests {
         );
         // Decode: each routed token gathers its expert's three matrices.
         assert_eq!(
-            decode_step(&block, 32.0, 1.0, 2.0, 2.0),
+            decode_step(&block, &pass(32.0, 1.0), 2.0),
             32.0 * 8.0 * 3.0 * 768.0 * 2048.0 * 2.0
         );
     }
@@ -1322,6 +1362,55 @@ mod tests {
             largest_outside_attention(&falcon, &bf16)
         );
         assert!(largest_tensor(&falcon, &bf16) > largest_outside_attention(&falcon, &bf16));
+    }
+
+    /// SDPA's math kernel copies the cache's keys to every head in a decode step (Falcon's
+    /// broadcast `matmul`, beside the fp32 copies of its 16-bit k and v; fp32 grouped-query
+    /// attention's `repeat_interleave` of k and v and the scaled k), and a training step's score
+    /// `bmm`s save fp32 q, k and v per head; a fused kernel does neither.
+    #[test]
+    fn the_math_kernel_copies_keys_per_head_in_decode_and_saves_fp32_inputs_in_training() {
+        let falcon = falcon_7b();
+        let bf16 = pass(4.0, 2048.0);
+        let (b, s) = (4.0, 2048.0);
+        assert_eq!(
+            math_kernel_decode(&falcon, &bf16),
+            4.0 * b * s * falcon.q + 8.0 * b * s * falcon.kv
+        );
+        assert!(decode_step(&falcon, &bf16, 2.0) >= math_kernel_decode(&falcon, &bf16));
+        assert_eq!(
+            score_inputs_saved(&falcon, &bf16, 2.0),
+            12.0 * bf16.t() * falcon.q
+        );
+        let llama = llama_1b();
+        let fp32 = Pass {
+            c: 4.0,
+            ..pass(4.0, 2048.0)
+        };
+        assert_eq!(math_kernel_decode(&llama, &fp32), 12.0 * b * s * llama.q);
+        assert_eq!(math_kernel_decode(&llama, &bf16), 0.0);
+        assert_eq!(
+            score_inputs_saved(&llama, &bf16, 2.0),
+            6.0 * bf16.t() * llama.q
+        );
+    }
+
+    /// Without a mask handed in, the math kernel is causal and builds its own fp32 mask in
+    /// every call (`ones(L, S).tril()`, converted): `4·s²` more than with the mask given.
+    #[test]
+    fn the_causal_math_kernel_builds_its_own_fp32_mask() {
+        let llama = llama_1b();
+        let fp32 = Pass {
+            c: 4.0,
+            ..pass(1.0, 16_384.0)
+        };
+        assert!(fp32.math_kernel(&llama) && !llama.sdpa_mask(&fp32) && !llama.fused_qkv());
+        let t = fp32.t();
+        let hidden_and_projections = t * llama.h * 4.0 + t * 4.0 * (llama.q + 2.0 * llama.kv);
+        assert_eq!(
+            attention_transient(&llama, &fp32),
+            hidden_and_projections + 4.0 * 16_384.0 * 16_384.0 + math_kernel_bytes(&llama, &fp32)
+        );
     }
 
     /// Qwen3-0.6B's shape: every prefill block is a whole number of cache blocks, so none holds
@@ -1399,14 +1488,14 @@ mod tests {
             down > largest,
             "both gathers exceed the prefill's largest block"
         );
-        let decode = decode_step(&block, 256.0, 544.0, 2.0, 2.0);
+        let decode = decode_step(&block, &pass(256.0, 544.0), 2.0);
         let prefill = forward_peak(&block, &p);
         assert_eq!(
             gathered_experts_fresh(&block, &p, 256.0, decode, largest),
             prefill + 3.0 * down - prefill.max(decode)
         );
         let narrow = pass(2.0, 2048.0);
-        let d2 = decode_step(&block, 2.0, 2048.0, 2.0, 2.0);
+        let d2 = decode_step(&block, &pass(2.0, 2048.0), 2.0);
         let l2 = largest_tensor(&block, &narrow);
         assert_eq!(gathered_experts_fresh(&block, &narrow, 2.0, d2, l2), 0.0);
         let dense = llama_1b();
