@@ -30,7 +30,7 @@ const NVML_P90_BAR: f64 = 13.0;
 
 fn check(annotations: Annotations, label: &str) {
     let rows = score(model_rows::h100(), annotations);
-    assert_eq!(rows.len(), 35, "the 35 H100 rows with all three counters");
+    assert_eq!(rows.len(), 51, "the 51 H100 rows with all three counters");
     let summaries = report(label, &rows);
     let (nvml_median, nvml_p90, ..) = summaries[2];
     assert!(
@@ -102,16 +102,20 @@ fn every_rows_config_reads_as_its_published_config() {
         );
         n += 1;
     }
-    assert_eq!(n, 36);
+    assert_eq!(n, 53);
 }
 
 /// The allocated counter alone, over every row (the cut one too).
 #[test]
 fn allocated_over_every_h100_row() {
     let rows = score(model_rows::h100_allocated(), Annotations::Default);
-    assert_eq!(rows.len(), 36);
+    assert_eq!(rows.len(), 53);
     let allocated_only: Vec<_> = rows.iter().filter(|r| r.counters[1].0.is_nan()).collect();
-    assert_eq!(allocated_only.len(), 1, "the row whose reserve was cut");
+    assert_eq!(
+        allocated_only.len(),
+        2,
+        "the row whose reserve was cut and the one with expandable segments"
+    );
     for r in &rows {
         let e = error(r.counters[0]);
         assert!(e >= -10.0, "{}: allocated {e:+.1}% low", r.id);

@@ -22,9 +22,8 @@ class ToCsv(unittest.TestCase):
         raw = os.path.join(DATA, "raw")
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "h100")
-            # The raw lines predate measure.py's `date` field: the date is the lease's.
-            to_csv.main(out, [os.path.join(raw, "h100-run1.jsonl"), os.path.join(raw, "h100-run2.jsonl")],
-                        date="2026-11-27")
+            # The first two leases' lines predate measure.py's `date` field: the date is the lease's.
+            to_csv.main(out, [os.path.join(raw, f"h100-run{n}.jsonl") for n in (1, 2, 3)], date="2026-11-27")
             for name in ("h100-2026-11.csv", "h100-2026-11-oom.csv"):
                 with self.subTest(file=name):
                     self.assertTrue(filecmp.cmp(os.path.join(out, name), os.path.join(DATA, name), shallow=False))
