@@ -519,6 +519,27 @@ def patch_transformers():
     # 5. SDPA picks its kernel as on sm90
     F.scaled_dot_product_attention = sdpa_sm90
     torch.nn.functional.scaled_dot_product_attention = sdpa_sm90
+    # 6. softmax of an fp16 input with dtype=float32 converts inside CUDA's kernel, as on a GPU
+    F.softmax = softmax_cuda
+
+
+_SOFTMAX = F.softmax
+
+
+def softmax_cuda(input, dim=None, _stacklevel=3, dtype=None):
+    """`F.softmax` as a CUDA tensor runs it. ATen's `softmax(input, dim, dtype)`
+    (aten/src/ATen/native/SoftMax.cpp) sends a CUDA `Half` input with `dtype=Float` straight to
+    `_softmax(input, dim, half_to_float=true)`, whose kernel reads fp16 and writes fp32; every other input
+    (`BFloat16`, and any CPU tensor, so the fake CPU tensors here) is first copied whole,
+    `input.toType(dtype)`, and `_softmax` runs on the copy. Llama's `eager_attention_forward` calls
+    `softmax(w, dtype=float32)`: on the CPU path an fp16 prefill held a 4-byte copy of every score that the GPU
+    never makes (SmolLM2-1.7B eager at 16 x 2,048 measured 24.66 GiB in fp16, 28.41 in bf16). The fake tensors
+    run `_softmax`'s meta function, which takes `half_to_float` on any device; autograd's
+    `_softmax_backward_data` returns fp16, as on CUDA."""
+    if (dim is not None and dtype == torch.float32 and isinstance(input, torch.Tensor)
+            and input.dtype == torch.float16):
+        return torch.ops.aten._softmax.default(input, dim, True)
+    return _SOFTMAX(input, dim=dim, _stacklevel=_stacklevel, dtype=dtype)
 
 
 def load_config(path):

@@ -19,7 +19,7 @@
 //! | prefill, MLP | `2·T·h·c` (residual sum, normed input) + `3·T·I·c` gated (`act(gate)`, `up`, their product alive at the `*`), `4·T·I·c` fused gate/up (the `2I` output stays alive through its chunk views), `2·T·I·c` plain, `4·T·I·c` plain through GPT-2's composed GELU (GPT-2, GPT-J, Phi: its input, two elementwise temporaries and their product) | `LlamaMLP.forward`, `Phi3MLP.forward`, BERT `BertIntermediate`, `NewGELUActivation.forward` (`PhiMLP`, `GPT2MLP`) |
 //! | prefill, attention | normed input + q, k, v + the RoPE temporaries (`q·cos`, `rotate_half(q)·sin`, their sum: `3·T·q·c`) or, with q/k norms, two fp32 copies of q (`8·T·q`) | `apply_rotary_pos_emb`, `Qwen3Attention` |
 //! | prefill, SDPA's mask | a boolean `b·s²` built once per forward when SDPA needs a mask (a sliding window shorter than the sequence; Falcon always), and in each attention call its conversion to the query's dtype beside the `logical_not` it is built from, `(c+1)·b·s²`; k and v repeated (no `enable_gqa` with a mask); a fused projection kept by its views beside the rotated q and k, `T·(q+kv)·c`. RoPE's temporaries are gone by then: the attention phase is the larger of the two | `masking_utils.sdpa_mask`; `FalconModel.forward` (`create_causal_mask(allow_is_causal_skip=False)`); `convert_boolean_attn_mask` in `aten/src/ATen/native/transformers/attention.cpp` (`where(mask.logical_not(), -inf, 0)`); `FalconAttention.forward`, `Phi3Attention.forward` |
-//! | prefill, score matrix (eager) | repeated k and v (`2·T·q·c`) and the score tensors alive at once ([`Block::score_bytes`]); eager's materialised mask `b·s²·c` | `eager_attention_forward`, `repeat_kv`, `masking_utils.eager_mask` |
+//! | prefill, score matrix (eager) | repeated k and v (`2·T·q·c`) and the score tensors alive at once ([`Block::score_bytes`]: with `softmax(dtype=float32)` 10 bytes per score in bf16, 8 in fp16, whose CUDA softmax converts inside its kernel); eager's materialised mask `b·s²·c` | `eager_attention_forward`, `repeat_kv`, `masking_utils.eager_mask`; `softmax` in `aten/src/ATen/native/SoftMax.cpp` (`half_to_float` for a CUDA `Half` input only) |
 //! | prefill, SDPA's kernel choice | torch's math kernel where no fused kernel takes the call: fp32 with fewer kv heads than heads (cuDNN and flash take 16-bit only, the memory-efficient kernel equal heads only), and fewer kv heads handed over without `enable_gqa` (Falcon's multi-query attention), which cuDNN and flash refuse as well ([`Pass::math_kernel`]) | `aten/src/ATen/native/transformers/cuda/sdp_utils.cpp` (`can_use_cudnn_attention`: `check_batch_size_and_num_heads_dense<true, false>`; `sdp_utils_cpp.h`: grouped heads only `if (params.enable_gqa && supports_gqa)`); `FalconAttention.forward` (`F.scaled_dot_product_attention(q, k, v, attn_mask=...)`, one kv head under `multi_query`) |
 //! | prefill, SDPA's math kernel | in 16 bits fp32 copies of q, k and v (`4·T·(q+2·kv)`); the scaled q (`4·T·q`); with `enable_gqa` k and v repeated to every head (`8·T·q`); the fp32 scores, `_safe_softmax`'s fp32 output and the boolean `isneginf` of the scores, 9 bytes per score (`9·b·heads·s²`); a mask in its converted dtype (`c·b·s²`), or, causal with none handed in, its own fp32 one (`4·s²`: `ones(L, S).tril()` converted) ([`math_kernel_bytes`], [`attention_transient`]) | `_scaled_dot_product_attention_math` and `_safe_softmax` in `aten/src/ATen/native/transformers/attention.cpp` (`_safe_softmax` is `CompositeExplicitAutograd`: CUDA runs this body: `softmax`, `self.isneginf()`, `all`, `where_out` into the softmax's storage) |
 //! | RMSNorm | two fp32 copies of its input at once, `8·T·h` | `LlamaRMSNorm.forward` (`to(float32)`, `pow(2)`, `* rsqrt`) |
@@ -201,21 +201,31 @@ impl Block {
     }
 
     /// Bytes per attention score alive at once when the matrix is materialised. Llama's
-    /// `eager_attention_forward` runs `softmax(w, dtype=float32).to(query.dtype)`: in 16 bits
-    /// softmax first copies its input to fp32, so the masked scores (2), that copy (4) and the
-    /// output (4) are alive together, 10 bytes; in fp32 the copy and the final cast are no-ops,
-    /// scores and softmax 8 (torch's math kernel likewise); Phi's `eager_attention_forward` is
-    /// Llama's. BERT's, GPT-2's and Whisper's
+    /// `eager_attention_forward` runs `softmax(w, dtype=float32).to(query.dtype)`, and `ATen`'s
+    /// `softmax(input, dim, dtype)` (`aten/src/ATen/native/SoftMax.cpp`) takes two roads in 16
+    /// bits. A CUDA `Half` input with `dtype=Float` goes straight to `_softmax(input, dim,
+    /// half_to_float=true)`, whose kernel reads fp16 and writes fp32: the masked scores (2), the
+    /// fp32 output (4) and then its `to(float16)` (2) are alive together, 8 bytes. Every other
+    /// 16-bit input (`BFloat16`, or any input on the CPU) is first copied whole,
+    /// `input.toType(float)`, and `_softmax` runs on the copy: the scores (2), that copy (4) and
+    /// the output (4), 10 bytes ([`Pass::half`]). The H100 measured the difference:
+    /// SmolLM2-1.7B eager at 16 × 2,048 allocated 24.66 GiB in fp16 and 28.41 in bf16, 3.75 GiB
+    /// apart, 2 bytes per score of its 16 × 32 × 1,984² (`tests/data/h100`). In fp32 the copy
+    /// and the final cast are no-ops, scores and softmax 8 (torch's math kernel likewise);
+    /// Phi's `eager_attention_forward` is Llama's. BERT's, GPT-2's and Whisper's
     /// `softmax` keeps the input's dtype: scores and probabilities, `2c`. Falcon's
     /// (`FalconAttention.forward`, no alibi) keeps the dtype too but holds four `c`-wide
     /// matrices: the scores, their sum with the mask, the softmax, and the previous layer's
     /// probabilities, which the attention returns and its decoder layer's output tuple keeps
     /// until the next layer's output replaces it.
-    fn score_bytes(&self, c: f64) -> f64 {
+    fn score_bytes(&self, p: &Pass) -> f64 {
+        let c = p.c;
         if self.family == ModelType::Falcon {
             4.0 * c
         } else if self.layer_norm() && self.family != ModelType::Phi {
             2.0 * c
+        } else if c < 4.0 && p.half {
+            8.0
         } else if c < 4.0 {
             10.0
         } else {
@@ -238,6 +248,10 @@ pub(super) struct Pass {
     pub c: f64,
     /// SDPA (flash or memory-efficient kernel: no score matrix) rather than eager attention.
     pub sdpa: bool,
+    /// The 16-bit type is IEEE half (fp16, and fp16 autocast), CUDA's `Half`, rather than
+    /// `BFloat16`: `ATen`'s `softmax(x, dim, dtype=float32)` converts a `Half` input inside its
+    /// kernel and copies any other first ([`Block::score_bytes`]).
+    pub half: bool,
 }
 
 impl Pass {
@@ -366,7 +380,7 @@ fn attention_transient(block: &Block, p: &Pass) -> f64 {
             + projections
             + position
             + 2.0 * t * block.q * p.c
-            + block.score_bytes(p.c) * p.b * block.heads * p.s * p.s
+            + block.score_bytes(p) * p.b * block.heads * p.s * p.s
             + conversion;
     }
     // With a window's mask SDPA gets no `enable_gqa` (`use_gqa_in_sdpa`): k and v are
@@ -898,6 +912,7 @@ impl Inputs {
             s,
             c: self.compute_bytes(),
             sdpa: self.sdpa,
+            half: matches!(self.dtype, Dtype::Fp16 | Dtype::Fp16Amp),
         }
     }
 }
@@ -1155,6 +1170,7 @@ mod tests {
             s,
             c: 2.0,
             sdpa: true,
+            half: false,
         }
     }
 
@@ -1203,6 +1219,34 @@ mod tests {
             forward_peak(&block, &eager)
                 > forward_peak(&block, &sdpa) + 32.0 * 8192.0 * 8192.0 * 9.5
         );
+    }
+
+    #[test]
+    fn fp16_eager_softmax_converts_inside_its_kernel_and_bf16_copies_first() {
+        // SmolLM2-1.7B eager at 16 x 2,048 (1,984 prompt tokens): the H100 allocated 3.75 GiB
+        // less in fp16 than in bf16, 2 bytes per score (`SoftMax.cpp`: CUDA `Half` with
+        // `dtype=Float` runs `_softmax(half_to_float=true)`, `BFloat16` is copied to fp32 first).
+        let block = llama_1b();
+        let bf16 = Pass {
+            sdpa: false,
+            ..pass(16.0, 1984.0)
+        };
+        let fp16 = Pass { half: true, ..bf16 };
+        assert_eq!(block.score_bytes(&bf16), 10.0);
+        assert_eq!(block.score_bytes(&fp16), 8.0);
+        let scores = bf16.b * block.heads * bf16.s * bf16.s;
+        assert_eq!(
+            attention_transient(&block, &bf16) - attention_transient(&block, &fp16),
+            2.0 * scores
+        );
+        // fp32 has no copy to skip; GPT-2's and Falcon's softmax keep the input's dtype.
+        let fp32 = Pass { c: 4.0, ..fp16 };
+        assert_eq!(block.score_bytes(&fp32), 8.0);
+        let gpt2 = Block {
+            family: ModelType::Gpt2,
+            ..block
+        };
+        assert_eq!(gpt2.score_bytes(&fp16), gpt2.score_bytes(&bf16));
     }
 
     #[test]
@@ -1518,12 +1562,13 @@ mod tests {
             ..llama_1b()
         };
         assert!(block.composed_gelu() && block.layer_norm() && block.rotary());
-        assert_eq!(block.score_bytes(2.0), 10.0);
+        let p = pass(4.0, 2048.0);
+        assert_eq!(block.score_bytes(&p), 10.0);
         let gpt2 = Block {
             family: ModelType::Gpt2,
             ..block
         };
-        assert_eq!(gpt2.score_bytes(2.0), 4.0);
+        assert_eq!(gpt2.score_bytes(&p), 4.0);
         assert!(!gpt2.rotary());
         let p = pass(4.0, 2048.0);
         assert_eq!(
@@ -1755,12 +1800,13 @@ mod tests {
     #[test]
     fn falcons_eager_attention_holds_four_score_matrices() {
         let block = falcon_7b();
-        assert_eq!(block.score_bytes(2.0), 8.0);
+        let p = pass(4.0, 2048.0);
+        assert_eq!(block.score_bytes(&p), 8.0);
         let gpt2 = Block {
             family: ModelType::Gpt2,
             ..block
         };
-        assert_eq!(gpt2.score_bytes(2.0), 4.0);
+        assert_eq!(gpt2.score_bytes(&p), 4.0);
     }
 
     #[test]
