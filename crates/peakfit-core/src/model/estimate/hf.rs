@@ -1123,7 +1123,10 @@ fn cache_relocation_fresh(block: &Block, prefill: &Pass, kv_bytes: f64, strandin
 /// `docs/oracle.md`, "Decode past the first step"): Qwen3-0.6B bf16 at batch 32 × 7,936 + 256
 /// new tokens made 3 segments of 500 MiB at step 33, then exactly 2 at each crossing after
 /// (502, 504, … 512 MiB at steps 65, 97, … 225); at batch 16 × 7,680 + 512 new, 3 of 244 MiB,
-/// then 2 of 246 … 256 MiB.
+/// then 2 of 246 … 256 MiB. Two is the count for a prefill whose segments hold every copy (the
+/// GPU's: sixteen 1,984, three 1,488 and two 992 MiB segments, 56 copies of 498–661 MiB for 28
+/// layers); the oracle's replay leaves ten 1,984 and ten 1,488 MiB ones, room for 52, and makes
+/// `2 + (56 − 52)` = 6 per crossing. The segment counts of a prefill are not in the model.
 ///
 /// With a stated prompt the crossings counted are its cache growing to the context's
 /// (`end − 1` tokens at the last forward, `end` the context). The default annotations state no
