@@ -1132,7 +1132,7 @@ fn cache_relocation_fresh(block: &Block, prefill: &Pass, kv_bytes: f64, strandin
 /// (`end − 1` tokens at the last forward, `end` the context). The default annotations state no
 /// generation length (`end` is `None`: the prompt fills the context), and a generation of more
 /// than `2 MiB / (b·kv·c)` tokens (32 at batch 32 of Qwen3-0.6B) reaches the first crossing, so
-/// one is counted: a pod that generates longer states its prompt. Copies under 10 MiB share
+/// one is counted: a pod that generates longer should state its prompt. Copies under 10 MiB share
 /// 20 MiB segments (`kLargeBuffer`) and are not followed.
 fn cache_crossings_fresh(
     block: &Block,
@@ -1156,7 +1156,7 @@ fn cache_crossings_fresh(
         }
         None => 1.0,
     };
-    // Two segments per crossing, of `from + 2 MiB`, `from + 4 MiB`, … `to`.
+    // Two segments per crossing, of `from + 2 MiB`, `from + 4 MiB`, … `from + crossings·2 MiB`.
     2.0 * (crossings * from + allocator::ROUND_LARGE * crossings * (crossings + 1.0) / 2.0)
 }
 
