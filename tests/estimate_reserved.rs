@@ -27,15 +27,6 @@ const H200_FLOOR: f64 = -5.0;
 /// does one that is no longer more than 5 % low, so the list follows the model.
 const KNOWN_GAPS: &[(&str, f64, &str)] = &[
     (
-        "qwen3-0.6b-inference-bf16-b32-t8192-n64",
-        -7.0,
-        "decode's KV `torch.cat`: each step needs every layer's key and value 64 KiB larger \
-         than the 508 MiB blocks it frees; 15 of step 1's 56 copies fit no cached block and \
-         take fresh 510 MiB segments, 2 more in step 2, 7 of 512 MiB at step 33 (+12.0 GiB \
-         over the prefill's 38.9; docs/oracle.md). `hf::cache_relocation_fresh` counts step \
-         1's (16 × 510 MiB), not the second relocation at step 33",
-    ),
-    (
         "bert-base-uncased-inference-fp32-b1-t128",
         -9.0,
         "0.04 GiB: free room in the weights' 2 MiB and 20 MiB segments",
@@ -64,14 +55,16 @@ const KNOWN_GAPS: &[(&str, f64, &str)] = &[
 
 /// Long generations (`oracle-reserved-long.csv`), with the lowest each may read (today's, rounded
 /// down): every 2 MiB crossing of a layer's key and value after the first decode step makes
-/// segments of the grown size and strands the previous ones (`docs/oracle.md`, "What the model
-/// follows now"). `hf::cache_relocation_fresh` counts the first step's relocation only; the
-/// default annotations do not say how many tokens a pod generates, so no later crossing is
-/// counted. The model's most dangerous known gap, held here so that it cannot grow unseen; a row
-/// that is no longer more than 5 % low must leave the list.
+/// segments of the grown size and strands the previous ones (`docs/oracle.md`, "Decode past the
+/// first step"). These rows carry the default annotations, which do not say how many tokens a pod
+/// generates, so `hf::cache_crossings_fresh` counts one crossing; with `prompt-tokens` it counts
+/// them all. The replay also makes 6–7 segments per crossing where an H200 trace of the same
+/// workloads made 2 (the real rows read −3.6 and −9.3 % on these annotations, +0.6 % at 256 with
+/// the prompt stated), so part of the gap is the replay's. Held here so that it cannot grow unseen;
+/// a row that is no longer more than 5 % low must leave the list.
 const LONG_GENERATION_FLOORS: &[(&str, f64)] = &[
-    ("qwen3-0.6b-inference-bf16-b32-t8192-n128", -16.0),
-    ("qwen3-0.6b-inference-bf16-b32-t8192-n256", -30.0),
+    ("qwen3-0.6b-inference-bf16-b32-t8192-n128", -14.0),
+    ("qwen3-0.6b-inference-bf16-b32-t8192-n256", -28.0),
 ];
 
 /// A row scored: id, workload, reference GiB, model GiB, signed error in percent.

@@ -18,7 +18,8 @@ const SMALL_SIZE: f64 = 1_048_576.0;
 const SMALL_BUFFER: f64 = 2.0 * SMALL_SIZE;
 const LARGE_BUFFER: f64 = 20.0 * SMALL_SIZE;
 const MIN_LARGE_ALLOC: f64 = 10.0 * SMALL_SIZE;
-const ROUND_LARGE: f64 = 2.0 * SMALL_SIZE;
+/// The rounding of a segment made for one large block (`kRoundLarge`).
+pub(super) const ROUND_LARGE: f64 = 2.0 * SMALL_SIZE;
 
 /// The block a request of `bytes` gets (`round_size`).
 pub(super) fn block(bytes: f64) -> f64 {
@@ -39,6 +40,13 @@ pub(super) fn segment(block: f64) -> f64 {
     } else {
         (block / ROUND_LARGE).ceil() * ROUND_LARGE
     }
+}
+
+/// Whether a block gets a segment of its own rounded up to 2 MiB when no cached block fits it
+/// (`get_allocation_size`: at least `kMinLargeAlloc`), rather than a share of a 2 MiB or 20 MiB
+/// one.
+pub(super) fn rounded_alone(block: f64) -> bool {
+    block >= MIN_LARGE_ALLOC
 }
 
 /// How many blocks of size `block` one free block of `free` bytes serves: each request splits
@@ -75,6 +83,13 @@ mod tests {
         // Qwen3-0.6B, batch 32 x 8,128: a layer's key one token longer, 508.06 MiB, gets a
         // 510 MiB segment (docs/oracle.md, "Why the model reads low on three rows").
         assert_eq!(segment(block(532_676_608.0 + 65_536.0)), 510.0 * MIB);
+    }
+
+    #[test]
+    fn only_blocks_of_10_mib_or_more_get_a_rounded_segment_of_their_own() {
+        assert!(!rounded_alone(10.0 * MIB - 512.0));
+        assert!(rounded_alone(10.0 * MIB));
+        assert_eq!(segment(10.0 * MIB + 512.0), 12.0 * MIB);
     }
 
     #[test]

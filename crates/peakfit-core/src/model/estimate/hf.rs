@@ -27,6 +27,7 @@
 //! | decode, SDPA's math kernel | one query token against the whole cache, but keys copied per head: Falcon's broadcast `matmul` of k in fp32 (`4·b·s·q`) beside the fp32 copies of its 16-bit k and v (`8·b·s·kv`); fp32 with `enable_gqa`, k and v repeated and k scaled (`12·b·s·q`) ([`math_kernel_decode`]) | `_scaled_dot_product_attention_math` (`query_.to(at::kFloat)`, `matmul` broadcasting, `pre_process_group_query_attention_input`) |
 //! | reserved, the stranded tensor | `HF_SLACK_INFERENCE_TENSORS` blocks of the pass's largest tensor, except an fp32 score matrix: every score tensor is then one size, each layer gets the previous layer's blocks back whole and nothing smaller splits them, unless SDPA's math kernel's per-call float mask (`4·s²`) is larger than every block outside attention ([`stranding_tensor`]) | `eager_attention_forward` (`softmax(dtype=float32)`), `_scaled_dot_product_attention_math` (`tril`, `convert_boolean_attn_mask`); `CUDACachingAllocator.cpp` `get_free_block`, `should_split` |
 //! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
+//! | decode, the later 2 MiB crossings (reserved) | where step 1 left copies alone in segments of their own (the term above is above 0) and a copy is at least 10 MiB: every `2 MiB / (b·kv·c)` steps the copies outgrow those segments, which no later (larger) copy fits; each crossing makes two segments of the new 2 MiB-rounded size, one layer's key and value in flight while the prefill's large blocks hold `floor(B / S)` copies each. Counted from the stated prompt's cache to the context's; without `prompt-tokens` one crossing ([`cache_crossings_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kMinLargeAlloc`), `get_free_block`, `try_merge_blocks` (segments never merge); an H200 trace per decode step (`tools/measure/trace_decode.py`) |
 //! | decode, a mixture of experts' reserved | the gathered gate/up and down weights (`b·k·2·I·h·c`, `b·k·I·h·c`) larger than the prefill's largest tensor take new segments on top of the prefill's (slack `P + fresh − max(P, D)` beyond the prefill's own) | `batched_mm_experts_forward` (`self.gate_up_proj[expert_ids]`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` ([`gathered_experts_fresh`]) |
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
 //! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
@@ -1040,7 +1041,11 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
                 // The legacy cache is counted twice over already (`kv_cache`).
                 0.0
             } else {
-                cache_relocation_fresh(&block, &prefill, inp.kv_bytes, stranding)
+                let fresh = cache_relocation_fresh(&block, &prefill, inp.kv_bytes, stranding);
+                // A prompt shorter than the context states how far the decode runs; the
+                // default (the prompt filling the context) does not.
+                let end = (inp.prompt < inp.context).then_some(inp.context);
+                fresh + cache_crossings_fresh(&block, &prefill, inp.kv_bytes, end, fresh)
             };
             return HF_SLACK_INFERENCE_TENSORS * stranding
                 + gathered_experts_fresh(&block, &prefill, seqs, decode, largest)
@@ -1089,8 +1094,9 @@ fn prefill_free_blocks(block: &Block, p: &Pass) -> Vec<f64> {
 /// Traced on the allocator replay (`docs/oracle.md`, "Why the model reads low on three rows"):
 /// Qwen3-0.6B at batch 32 × 8,128 put 30 of step 1's 56 copies in merged old blocks, 11 in the
 /// prefill's free blocks and the rest in 510 MiB segments, +12.0 GiB over the decode; the H100
-/// measured +10.0 GiB. Later steps outgrow the 2 MiB rounding again (every `2 MiB / (b·kv·c)`
-/// steps), which this term does not follow.
+/// measured +10.0 GiB, and an H200 trace of the same shape at 7,936 + 256 made 14 segments of
+/// 498 MiB at step 1 (`tools/measure/decode-trace`). Later steps outgrow the 2 MiB rounding
+/// again (every `2 MiB / (b·kv·c)` steps): [`cache_crossings_fresh`].
 fn cache_relocation_fresh(block: &Block, prefill: &Pass, kv_bytes: f64, stranding: f64) -> f64 {
     let token = prefill.b * block.kv * kv_bytes;
     let grown = allocator::block(prefill.b * prefill.s * block.kv * kv_bytes + token);
@@ -1112,6 +1118,61 @@ fn cache_relocation_fresh(block: &Block, prefill: &Pass, kv_bytes: f64, strandin
         .sum::<f64>()
         + stranded;
     allocator::fresh(block.layers - slots, grown)
+}
+
+/// Fresh segments at the later 2 MiB crossings of a long generation: every
+/// `2 MiB / (b·kv·c)` decode steps each layer's key and value outgrow the segments made for the
+/// previous size (`get_allocation_size` rounds a request of 10 MiB or more up to 2 MiB, and one
+/// that fits no cached block gets a segment of its own). Segments never merge and every later
+/// copy is larger, so the outgrown ones are stranded: reserved grows by the new segments at
+/// each crossing and never shrinks. Only a cache that did not fit the prefill's blocks at step 1
+/// (`step_one` > 0 from [`cache_relocation_fresh`]) has copies living alone in such segments;
+/// the copies inside the prefill's large blocks move into each other's merged holes
+/// (`try_merge_blocks`) and need none.
+///
+/// Per crossing, one layer's key and value take segments of the new size: the copies in the
+/// prefill's large blocks hold `floor(B / S)` of them (a 1,984 MiB block three of 496–661 MiB)
+/// with no whole free copy left over, and `DynamicLayer.update` re-concatenates the pair while
+/// its old blocks are live, exact-size holes that hold no larger copy until a neighbour is
+/// freed. Traced on an H200 (2026-11-27, `torch.cuda.memory_snapshot()` per decode step,
+/// `docs/oracle.md`, "Decode past the first step"): Qwen3-0.6B bf16 at batch 32 × 7,936 + 256
+/// new tokens made 3 segments of 500 MiB at step 33, then exactly 2 at each crossing after
+/// (502, 504, … 512 MiB at steps 65, 97, … 225); at batch 16 × 7,680 + 512 new, 3 of 244 MiB,
+/// then 2 of 246 … 256 MiB. Two is the count for a prefill whose segments hold every copy (the
+/// GPU's: sixteen 1,984, three 1,488 and two 992 MiB segments, 56 copies of 498–661 MiB for 28
+/// layers); the oracle's replay leaves ten 1,984 and ten 1,488 MiB ones, room for 52, and makes
+/// `2 + (56 − 52)` = 6 per crossing. The segment counts of a prefill are not in the model.
+///
+/// With a stated prompt the crossings counted are its cache growing to the context's
+/// (`end − 1` tokens at the last forward, `end` the context). The default annotations state no
+/// generation length (`end` is `None`: the prompt fills the context), and a generation of more
+/// than `2 MiB / (b·kv·c)` tokens (32 at batch 32 of Qwen3-0.6B) reaches the first crossing, so
+/// one is counted: a pod that generates longer should state its prompt. Copies under 10 MiB share
+/// 20 MiB segments (`kLargeBuffer`) and are not followed.
+fn cache_crossings_fresh(
+    block: &Block,
+    prefill: &Pass,
+    kv_bytes: f64,
+    end: Option<f64>,
+    step_one: f64,
+) -> f64 {
+    let per_token = prefill.b * block.kv * kv_bytes;
+    let first = allocator::block(prefill.s * per_token + per_token);
+    if step_one <= 0.0 || !allocator::rounded_alone(first) {
+        return 0.0;
+    }
+    let from = allocator::segment(first);
+    let crossings = match end {
+        Some(end) => {
+            let last = allocator::block((end - 1.0).max(prefill.s + 1.0) * per_token);
+            ((allocator::segment(last) - from) / allocator::ROUND_LARGE)
+                .round()
+                .max(0.0)
+        }
+        None => 1.0,
+    };
+    // Two segments per crossing, of `from + 2 MiB`, `from + 4 MiB`, … `from + crossings·2 MiB`.
+    2.0 * (crossings * from + allocator::ROUND_LARGE * crossings * (crossings + 1.0) / 2.0)
 }
 
 /// Reserved bytes a mixture of experts adds at its first decode step beyond what the allocated
@@ -1516,6 +1577,62 @@ mod tests {
         // 256 tokens × 1,024 × 2 B = 512 KiB, one token more rounds to 514 KiB.
         let fresh = cache_relocation_fresh(&block, &p, 2.0, largest_tensor(&block, &p));
         assert_eq!(fresh, 2.0 * 1_048_576.0);
+    }
+
+    /// Past step 1, each 2 MiB crossing of the copies' size makes two segments of the new size
+    /// (one layer's key and value), which every later copy outgrows: Qwen3-0.6B at batch 32 ×
+    /// 7,936 + 256 new tokens crosses from its 498 MiB segments to 512 MiB in seven steps of
+    /// 2 MiB (the H200 trace: 1,500, 1,004, 1,008, … 1,024 MiB at steps 33, 65, … 225).
+    #[test]
+    fn each_later_crossing_of_the_cache_size_takes_two_fresh_segments() {
+        let (block, p) = (qwen3_06b(), pass(32.0, 7936.0));
+        let mib = 1_048_576.0;
+        let step_one = cache_relocation_fresh(&block, &p, 2.0, largest_tensor(&block, &p));
+        assert!(step_one > 0.0);
+        let sizes: f64 = (1..=7).map(|i| 498.0 + 2.0 * f64::from(i)).sum();
+        assert_eq!(
+            cache_crossings_fresh(&block, &p, 2.0, Some(8192.0), step_one),
+            2.0 * sizes * mib
+        );
+        // Within one segment's 2 MiB (32 steps at 64 KiB a token) nothing is made.
+        assert_eq!(
+            cache_crossings_fresh(&block, &p, 2.0, Some(7936.0 + 32.0), step_one),
+            0.0
+        );
+        assert_eq!(
+            cache_crossings_fresh(&block, &p, 2.0, Some(7936.0 + 34.0), step_one),
+            2.0 * 500.0 * mib
+        );
+    }
+
+    /// The default annotations size the prefill over the whole context and state no
+    /// generation length: the first crossing past step 1 is counted, two segments of the size
+    /// after the 514 MiB ones of step 1.
+    #[test]
+    fn an_unstated_generation_counts_its_first_crossing() {
+        let (block, p) = (qwen3_06b(), pass(32.0, 8192.0));
+        let step_one = cache_relocation_fresh(&block, &p, 2.0, largest_tensor(&block, &p));
+        assert!(step_one > 0.0);
+        assert_eq!(
+            cache_crossings_fresh(&block, &p, 2.0, None, step_one),
+            2.0 * 516.0 * 1_048_576.0
+        );
+    }
+
+    /// Copies that all fit the prefill's blocks at step 1 live there and grow into each other's
+    /// merged holes; copies under 10 MiB share 20 MiB segments. Neither makes a segment per
+    /// crossing.
+    #[test]
+    fn crossings_make_segments_only_for_copies_alone_in_their_own() {
+        let (block, p) = (qwen3_06b(), pass(32.0, 7936.0));
+        assert_eq!(cache_crossings_fresh(&block, &p, 2.0, None, 0.0), 0.0);
+        // Batch 1 × 2,048: 4 MiB copies, in the 20 MiB segments' pool, even on their way to
+        // 64 MiB at 32k.
+        let short = pass(1.0, 2048.0);
+        assert_eq!(
+            cache_crossings_fresh(&block, &short, 2.0, Some(32_768.0), 2.0 * 1_048_576.0),
+            0.0
+        );
     }
 
     /// A mixture of experts decoding at wide batch gathers expert weights larger than any block
