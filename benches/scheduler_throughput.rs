@@ -41,6 +41,8 @@
 //! default 16), `PEAKFIT_BENCH_STALL_S` (a phase ends when nothing bound for this long, default
 //! 30), `PEAKFIT_BENCH_QPS` / `PEAKFIT_BENCH_BURST` (both schedulers' client rate, default 500 /
 //! 1000), `PEAKFIT_BENCH_VARIANTS` (default `spread,contention`).
+//! The extender inherits the bench's environment, so its own settings apply to (b): e.g.
+//! `PEAKFIT_FILTER_KEEP_BEST=16` measures `--filter-keep-best 16`.
 
 #[path = "../tests/e2e_support/mod.rs"]
 mod e2e_support;

@@ -275,6 +275,8 @@ pub mod extender {
         pub errors: Family<VerbLabels, Counter>,
         pub bind_conflicts: Counter,
         pub node_nudges: Counter,
+        /// Fitting nodes filter left out of its answer under `--filter-keep-best`.
+        pub filter_ranked_out: Counter,
         pub node_report_age_limit: FloatGauge,
         pub pending_pods: Family<ReasonLabels, Gauge>,
         pub pending_pod_oldest: Family<ReasonLabels, FloatGauge>,
@@ -316,6 +318,7 @@ pub mod extender {
                 errors: Family::default(),
                 bind_conflicts: Counter::default(),
                 node_nudges: Counter::default(),
+                filter_ranked_out: Counter::default(),
                 node_report_age_limit: FloatGauge::default(),
                 pending_pods: Family::default(),
                 pending_pod_oldest: Family::default(),
@@ -364,6 +367,12 @@ pub mod extender {
                 "Node annotation bumps made so that kube-scheduler retries pods waiting for GPU \
                  memory or a fresh report once a node has them",
                 m.node_nudges.clone(),
+            );
+            r.register(
+                "extender_filter_ranked_out_nodes",
+                "Nodes the pod fits that filter left out of its answer because prioritize ranks \
+                 them below the best --filter-keep-best (not refusals: they are in no failed list)",
+                m.filter_ranked_out.clone(),
             );
             r.register(
                 "node_report_age_limit_seconds",

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::Extender;
+use super::prioritize::NodeScoring;
 use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
 use crate::cluster::index::{NodeState, pod_key};
 use crate::cluster::resources::host_request_of;
@@ -365,6 +366,16 @@ impl Extender {
                 if none_fits {
                     self.maybe_hold(&pod, &key, &class, &names, now);
                 }
+                let mut keep = keep;
+                let mix = self.mix();
+                let scoring = NodeScoring::request(
+                    &class,
+                    class_id,
+                    &mix,
+                    now,
+                    Some((key.clone(), priority)),
+                );
+                self.keep_best(&names, &mut keep, &scoring);
                 keep
             }
         };
@@ -378,6 +389,32 @@ impl Extender {
         result.failed_nodes = Some(failed);
         result.failed_and_unresolvable_nodes = Some(unresolvable);
         result
+    }
+
+    /// With `--filter-keep-best N`, leaves only the `N` fitting nodes prioritize would score
+    /// highest in `keep` (`Extender::best_first`'s order). kube-scheduler's scheduling cycle is
+    /// serial, and after filter it runs its own score plugins on every node left, sends them
+    /// all to prioritize and reads a score for each back: on 1,000 nodes that is ~420 nodes per
+    /// pod, most of them ones peakfit ranks far below its best. The dropped nodes are named in
+    /// neither `NodeNames` nor `FailedNodes`: kube-scheduler (v1.36, `findNodesThatPassExtenders`)
+    /// gives them no status, and since at least `N` nodes pass, the pod goes on to scoring and
+    /// no `FailedScheduling` event, preemption or wait is affected. A pod that fits nowhere is
+    /// never cut (nothing changes then). The scores computed here stay in the nodes' memos, so
+    /// prioritize then answers the `N` from memory.
+    fn keep_best(&self, names: &[&str], keep: &mut [bool], scoring: &NodeScoring) {
+        let n = self.filter_keep_best;
+        let fitting: Vec<usize> = (0..keep.len()).filter(|&i| keep[i]).collect();
+        if n == 0 || fitting.len() <= n {
+            return;
+        }
+        let fitting_names: Vec<&str> = fitting.iter().map(|&i| names[i]).collect();
+        let ranking = self.rank(&fitting_names, scoring, false);
+        for &dropped in &self.best_first(&fitting_names, &ranking)[n..] {
+            keep[fitting[dropped]] = false;
+        }
+        self.metrics
+            .filter_ranked_out
+            .inc_by((fitting.len() - n) as u64);
     }
 
     pub(crate) fn count_scores(&self, source: &'static str, n: u64) {
@@ -514,5 +551,119 @@ mod tests {
             None,
             "a node-wide refusal is not about GPUs"
         );
+    }
+
+    /// `--filter-keep-best N`: filter answers with the `N` fitting nodes prioritize scores
+    /// highest, names the dropped ones in no failed list (kube-scheduler then gives them no
+    /// status: they are not refusals), keeps its words for the nodes it refuses, and cuts the
+    /// same nodes whatever order the candidates come in. A pod that fits nowhere is answered
+    /// as without the flag.
+    #[test]
+    fn keep_best_answers_with_the_nodes_prioritize_ranks_highest() {
+        use crate::cluster::binding::MemoryBinder;
+        use crate::cluster::index::Index;
+        use crate::cluster::test_support::{mk_node, mk_pod, mk_report};
+        use crate::extender::wire::ExtenderArgs;
+        use crate::metrics::extender::ExtenderMetrics;
+
+        let index = Arc::new(Index::new());
+        // Thirteen nodes the pod fits, filled 0-60 GiB of 80, and two it does not.
+        let mut names = Vec::new();
+        for (i, used) in (0..=60).step_by(5).chain([75, 78]).enumerate() {
+            let node = format!("n{i:02}");
+            index.apply_node(&mk_node(&node));
+            index.apply_report(&mk_report(
+                &node,
+                &[(
+                    format!("GPU-{node}").as_str(),
+                    80 * GI,
+                    used * GI,
+                    &[] as &[(&str, u64)],
+                )],
+            ));
+            names.push(node);
+        }
+        let ext = |keep: usize| {
+            Extender::new(
+                index.clone(),
+                Arc::new(ExtenderMetrics::new()),
+                Arc::new(MemoryBinder::default()),
+            )
+            .with_filter_keep_best(keep)
+        };
+        let args = |uid: &str, vram: &str, names: &[String]| {
+            let pod = mk_pod(uid, None, &[("peakfit.io/vram", vram)]);
+            index.apply_pod(&pod);
+            ExtenderArgs {
+                pod: Some(pod),
+                nodes: None,
+                node_names: Some(names.to_vec()),
+            }
+        };
+        let failed = |r: &ExtenderFilterResult| {
+            let mut f: Vec<String> = r
+                .failed_nodes
+                .iter()
+                .chain(&r.failed_and_unresolvable_nodes)
+                .flat_map(|m| m.keys().cloned())
+                .collect();
+            f.sort();
+            f
+        };
+
+        // Off (the default): every node that fits, and prioritize's scores over them.
+        let off = ext(0);
+        let all = off.filter(args("p0", "10Gi", &names));
+        let fitting = all.node_names.clone().unwrap();
+        assert_eq!(fitting.len(), 13);
+        assert_eq!(failed(&all), ["n13", "n14"]);
+        let scores = off.prioritize(args("p0", "10Gi", &fitting));
+        let score = |n: &str| scores.iter().find(|h| h.host == n).unwrap().score;
+
+        let e = ext(3);
+        let best = e.filter(args("p1", "10Gi", &names));
+        let kept = best.node_names.clone().unwrap();
+        assert_eq!(kept.len(), 3, "{kept:?}");
+        // The refused nodes keep their words; the ranked-out ones are in no list.
+        assert_eq!(failed(&best), ["n13", "n14"]);
+        assert_eq!(
+            best.failed_nodes.as_ref().unwrap().get("n13"),
+            all.failed_nodes.as_ref().unwrap().get("n13")
+        );
+        // The kept nodes are prioritize's best: the one it gives 10, and none below a dropped one.
+        let top = scores.iter().find(|h| h.score == 10).unwrap();
+        assert!(kept.contains(&top.host), "{kept:?} lacks {}", top.host);
+        let worst_kept = kept.iter().map(|n| score(n)).min().unwrap();
+        for n in fitting.iter().filter(|n| !kept.contains(n)) {
+            assert!(score(n) <= worst_kept, "{n} ({}) dropped", score(n));
+        }
+        assert_eq!(e.metrics.filter_ranked_out.get(), 10);
+        // Prioritize, then called with the kept nodes, still gives the best its 10.
+        let on_kept = e.prioritize(args("p1", "10Gi", &kept));
+        assert_eq!(
+            on_kept.iter().find(|h| h.score == 10).map(|h| &h.host),
+            Some(&top.host)
+        );
+        // The same cut whatever order kube-scheduler lists the candidates in.
+        let reversed: Vec<String> = names.iter().rev().cloned().collect();
+        let mut again = e.filter(args("p2", "10Gi", &reversed)).node_names.unwrap();
+        let mut sorted = kept.clone();
+        again.sort();
+        sorted.sort();
+        assert_eq!(again, sorted);
+
+        // Exactly N fit: nothing is cut.
+        let few = e.filter(args("p3", "66Gi", &names));
+        assert_eq!(few.node_names.as_ref().map(Vec::len), Some(3), "{few:?}");
+        // None fits: the same answer as without the flag, every node refused with its words.
+        let none = e.filter(args("p4", "81Gi", &names));
+        let none_off = off.filter(args("p4", "81Gi", &names));
+        assert_eq!(none.node_names.as_deref(), Some(&[] as &[String]));
+        assert_eq!(none.failed_nodes, none_off.failed_nodes);
+        assert_eq!(
+            none.failed_and_unresolvable_nodes,
+            none_off.failed_and_unresolvable_nodes
+        );
+        assert_eq!(failed(&none).len(), 15);
     }
 }

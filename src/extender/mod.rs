@@ -132,6 +132,13 @@ pub struct ExtenderArgs {
     /// counts as --max-body-bytes (kube-scheduler always sends one).
     #[arg(long, env = "PEAKFIT_MAX_BODY_BYTES_IN_FLIGHT", default_value = "64Mi", value_parser = parse_bytes)]
     pub max_body_bytes_in_flight: u64,
+    /// Filter answers with only this many of the nodes a peakfit pod fits, the ones prioritize
+    /// scores highest (`0`: every node that fits). kube-scheduler's scheduling cycle is serial
+    /// and runs its score plugins, prioritize and both JSON payloads over every node filter
+    /// passes; cutting ~420 nodes (1,000-node cluster) to a few shortens each pod's cycle.
+    /// Pods that fit nowhere and pods without peakfit annotations are not affected.
+    #[arg(long, env = "PEAKFIT_FILTER_KEEP_BEST", default_value_t = 0)]
+    pub filter_keep_best: usize,
     #[command(flatten)]
     pub learn: LearnArgs,
     #[command(flatten)]
@@ -326,6 +333,8 @@ pub struct Extender {
     /// before this replica watched them, and `sweep_holds` does not count them.
     holds_since: i64,
     clock: fn() -> i64,
+    /// `--filter-keep-best` (0: off).
+    filter_keep_best: usize,
     /// Request body limits (see `routes::receive`).
     pub body: BodyLimits,
     /// `/metrics` as last rendered (`with_scrape_max_age`; the binary's is a second).
@@ -362,6 +371,7 @@ impl Extender {
             hold_writes: holds::InFlight::default(),
             holds_since: 0,
             clock: now_unix,
+            filter_keep_best: 0,
             body: BodyLimits::default(),
             scrape: crate::metrics::RenderCache::new(Duration::ZERO),
         }
@@ -370,6 +380,12 @@ impl Extender {
     /// Serves a rendered `/metrics` again for `max_age` (zero: render every scrape).
     pub fn with_scrape_max_age(mut self, max_age: Duration) -> Self {
         self.scrape = crate::metrics::RenderCache::new(max_age);
+        self
+    }
+
+    /// Filter answers with only the `n` fitting nodes prioritize scores highest (0: all).
+    pub fn with_filter_keep_best(mut self, n: usize) -> Self {
+        self.filter_keep_best = n;
         self
     }
 
@@ -671,6 +687,7 @@ pub async fn run(args: ExtenderArgs) -> anyhow::Result<()> {
             .with_profiles(profiles)
             .with_fit(fit)
             .with_scoring(args.scoring)
+            .with_filter_keep_best(args.filter_keep_best)
             .with_holds(args.holds.settings())
             .with_readiness(readiness)
             .with_scrape_max_age(crate::metrics::SCRAPE_MAX_AGE)

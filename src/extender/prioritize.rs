@@ -63,30 +63,56 @@ impl Extender {
             if gpuless { "scored_gpuless" } else { "scored" },
         );
         let names: Vec<&str> = candidates.names().collect();
-        let (remembered, computed) = (AtomicU64::new(0), AtomicU64::new(0));
-        let scoring = NodeScoring {
-            class: &class,
+        let scoring = NodeScoring::request(
+            &class,
             class_id,
-            mix: &mix,
-            live_mix: mix.generation(),
+            &mix,
             now,
-            pod: (!gpuless).then(|| {
+            (!gpuless).then(|| {
                 (
                     pod_key(&pod),
                     pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
                 )
             }),
-        };
+        );
+        let ints = self.rank(&names, &scoring, gpuless).ints;
+        candidates
+            .into_names()
+            .into_iter()
+            .zip(ints)
+            .map(|(host, score)| HostPriority {
+                host,
+                score: i64::from(score).clamp(0, MAX_EXTENDER_PRIORITY),
+            })
+            .collect()
+    }
+}
+
+/// The nodes of one request as prioritize ranks them: the 0-10 scores it answers, and the raw
+/// placement scores they come from (NaN: the pod does not fit).
+pub(crate) struct Ranking {
+    pub ints: Vec<u8>,
+    raw: Vec<f64>,
+}
+
+impl Extender {
+    /// Scores `names` for `scoring`'s class (from the nodes' memos where they hold it) and
+    /// ranks them as prioritize answers: the best gets 10, a node the pod does not fit 0.
+    /// Exactly one node gets 10 (kube-scheduler would pick at random among equal totals and
+    /// scatter pods over identical empty nodes): among equally good nodes the fuller, then the
+    /// one whose name hashes highest.
+    pub(crate) fn rank(&self, names: &[&str], scoring: &NodeScoring, gpuless: bool) -> Ranking {
+        let (remembered, computed) = (AtomicU64::new(0), AtomicU64::new(0));
         // A node without usable GPUs (unknown to peakfit, no or a stale report, NVML down, no
         // GPUs at all): no GPU pod can be placed there now, so a GPU-less pod strands nothing
         // by taking its CPU. Marked here, ranked above every GPU node below.
         let no_gpus = if gpuless { f64::INFINITY } else { f64::NAN };
-        let mut raw = self.index.map_slots(&names, |slot| {
+        let mut raw = self.index.map_slots(names, |slot| {
             let Some(slot) = slot else { return no_gpus };
             if gpuless && slot.read().ledger.gpus.is_empty() {
                 return no_gpus;
             }
-            match self.node_score(slot, &scoring) {
+            match self.node_score(slot, scoring) {
                 None => no_gpus,
                 Some(Scored::Remembered(score)) => {
                     remembered.fetch_add(1, Ordering::Relaxed);
@@ -112,10 +138,6 @@ impl Extender {
         }
         self.count_scores("computed", computed.into_inner());
         self.count_scores("memo", remembered.into_inner());
-        // Placement ranks the nodes against each other: the best gets 10, a node the pod does
-        // not fit 0. Exactly one node gets 10 (kube-scheduler would pick at random among equal
-        // totals and scatter pods over identical empty nodes): among equally good nodes the
-        // fuller, then the one whose name hashes highest.
         let mut keys: Vec<Option<(f64, u64)>> = vec![None; names.len()];
         let mut key = |i: usize| {
             *keys[i].get_or_insert_with(|| {
@@ -130,15 +152,38 @@ impl Extender {
             let (ka, kb) = (key(a), key(b));
             ka.0.total_cmp(&kb.0).then(ka.1.cmp(&kb.1))
         });
-        candidates
-            .into_names()
-            .into_iter()
-            .zip(ints)
-            .map(|(host, score)| HostPriority {
-                host,
-                score: i64::from(score).clamp(0, MAX_EXTENDER_PRIORITY),
+        Ranking { ints, raw }
+    }
+
+    /// Indices of `names` (ranked by `rank`), best first: by prioritize's 0-10 score, then the
+    /// raw score under it, then prioritize's tie-break (the fuller node, then the higher name
+    /// hash). Filter's `--filter-keep-best` cuts by this order, so the nodes it keeps are the
+    /// ones prioritize scores highest, and the name hash makes the cut independent of the
+    /// order kube-scheduler lists the candidates in.
+    pub(crate) fn best_first(&self, names: &[&str], ranking: &Ranking) -> Vec<usize> {
+        let raw = |i: usize| {
+            let r = ranking.raw[i];
+            if r.is_nan() { f64::NEG_INFINITY } else { r }
+        };
+        let keys: Vec<(f64, u64)> = names
+            .iter()
+            .map(|name| {
+                let used = self
+                    .index
+                    .node(name)
+                    .map_or(0.0, |slot| used_share(&slot.read().ledger));
+                (used, stable_name_hash(name))
             })
-            .collect()
+            .collect();
+        let mut order: Vec<usize> = (0..names.len()).collect();
+        order.sort_unstable_by(|&a, &b| {
+            ranking.ints[b]
+                .cmp(&ranking.ints[a])
+                .then(raw(b).total_cmp(&raw(a)))
+                .then(keys[b].0.total_cmp(&keys[a].0))
+                .then(keys[b].1.cmp(&keys[a].1))
+        });
+        order
     }
 }
 
@@ -169,6 +214,28 @@ pub(crate) struct NodeScoring<'a> {
     /// The pod scored (its key and priority), whose view of a node with holds is its own
     /// (`NodeState::seen_by`); `None` for the prescorer's classes, which holds in force bind.
     pub pod: Option<(PodKey, i32)>,
+}
+
+impl<'a> NodeScoring<'a> {
+    /// A request's scoring: its pod's class under the mix prioritize uses now, seen by `pod`
+    /// (its key and priority; `None` for a GPU-less pod). Filter's `--filter-keep-best` and
+    /// prioritize build it here, so both rank alike.
+    pub fn request(
+        class: &'a PodClass,
+        class_id: u64,
+        mix: &'a ShapeMix,
+        now: i64,
+        pod: Option<(PodKey, i32)>,
+    ) -> Self {
+        Self {
+            class,
+            class_id,
+            mix,
+            live_mix: mix.generation(),
+            now,
+            pod,
+        }
+    }
 }
 
 /// Where a node's score came from.
