@@ -27,25 +27,9 @@ const H200_FLOOR: f64 = -5.0;
 /// does one that is no longer more than 5 % low, so the list follows the model.
 const KNOWN_GAPS: &[(&str, f64, &str)] = &[
     (
-        "qwen3-0.6b-inference-bf16-b32-t8192-n64",
-        -7.0,
-        "decode's KV `torch.cat`: each step needs every layer's key and value 64 KiB larger \
-         than the 508 MiB blocks it frees; 15 of step 1's 56 copies fit no cached block and \
-         take fresh 510 MiB segments, 2 more in step 2, 7 of 512 MiB at step 33 (+12.0 GiB \
-         over the prefill's 38.9; docs/oracle.md). `hf::cache_relocation_fresh` counts step \
-         1's (16 × 510 MiB), not the second relocation at step 33",
-    ),
-    (
         "bert-base-uncased-inference-fp32-b1-t128",
         -9.0,
         "0.04 GiB: free room in the weights' 2 MiB and 20 MiB segments",
-    ),
-    (
-        "qwen3-4b-inference-bf16-b8-t32768-n64",
-        -9.0,
-        "the prefill carves each layer's 511 MiB key and value out of the freed 4,856 MiB MLP \
-         blocks, and every 3-5 layers the next layer's intermediates find no three whole \
-         blocks: 9 fresh segments",
     ),
     (
         "falcon-7b-inference-bf16-b1-t8192-n64",
