@@ -32,13 +32,6 @@ const KNOWN_GAPS: &[(&str, f64, &str)] = &[
         "0.04 GiB: free room in the weights' 2 MiB and 20 MiB segments",
     ),
     (
-        "qwen3-4b-inference-bf16-b8-t32768-n64",
-        -9.0,
-        "the prefill carves each layer's 511 MiB key and value out of the freed 4,856 MiB MLP \
-         blocks, and every 3-5 layers the next layer's intermediates find no three whole \
-         blocks: 9 fresh segments",
-    ),
-    (
         "falcon-7b-inference-bf16-b1-t8192-n64",
         -7.0,
         "SDPA's math kernel (one KV head without `enable_gqa`) computes fp32 scores, which \

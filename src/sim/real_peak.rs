@@ -16,15 +16,15 @@ use rand::Rng;
 /// workload the model has not seen is likely further off; they are the only NVML peaks measured
 /// against a known configuration that this project has.
 pub const H200_NVML_RATIOS: [(&str, &str, f64); 20] = [
-    ("h200-llama31-8b-b1-4k", "inference", 1.0045),
-    ("h200-llama31-8b-b16-2k", "inference", 0.9905),
-    ("h200-qwen25-7b-b4-8k", "inference", 0.9284),
-    ("h200-mistral-7b-b8-4k", "inference", 0.9966),
+    ("h200-llama31-8b-b1-4k", "inference", 0.9979),
+    ("h200-llama31-8b-b16-2k", "inference", 0.9826),
+    ("h200-qwen25-7b-b4-8k", "inference", 0.9987),
+    ("h200-mistral-7b-b8-4k", "inference", 0.9881),
     ("h200-gemma2-9b-b2-4k", "inference", 0.9824),
     ("h200-phi3-mini-b4-4k", "inference", 0.9780),
-    ("h200-qwen3-1.7b-b32-2k", "inference", 0.9268),
-    ("h200-llama32-3b-b1-32k", "inference", 1.0068),
-    ("h200-qwen3-8b-b8-4k", "inference", 0.9896),
+    ("h200-qwen3-1.7b-b32-2k", "inference", 0.9346),
+    ("h200-llama32-3b-b1-32k", "inference", 0.9976),
+    ("h200-qwen3-8b-b8-4k", "inference", 0.9911),
     ("h200-bert-large-b256-512", "inference", 0.9433),
     ("h200-whisper-large-v3-b16", "inference", 0.9826),
     ("h200-qwen25-0.5b-ft-b8-1k", "training", 0.9627),
@@ -35,7 +35,7 @@ pub const H200_NVML_RATIOS: [(&str, &str, f64); 20] = [
     ("h200-qwen25-7b-lora16-b2-4k", "lora", 0.9965),
     ("h200-mistral-7b-lora64-b8-1k-gc", "lora", 1.0324),
     ("h200-qwen3-30b-a3b-b2-2k", "inference", 0.9970),
-    ("h200-llama32-1b-b128-1k", "inference", 0.8995),
+    ("h200-llama32-1b-b128-1k", "inference", 0.9560),
 ];
 
 /// A serving pod's trace peak ÷ the highest of the trace, at 0 %, 5 %, … 100 % (nearest rank),

@@ -67,6 +67,18 @@ pub(super) fn fresh(n: f64, block: f64) -> f64 {
     (n / fits(seg, block).max(1.0)).ceil() * seg
 }
 
+/// Whether the `rest` bytes a request leaves of a free block stay a free block of their own
+/// (`should_split`): at least 512 B in the small pool, more than 1 MiB in the large one; a
+/// smaller rest is handed out with the request.
+pub(super) fn splits(rest: u64, small: bool) -> bool {
+    let rest = rest as f64;
+    if small {
+        rest >= MIN_BLOCK
+    } else {
+        rest > SMALL_SIZE
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,5 +113,13 @@ mod tests {
         assert_eq!(fresh(0.0, 100.0 * MIB), 0.0);
         // A free block one byte short of three holds two.
         assert_eq!(fits(3.0 * 100.0 * MIB - 1.0, 100.0 * MIB), 2.0);
+    }
+
+    #[test]
+    fn a_large_block_keeps_the_request_whole_unless_more_than_1_mib_is_left() {
+        assert!(!splits(1_048_576, false));
+        assert!(splits(1_048_576 + 512, false));
+        assert!(splits(512, true));
+        assert!(!splits(0, true));
     }
 }

@@ -26,6 +26,7 @@
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
 //! | decode, SDPA's math kernel | one query token against the whole cache, but keys copied per head: Falcon's broadcast `matmul` of k in fp32 (`4·b·s·q`) beside the fp32 copies of its 16-bit k and v (`8·b·s·kv`); fp32 with `enable_gqa`, k and v repeated and k scaled (`12·b·s·q`) ([`math_kernel_decode`]) | `_scaled_dot_product_attention_math` (`query_.to(at::kFloat)`, `matmul` broadcasting, `pre_process_group_query_attention_input`) |
 //! | reserved, the stranded tensor | `HF_SLACK_INFERENCE_TENSORS` blocks of the pass's largest tensor, except an fp32 score matrix: every score tensor is then one size, each layer gets the previous layer's blocks back whole and nothing smaller splits them, unless SDPA's math kernel's per-call float mask (`4·s²`) is larger than every block outside attention ([`stranding_tensor`]) | `eager_attention_forward` (`softmax(dtype=float32)`), `_scaled_dot_product_attention_math` (`tril`, `convert_boolean_attn_mask`); `CUDACachingAllocator.cpp` `get_free_block`, `should_split` |
+//! | reserved, a Llama-code decoder's `generate` under SDPA's fused kernels | replaced by the replay of its requests: the weights, the prefill layer by layer and the decode steps' cache copies through the caching allocator's rules; its reserved − allocated ([`prefill_replay`], chosen by [`replayed_decoder`]) instead of the stranded tensors and the two terms below | `modeling_llama.py` (`LlamaModel`, `LlamaDecoderLayer`, `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`, `apply_rotary_pos_emb`), `Qwen3Attention`, `DynamicLayer.update`; `CUDACachingAllocator.cpp` |
 //! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
 //! | decode, the later 2 MiB crossings (reserved) | where step 1 left copies alone in segments of their own (the term above is above 0) and a copy is at least 10 MiB: every `2 MiB / (b·kv·c)` steps the copies outgrow those segments, which no later (larger) copy fits; each crossing makes two segments of the new 2 MiB-rounded size, one layer's key and value in flight while the prefill's large blocks hold `floor(B / S)` copies each. Counted from the stated prompt's cache to the context's; without `prompt-tokens` one crossing ([`cache_crossings_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kMinLargeAlloc`), `get_free_block`, `try_merge_blocks` (segments never merge); an H200 trace per decode step (`tools/measure/trace_decode.py`) |
 //! | decode, a mixture of experts' reserved | the gathered gate/up and down weights (`b·k·2·I·h·c`, `b·k·I·h·c`) larger than the prefill's largest tensor take new segments on top of the prefill's (slack `P + fresh − max(P, D)` beyond the prefill's own) | `batched_mm_experts_forward` (`self.gate_up_proj[expert_ids]`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` ([`gathered_experts_fresh`]) |
@@ -44,7 +45,7 @@
 use super::framework::Framework;
 use super::{
     Checkpointing, Dtype, HF_SLACK_INFERENCE_TENSORS, HF_SLACK_TRAINING_TENSORS, Inputs, Kind,
-    ModelType, Offload, Optimizer, Workload, allocator,
+    ModelType, Offload, Optimizer, Workload, allocator, prefill_replay,
 };
 
 /// The shape of a block as HF's modeling code builds it.
@@ -1017,8 +1018,10 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
     }
 }
 
-/// The caching allocator's slack under transformers' own modules
-/// (`HF_SLACK_INFERENCE_TENSORS`, `HF_SLACK_TRAINING_TENSORS`).
+/// The caching allocator's slack under transformers' own modules: for the decoders
+/// [`prefill_replay`] follows, what its replay of the run leaves (reserved − the allocated
+/// peak, plus the decode's fresh segments); elsewhere `HF_SLACK_INFERENCE_TENSORS` or
+/// `HF_SLACK_TRAINING_TENSORS` stranded tensors and the decode terms.
 pub(super) fn slack(inp: &Inputs) -> f64 {
     let block = inp.block();
     if inp.workload.is_training() {
@@ -1037,14 +1040,39 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
             let largest = largest_tensor(&block, &prefill);
             let stranding = stranding_tensor(&block, &prefill);
             let decode = decode_step(&block, &inp.pass(seqs, inp.context), inp.kv_bytes);
+            // A prompt shorter than the context states how far the decode runs; the default
+            // (the prompt filling the context) does not.
+            let end = (inp.prompt < inp.context).then_some(inp.context);
+            if let Some(d) = replayed_decoder(inp, &block, &prefill) {
+                // The replay runs the decode until it stops making segments, short of the first
+                // 2 MiB crossing; the crossings after it are [`cache_crossings_fresh`]'s, from the
+                // segments the replay's decode made.
+                let replayed = |d: &prefill_replay::Decoder| {
+                    let r = prefill_replay::replay(d);
+                    r.prefill_slack
+                        + r.decode_fresh
+                        + cache_crossings_fresh(&block, &prefill, inp.kv_bytes, end, r.decode_fresh)
+                };
+                // The replay is exact for the prompt it is given, and not monotone in it: a
+                // cache copy a token longer or shorter lands in another block. Without
+                // `prompt-tokens` the prefill is sized over the whole context, a length no
+                // real prompt has (`generate` makes at least one token), and whose tensors can
+                // all be whole powers of two: Qwen2.5-0.5B at 1 × 32,768 strands 219 MiB
+                // there, 411 MiB at 32,767 and at the oracle's prompt of 32,704, while
+                // Qwen3-0.6B at 32 × 8,192 makes its decode segments at 8,192 and 8,128 and
+                // not at 8,191. So the larger of the two ends is taken.
+                let at_context = replayed(&d);
+                if inp.prompt < inp.context || d.s < 2.0 {
+                    return at_context;
+                }
+                let longest = prefill_replay::Decoder { s: d.s - 1.0, ..d };
+                return at_context.max(replayed(&longest));
+            }
             let relocation = if inp.legacy_cache {
                 // The legacy cache is counted twice over already (`kv_cache`).
                 0.0
             } else {
                 let fresh = cache_relocation_fresh(&block, &prefill, inp.kv_bytes, stranding);
-                // A prompt shorter than the context states how far the decode runs; the
-                // default (the prompt filling the context) does not.
-                let end = (inp.prompt < inp.context).then_some(inp.context);
                 fresh + cache_crossings_fresh(&block, &prefill, inp.kv_bytes, end, fresh)
             };
             return HF_SLACK_INFERENCE_TENSORS * stranding
@@ -1053,6 +1081,47 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
         }
     };
     HF_SLACK_INFERENCE_TENSORS * stranding_tensor(&block, &pass)
+}
+
+/// The prefill [`prefill_replay`] replays request by request, where its sequence is the one
+/// that module follows: a decoder of Llama's code (Qwen3's q/k norms included) with a dense
+/// gated MLP, run by SDPA's fused kernels without a mask (no score matrix, no window shorter
+/// than the context), one sequence per prompt (beam search reorders the cache with copies of
+/// its own), a `DynamicCache` in the compute dtype. Everything else keeps the count of
+/// stranded tensors.
+fn replayed_decoder(
+    inp: &Inputs,
+    block: &Block,
+    prefill: &Pass,
+) -> Option<prefill_replay::Decoder> {
+    let llama = matches!(block.family, ModelType::Llama | ModelType::QkNorm)
+        && block.mlp == Mlp::Gated
+        && block.experts_per_token <= 0.0;
+    let fused = prefill.sdpa
+        && !prefill.math_kernel(block)
+        && !block.sdpa_mask(prefill)
+        && !block.windowed(inp.context);
+    // Weights stored in the compute dtype: the replay builds them as the run does.
+    let plain = matches!(inp.dtype, Dtype::Bf16 | Dtype::Fp16 | Dtype::Fp32)
+        && inp.kind == Kind::Decoder
+        && inp.beams <= 1.0
+        && !inp.legacy_cache
+        && (inp.kv_bytes - prefill.c).abs() < f64::EPSILON;
+    (llama && fused && plain && block.heads > 0.0).then(|| prefill_replay::Decoder {
+        b: prefill.b,
+        s: prefill.s,
+        c: prefill.c,
+        h: block.h,
+        q: block.q,
+        kv: block.kv,
+        heads: block.heads,
+        head_dim: block.q / block.heads,
+        ffn: block.ffn,
+        vocab: block.vocab,
+        layers: crate::convert::f64_to_usize(block.layers),
+        qk_norm: block.qk_norm(),
+        tied: inp.arch.tied_embeddings,
+    })
 }
 
 /// The blocks a prefill leaves free for the decode, at least: one layer's MLP intermediates

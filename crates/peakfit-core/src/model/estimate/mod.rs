@@ -35,6 +35,7 @@
 //! | [`fraction`] | engines that budget a fraction of the GPU |
 //! | [`framework`] | what each named framework changes in the terms above |
 //! | [`hf`] | what transformers' own modules keep alive (generate's prefill and decode, encoders, Whisper, training's saved tensors and loss) and their allocator slack, for HF engines on one GPU; replaces `activations`, `logits` and the slack ratio there |
+//! | [`prefill_replay`] | a Llama-code decoder's `generate` (weights, prefill, first decode steps) replayed request by request through the caching allocator, for [`hf`]'s reserved |
 //! | [`allocator`] | the CUDA caching allocator's block rounding, pools, segment sizes and splitting, which [`hf`]'s slack terms apply |
 //! | this module | resolution of the spec, the parallel layout every term reads, workspace, allocator slack, CUDA context, NCCL, headroom |
 //!
@@ -42,8 +43,9 @@
 //! module's layout (shards, ZeRO stage, tokens) and [`Framework`]'s rules, and one another only
 //! downwards: [`training_state`], [`diffusion`] and [`fraction`] read [`weights`] (the weights'
 //! width and size), [`diffusion`] reads [`activations`]' per-layer bytes and [`fraction`] the
-//! [`kv_cache`], [`hf`] reads [`allocator`]; [`weights`], [`activations`], [`kv_cache`] and
-//! [`allocator`] read no other term.
+//! [`kv_cache`], [`hf`] reads [`prefill_replay`] and [`allocator`], [`prefill_replay`] reads
+//! [`allocator`]; [`weights`], [`activations`], [`kv_cache`] and [`allocator`] read no other
+//! term.
 
 mod activations;
 mod allocator;
@@ -52,6 +54,7 @@ mod fraction;
 mod framework;
 mod hf;
 mod kv_cache;
+mod prefill_replay;
 mod training_state;
 mod weights;
 
