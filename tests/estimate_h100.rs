@@ -24,7 +24,7 @@ use peakfit::model::quantity::GIB;
 
 /// NVML median |error| over the rows (issue 20's bar for visible rows is 3 %).
 const NVML_MEDIAN_BAR: f64 = 5.0;
-/// NVML p90 |error| over the rows: today's (12.8 % with the workload columns, 13.5 % with each
+/// NVML p90 |error| over the rows: today's (13.0 % with the workload columns, 13.5 % with each
 /// row's prompt stated, over the 51 rows of both leases), above issue 20's 10 % and held there by
 /// over-predictions only (`docs/oracle.md`, "The H100 rows": phi-3-mini eager, whisper-small).
 const NVML_P90_BAR: f64 = 14.0;

@@ -1047,11 +1047,18 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
                 // The replay runs the decode until it stops making segments, short of the first
                 // 2 MiB crossing; the crossings after it are [`cache_crossings_fresh`]'s, from the
                 // segments the replay's decode made.
+                // The replay's decode segments depend on where each copy lands, which is not
+                // monotone in the prompt (Qwen3-0.6B at 32 × 8,192 makes 17 × 510 MiB of them at
+                // 8,128 and 8,192 tokens and none at 8,191): a pod's prompts vary up to the
+                // stated one, so step 1 is never counted below the closed form's count
+                // ([`cache_relocation_fresh`], the rule before the replay).
+                let counted = cache_relocation_fresh(&block, &prefill, inp.kv_bytes, stranding);
                 let replayed = |d: &prefill_replay::Decoder| {
                     let r = prefill_replay::replay(d);
+                    let step_one = r.decode_fresh.max(counted);
                     r.prefill_slack
-                        + r.decode_fresh
-                        + cache_crossings_fresh(&block, &prefill, inp.kv_bytes, end, r.decode_fresh)
+                        + step_one
+                        + cache_crossings_fresh(&block, &prefill, inp.kv_bytes, end, step_one)
                 };
                 // The replay is exact for the prompt it is given, and not monotone in it: a
                 // cache copy a token longer or shorter lands in another block. Without
@@ -1216,8 +1223,14 @@ fn cache_relocation_fresh(block: &Block, prefill: &Pass, kv_bytes: f64, strandin
 /// (`end − 1` tokens at the last forward, `end` the context). The default annotations state no
 /// generation length (`end` is `None`: the prompt fills the context), and a generation of more
 /// than `2 MiB / (b·kv·c)` tokens (32 at batch 32 of Qwen3-0.6B) reaches the first crossing, so
-/// one is counted: a pod that generates longer should state its prompt. Copies under 10 MiB share
-/// 20 MiB segments (`kLargeBuffer`) and are not followed.
+/// one is counted: a pod that generates longer should state its prompt, and reads low without it.
+/// Copies under 10 MiB share 20 MiB segments (`kLargeBuffer`) and are not followed.
+///
+/// Not counted yet, and low where it happens: a short prompt whose step-1 copies fit the prefill's
+/// freed blocks (`step_one` = 0) but which outgrow them later in a long generation (a review's
+/// replay of Llama-3.1-8B's shape at batch 4 × 2,048 + 6,144 new tokens made 19.3 GiB of
+/// segments past step 1), and prefills whose blocks hold fewer copies than all `2L`, which make
+/// more than two segments per crossing.
 fn cache_crossings_fresh(
     block: &Block,
     prefill: &Pass,
