@@ -40,8 +40,6 @@
 //! Requests of a few KiB (the scalars, the boolean flags of `generate`'s stopping criteria)
 //! live in the small pool's 2 MiB segments and are left out.
 
-use std::collections::BTreeSet;
-
 use super::allocator;
 use crate::convert::f64_to_u64;
 
@@ -59,12 +57,51 @@ struct Piece {
     next: Option<usize>,
 }
 
+/// A free block's place in its pool: (size, address, piece), the order of
+/// `BlockComparatorSize` (addresses are unique, so the piece never decides).
+type Key = (u64, u64, usize);
+
+/// One pool's free blocks in `BlockComparatorSize` order, as the best fit searches them.
+pub(super) trait FreeBlocks: Default {
+    fn insert(&mut self, key: Key);
+    fn remove(&mut self, key: Key);
+    /// The piece of the first block of at least `size` bytes: the smallest that holds it, the
+    /// lowest address among equals.
+    fn best_fit(&self, size: u64) -> Option<usize>;
+}
+
+/// A sorted vector: a pool holds tens to a few hundred free blocks, where a binary search and
+/// a short `memmove` cost less than a B-tree's node walks and allocations (issue 20: `estimate`
+/// runs this replay per call, and a call must stay under 1 ms).
+#[derive(Debug, Default)]
+pub(super) struct SortedBlocks(Vec<Key>);
+
+impl FreeBlocks for SortedBlocks {
+    fn insert(&mut self, key: Key) {
+        let at = self.0.partition_point(|k| *k < key);
+        self.0.insert(at, key);
+    }
+
+    fn remove(&mut self, key: Key) {
+        if let Ok(at) = self.0.binary_search(&key) {
+            self.0.remove(at);
+        }
+    }
+
+    fn best_fit(&self, size: u64) -> Option<usize> {
+        let at = self.0.partition_point(|k| k.0 < size);
+        self.0.get(at).map(|k| k.2)
+    }
+}
+
 /// The caching allocator's blocks and pools on one stream.
 #[derive(Debug, Default)]
-pub(super) struct Heap {
+pub(super) struct Heap<P: FreeBlocks = SortedBlocks> {
     pieces: Vec<Piece>,
+    /// Pieces merged into a neighbour (`try_merge_blocks`), whose slots new pieces reuse.
+    spare: Vec<usize>,
     /// Free blocks of the large pool (`[1]`) and the small pool (`[0]`), by (size, address).
-    pools: [BTreeSet<(u64, u64, usize)>; 2],
+    pools: [P; 2],
     next_addr: u64,
     reserved: u64,
     allocated: u64,
@@ -78,9 +115,20 @@ pub(super) struct Heap {
 /// A live request: the piece it holds, or nothing for an empty tensor.
 type Handle = Option<usize>;
 
-impl Heap {
+impl<P: FreeBlocks> Heap<P> {
     fn pool(small: bool) -> usize {
         usize::from(!small)
+    }
+
+    /// A new piece, in a merged piece's slot when there is one.
+    fn add(&mut self, piece: Piece) -> usize {
+        if let Some(i) = self.spare.pop() {
+            self.pieces[i] = piece;
+            i
+        } else {
+            self.pieces.push(piece);
+            self.pieces.len() - 1
+        }
     }
 
     fn insert(&mut self, i: usize) {
@@ -90,7 +138,7 @@ impl Heap {
 
     fn remove(&mut self, i: usize) {
         let p = self.pieces[i];
-        self.pools[Self::pool(p.small)].remove(&(p.size, p.addr, i));
+        self.pools[Self::pool(p.small)].remove((p.size, p.addr, i));
     }
 
     /// A request of `bytes` (`malloc`): the smallest free block of its pool that holds it, or a
@@ -99,19 +147,16 @@ impl Heap {
         if bytes <= 0.0 {
             return None;
         }
-        let size = f64_to_u64(allocator::block(bytes));
-        let small = allocator::small(allocator::block(bytes));
+        let block = allocator::block(bytes);
+        let size = f64_to_u64(block);
+        let small = allocator::small(block);
         let pool = Self::pool(small);
-        let found = self.pools[pool]
-            .range((size, 0, 0)..)
-            .next()
-            .map(|&(_, _, i)| i);
-        let i = if let Some(i) = found {
+        let i = if let Some(i) = self.pools[pool].best_fit(size) {
             self.remove(i);
             i
         } else {
-            let seg = f64_to_u64(allocator::segment(allocator::block(bytes)));
-            self.pieces.push(Piece {
+            let seg = f64_to_u64(allocator::segment(block));
+            let i = self.add(Piece {
                 addr: self.next_addr,
                 size: seg,
                 small,
@@ -123,12 +168,12 @@ impl Heap {
             });
             self.next_addr += seg;
             self.reserved += seg;
-            self.pieces.len() - 1
+            i
         };
         let rest = self.pieces[i].size - size;
         if allocator::splits(rest, small) {
             let p = self.pieces[i];
-            self.pieces.push(Piece {
+            let r = self.add(Piece {
                 addr: p.addr + size,
                 size: rest,
                 small,
@@ -138,7 +183,6 @@ impl Heap {
                 prev: Some(i),
                 next: p.next,
             });
-            let r = self.pieces.len() - 1;
             if let Some(n) = p.next {
                 self.pieces[n].prev = Some(r);
             }
@@ -189,6 +233,7 @@ impl Heap {
         if let Some(nn) = next {
             self.pieces[nn].prev = Some(i);
         }
+        self.spare.push(n);
     }
 
     /// Bytes of segments made (`max_memory_reserved` of a run that releases none).
@@ -244,8 +289,8 @@ const CUBLAS_WORKSPACE: f64 = 32.0 * 1_048_576.0;
 /// segment leaves the free blocks one token's worth larger for the next (see [`replay`]).
 const DECODE_STEPS: usize = 8;
 
-struct Run<'a> {
-    heap: Heap,
+struct Run<'a, P: FreeBlocks = SortedBlocks> {
+    heap: Heap<P>,
     d: &'a Decoder,
     /// Each layer's key and value copies.
     cache: Vec<(Handle, Handle)>,
@@ -253,7 +298,7 @@ struct Run<'a> {
     cublas: Handle,
 }
 
-impl Run<'_> {
+impl<P: FreeBlocks> Run<'_, P> {
     /// The weights, built on the GPU in `model.parameters()` order (each module registers
     /// its parameters as it is built), then the rotary `inv_freq` buffer. Nothing is freed, so
     /// `empty_cache()` before the run releases nothing: the segments keep the free room of their
@@ -439,7 +484,13 @@ impl Run<'_> {
 /// rounding of step 1's (`get_allocation_size`, `kRoundLarge`): the crossings after that are a
 /// term of their own.
 pub(super) fn replay(d: &Decoder) -> Replayed {
-    let mut run = Run {
+    replay_with::<SortedBlocks>(d)
+}
+
+/// [`replay`] with the pools kept by `P`: the tests replay with the B-tree the replay began with
+/// and compare.
+fn replay_with<P: FreeBlocks>(d: &Decoder) -> Replayed {
+    let mut run = Run::<P> {
         heap: Heap::default(),
         d,
         cache: vec![(None, None); d.layers],
@@ -527,7 +578,7 @@ mod tests {
 
     fn prefill_reserved(d: &Decoder) -> (f64, f64) {
         let mut run = Run {
-            heap: Heap::default(),
+            heap: Heap::<SortedBlocks>::default(),
             d,
             cache: vec![(None, None); d.layers],
             cublas: None,
@@ -538,7 +589,7 @@ mod tests {
 
     #[test]
     fn best_fit_takes_the_smallest_free_block_that_holds_the_request() {
-        let mut heap = Heap::default();
+        let mut heap = Heap::<SortedBlocks>::default();
         let big = heap.malloc(100.0 * MIB);
         let small = heap.malloc(50.0 * MIB);
         heap.free(big);
@@ -554,7 +605,7 @@ mod tests {
 
     #[test]
     fn a_split_block_no_longer_holds_its_old_size() {
-        let mut heap = Heap::default();
+        let mut heap = Heap::<SortedBlocks>::default();
         let mlp = heap.malloc(100.0 * MIB);
         heap.free(mlp);
         // A cache copy carved out of the freed block leaves 70 MiB: the next 100 MiB request
@@ -566,7 +617,7 @@ mod tests {
 
     #[test]
     fn freed_neighbours_in_a_segment_merge_back_into_one_block() {
-        let mut heap = Heap::default();
+        let mut heap = Heap::<SortedBlocks>::default();
         let whole = heap.malloc(100.0 * MIB);
         heap.free(whole);
         let a = heap.malloc(40.0 * MIB);
@@ -581,7 +632,7 @@ mod tests {
 
     #[test]
     fn a_rest_of_at_most_1_mib_goes_with_the_request_and_small_blocks_have_their_own_pool() {
-        let mut heap = Heap::default();
+        let mut heap = Heap::<SortedBlocks>::default();
         let x = heap.malloc(100.0 * MIB);
         heap.free(x);
         let y = heap.malloc(99.5 * MIB);
@@ -593,7 +644,7 @@ mod tests {
         assert_eq!(heap.reserved(), 102.0 * MIB);
         // A 3 MiB request no free block holds gets a 20 MiB segment (`kLargeBuffer`), which
         // the next ones share.
-        let mut heap = Heap::default();
+        let mut heap = Heap::<SortedBlocks>::default();
         let _ = heap.malloc(3.0 * MIB);
         let _ = heap.malloc(3.0 * MIB);
         assert_eq!(heap.reserved(), 20.0 * MIB);
@@ -611,6 +662,106 @@ mod tests {
         assert_eq!((r / MIB, a / MIB), (472.0, 414.0));
         let (r, a) = prefill_reserved(&qwen3_06b(8.0, 2048.0));
         assert_eq!((r / MIB, a / MIB), (2380.0, 2248.0));
+    }
+
+    /// The pools as the replay first kept them, a `BTreeSet` ordered by (size, address): the
+    /// reference the sorted vector must match.
+    impl FreeBlocks for std::collections::BTreeSet<Key> {
+        fn insert(&mut self, key: Key) {
+            std::collections::BTreeSet::insert(self, key);
+        }
+
+        fn remove(&mut self, key: Key) {
+            std::collections::BTreeSet::remove(self, &key);
+        }
+
+        fn best_fit(&self, size: u64) -> Option<usize> {
+            self.range((size, 0, 0)..).next().map(|k| k.2)
+        }
+    }
+
+    /// The sorted vector changes no result by a bit: every shape of
+    /// the oracle's decoders below, at batches and prompts around powers of two and odd ones,
+    /// replays to the same prefill slack and decode segments as the B-tree heap.
+    #[test]
+    fn the_sorted_pools_replay_exactly_what_the_btree_replays() {
+        let shapes = [
+            qwen25_05b(1.0, 1.0),
+            qwen3_06b(1.0, 1.0),
+            // Qwen2.5-1.5B, Qwen2.5-7B (untied), Qwen3-1.7B, Qwen3-4B, SmolLM2-135M.
+            decoder((1.0, 1.0), (1536.0, 12.0, 2.0, 128.0), 8960.0, 28, false),
+            Decoder {
+                vocab: 152_064.0,
+                ..decoder((1.0, 1.0), (3584.0, 28.0, 4.0, 128.0), 18944.0, 28, false)
+            },
+            decoder((1.0, 1.0), (2048.0, 16.0, 8.0, 128.0), 6144.0, 28, true),
+            decoder((1.0, 1.0), (2560.0, 32.0, 8.0, 128.0), 9728.0, 36, true),
+            Decoder {
+                vocab: 49_152.0,
+                ..decoder((1.0, 1.0), (576.0, 9.0, 3.0, 64.0), 1536.0, 30, false)
+            },
+        ];
+        let mut compared = 0;
+        for shape in shapes {
+            for tied in [false, true] {
+                for c in [2.0, 4.0] {
+                    for b in [1.0, 3.0, 128.0] {
+                        for s in [1.0, 511.0, 2048.0, 8128.0, 32_704.0] {
+                            let d = Decoder {
+                                b,
+                                s,
+                                c,
+                                tied,
+                                ..shape
+                            };
+                            let (new, old) = (
+                                replay_with::<SortedBlocks>(&d),
+                                replay_with::<std::collections::BTreeSet<Key>>(&d),
+                            );
+                            assert_eq!(
+                                (new.prefill_slack.to_bits(), new.decode_fresh.to_bits()),
+                                (old.prefill_slack.to_bits(), old.decode_fresh.to_bits()),
+                                "{d:?}"
+                            );
+                            compared += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(compared, 7 * 2 * 2 * 3 * 5);
+    }
+
+    /// Request for request: through the weights, a prefill and a decode step, the sorted pools
+    /// and the reused slots log the same blocks in the same order as the B-tree heap, and reach
+    /// the same reserved and peak.
+    #[test]
+    fn the_sorted_pools_log_the_btree_heaps_events() {
+        let d = Decoder {
+            tied: true,
+            ..qwen3_06b(8.0, 2048.0)
+        };
+        let mut new = Run::<SortedBlocks> {
+            heap: Heap::default(),
+            d: &d,
+            cache: vec![(None, None); d.layers],
+            cublas: None,
+        };
+        let mut old = Run::<std::collections::BTreeSet<Key>> {
+            heap: Heap::default(),
+            d: &d,
+            cache: vec![(None, None); d.layers],
+            cublas: None,
+        };
+        new.weights();
+        old.weights();
+        let _ = (new.forward(d.s, 0.0), old.forward(d.s, 0.0));
+        let _ = (new.forward(1.0, d.s), old.forward(1.0, d.s));
+        assert_eq!(new.heap.log, old.heap.log);
+        assert_eq!(
+            (new.heap.reserved, new.heap.peak_allocated),
+            (old.heap.reserved, old.heap.peak_allocated)
+        );
     }
 
     fn gib(bytes: f64) -> f64 {
