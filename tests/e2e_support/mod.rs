@@ -1150,10 +1150,22 @@ pub async fn create_prioritized(
     let spec = pod.spec.as_mut().unwrap();
     spec.priority_class_name = Some(class.into());
     spec.scheduler_name = None;
-    c.pods(ns)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap_or_else(|e| panic!("creating {name}: {e}"));
+    // The Priority admission plugin reads classes from an informer cache, so a class created a
+    // moment ago can still be "not found" (seen once in CI); retry that one refusal for 30 s.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match c.pods(ns).create(&PostParams::default(), &pod).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(e))
+                if e.code == 403
+                    && e.message.contains("no PriorityClass")
+                    && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("creating {name}: {e}"),
+        }
+    }
 }
 
 /// Plays the kubelet's part of graceful deletions (there is none): deletes with grace 0 every
