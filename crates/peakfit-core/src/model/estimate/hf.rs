@@ -2147,48 +2147,48 @@ mod tests {
         assert_eq!(part(&prompt, "kv-cache"), part(&whole, "kv-cache"));
     }
 
+    /// An encoder-decoder's allocator slack is its largest phase (bytes past the weights and
+    /// the workspace) less the tensors at its allocated peak.
+    fn assert_slack_is_phase(e: &crate::model::estimate::Estimate, phase: f64) {
+        use crate::model::estimate::testing::part;
+        let allocated = part(e, "activations") + part(e, "kv-cache") + part(e, "logits");
+        let slack = part(e, "allocator-slack");
+        assert!(
+            (slack - (phase - allocated)).abs() < 4.0,
+            "{slack} {phase} {allocated}"
+        );
+    }
+
     /// Whisper's reserved is its largest phase, not the allocated peak plus two of the
     /// encoder's MLP blocks: the decoder's cross-attention copies are carved out of the blocks
     /// the encoder freed or take segments rounded to 2 MiB, and the decode's self-attention
     /// relocation holds that cache twice.
     #[test]
     fn whisper_reserves_its_largest_phase_not_the_encoders_blocks_on_top() {
-        use crate::model::estimate::testing::{est, part};
+        use crate::model::estimate::testing::est;
         let mib = 1_048_576.0;
-        let e = est(&[
-            ("model", "whisper-large-v3"),
-            ("workload", "inference"),
-            ("dtype", "fp16"),
-            ("batch", "16"),
-        ]);
+        let large_v3 = |batch: &'static str| {
+            est(&[
+                ("model", "whisper-large-v3"),
+                ("workload", "inference"),
+                ("dtype", "fp16"),
+                ("batch", batch),
+            ])
+        };
+        let e = large_v3("16");
         // 32 decoder layers, 20 heads of 64, 16 sequences of 1,500 frames: 58.59 MiB copies in
         // 60 MiB segments; the preset's self-attention cache over `n_text_ctx` (448 tokens).
         let copy = 16.0 * 1500.0 * 1280.0 * 2.0;
         let self_cache = 64.0 * 16.0 * 448.0 * 1280.0 * 2.0;
         let logits = 16.0 * 51_865.0 * 6.0;
         let decode = copy + 64.0 * 60.0 * mib + 2.0 * self_cache + logits;
-        let allocated = part(&e, "activations") + part(&e, "kv-cache") + part(&e, "logits");
-        let slack = part(&e, "allocator-slack");
-        assert!(
-            (slack - (decode - allocated)).abs() < 4.0,
-            "{slack} {decode} {allocated}"
-        );
+        assert_slack_is_phase(&e, decode);
         // At batch 1 a copy is 3.66 MiB, under `kMinLargeAlloc`: five share a 20 MiB segment,
         // so the 64 copies reserve 13 segments.
-        let one = est(&[
-            ("model", "whisper-large-v3"),
-            ("workload", "inference"),
-            ("dtype", "fp16"),
-            ("batch", "1"),
-        ]);
+        let one = large_v3("1");
         let copy = 1500.0 * 1280.0 * 2.0;
         let decode = copy + 13.0 * 20.0 * mib + 2.0 * self_cache / 16.0 + 51_865.0 * 6.0;
-        let allocated = part(&one, "activations") + part(&one, "kv-cache") + part(&one, "logits");
-        let slack = part(&one, "allocator-slack");
-        assert!(
-            (slack - (decode - allocated)).abs() < 4.0,
-            "{slack} {decode} {allocated}"
-        );
+        assert_slack_is_phase(&one, decode);
     }
 
     /// A short decode leaves the first decoder call the largest phase: the 24 cross-attention
@@ -2198,7 +2198,7 @@ mod tests {
     /// past what is allocated after that call; two in flight would count 185.
     #[test]
     fn whispers_first_decoder_call_holds_three_projections_in_flight() {
-        use crate::model::estimate::testing::{est, part};
+        use crate::model::estimate::testing::est;
         let mib = 1_048_576.0;
         let e = est(&[
             ("architecture", "encoder-decoder"),
@@ -2219,12 +2219,7 @@ mod tests {
         let copy = 32.0 * 1500.0 * 768.0 * 2.0;
         let logits = 32.0 * 51_865.0 * 6.0;
         let first = copy + (24.0 + 3.0) * 72.0 * mib + logits;
-        let allocated = part(&e, "activations") + part(&e, "kv-cache") + part(&e, "logits");
-        let slack = part(&e, "allocator-slack");
-        assert!(
-            (slack - (first - allocated)).abs() < 4.0,
-            "{slack} {first} {allocated}"
-        );
+        assert_slack_is_phase(&e, first);
     }
 
     #[test]
