@@ -24,9 +24,11 @@ use peakfit::model::quantity::GIB;
 
 /// NVML median |error| over the rows (issue 20's bar for visible rows is 3 %).
 const NVML_MEDIAN_BAR: f64 = 5.0;
-/// NVML p90 |error| over the rows: today's (13.0 % with the workload columns, 13.5 % with each
-/// row's prompt stated, over the 51 rows of both leases), above issue 20's 10 % and held there by
-/// over-predictions only (`docs/oracle.md`, "The H100 rows": phi-3-mini eager, whisper-small).
+/// NVML p90 |error| over the rows: 13.0 % with the workload columns and 13.5 % with each row's
+/// prompt stated, over the 51 rows of both leases, when this bar was set; 10.5 % and 10.6 % since
+/// Whisper's reserved follows its phases (`docs/oracle.md`, "Whisper's reserved"). Above issue
+/// 20's 10 %, held there by over-predictions only (phi-3-mini and SmolLM2-1.7B eager, Qwen3-1.7B
+/// at batch 64 × 4k, the Qwen3-0.6B fine-tune).
 const NVML_P90_BAR: f64 = 14.0;
 
 fn check(annotations: Annotations, label: &str) {

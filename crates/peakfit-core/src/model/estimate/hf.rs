@@ -26,6 +26,7 @@
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
 //! | decode, SDPA's math kernel | one query token against the whole cache, but keys copied per head: Falcon's broadcast `matmul` of k in fp32 (`4·b·s·q`) beside the fp32 copies of its 16-bit k and v (`8·b·s·kv`); fp32 with `enable_gqa`, k and v repeated and k scaled (`12·b·s·q`) ([`math_kernel_decode`]) | `_scaled_dot_product_attention_math` (`query_.to(at::kFloat)`, `matmul` broadcasting, `pre_process_group_query_attention_input`) |
 //! | reserved, the stranded tensor | `HF_SLACK_INFERENCE_TENSORS` blocks of the pass's largest tensor, except an fp32 score matrix: every score tensor is then one size, each layer gets the previous layer's blocks back whole and nothing smaller splits them, unless SDPA's math kernel's per-call float mask (`4·s²`) is larger than every block outside attention ([`stranding_tensor`]) | `eager_attention_forward` (`softmax(dtype=float32)`), `_scaled_dot_product_attention_math` (`tril`, `convert_boolean_attn_mask`); `CUDACachingAllocator.cpp` `get_free_block`, `should_split` |
+//! | reserved, Whisper's `generate` | the largest of its three phases, not the allocated peak plus the encoder's stranded blocks: the encoder's forward with `HF_SLACK_INFERENCE_TENSORS` blocks of its largest tensor; the first decoder call, the encoder's output and the `2·L` cross-attention copies (`seqs·positions·kv`) each in a segment rounded to 2 MiB (or a share of a 20 MiB one under 10 MiB) plus the last layer's three in flight (the key's contiguous copy, `v_proj`'s output, the value's contiguous copy), the copies taking the encoder's freed blocks first; the decode, the self-attention cache held twice by its one-token-longer copies ([`seq2seq_slack`]) | `WhisperEncoder.forward`; `WhisperAttention.forward` (`k_proj`, `v_proj`, `transpose(1, 2).contiguous()`, `EncoderDecoderCache.cross_attention_cache.update`); `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
 //! | reserved, a Llama-code decoder's `generate` under SDPA's fused kernels | replaced by the replay of its requests: the weights, the prefill layer by layer and the decode steps' cache copies through the caching allocator's rules; its reserved − allocated ([`prefill_replay`], chosen by [`replayed_decoder`]) instead of the stranded tensors and the two terms below | `modeling_llama.py` (`LlamaModel`, `LlamaDecoderLayer`, `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`, `apply_rotary_pos_emb`), `Qwen3Attention`, `DynamicLayer.update`; `CUDACachingAllocator.cpp` |
 //! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
 //! | decode, the later 2 MiB crossings (reserved) | where step 1 left copies alone in segments of their own (the term above is above 0) and a copy is at least 10 MiB: every `2 MiB / (b·kv·c)` steps the copies outgrow those segments, which no later (larger) copy fits; each crossing makes two segments of the new 2 MiB-rounded size, one layer's key and value in flight while the prefill's large blocks hold `floor(B / S)` copies each. Counted from the stated prompt's cache to the context's; without `prompt-tokens` one crossing ([`cache_crossings_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kMinLargeAlloc`), `get_free_block`, `try_merge_blocks` (segments never merge); an H200 trace per decode step (`tools/measure/trace_decode.py`) |
@@ -947,14 +948,7 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
                 } else {
                     inp.context
                 };
-                let t_enc = inp.batch * positions;
-                let encoder = forward_peak(&block, &inp.pass(inp.batch, positions));
-                // The encoder's output, and one layer's cross-attention key and value being
-                // projected and copied into the cache (`WhisperAttention`: `k_proj`, then
-                // `transpose(1, 2).contiguous()`, then the cache's `torch.cat`).
-                let c = inp.compute_bytes();
-                let first_step = t_enc * block.h * c + 2.0 * t_enc * block.kv * c;
-                (encoder - kv).max(first_step)
+                seq2seq_activations(inp, &block, positions, kv)
             }
             Kind::Encoder => forward_peak(&block, &inp.pass(inp.batch, inp.context)),
             // The prefill runs over the prompt; the decode steps attend over the whole context.
@@ -1018,6 +1012,64 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
     }
 }
 
+/// An encoder-decoder's activations at its allocated peak: the encoder's forward before any
+/// cache exists, or the first decoder call, which holds the encoder's output while one layer's
+/// cross-attention key and value are projected and copied into the cache (`WhisperAttention`:
+/// `k_proj`, then `transpose(1, 2).contiguous()`, then the cache's `torch.cat`).
+fn seq2seq_activations(inp: &Inputs, block: &Block, positions: f64, kv: f64) -> f64 {
+    let t_enc = inp.batch * positions;
+    let encoder = forward_peak(block, &inp.pass(inp.batch, positions));
+    let c = inp.compute_bytes();
+    let first_step = t_enc * block.h * c + 2.0 * t_enc * block.kv * c;
+    (encoder - kv).max(first_step)
+}
+
+/// Whisper's reserved memory beyond its allocated peak. `generate` runs three phases, and the
+/// caching allocator serves each from the blocks the one before it freed
+/// (`CUDACachingAllocator.cpp` `get_free_block`), so reserved is the largest of them, not the
+/// allocated peak plus the encoder's stranded blocks:
+///
+/// 1. the encoder's forward (`WhisperEncoder.forward`), no cache yet: its activations and
+///    `HF_SLACK_INFERENCE_TENSORS` stranded blocks of its largest tensor, as any forward;
+/// 2. the first decoder call, which projects the encoder's output into every decoder layer's
+///    cross-attention key and value (`WhisperAttention.forward`: `k_proj`, `v_proj`,
+///    `transpose(1, 2).contiguous()`, `EncoderDecoderCache.cross_attention_cache.update`). These
+///    `2·L` copies of `seqs·positions·kv` take the encoder's freed blocks first (every encoder
+///    tensor is `positions` long, and one hidden wide or a multiple of it, so its blocks hold
+///    whole copies) and fresh segments after: each copy costs at most its segment
+///    (`get_allocation_size`: rounded to 2 MiB, or a share of a 20 MiB one under 10 MiB), and the
+///    last layer's three in flight take three more (the key's contiguous copy, `v_proj`'s output
+///    and the value's contiguous copy are alive together before the cache's `torch.cat`);
+/// 3. the decode: every step re-concatenates each layer's self-attention key and value one token
+///    longer (`DynamicLayer.update`, `torch.cat`) while the old copy lives, and the freed copies
+///    are one token short of the next, so the self-attention cache's blocks hold it twice.
+///
+/// The oracle's replay of the H100 rows (`docs/oracle.md`, "Whisper's reserved"): whisper-small
+/// at batch 64 reserved 2,432 MiB past the weights in the encoder, 1,566 MiB more in the first
+/// decoder call (11 segments of 142 MiB; its 24 copies of 140.6 MiB went there and into the
+/// encoder's freed blocks) and 24 MiB in the decode; the old count, two encoder MLP blocks on
+/// top of the allocated peak, read it +25.7 %. The decode's relocation on whisper-large-v3
+/// strands somewhat more than the one copy counted (2.35 `S` in all at batch 16, not 2).
+fn seq2seq_slack(inp: &Inputs, block: &Block, positions: f64) -> f64 {
+    let seqs = inp.batch * inp.beams;
+    let c = inp.compute_bytes();
+    let pass = inp.pass(inp.batch, positions);
+    let kv = inp.kv_cache(inp.tokens());
+    let logits = generate_logits(block, seqs, c);
+    let allocated = seq2seq_activations(inp, block, positions, kv) + kv + logits;
+    let copies = 2.0 * (block.layers / 2.0).max(1.0);
+    let copy = seqs * positions * block.kv * inp.kv_bytes;
+    let self_cache = (kv - copies * copy).max(0.0);
+    let output = inp.batch * positions * block.h * c;
+    let cross = output + allocator::fresh(copies, allocator::block(copy)) + logits;
+    let phases = [
+        forward_peak(block, &pass) + HF_SLACK_INFERENCE_TENSORS * stranding_tensor(block, &pass),
+        cross + allocator::fresh(3.0, allocator::block(copy)),
+        cross + 2.0 * self_cache,
+    ];
+    (phases.into_iter().fold(0.0, f64::max) - allocated).max(0.0)
+}
+
 /// The caching allocator's slack under transformers' own modules: for the decoders
 /// [`prefill_replay`] follows, what its replay of the run leaves (reserved − the allocated
 /// peak, plus the decode's fresh segments); elsewhere `HF_SLACK_INFERENCE_TENSORS` or
@@ -1032,7 +1084,9 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
     let pass = match inp.kind {
         Kind::EncoderDecoder {
             encoder_positions, ..
-        } if encoder_positions > 0 => inp.pass(inp.batch, f64::from(encoder_positions)),
+        } if encoder_positions > 0 => {
+            return seq2seq_slack(inp, &block, f64::from(encoder_positions));
+        }
         Kind::Encoder | Kind::EncoderDecoder { .. } => inp.pass(inp.batch, inp.context),
         _ => {
             let seqs = inp.batch * inp.beams;
@@ -2091,6 +2145,81 @@ mod tests {
         assert_eq!(part(&prompt, "activations"), part(&short, "activations"));
         assert!(part(&prompt, "activations") < part(&whole, "activations"));
         assert_eq!(part(&prompt, "kv-cache"), part(&whole, "kv-cache"));
+    }
+
+    /// An encoder-decoder's allocator slack is its largest phase (bytes past the weights and
+    /// the workspace) less the tensors at its allocated peak.
+    fn assert_slack_is_phase(e: &crate::model::estimate::Estimate, phase: f64) {
+        use crate::model::estimate::testing::part;
+        let allocated = part(e, "activations") + part(e, "kv-cache") + part(e, "logits");
+        let slack = part(e, "allocator-slack");
+        assert!(
+            (slack - (phase - allocated)).abs() < 4.0,
+            "{slack} {phase} {allocated}"
+        );
+    }
+
+    /// Whisper's reserved is its largest phase, not the allocated peak plus two of the
+    /// encoder's MLP blocks: the decoder's cross-attention copies are carved out of the blocks
+    /// the encoder freed or take segments rounded to 2 MiB, and the decode's self-attention
+    /// relocation holds that cache twice.
+    #[test]
+    fn whisper_reserves_its_largest_phase_not_the_encoders_blocks_on_top() {
+        use crate::model::estimate::testing::est;
+        let mib = 1_048_576.0;
+        let large_v3 = |batch: &'static str| {
+            est(&[
+                ("model", "whisper-large-v3"),
+                ("workload", "inference"),
+                ("dtype", "fp16"),
+                ("batch", batch),
+            ])
+        };
+        let e = large_v3("16");
+        // 32 decoder layers, 20 heads of 64, 16 sequences of 1,500 frames: 58.59 MiB copies in
+        // 60 MiB segments; the preset's self-attention cache over `n_text_ctx` (448 tokens).
+        let copy = 16.0 * 1500.0 * 1280.0 * 2.0;
+        let self_cache = 64.0 * 16.0 * 448.0 * 1280.0 * 2.0;
+        let logits = 16.0 * 51_865.0 * 6.0;
+        let decode = copy + 64.0 * 60.0 * mib + 2.0 * self_cache + logits;
+        assert_slack_is_phase(&e, decode);
+        // At batch 1 a copy is 3.66 MiB, under `kMinLargeAlloc`: five share a 20 MiB segment,
+        // so the 64 copies reserve 13 segments.
+        let one = large_v3("1");
+        let copy = 1500.0 * 1280.0 * 2.0;
+        let decode = copy + 13.0 * 20.0 * mib + 2.0 * self_cache / 16.0 + 51_865.0 * 6.0;
+        assert_slack_is_phase(&one, decode);
+    }
+
+    /// A short decode leaves the first decoder call the largest phase: the 24 cross-attention
+    /// copies of whisper-small at batch 32 (70.3 MiB, each in a 72 MiB segment) and the last
+    /// layer's three in flight (`WhisperAttention.forward`: the key's contiguous copy, `v_proj`'s
+    /// output and the value's contiguous copy). The oracle's replay of this case reserves 260 MiB
+    /// past what is allocated after that call; two in flight would count 185.
+    #[test]
+    fn whispers_first_decoder_call_holds_three_projections_in_flight() {
+        use crate::model::estimate::testing::est;
+        let mib = 1_048_576.0;
+        let e = est(&[
+            ("architecture", "encoder-decoder"),
+            ("encoder-positions", "1500"),
+            ("params", "241734912"),
+            ("layers", "24"),
+            ("hidden-size", "768"),
+            ("attention-heads", "12"),
+            ("kv-heads", "12"),
+            ("head-dim", "64"),
+            ("intermediate-size", "3072"),
+            ("vocab-size", "51865"),
+            ("workload", "inference"),
+            ("dtype", "fp16"),
+            ("batch", "32"),
+            ("context-tokens", "64"),
+        ]);
+        let copy = 32.0 * 1500.0 * 768.0 * 2.0;
+        let logits = 32.0 * 51_865.0 * 6.0;
+        let first = copy + (24.0 + 3.0) * 72.0 * mib + logits;
+        assert_slack_is_phase(&e, first);
     }
 
     #[test]
