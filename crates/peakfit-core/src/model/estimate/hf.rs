@@ -1329,22 +1329,7 @@ mod tests {
     /// × 2 B = 7,688 MiB (already a whole 2 MiB multiple), on top of the replay; SDPA nothing.
     #[test]
     fn an_eager_prefill_counts_one_score_segment_beyond_its_replay() {
-        let d = prefill_replay::Decoder {
-            b: 16.0,
-            s: 1984.0,
-            c: 2.0,
-            h: 2048.0,
-            q: 2048.0,
-            kv: 2048.0,
-            heads: 32.0,
-            head_dim: 64.0,
-            ffn: 8192.0,
-            vocab: 49_152.0,
-            layers: 24,
-            qk_norm: false,
-            tied: true,
-            eager: Some(prefill_replay::Softmax::Copy),
-        };
+        let d = prefill_replay::smollm2(2.0, Some(prefill_replay::Softmax::Copy));
         assert_eq!(eager_unreplayed_segment(&d) / 1_048_576.0, 7688.0);
         let sdpa = prefill_replay::Decoder { eager: None, ..d };
         assert!(eager_unreplayed_segment(&sdpa).abs() < f64::EPSILON);

@@ -48,6 +48,8 @@ use crate::convert::f64_to_u64;
 
 mod eager;
 pub(super) use eager::Softmax;
+#[cfg(test)]
+pub(super) use eager::smollm2;
 
 /// A block of the heap: a whole segment, or a piece of one split off by a request.
 #[derive(Clone, Copy, Debug)]

@@ -18,6 +18,8 @@
 //! the MLP's blocks carve the freed ones, and later layers' scores take fresh segments. Which ones
 //! depends on every request before, which is why this is replayed and not counted.
 
+#[cfg(test)]
+use super::Decoder;
 use super::{Handle, Run};
 use crate::model::estimate::prefill_replay::FreeBlocks;
 
@@ -98,40 +100,41 @@ impl<P: FreeBlocks> Run<'_, P> {
     }
 }
 
+/// SmolLM2-1.7B (Llama's code, 32 heads of 64, tied head) at 16 × 1,984: the H100's eager
+/// rows' prefill, for the tests here and in `hf`.
+#[cfg(test)]
+pub(in crate::model::estimate) fn smollm2(c: f64, eager: Option<Softmax>) -> Decoder {
+    Decoder {
+        b: 16.0,
+        s: 1984.0,
+        c,
+        h: 2048.0,
+        q: 2048.0,
+        kv: 2048.0,
+        heads: 32.0,
+        head_dim: 64.0,
+        ffn: 8192.0,
+        vocab: 49_152.0,
+        layers: 24,
+        qk_norm: false,
+        tied: true,
+        eager,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::{Decoder, replay};
-    use super::Softmax;
+    use super::super::replay;
+    use super::{Softmax, smollm2};
 
     const MIB: f64 = 1_048_576.0;
-
-    /// SmolLM2-1.7B (Llama's code, 32 heads of 64, tied head) at 16 × 1,984, eager.
-    fn smollm2(c: f64, eager: Option<Softmax>) -> Decoder {
-        Decoder {
-            b: 16.0,
-            s: 1984.0,
-            c,
-            h: 2048.0,
-            q: 2048.0,
-            kv: 2048.0,
-            heads: 32.0,
-            head_dim: 64.0,
-            ffn: 8192.0,
-            vocab: 49_152.0,
-            layers: 24,
-            qk_norm: false,
-            tied: true,
-            eager,
-        }
-    }
 
     /// The oracle's run of these shapes (`tools/oracle`, `_run_case` with 2 new tokens and every
     /// decode step, 2026-11-27) reserves 37,323,014,144 B at 30,506,523,648 B of allocated blocks
     /// in bf16 and 33,292,288,000 at 26,475,797,504 in fp16: 6,816,490,496 B of slack in both
     /// (the fp16 prefill holds one fp32 block fewer at its peak and reserves one fewer). The
-    /// replay, weights first, leaves the same to 0.02 MiB (the biases and flags it leaves out);
-    /// SDPA's sequence on the same shape leaves 1,421 MiB, and without the probabilities kept
-    /// to the layer's end, the q copy or the mask the count moves by whole blocks.
+    /// replay, weights first, leaves the same to 0.02 MiB (the small pool's requests it leaves
+    /// out); SDPA's sequence on the same shape leaves 1,421 MiB.
     #[test]
     fn the_eager_prefill_strands_what_the_oracles_replay_strands() {
         let oracle = 6_816_490_496.0;
