@@ -1,7 +1,7 @@
 //! Eager attention's requests in the replayed prefill (issue 20): the score matrix a layer
 //! materialises, its fp32 softmax, and the causal mask the forward builds for it.
 //!
-//! `eager_attention_forward` (transformers 5.17 `models/llama/modeling_llama.py`; SmolLM2 runs
+//! `eager_attention_forward` (transformers 5.17 `models/llama/modeling_llama.py`; `SmolLM2` runs
 //! Llama's code) makes, per layer and in this order, as the oracle's event log of SmolLM2-1.7B at
 //! 16 × 1,984 shows it tensor for tensor (`docs/oracle.md`, "Eager attention's reserved memory"):
 //!
