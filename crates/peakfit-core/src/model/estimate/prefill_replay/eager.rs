@@ -124,7 +124,7 @@ pub(in crate::model::estimate) fn smollm2(c: f64, eager: Option<Softmax>) -> Dec
 
 #[cfg(test)]
 mod tests {
-    use super::super::replay;
+    use super::super::{Decoder, Heap, Run, SortedBlocks, replay};
     use super::{Softmax, smollm2};
 
     const MIB: f64 = 1_048_576.0;
@@ -145,6 +145,65 @@ mod tests {
         }
         let sdpa = replay(&smollm2(2.0, None));
         assert!(sdpa.prefill_slack + sdpa.decode_fresh < oracle / 4.0);
+    }
+
+    /// Short prompts, where the probabilities kept through the MLP and the q copy are the size
+    /// of the MLP's blocks: the oracle's runs (as above) reserve 3,762,290,688 B at
+    /// 3,649,920,000 B allocated (bf16, 1 × 512) and 4,565,499,904 at 4,229,683,712 (4 × 510).
+    /// The replay leaves 107.16 and 318.26 MiB, the oracle 107.16 and 320.26: at 4 × 510 the
+    /// oracle's small pool holds one 2 MiB segment more, of the few-KiB requests the replay
+    /// leaves out.
+    #[test]
+    fn short_eager_prefills_strand_what_the_oracles_replay_strands() {
+        for (b, s, oracle) in [(1.0, 512.0, 112_370_688.0), (4.0, 510.0, 335_816_192.0)] {
+            let d = Decoder {
+                b,
+                s,
+                ..smollm2(2.0, Some(Softmax::Copy))
+            };
+            let r = replay(&d);
+            let slack = r.prefill_slack + r.decode_fresh;
+            assert!(
+                (slack - oracle).abs() <= 2.0 * MIB,
+                "{b} × {s}: {}",
+                slack / MIB
+            );
+        }
+    }
+
+    /// Request for request: the oracle's event log of a 2-layer SmolLM2-1.7B bf16 prefill at
+    /// 16 × 1,984 (`oracle._run_case(..., new_tokens=2, attention="eager", decode="all")`, its
+    /// `_events` from the weights' `empty_cache()` to the first decode call, allocations as
+    /// their 512-byte blocks and frees negative, the large pool's only), in
+    /// `oracle-smollm2-eager-2-layers.txt`: the replay's forward logs 204 blocks, and its first
+    /// 203 are the oracle's first 203 in the same order (the mask's four, the q copy before the
+    /// scores, the probabilities freed after the layer's residual sum and the contiguous output
+    /// included); the last, the 1.5 MiB logits freed, comes in the oracle after `generate`'s
+    /// 3 MiB fp32 logits processing, which the replay leaves out.
+    #[test]
+    fn the_eager_layers_request_the_oracles_blocks_in_its_order() {
+        let oracle: Vec<i64> = include_str!("oracle-smollm2-eager-2-layers.txt")
+            .trim()
+            .split(',')
+            .map(|x| x.parse().expect("an integer"))
+            .collect();
+        let d = Decoder {
+            layers: 2,
+            ..smollm2(2.0, Some(Softmax::Copy))
+        };
+        let mut run = Run::<SortedBlocks> {
+            heap: Heap::default(),
+            d: &d,
+            cache: vec![(None, None); d.layers],
+            cublas: None,
+        };
+        run.weights();
+        let from = run.heap.log.len();
+        let _ = run.forward(d.s, 0.0);
+        let large = |x: &&i64| x.unsigned_abs() > 1_048_576;
+        let replayed: Vec<i64> = run.heap.log[from..].iter().filter(large).copied().collect();
+        assert_eq!(replayed.len(), 204);
+        assert_eq!(replayed[..203], oracle[..203]);
     }
 
     /// fp32 eager: `softmax` and `to(float32)` return their input, so each layer asks for three
