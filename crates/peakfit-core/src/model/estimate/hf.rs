@@ -27,10 +27,11 @@
 //! | decode, SDPA's math kernel | one query token against the whole cache, but keys copied per head: Falcon's broadcast `matmul` of k in fp32 (`4·b·s·q`) beside the fp32 copies of its 16-bit k and v (`8·b·s·kv`); fp32 with `enable_gqa`, k and v repeated and k scaled (`12·b·s·q`) ([`math_kernel_decode`]) | `_scaled_dot_product_attention_math` (`query_.to(at::kFloat)`, `matmul` broadcasting, `pre_process_group_query_attention_input`) |
 //! | reserved, the stranded tensor | `HF_SLACK_INFERENCE_TENSORS` blocks of the pass's largest tensor, except an fp32 score matrix: every score tensor is then one size, each layer gets the previous layer's blocks back whole and nothing smaller splits them, unless SDPA's math kernel's per-call float mask (`4·s²`) is larger than every block outside attention ([`stranding_tensor`]) | `eager_attention_forward` (`softmax(dtype=float32)`), `_scaled_dot_product_attention_math` (`tril`, `convert_boolean_attn_mask`); `CUDACachingAllocator.cpp` `get_free_block`, `should_split` |
 //! | reserved, Whisper's `generate` | the largest of its three phases, not the allocated peak plus the encoder's stranded blocks: the encoder's forward with `HF_SLACK_INFERENCE_TENSORS` blocks of its largest tensor; the first decoder call, the encoder's output and the `2·L` cross-attention copies (`seqs·positions·kv`) each in a segment rounded to 2 MiB (or a share of a 20 MiB one under 10 MiB) plus the last layer's three in flight (the key's contiguous copy, `v_proj`'s output, the value's contiguous copy), the copies taking the encoder's freed blocks first; the decode, the self-attention cache held twice by its one-token-longer copies ([`seq2seq_slack`]) | `WhisperEncoder.forward`; `WhisperAttention.forward` (`k_proj`, `v_proj`, `transpose(1, 2).contiguous()`, `EncoderDecoderCache.cross_attention_cache.update`); `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
-//! | reserved, a Llama-code decoder's `generate` under SDPA's fused kernels | replaced by the replay of its requests: the weights, the prefill layer by layer and the decode steps' cache copies through the caching allocator's rules; its reserved − allocated ([`prefill_replay`], chosen by [`replayed_decoder`]) instead of the stranded tensors and the two terms below | `modeling_llama.py` (`LlamaModel`, `LlamaDecoderLayer`, `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`, `apply_rotary_pos_emb`), `Qwen3Attention`, `DynamicLayer.update`; `CUDACachingAllocator.cpp` |
+//! | reserved, a Llama-code decoder's `generate` under SDPA's fused kernels, or eager attention with a kv head per head | replaced by the replay of its requests: the weights, the prefill layer by layer and the decode steps' cache copies through the caching allocator's rules; its reserved − allocated ([`prefill_replay`], chosen by [`replayed_decoder`]) instead of the stranded tensors and the two terms below | `modeling_llama.py` (`LlamaModel`, `LlamaDecoderLayer`, `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`, `apply_rotary_pos_emb`), `Qwen3Attention`, `DynamicLayer.update`, `eager_attention_forward` and `masking_utils.eager_mask` ([`prefill_replay`]'s `eager`); `CUDACachingAllocator.cpp` |
 //! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
 //! | decode, the later 2 MiB crossings (reserved) | where step 1 left copies alone in segments of their own (the term above is above 0) and a copy is at least 10 MiB: every `2 MiB / (b·kv·c)` steps the copies outgrow those segments, which no later (larger) copy fits; each crossing makes two segments of the new 2 MiB-rounded size, one layer's key and value in flight while the prefill's large blocks hold `floor(B / S)` copies each. Counted from the stated prompt's cache to the context's; without `prompt-tokens` one crossing ([`cache_crossings_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kMinLargeAlloc`), `get_free_block`, `try_merge_blocks` (segments never merge); an H200 trace per decode step (`tools/measure/trace_decode.py`) |
 //! | decode, a mixture of experts' reserved | the gathered gate/up and down weights (`b·k·2·I·h·c`, `b·k·I·h·c`) larger than the prefill's largest tensor take new segments on top of the prefill's (slack `P + fresh − max(P, D)` beyond the prefill's own) | `batched_mm_experts_forward` (`self.gate_up_proj[expert_ids]`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` ([`gathered_experts_fresh`]) |
+//! | reserved, an eager prefill beyond its replay | one segment of the largest score request, `4·b·heads·s²`: the H100's `SmolLM2` rows reserved one score segment more than the exact replay of their run ([`eager_unreplayed_segment`]) | `eager_attention_forward`; `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` |
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
 //! | training, per layer | see [`saved_per_layer`] | autograd's saved tensors per op |
 //! | training, a sliding window shorter than the sequence | the boolean `b·s²` mask for the whole step; per layer SDPA's saved float mask `c·b·s²` and k, v repeated to every head | `masking_utils.sdpa_mask`; `convert_boolean_attn_mask`; the SDPA kernels' `attn_bias` saved for backward; `use_gqa_in_sdpa` (no `enable_gqa` with a mask), `repeat_kv` |
@@ -1113,6 +1114,7 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
                     r.prefill_slack
                         + step_one
                         + cache_crossings_fresh(&block, &prefill, inp.kv_bytes, end, step_one)
+                        + eager_unreplayed_segment(d)
                 };
                 // The replay is exact for the prompt it is given, and not monotone in it: a
                 // cache copy a token longer or shorter lands in another block. Without
@@ -1162,27 +1164,60 @@ fn replayed_decoder(
         && !prefill.math_kernel(block)
         && !block.sdpa_mask(prefill)
         && !block.windowed(inp.context);
+    // Eager attention as `prefill_replay::eager` follows it: every head its own kv head (no
+    // `repeat_kv` copies) and no window (`eager_mask` then masks the window too).
+    let eager = (!prefill.sdpa
+        && (block.kv - block.q).abs() < f64::EPSILON
+        && !block.windowed(inp.context))
+    .then_some(if prefill.c >= 4.0 {
+        prefill_replay::Softmax::Fp32
+    } else if prefill.half {
+        prefill_replay::Softmax::HalfToFloat
+    } else {
+        prefill_replay::Softmax::Copy
+    });
     // Weights stored in the compute dtype: the replay builds them as the run does.
     let plain = matches!(inp.dtype, Dtype::Bf16 | Dtype::Fp16 | Dtype::Fp32)
         && inp.kind == Kind::Decoder
         && inp.beams <= 1.0
         && !inp.legacy_cache
         && (inp.kv_bytes - prefill.c).abs() < f64::EPSILON;
-    (llama && fused && plain && block.heads > 0.0).then(|| prefill_replay::Decoder {
-        b: prefill.b,
-        s: prefill.s,
-        c: prefill.c,
-        h: block.h,
-        q: block.q,
-        kv: block.kv,
-        heads: block.heads,
-        head_dim: block.q / block.heads,
-        ffn: block.ffn,
-        vocab: block.vocab,
-        layers: crate::convert::f64_to_usize(block.layers),
-        qk_norm: block.qk_norm(),
-        tied: inp.arch.tied_embeddings,
+    (llama && (fused || eager.is_some()) && plain && block.heads > 0.0).then(|| {
+        prefill_replay::Decoder {
+            b: prefill.b,
+            s: prefill.s,
+            c: prefill.c,
+            h: block.h,
+            q: block.q,
+            kv: block.kv,
+            heads: block.heads,
+            head_dim: block.q / block.heads,
+            ffn: block.ffn,
+            vocab: block.vocab,
+            layers: crate::convert::f64_to_usize(block.layers),
+            qk_norm: block.qk_norm(),
+            tied: inp.arch.tied_embeddings,
+            eager,
+        }
     })
+}
+
+/// One segment of an eager prefill's largest score request (`4·b·heads·s²`, the fp32 softmax)
+/// beyond what [`prefill_replay`] replays. The replay reproduces the oracle's allocator replay
+/// of the same run to 0.02 MiB (SmolLM2-1.7B eager at 16 × 1,984: 6,500.71 MiB of slack against
+/// 6,500.73), and the oracle is exact on both Phi-3-mini eager H100 rows, but on the H100 the
+/// `SmolLM2` rows reserved one score segment more than that replay: 7,688 MiB (one `4·n` block) in
+/// bf16 and 3,844 MiB (one `c·n` block) in fp16 (`docs/oracle.md`, "Eager attention's reserved
+/// memory"). Which free segment the cache's copies and the MLP carve between layers decides
+/// whether a later layer's scores need a fresh one, and the GPU's order differs from the fake
+/// tensors' somewhere the oracle does not see; under-counting a segment of this size OOM-kills a
+/// neighbour, so the larger of the two is counted. SDPA's fused kernels make no score matrix and
+/// count nothing here.
+fn eager_unreplayed_segment(d: &prefill_replay::Decoder) -> f64 {
+    if d.eager.is_none() {
+        return 0.0;
+    }
+    allocator::segment(allocator::block(4.0 * d.b * d.heads * d.s * d.s))
 }
 
 /// The blocks a prefill leaves free for the decode, at least: one layer's MLP intermediates
@@ -1343,6 +1378,16 @@ fn gathered_experts_fresh(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SmolLM2-1.7B eager at 16 × 1,984: one segment of the fp32 softmax, 2 × 16 × 32 × 1,984²
+    /// × 2 B = 7,688 MiB (already a whole 2 MiB multiple), on top of the replay; SDPA nothing.
+    #[test]
+    fn an_eager_prefill_counts_one_score_segment_beyond_its_replay() {
+        let d = prefill_replay::smollm2(2.0, Some(prefill_replay::Softmax::Copy));
+        assert_eq!(eager_unreplayed_segment(&d) / 1_048_576.0, 7688.0);
+        let sdpa = prefill_replay::Decoder { eager: None, ..d };
+        assert!(eager_unreplayed_segment(&sdpa).abs() < f64::EPSILON);
+    }
 
     fn llama_1b() -> Block {
         Block {

@@ -35,7 +35,7 @@
 //! | [`fraction`] | engines that budget a fraction of the GPU |
 //! | [`framework`] | what each named framework changes in the terms above |
 //! | [`hf`] | what transformers' own modules keep alive (generate's prefill and decode, encoders, Whisper, training's saved tensors and loss) and their allocator slack, for HF engines on one GPU; replaces `activations`, `logits` and the slack ratio there |
-//! | [`prefill_replay`] | a Llama-code decoder's `generate` (weights, prefill, first decode steps) replayed request by request through the caching allocator, for [`hf`]'s reserved |
+//! | [`prefill_replay`] | a Llama-code decoder's `generate` (weights, prefill, first decode steps; SDPA's fused kernels or eager attention) replayed request by request through the caching allocator, for [`hf`]'s reserved |
 //! | [`allocator`] | the CUDA caching allocator's block rounding, pools, segment sizes and splitting, which [`hf`]'s slack terms apply |
 //! | this module | resolution of the spec, the parallel layout every term reads, workspace, allocator slack, CUDA context, NCCL, headroom |
 //!

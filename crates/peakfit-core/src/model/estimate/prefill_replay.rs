@@ -39,9 +39,17 @@
 //!
 //! Requests of a few KiB (the scalars, the boolean flags of `generate`'s stopping criteria)
 //! live in the small pool's 2 MiB segments and are left out.
+//!
+//! Eager attention (`Decoder::eager`) replaces the kernel's output and log-sum-exp by the
+//! score matrix's requests and adds the forward's causal mask ([`eager`]).
 
 use super::allocator;
 use crate::convert::f64_to_u64;
+
+mod eager;
+pub(super) use eager::Softmax;
+#[cfg(test)]
+pub(super) use eager::smollm2;
 
 /// A block of the heap: a whole segment, or a piece of one split off by a request.
 #[derive(Clone, Copy, Debug)]
@@ -270,6 +278,8 @@ pub(super) struct Decoder {
     pub qk_norm: bool,
     /// The LM head is the input embedding (one tensor, not two).
     pub tied: bool,
+    /// Eager attention (its softmax's road) instead of SDPA's fused kernels ([`eager`]).
+    pub eager: Option<Softmax>,
 }
 
 /// What the replay leaves.
@@ -402,11 +412,17 @@ impl<P: FreeBlocks> Run<'_, P> {
         self.cache[i] = (new_k, new_v);
         self.heap.free(ke);
         self.heap.free(v);
-        let out = self.heap.malloc(t * d.q * c);
-        let lse = self.heap.malloc(d.b * d.heads * s * 4.0);
-        self.heap.free(lse);
-        let o = self.heap.malloc(t * d.h * c);
-        self.heap.free(out);
+        let (o, probs) = match d.eager {
+            Some(softmax) => self.eager_attention(softmax, s, past),
+            None => {
+                let out = self.heap.malloc(t * d.q * c);
+                let lse = self.heap.malloc(d.b * d.heads * s * 4.0);
+                self.heap.free(lse);
+                let o = self.heap.malloc(t * d.h * c);
+                self.heap.free(out);
+                (o, None)
+            }
+        };
         self.heap.free(qe);
         self.heap.free(normed);
         let sum = self.heap.malloc(t * d.h * c);
@@ -425,6 +441,7 @@ impl<P: FreeBlocks> Run<'_, P> {
         let sum2 = self.heap.malloc(t * d.h * c);
         self.heap.free(down);
         self.heap.free(sum);
+        self.heap.free(probs);
         sum2
     }
 
@@ -434,6 +451,11 @@ impl<P: FreeBlocks> Run<'_, P> {
         let d = *self.d;
         let (t, c) = (d.b * s, d.c);
         let embeds = self.heap.malloc(t * d.h * c);
+        let mask = if d.eager.is_some() {
+            self.eager_mask(s, past)
+        } else {
+            None
+        };
         // The mask as booleans (`attention_mask.to(bool)`), checked and dropped.
         let flags = self.heap.malloc(t);
         self.heap.free(flags);
@@ -467,6 +489,7 @@ impl<P: FreeBlocks> Run<'_, P> {
         if d.layers > 0 {
             self.heap.free(embeds);
         }
+        self.heap.free(mask);
         self.heap.free(cos_c);
         self.heap.free(sin_c);
         let logits = self.heap.malloc(d.b * d.vocab * c);
@@ -565,6 +588,7 @@ mod tests {
             layers,
             qk_norm,
             tied: false,
+            eager: None,
         }
     }
 
