@@ -326,7 +326,17 @@ struct Run<'a, P: FreeBlocks = SortedBlocks> {
     cublas: Handle,
 }
 
-impl<P: FreeBlocks> Run<'_, P> {
+impl<'a, P: FreeBlocks> Run<'a, P> {
+    /// An empty heap and cache for `d`'s run.
+    fn new(d: &'a Decoder) -> Self {
+        Run {
+            heap: Heap::default(),
+            d,
+            cache: vec![(None, None); d.layers],
+            cublas: None,
+        }
+    }
+
     /// The weights, built on the GPU in `model.parameters()` order (each module registers
     /// its parameters as it is built), then the rotary `inv_freq` buffer. Nothing is freed, so
     /// `empty_cache()` before the run releases nothing: the segments keep the free room of their
@@ -576,12 +586,7 @@ pub(super) fn replay(d: &Decoder) -> Replayed {
 /// [`replay`] with the pools kept by `P`: the tests replay with the B-tree the replay began with
 /// and compare.
 fn replay_with<P: FreeBlocks>(d: &Decoder) -> Replayed {
-    let mut run = Run::<P> {
-        heap: Heap::default(),
-        d,
-        cache: vec![(None, None); d.layers],
-        cublas: None,
-    };
+    let mut run = Run::<P>::new(d);
     run.weights();
     let t = d.b * d.s;
     // `generate`'s inputs: the ids and mask, the position ids (`cumsum`, `- 1`, `masked_fill`
@@ -729,12 +734,7 @@ mod tests {
     }
 
     fn prefill_reserved(d: &Decoder) -> (f64, f64) {
-        let mut run = Run {
-            heap: Heap::<SortedBlocks>::default(),
-            d,
-            cache: vec![(None, None); d.layers],
-            cublas: None,
-        };
+        let mut run = Run::<SortedBlocks>::new(d);
         let _ = run.forward(d.s, 0.0);
         (run.heap.reserved(), run.heap.peak_allocated())
     }
@@ -893,18 +893,8 @@ mod tests {
             tied: true,
             ..qwen3_06b(8.0, 2048.0)
         };
-        let mut new = Run::<SortedBlocks> {
-            heap: Heap::default(),
-            d: &d,
-            cache: vec![(None, None); d.layers],
-            cublas: None,
-        };
-        let mut old = Run::<std::collections::BTreeSet<Key>> {
-            heap: Heap::default(),
-            d: &d,
-            cache: vec![(None, None); d.layers],
-            cublas: None,
-        };
+        let mut new = Run::<SortedBlocks>::new(&d);
+        let mut old = Run::<std::collections::BTreeSet<Key>>::new(&d);
         new.weights();
         old.weights();
         let _ = (new.forward(d.s, 0.0), old.forward(d.s, 0.0));
@@ -1011,12 +1001,7 @@ mod tests {
     /// reference [`Replayed::outgrown_fresh`] stands in for (a few ms per step in a release
     /// build, so the tests that run it are ignored).
     fn every_step(d: &Decoder, new: usize) -> (f64, f64) {
-        let mut run = Run::<SortedBlocks> {
-            heap: Heap::default(),
-            d,
-            cache: vec![(None, None); d.layers],
-            cublas: None,
-        };
+        let mut run = Run::<SortedBlocks>::new(d);
         run.weights();
         let mut kept = run.forward(d.s, 0.0);
         let prefill = run.heap.reserved();
@@ -1107,12 +1092,7 @@ mod tests {
                 c,
                 ..qwen3_06b(1.0, 16.0)
             };
-            let mut run = Run::<SortedBlocks> {
-                heap: Heap::default(),
-                d: &d,
-                cache: vec![(None, None); d.layers],
-                cublas: None,
-            };
+            let mut run = Run::<SortedBlocks>::new(&d);
             let _ = run.norm(16.0, d.h);
             assert_eq!(run.heap.log.iter().filter(|&&x| x > 0).count(), requests);
         }
@@ -1123,12 +1103,7 @@ mod tests {
                 layers: 0,
                 ..qwen3_06b(1.0, 16.0)
             };
-            let mut run = Run::<SortedBlocks> {
-                heap: Heap::default(),
-                d: &d,
-                cache: Vec::new(),
-                cublas: None,
-            };
+            let mut run = Run::<SortedBlocks>::new(&d);
             let _ = run.forward(16.0, 0.0);
             run.heap.log.iter().filter(|&&x| x > 0).count()
         };
