@@ -687,6 +687,13 @@ impl Replayed {
             let top_level = allocator::segment(end);
             while level <= top_level {
                 let top = level.min(end);
+                if self.holds(top) <= 0.0 {
+                    // No stretch holds a copy this large, nor any later, larger one: every
+                    // level from here takes all the copies, `n` levels of `level + 2 MiB·k`.
+                    let n = ((top_level - level) / allocator::ROUND_LARGE).round() + 1.0;
+                    fresh += copies * (n * level + allocator::ROUND_LARGE * n * (n - 1.0) / 2.0);
+                    break;
+                }
                 fresh += homeless(top) * level;
                 level += allocator::ROUND_LARGE;
             }
@@ -1109,5 +1116,34 @@ mod tests {
         };
         // Two tables, and the final norm's two casts.
         assert_eq!(count(2.0) - count(4.0), 2 + 2);
+    }
+
+    /// Once the room holds no copy, every later level takes all `2L + 2`: summed in one step,
+    /// the same bytes as the level-by-level sum.
+    #[test]
+    fn levels_past_the_rooms_reach_are_summed_whole() {
+        let d = Decoder {
+            b: 1.0,
+            kv: MIB / 2.0,
+            c: 1.0,
+            layers: 1,
+            ..qwen3_06b(1.0, 1.0)
+        };
+        // One token is 0.5 MiB a copy: 24 tokens, 12 MiB; a 100 MiB stretch of room.
+        let r = Replayed {
+            prefill_slack: 0.0,
+            decode_fresh: 0.0,
+            tokens: 24.0,
+            room: vec![f64_to_u64(100.0 * MIB)],
+        };
+        let last = 400.0;
+        let mut naive = 0.0;
+        let mut level = 14.0 * MIB;
+        while level <= 200.0 * MIB {
+            let held = (100.0 * MIB / level).floor();
+            naive += (4.0 - held).max(0.0) * level;
+            level += 2.0 * MIB;
+        }
+        assert_eq!(r.outgrown_fresh(&d, last), naive);
     }
 }
