@@ -591,6 +591,11 @@ pub struct Spec {
     /// The Hugging Face `model_type` (`config.json`): how the modeling code builds a block
     /// (fused projections, q/k norms, sandwich norms), which decides what it keeps alive.
     pub model_type: Option<ModelType>,
+    /// The `model-type` as given, lower case with `-` as `_`. [`ModelType`] groups the types
+    /// whose blocks keep the same tensors alive; a term that follows one modeling file request
+    /// by request (the prefill replay) needs the type itself, since the group's members differ
+    /// in what they allocate (Gemma v1's scaled embeddings, Granite's multipliers, ...).
+    pub model_type_name: Option<String>,
     /// Positions the encoder of an encoder-decoder outputs per input (Whisper: 1500 audio
     /// frames per 30 s window, `max_source_positions`); the decoder's cross-attention caches them.
     pub encoder_positions: Option<u32>,
@@ -864,6 +869,7 @@ impl Spec {
                     ));
                 }
                 self.model_type = Some(ModelType::from_model_type(v));
+                self.model_type_name = Some(v.to_ascii_lowercase().replace('-', "_"));
             }
             "encoder-positions" => self.encoder_positions = Some(int(key, v, 1, 1 << 20)?),
             "experts-per-token" => self.experts_per_token = Some(int(key, v, 1, 1024)?),

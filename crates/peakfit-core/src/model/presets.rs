@@ -219,7 +219,10 @@ const fn moe(experts: u32, experts_per_token: u32, p: Preset) -> Preset {
     }
 }
 
-/// A preset whose modeling code is not the Llama layout (see [`Preset::hf_model_type`]).
+/// A preset with its `config.json` `model_type`: one whose modeling code is not the Llama layout
+/// (see [`Preset::hf_model_type`]), or one whose code the allocator replay follows
+/// (`prefill_replay::follows`: `llama`, `mistral`, `qwen2`), so `model: llama-3.1-8b` is
+/// replayed as its `--model-config` would be.
 const fn typed(model_type: &'static str, p: Preset) -> Preset {
     Preset {
         hf_model_type: Some(model_type),
@@ -277,45 +280,66 @@ const CLIP_G: u64 = 695 * M;
 const T5_XXL: u64 = 4_762 * M;
 
 pub static PRESETS: &[Preset] = &[
-    transformer(
-        "llama-2-7b",
-        &["llama2-7b"],
-        arch(6_740 * M, 32, 4096, 32, 32, 128, 11008, 32000, false),
+    typed(
+        "llama",
+        transformer(
+            "llama-2-7b",
+            &["llama2-7b"],
+            arch(6_740 * M, 32, 4096, 32, 32, 128, 11008, 32000, false),
+        ),
     ),
-    transformer(
-        "llama-2-13b",
-        &["llama2-13b"],
-        arch(13_020 * M, 40, 5120, 40, 40, 128, 13824, 32000, false),
+    typed(
+        "llama",
+        transformer(
+            "llama-2-13b",
+            &["llama2-13b"],
+            arch(13_020 * M, 40, 5120, 40, 40, 128, 13824, 32000, false),
+        ),
     ),
-    transformer(
-        "llama-2-70b",
-        &["llama2-70b"],
-        arch(68_980 * M, 80, 8192, 64, 8, 128, 28672, 32000, false),
+    typed(
+        "llama",
+        transformer(
+            "llama-2-70b",
+            &["llama2-70b"],
+            arch(68_980 * M, 80, 8192, 64, 8, 128, 28672, 32000, false),
+        ),
     ),
-    transformer(
-        "llama-3.1-8b",
-        &["llama-3-8b", "llama3-8b", "llama3.1-8b"],
-        arch(8_030 * M, 32, 4096, 32, 8, 128, 14336, 128_256, false),
+    typed(
+        "llama",
+        transformer(
+            "llama-3.1-8b",
+            &["llama-3-8b", "llama3-8b", "llama3.1-8b"],
+            arch(8_030 * M, 32, 4096, 32, 8, 128, 14336, 128_256, false),
+        ),
     ),
-    transformer(
-        "llama-3.1-70b",
-        &["llama-3-70b", "llama3-70b", "llama3.1-70b", "llama-3.3-70b"],
-        arch(70_550 * M, 80, 8192, 64, 8, 128, 28672, 128_256, false),
+    typed(
+        "llama",
+        transformer(
+            "llama-3.1-70b",
+            &["llama-3-70b", "llama3-70b", "llama3.1-70b", "llama-3.3-70b"],
+            arch(70_550 * M, 80, 8192, 64, 8, 128, 28672, 128_256, false),
+        ),
     ),
-    transformer(
-        "llama-3.1-405b",
-        &["llama3.1-405b"],
-        arch(405_850 * M, 126, 16384, 128, 8, 128, 53248, 128_256, false),
+    typed(
+        "llama",
+        transformer(
+            "llama-3.1-405b",
+            &["llama3.1-405b"],
+            arch(405_850 * M, 126, 16384, 128, 8, 128, 53248, 128_256, false),
+        ),
     ),
     transformer(
         "llama-3.2-11b-vision",
         &["llama3.2-11b-vision"],
         arch(10_600 * M, 40, 4096, 32, 8, 128, 14336, 128_256, false),
     ),
-    transformer(
-        "mistral-7b",
-        &["mistral-7b-v0.1"],
-        arch(7_240 * M, 32, 4096, 32, 8, 128, 14336, 32000, false),
+    typed(
+        "mistral",
+        transformer(
+            "mistral-7b",
+            &["mistral-7b-v0.1"],
+            arch(7_240 * M, 32, 4096, 32, 8, 128, 14336, 32000, false),
+        ),
     ),
     // huggingface.co/mistralai/Mixtral-8x7B-v0.1 config.json: `num_local_experts` 8,
     // `num_experts_per_tok` 2, `intermediate_size` 14336 per expert.
@@ -394,10 +418,13 @@ pub static PRESETS: &[Preset] = &[
             ),
         ),
     ),
-    transformer(
-        "qwen2.5-7b",
-        &[],
-        arch(7_620 * M, 28, 3584, 28, 4, 128, 18944, 152_064, false),
+    typed(
+        "qwen2",
+        transformer(
+            "qwen2.5-7b",
+            &[],
+            arch(7_620 * M, 28, 3584, 28, 4, 128, 18944, 152_064, false),
+        ),
     ),
     qwen_v1(transformer(
         "qwen-1.8b-v1",
@@ -454,10 +481,13 @@ pub static PRESETS: &[Preset] = &[
         &["starcoder", "octocoder", "octocoder-15.5b"],
         arch(15_500 * M, 40, 6144, 48, 1, 128, 24576, 49152, false),
     ),
-    transformer(
-        "codellama-34b",
-        &[],
-        arch(33_700 * M, 48, 8192, 64, 8, 128, 22016, 32000, false),
+    typed(
+        "llama",
+        transformer(
+            "codellama-34b",
+            &[],
+            arch(33_700 * M, 48, 8192, 64, 8, 128, 22016, 32000, false),
+        ),
     ),
     transformer(
         "bloomz-7b1",

@@ -29,6 +29,7 @@
 //! | reserved, Whisper's `generate` | the largest of its three phases, not the allocated peak plus the encoder's stranded blocks: the encoder's forward with `HF_SLACK_INFERENCE_TENSORS` blocks of its largest tensor; the first decoder call, the encoder's output and the `2·L` cross-attention copies (`seqs·positions·kv`) each in a segment rounded to 2 MiB (or a share of a 20 MiB one under 10 MiB) plus the last layer's three in flight (the key's contiguous copy, `v_proj`'s output, the value's contiguous copy), the copies taking the encoder's freed blocks first; the decode, the self-attention cache held twice by its one-token-longer copies ([`seq2seq_slack`]) | `WhisperEncoder.forward`; `WhisperAttention.forward` (`k_proj`, `v_proj`, `transpose(1, 2).contiguous()`, `EncoderDecoderCache.cross_attention_cache.update`); `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
 //! | reserved, a Llama-code decoder's `generate` under SDPA's fused kernels, or eager attention with a kv head per head | replaced by the replay of its requests: the weights, the prefill layer by layer and the decode steps' cache copies through the caching allocator's rules; its reserved − allocated ([`prefill_replay`], chosen by [`replayed_decoder`]) instead of the stranded tensors and the two terms below | `modeling_llama.py` (`LlamaModel`, `LlamaDecoderLayer`, `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`, `apply_rotary_pos_emb`), `Qwen3Attention`, `DynamicLayer.update`, `eager_attention_forward` and `masking_utils.eager_mask` ([`prefill_replay`]'s `eager`); `CUDACachingAllocator.cpp` |
 //! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
+//! | decode, the copies outgrowing the prefill's room (reserved, replayed decoders) | where step 1 fits (the replay makes no segment there), the copies grow to the context's size in the room the replay leaves: each stretch of a segment holding only free blocks and copies holds `floor(R / S)` copies; each 2 MiB level of the copies' size adds a segment of that size for each of the `2L` copies, plus one layer's pair in flight, the room does not hold (below 10 MiB, once, in shared 20 MiB segments). Up to the stated context; without `prompt-tokens` one level ([`prefill_replay::Replayed::outgrown_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kLargeBuffer`), `get_free_block`, `try_merge_blocks`; checked against the same heap run through every decode step |
 //! | decode, the later 2 MiB crossings (reserved) | where step 1 left copies alone in segments of their own (the term above is above 0) and a copy is at least 10 MiB: every `2 MiB / (b·kv·c)` steps the copies outgrow those segments, which no later (larger) copy fits; each crossing makes two segments of the new 2 MiB-rounded size, one layer's key and value in flight while the prefill's large blocks hold `floor(B / S)` copies each. Counted from the stated prompt's cache to the context's; without `prompt-tokens` one crossing ([`cache_crossings_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kMinLargeAlloc`), `get_free_block`, `try_merge_blocks` (segments never merge); an H200 trace per decode step (`tools/measure/trace_decode.py`) |
 //! | decode, a mixture of experts' reserved | the gathered gate/up and down weights (`b·k·2·I·h·c`, `b·k·I·h·c`) larger than the prefill's largest tensor take new segments on top of the prefill's (slack `P + fresh − max(P, D)` beyond the prefill's own) | `batched_mm_experts_forward` (`self.gate_up_proj[expert_ids]`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` ([`gathered_experts_fresh`]) |
 //! | reserved, an eager prefill beyond its replay | one segment of the largest score request, `4·b·heads·s²`: the H100's `SmolLM2` rows reserved one score segment more than the exact replay of their run ([`eager_unreplayed_segment`]) | `eager_attention_forward`; `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` |
@@ -1108,13 +1109,23 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
                 // stated one, so step 1 is never counted below the closed form's count
                 // ([`cache_relocation_fresh`], the rule before the replay).
                 let counted = cache_relocation_fresh(&block, &prefill, inp.kv_bytes, stranding);
+                // Where step 1 fits the prefill's room, the copies outgrow it later in a long
+                // generation: [`prefill_replay::Replayed::outgrown_fresh`] counts that from the
+                // replay's own layout, up to the stated context, or one 2 MiB level of growth
+                // past the replay without `prompt-tokens` (as [`cache_crossings_fresh`] counts
+                // one crossing).
                 let replayed = |d: &prefill_replay::Decoder| {
                     let r = prefill_replay::replay(d);
                     let step_one = r.decode_fresh.max(counted);
-                    r.prefill_slack
-                        + step_one
-                        + cache_crossings_fresh(&block, &prefill, inp.kv_bytes, end, step_one)
-                        + eager_unreplayed_segment(d)
+                    let later = if step_one > 0.0 {
+                        cache_crossings_fresh(&block, &prefill, inp.kv_bytes, end, step_one)
+                    } else {
+                        let per_token = d.b * d.kv * d.c;
+                        let last =
+                            end.map_or(r.tokens + allocator::ROUND_LARGE / per_token, |e| e - 1.0);
+                        r.outgrown_fresh(d, last)
+                    };
+                    r.prefill_slack + step_one + later + eager_unreplayed_segment(d)
                 };
                 // The replay is exact for the prompt it is given, and not monotone in it: a
                 // cache copy a token longer or shorter lands in another block. Without
@@ -1157,7 +1168,8 @@ fn replayed_decoder(
     block: &Block,
     prefill: &Pass,
 ) -> Option<prefill_replay::Decoder> {
-    let llama = matches!(block.family, ModelType::Llama | ModelType::QkNorm)
+    let llama = inp.replayed_code
+        && matches!(block.family, ModelType::Llama | ModelType::QkNorm)
         && block.mlp == Mlp::Gated
         && block.experts_per_token <= 0.0;
     let fused = prefill.sdpa
@@ -1315,10 +1327,12 @@ fn cache_relocation_fresh(block: &Block, prefill: &Pass, kv_bytes: f64, strandin
 /// one is counted: a pod that generates longer should state its prompt, and reads low without it.
 /// Copies under 10 MiB share 20 MiB segments (`kLargeBuffer`) and are not followed.
 ///
-/// Not counted yet, and low where it happens: a short prompt whose step-1 copies fit the prefill's
-/// freed blocks (`step_one` = 0) but which outgrow them later in a long generation (a review's
-/// replay of Llama-3.1-8B's shape at batch 4 × 2,048 + 6,144 new tokens made 19.3 GiB of
-/// segments past step 1), and prefills whose blocks hold fewer copies than all `2L`, which make
+/// A short prompt whose step-1 copies fit the prefill's freed blocks (`step_one` = 0) but which
+/// outgrow them later in a long generation is not this term's: where the replay runs, its own
+/// layout counts it ([`prefill_replay::Replayed::outgrown_fresh`]; Llama-3.1-8B at batch
+/// 4 × 2,048 + 6,144 new tokens makes 19.3 GiB of segments past step 1 when every step is
+/// replayed). Not counted yet, and low where it happens: the same on models the replay does not
+/// follow, and prefills whose blocks hold fewer copies than all `2L` after step 1, which make
 /// more than two segments per crossing.
 fn cache_crossings_fresh(
     block: &Block,
@@ -2282,5 +2296,120 @@ mod tests {
         block.family = ModelType::QkNorm;
         let normed = saved_per_layer(&block, &p, Trainable::Lora(8.0), Precision::Pure16);
         assert_eq!(normed - plain, 4.0 * p.t() * (block.q + block.kv));
+    }
+
+    const GIB: f64 = 1_073_741_824.0;
+
+    fn llama8b_generate(extra: &[(&'static str, &'static str)]) -> crate::model::Estimate {
+        crate::model::estimate::testing::est_with(
+            &[
+                ("model", "llama-3.1-8b"),
+                ("model-type", "llama"),
+                ("engine", "hf"),
+                ("workload", "inference"),
+                ("dtype", "bf16"),
+            ],
+            extra,
+        )
+    }
+
+    /// Issue 20's dangerous case: Llama-3.1-8B bf16 at batch 4, a stated prompt of 2,048 tokens
+    /// and 6,144 new ones. The heap of [`prefill_replay`] run through every decode step
+    /// (`prefill_replay`'s ignored `every_decode_step_of_a_long_generation`) reserves 36.721 GiB
+    /// at the end: 17.428 after the prefill, and 19.293 more as the copies (16 MiB at the prompt,
+    /// 64 MiB at the end) outgrow the prefill's freed blocks, from about 32 MiB on. Step 1 fits
+    /// (the replay makes no segment there), so the crossings term did not count any of it, and
+    /// the estimate read about 21 GiB.
+    #[test]
+    fn a_short_prompt_and_a_long_generation_reserve_what_every_decode_step_makes() {
+        let e = llama8b_generate(&[
+            ("batch", "4"),
+            ("context-tokens", "8192"),
+            ("prompt-tokens", "2048"),
+        ]);
+        let reserved = e.reserved_bytes as f64 / GIB;
+        assert!(reserved >= 36.721, "{reserved}");
+        assert!(reserved < 36.721 * 1.25, "{reserved}");
+    }
+
+    /// Only the `model_type`s whose modeling file the replay follows are replayed: the same
+    /// shape under Gemma v1, Cohere, Granite, `InternLM2`, `OLMo` or mllama's code (all
+    /// [`ModelType::Llama`]) keeps the analytic slack.
+    #[test]
+    fn the_replay_runs_only_for_the_modeling_code_it_follows() {
+        use crate::model::estimate::testing::spec;
+        let chosen = |model_type: &str| {
+            let s = spec(&[
+                ("model", "llama-3.1-8b"),
+                ("model-type", model_type),
+                ("engine", "hf"),
+                ("workload", "inference"),
+                ("dtype", "bf16"),
+                ("batch", "4"),
+                ("context-tokens", "4096"),
+            ]);
+            let inp = super::super::resolve(&s, &mut Vec::new());
+            let block = inp.block();
+            let prefill = inp.pass(inp.batch, inp.prompt);
+            replayed_decoder(&inp, &block, &prefill).is_some()
+        };
+        for t in ["llama", "mistral", "qwen2", "Qwen2", "qwen3"] {
+            assert!(chosen(t), "{t}");
+        }
+        for t in [
+            "gemma",
+            "cohere",
+            "granite",
+            "internlm2",
+            "olmo",
+            "olmo2",
+            "mllama",
+            "yi",
+            "deepseek_v3",
+        ] {
+            assert!(!chosen(t), "{t}");
+        }
+        // A preset's own `model_type` counts: Qwen3's presets are typed `qwen3`.
+        let s = spec(&[
+            ("model", "qwen3-0.6b"),
+            ("engine", "hf"),
+            ("workload", "inference"),
+            ("batch", "4"),
+        ]);
+        let inp = super::super::resolve(&s, &mut Vec::new());
+        assert!(replayed_decoder(&inp, &inp.block(), &inp.pass(inp.batch, inp.prompt)).is_some());
+        // The Llama, Mistral and Qwen2.5 presets carry their `model_type`, so a pod naming
+        // only the preset is replayed; the presets of other code (mllama, `StableLM`,
+        // `StarCoder`, BLOOM) are not.
+        let preset = |model: &str| {
+            let s = spec(&[
+                ("model", model),
+                ("engine", "hf"),
+                ("workload", "inference"),
+                ("dtype", "bf16"),
+                ("batch", "4"),
+                ("context-tokens", "4096"),
+            ]);
+            let inp = super::super::resolve(&s, &mut Vec::new());
+            replayed_decoder(&inp, &inp.block(), &inp.pass(inp.batch, inp.prompt)).is_some()
+        };
+        for m in [
+            "llama-2-7b",
+            "llama-3.1-8b",
+            "llama-3.1-70b",
+            "mistral-7b",
+            "qwen2.5-7b",
+            "codellama-34b",
+        ] {
+            assert!(preset(m), "{m}");
+        }
+        for m in [
+            "llama-3.2-11b-vision",
+            "stablelm-base-alpha-3b",
+            "starcoder-15.5b",
+            "bloomz-7b1",
+        ] {
+            assert!(!preset(m), "{m}");
+        }
     }
 }

@@ -44,7 +44,7 @@
 //! downwards: [`training_state`], [`diffusion`] and [`fraction`] read [`weights`] (the weights'
 //! width and size), [`diffusion`] reads [`activations`]' per-layer bytes and [`fraction`] the
 //! [`kv_cache`], [`hf`] reads [`prefill_replay`] and [`allocator`], [`prefill_replay`] reads
-//! [`allocator`]; [`weights`], [`activations`], [`kv_cache`] and [`allocator`] read no other
+//! [`allocator`] (and this module asks it which `model_type`s it follows); [`weights`], [`activations`], [`kv_cache`] and [`allocator`] read no other
 //! term.
 
 mod activations;
@@ -240,6 +240,9 @@ struct Inputs {
     sdpa: bool,
     /// How HF's modeling code builds a block ([`ModelType`]).
     family: ModelType,
+    /// The `model_type` is one whose modeling code [`prefill_replay`] replays request by
+    /// request ([`prefill_replay::follows`]).
+    replayed_code: bool,
     /// A mixture of experts' experts per token (0: dense).
     experts_per_token: f64,
     /// A mixture of experts' experts per layer (0: dense).
@@ -424,6 +427,11 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         ),
         experts: f64::from(spec.experts.or(spec.model.map(|p| p.experts)).unwrap_or(0)),
         sliding_window: spec.sliding_window.unwrap_or(0) as f64,
+        replayed_code: spec
+            .model_type_name
+            .as_deref()
+            .or_else(|| spec.model.and_then(|p| p.hf_model_type))
+            .is_some_and(prefill_replay::follows),
         // The pod's `model-type` first (from `--model-config`), then its preset's own.
         family: spec
             .model_type
