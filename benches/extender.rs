@@ -642,17 +642,8 @@ fn main() {
         body.len()
     );
     if wanted("repeat") {
-        let f = timed(iters, || {
-            let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
-            let out = to_go_json(&ext.filter(args)).unwrap();
-            std::hint::black_box(out);
-        });
+        let (f, p) = repeat_verbs(&ext, &body, iters);
         println!("{}", f.line("filter, in process (decode+decide+encode)"));
-        let p = timed(iters, || {
-            let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
-            let out = to_go_json(&ext.prioritize(args)).unwrap();
-            std::hint::black_box(out);
-        });
         println!("{}", p.line("prioritize, in process"));
     }
 
@@ -669,17 +660,8 @@ fn main() {
             std::hint::black_box(ext.index.request_of(std::hint::black_box(&pod)).unwrap());
         });
         println!("{}", m.line("model pod: Index::request_of alone"));
-        let f = timed(iters, || {
-            let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
-            let out = to_go_json(&ext.filter(args)).unwrap();
-            std::hint::black_box(out);
-        });
+        let (f, p) = repeat_verbs(&ext, &body, iters);
         println!("{}", f.line("model pod: filter, in process"));
-        let p = timed(iters, || {
-            let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
-            let out = to_go_json(&ext.prioritize(args)).unwrap();
-            std::hint::black_box(out);
-        });
         println!("{}", p.line("model pod: prioritize, in process"));
     }
 
@@ -749,6 +731,20 @@ fn main() {
     if wanted("criterion") {
         criterion_estimates(&ext, &body);
     }
+}
+
+/// Filter, then prioritize, of one request body asked again and again, in process (decode,
+/// decide, encode).
+fn repeat_verbs(ext: &Extender, body: &[u8], iters: usize) -> (Stats, Stats) {
+    let f = timed(iters, || {
+        let args: ExtenderArgs = serde_json::from_slice(body).unwrap();
+        std::hint::black_box(to_go_json(&ext.filter(args)).unwrap());
+    });
+    let p = timed(iters, || {
+        let args: ExtenderArgs = serde_json::from_slice(body).unwrap();
+        std::hint::black_box(to_go_json(&ext.prioritize(args)).unwrap());
+    });
+    (f, p)
 }
 
 /// Pods in the nudger's cluster (issue 23): what `Index::any_pod_left_unschedulable` is asked
