@@ -4,8 +4,10 @@
 //! percentiles: criterion reports means and medians, the targets are p99s.
 //!
 //! `cargo bench --bench extender` (env `PEAKFIT_BENCH_ITERS`, default 2000 per measurement;
-//! `PEAKFIT_BENCH_ONLY=repeat,http,stream,cold,mixchange,criterion,spread,unschedulable` to run
-//! some of them; `criterion` adds criterion's estimates for the in-process calls;
+//! `PEAKFIT_BENCH_ONLY=repeat,model,http,stream,cold,mixchange,criterion,spread,unschedulable` to
+//! run some of them; `model` repeats filter and prioritize for a pod the peak-memory model sizes
+//! by replaying the caching allocator (see `model_request_body`), and times `Index::request_of`
+//! for it alone; `criterion` adds criterion's estimates for the in-process calls;
 //! `PEAKFIT_BENCH_CLUSTER=distinct` gives every node a state of its own, see `build`; `spread`
 //! replays what kube-scheduler sends in `scheduler_throughput`'s spread variant, at
 //! `PEAKFIT_BENCH_SPREAD_NODES`, default `1000,5000`; `unschedulable` times the nudger's
@@ -235,6 +237,23 @@ fn request_body() -> Vec<u8> {
         "bench-pod",
         &serde_json::json!({"peakfit.io/vram": "24Gi"}),
     ))
+}
+
+/// A pod the model sizes rather than states its bytes: Qwen3-8B (Llama's code with q/k norms)
+/// serving 8 × 8,192 tokens through transformers, which `model::estimate::hf` sizes by
+/// replaying the prefill through the caching allocator (`prefill_replay`), the model's most
+/// expensive path.
+fn model_pod() -> serde_json::Value {
+    pod_json(
+        "qwen",
+        "bench-model-pod",
+        &serde_json::json!({
+            "peakfit.io/model": "qwen3-8b",
+            "peakfit.io/workload": "inference",
+            "peakfit.io/batch": "8",
+            "peakfit.io/context-tokens": "8192",
+        }),
+    )
 }
 
 /// The shapes of the workload stream: (per-GPU VRAM, GPUs, relative frequency).
@@ -623,18 +642,27 @@ fn main() {
         body.len()
     );
     if wanted("repeat") {
-        let f = timed(iters, || {
-            let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
-            let out = to_go_json(&ext.filter(args)).unwrap();
-            std::hint::black_box(out);
-        });
+        let (f, p) = repeat_verbs(&ext, &body, iters);
         println!("{}", f.line("filter, in process (decode+decide+encode)"));
-        let p = timed(iters, || {
-            let args: ExtenderArgs = serde_json::from_slice(&body).unwrap();
-            let out = to_go_json(&ext.prioritize(args)).unwrap();
-            std::hint::black_box(out);
-        });
         println!("{}", p.line("prioritize, in process"));
+    }
+
+    if wanted("model") {
+        let pod_value = model_pod();
+        let body = request_for(&pod_value);
+        let pod: Pod = serde_json::from_value(pod_value).unwrap();
+        let r = ext
+            .index
+            .request_of(&pod)
+            .expect("the model sizes the bench pod");
+        println!("model pod (qwen3-8b, 8 x 8192 tokens): request {r:?}");
+        let m = timed(iters, || {
+            std::hint::black_box(ext.index.request_of(std::hint::black_box(&pod)).unwrap());
+        });
+        println!("{}", m.line("model pod: Index::request_of alone"));
+        let (f, p) = repeat_verbs(&ext, &body, iters);
+        println!("{}", f.line("model pod: filter, in process"));
+        println!("{}", p.line("model pod: prioritize, in process"));
     }
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -703,6 +731,20 @@ fn main() {
     if wanted("criterion") {
         criterion_estimates(&ext, &body);
     }
+}
+
+/// Filter, then prioritize, of one request body asked again and again, in process (decode,
+/// decide, encode).
+fn repeat_verbs(ext: &Extender, body: &[u8], iters: usize) -> (Stats, Stats) {
+    let f = timed(iters, || {
+        let args: ExtenderArgs = serde_json::from_slice(body).unwrap();
+        std::hint::black_box(to_go_json(&ext.filter(args)).unwrap());
+    });
+    let p = timed(iters, || {
+        let args: ExtenderArgs = serde_json::from_slice(body).unwrap();
+        std::hint::black_box(to_go_json(&ext.prioritize(args)).unwrap());
+    });
+    (f, p)
 }
 
 /// Pods in the nudger's cluster (issue 23): what `Index::any_pod_left_unschedulable` is asked

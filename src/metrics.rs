@@ -430,6 +430,19 @@ pub mod extender {
                 "Cluster objects the index refused or repaired, by reason (see the log)",
                 index.warnings().clone(),
             );
+            m.registry.register(
+                "request_memo_hits",
+                "Pod requests (the peak-memory model's answer for a pod) filter, prioritize, \
+                 preempt and the pod watch found in the memo of requests, keyed by the model's \
+                 inputs",
+                index.request_memo().hits().clone(),
+            );
+            m.registry.register(
+                "request_memo_misses",
+                "Pod requests the extender worked out by running the model: a pod whose model \
+                 inputs (annotations, its model-config ConfigMap) were not in the memo",
+                index.request_memo().misses().clone(),
+            );
             m.registry
                 .register_collector(Box::new(IndexCollector { index, clock }));
             m

@@ -15,6 +15,8 @@
 //! by workload, for the profiles), `rebuild` (a node's ledger from
 //! its report and pods), `states` and `scores` (what is remembered per node state), `reasons`
 //! (the warnings' metric label), `holds` (holds for pods that starve: in force, made, ended),
+//! `request_memo` (pods' requests kept by the model's inputs, so a pod asked about again does
+//! not run the model again),
 //! `resource_slices` (the nodes a DRA GPU driver publishes devices on).
 
 mod holds;
@@ -24,6 +26,7 @@ mod reasons;
 mod rebuild;
 mod reconcile;
 mod report_view;
+mod request_memo;
 mod resource_slices;
 mod scores;
 mod slot;
@@ -48,6 +51,7 @@ pub use pod::{
 pub use reasons::ReasonLabels;
 pub use rebuild::free_outside_largest_gpu_ratio;
 pub use report_view::MAX_GPU_BYTES;
+pub use request_memo::RequestMemo;
 pub use scores::{StateScores, Verdict};
 pub use slot::{HeldFor, HolderConflict, NodeSlot, NodeState};
 
@@ -87,6 +91,10 @@ pub struct Index {
     model_configs: ModelConfigs,
     /// The nodes' CUDA context (`--cuda-context`), counted in every modelled pod's demand.
     platform: Platform,
+    /// Pod requests by the model's inputs (`request_memo`): filter, prioritize, preempt and the
+    /// pod watch ask for the same pods' requests again and again, and a decoder's costs a
+    /// replay of the caching allocator.
+    request_memo: RequestMemo,
     /// GPU model names, one string each for every node's GPUs: scoring compares a GPU's model
     /// with the shape mix's (fill patterns, model pressure) for every node of a request, and a
     /// shared string answers by pointer where each node's own copy cost a cache miss (a tenth
@@ -135,6 +143,11 @@ impl Index {
     pub fn with_gpu_resources(mut self, gpu_resources: crate::gpu_resources::GpuResources) -> Self {
         self.gpu_resources = gpu_resources;
         self
+    }
+
+    /// The memo of pod requests, for its counters (`peakfit_request_memo_{hits,misses}_total`).
+    pub fn request_memo(&self) -> &RequestMemo {
+        &self.request_memo
     }
 
     /// The labelled model-config ConfigMaps (fed by the ConfigMap watch).

@@ -206,7 +206,9 @@ impl PodEntry {
 
 impl Index {
     /// A pod's request: its annotations over its `peakfit.io/model-config` ConfigMap's, if it
-    /// names one; a missing or unusable ConfigMap is this pod's error only.
+    /// names one; a missing or unusable ConfigMap is this pod's error only. Answered from the
+    /// memo of requests (`request_memo`) when a pod with the same model inputs was asked about
+    /// before: filter, prioritize and preempt call this on every request.
     pub fn request_of(&self, pod: &Pod) -> Result<Option<PodRequest>, AnnotationError> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         self.request_from(namespace, annotations_of(pod))
@@ -218,15 +220,17 @@ impl Index {
         annotations: &BTreeMap<String, String>,
     ) -> Result<Option<PodRequest>, AnnotationError> {
         // Cut once here: the error is kept with the pod and quoted by filter, bind and logs.
-        match self
+        let merged = self
             .model_configs
             .resolve(namespace, annotations)
-            .map_err(crate::clip::annotation_error)?
-        {
-            Some(merged) => model::annotations::pod_request_on(&merged, self.platform),
-            None => model::annotations::pod_request_on(annotations, self.platform),
-        }
-        .map_err(crate::clip::annotation_error)
+            .map_err(crate::clip::annotation_error)?;
+        // What the model reads: the merge with the ConfigMap, not the pod's own annotations,
+        // so that a changed ConfigMap is a new key of the memo.
+        let inputs = merged.as_ref().unwrap_or(annotations);
+        self.request_memo.get_or_compute(inputs, self.platform, || {
+            model::annotations::pod_request_on(inputs, self.platform)
+                .map_err(crate::clip::annotation_error)
+        })
     }
 }
 

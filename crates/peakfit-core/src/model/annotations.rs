@@ -144,6 +144,22 @@ pub const HOLD: &str = "peakfit.io/hold";
 /// in nor be refused.
 pub const OUTPUT_KEYS: &[&str] = &[ASSIGNED_GPUS, RESERVED_BYTES, GPU_MEMORY_FRACTION, HOLD];
 
+/// Whether [`Spec::parse`] reads this annotation (full key): every key under [`PREFIX`] but the
+/// extender's outputs ([`OUTPUT_KEYS`]) and [`WORKLOAD_NAME`], which it steps over. A pod's
+/// request is a function of these annotations and the platform alone, which is what lets the
+/// extender memoise it keyed by them (`cluster::index::request_memo`).
+pub fn is_model_input(key: &str) -> bool {
+    key.strip_prefix(PREFIX).is_some_and(|k| !skipped(k))
+}
+
+/// The `peakfit.io/` keys (prefix stripped) the parser steps over without reading.
+fn skipped(key: &str) -> bool {
+    OUTPUT_KEYS
+        .iter()
+        .chain([&WORKLOAD_NAME])
+        .any(|o| o.strip_prefix(PREFIX) == Some(key))
+}
+
 /// A refused annotation: which one, what it said, and what would have been accepted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("annotation {PREFIX}{key}: {value:?} is not valid: {allowed}")]
@@ -952,10 +968,7 @@ impl Spec {
                 self.lora_dropout = Some(p);
             }
             "headroom" => self.headroom = Some(fraction(key, v, false, 10.0)?),
-            k if OUTPUT_KEYS
-                .iter()
-                .chain([&WORKLOAD_NAME])
-                .any(|o| o.strip_prefix(PREFIX) == Some(k)) => {}
+            k if skipped(k) => {}
             _ => {
                 return Err(AnnotationError::new(
                     key,
@@ -1324,6 +1337,37 @@ mod tests {
             pod_request(&ann(&[("vram", "20Gi"), ("workload-name", "ml/chat")])),
             pod_request(&ann(&[("vram", "20Gi")]))
         );
+    }
+
+    /// The keys `is_model_input` leaves out change no request, whatever they say: a modelled
+    /// pod's request is the same with them (any value) as without, so a memo keyed by the
+    /// inputs alone cannot serve another pod's result.
+    #[test]
+    fn the_keys_that_are_not_model_inputs_change_no_request() {
+        let inputs = [
+            ("model", "qwen3-0.6b"),
+            ("workload", "inference"),
+            ("batch", "2"),
+            ("context-tokens", "1024"),
+        ];
+        let alone = pod_request(&ann(&inputs));
+        assert!(matches!(alone, Ok(Some(_))), "{alone:?}");
+        let skipped: Vec<&str> = OUTPUT_KEYS.iter().copied().chain([WORKLOAD_NAME]).collect();
+        for key in &skipped {
+            assert!(!is_model_input(key), "{key}");
+            let mut with = ann(&inputs);
+            with.insert(
+                (*key).to_owned(),
+                "\u{0}not a value of any input".to_owned(),
+            );
+            assert_eq!(pod_request(&with), alone, "{key}");
+        }
+        for key in INPUT_KEYS {
+            assert!(is_model_input(&format!("{PREFIX}{key}")), "{key}");
+        }
+        // An unknown key under the prefix is read (and refused), one elsewhere is not ours.
+        assert!(is_model_input("peakfit.io/vrma"));
+        assert!(!is_model_input("example.com/vram"));
     }
 
     #[test]

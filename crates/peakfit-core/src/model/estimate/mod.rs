@@ -547,7 +547,7 @@ pub fn estimate(spec: &Spec, gpu_total: u64) -> Estimate {
 /// driver and CUDA generation. The default is what was measured on the reference platform
 /// ([`CUDA_CONTEXT`]); operators on another stack set theirs (`peakfit estimate
 /// --cuda-context`, the extender's `--cuda-context`, chart `extender.cudaContext`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Platform {
     /// Bytes NVML shows for a process right after its first CUDA call.
     pub cuda_context: u64,
