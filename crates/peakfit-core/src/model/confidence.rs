@@ -28,7 +28,7 @@ pub struct Band {
 pub const MEASURED: &[Band] = &[
     band("diffusion", 12, 5.3, 29.4, -4.9),
     band("encoder", 13, 2.2, 6.0, 1.3),
-    band("encoder-decoder", 14, 10.9, 22.6, 10.9),
+    band("encoder-decoder", 14, 2.3, 20.4, 1.9),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
     band("inference", 91, 3.7, 20.0, 2.8),
     band("lora", 24, 3.8, 25.2, 0.2),
