@@ -1018,7 +1018,9 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
 /// cross-attention key and value are projected and copied into the cache (`WhisperAttention`:
 /// `k_proj`, then `transpose(1, 2).contiguous()`, then the cache's `torch.cat`).
 fn seq2seq_activations(inp: &Inputs, block: &Block, positions: f64, kv: f64) -> f64 {
-    let t_enc = inp.batch * positions;
+    // The encoder runs once per input; `_expand_inputs_for_generation` then repeats its output
+    // per beam, and the decoder's projections read the repeated one.
+    let t_enc = inp.batch * inp.beams * positions;
     let encoder = forward_peak(block, &inp.pass(inp.batch, positions));
     let c = inp.compute_bytes();
     let first_step = t_enc * block.h * c + 2.0 * t_enc * block.kv * c;
@@ -1059,16 +1061,67 @@ fn seq2seq_slack(inp: &Inputs, block: &Block, positions: f64) -> f64 {
     let logits = generate_logits(block, seqs, c);
     let allocated = seq2seq_activations(inp, block, positions, kv) + kv + logits;
     let copies = 2.0 * (block.layers / 2.0).max(1.0);
-    let copy = seqs * positions * block.kv * inp.kv_bytes;
-    let self_cache = (kv - copies * copy).max(0.0);
-    let output = inp.batch * positions * block.h * c;
+    // The cross-attention copies are `k_proj`/`v_proj` outputs, in the compute dtype whatever
+    // the self-attention cache's dtype; `kv` counts them at `kv_bytes`, so the cross copies'
+    // part of it is taken out at that width.
+    let copy = seqs * positions * block.kv * c;
+    let self_cache = (kv - copies * seqs * positions * block.kv * inp.kv_bytes).max(0.0);
+    // `_expand_inputs_for_generation` repeats `encoder_outputs` once per beam.
+    let output = seqs * positions * block.h * c;
     let cross = output + allocator::fresh(copies, allocator::block(copy)) + logits;
+    let in_flight = allocator::fresh(3.0, allocator::block(copy));
+    // Beam search's `EncoderDecoderCache.reorder_cache` re-selects every layer's
+    // cross-attention key and value each step (`index_select`): one copy more in flight.
+    let reorder = if inp.beams > 1.0 {
+        allocator::block(copy)
+    } else {
+        0.0
+    };
+    let per_token = seqs * block.kv * inp.kv_bytes;
+    let tokens = self_cache / (copies * per_token).max(1.0);
+    let room = allocator::segment(allocator::block(copy));
+    let crossings = seq2seq_crossings(copies, per_token, tokens, room);
     let phases = [
         forward_peak(block, &pass) + HF_SLACK_INFERENCE_TENSORS * stranding_tensor(block, &pass),
-        cross + allocator::fresh(3.0, allocator::block(copy)),
-        cross + 2.0 * self_cache,
+        cross + in_flight,
+        cross + reorder + 2.0 * self_cache,
+        cross + reorder + in_flight + crossings,
     ];
     (phases.into_iter().fold(0.0, f64::max) - allocated).max(0.0)
+}
+
+/// The segments Whisper's decode makes for its self-attention cache once a layer's key or
+/// value is at least 10 MiB: every step `DynamicLayer.update` re-concatenates each of the
+/// `copies` one token (`per_token` = `seqs·kv·c`) longer (`torch.cat`) while the old one lives,
+/// and every `2 MiB / per_token` steps the copies outgrow the segments made for the previous
+/// size (`get_allocation_size` rounds a block of 10 MiB or more up to 2 MiB), which no later,
+/// larger copy fits: they are stranded ([`cache_crossings_fresh`]'s mechanism for decoders).
+///
+/// The only large free blocks beside them are the first decoder call's three in flight, each
+/// a segment of `room` bytes (`seq2seq_slack`). At a crossing to size `X` each holds
+/// `floor(room / X)` copies less the one its old copies need beside the new ones while
+/// `torch.cat` runs; the other copies take segments of `X`, and one layer's key and value in
+/// flight take two more. The decode runs to `tokens` (the cache's length at the last step).
+///
+/// The oracle's replay (`docs/oracle.md`, "Whisper's long decodes"): whisper-small fp16 at batch
+/// 64 × 448 reserved 10,736 MiB where the count without the crossings read 6,077.
+fn seq2seq_crossings(copies: f64, per_token: f64, tokens: f64, room: f64) -> f64 {
+    let last = allocator::block((tokens - 1.0).max(0.0) * per_token);
+    if !allocator::rounded_alone(last) {
+        return 0.0;
+    }
+    // The first copy of 10 MiB or more (`kMinLargeAlloc`).
+    let first = allocator::segment(allocator::block(
+        (allocator::MIN_LARGE_ALLOC / per_token).ceil() * per_token,
+    ));
+    let mut total = 0.0;
+    let mut size = first;
+    while size <= allocator::segment(last) {
+        let slots = 3.0 * (allocator::fits(room, size) - 1.0).max(0.0);
+        total += (2.0 + (copies - slots).max(0.0)) * size;
+        size += allocator::ROUND_LARGE;
+    }
+    total
 }
 
 /// The caching allocator's slack under transformers' own modules: for the decoders
@@ -2222,11 +2275,15 @@ mod tests {
         };
         let e = large_v3("16");
         // 32 decoder layers, 20 heads of 64, 16 sequences of 1,500 frames: 58.59 MiB copies in
-        // 60 MiB segments; the preset's self-attention cache over `n_text_ctx` (448 tokens).
+        // 60 MiB segments; the preset's self-attention cache over `n_text_ctx` (448 tokens),
+        // 40 KiB a token per copy: 10 MiB at 256 tokens, 17.46 MiB at 447, so the decode
+        // crosses 10, 12, … 18 MiB, the three 60 MiB blocks in flight holding 15, 12, 9, 6, 6
+        // of the 64 copies.
         let copy = 16.0 * 1500.0 * 1280.0 * 2.0;
         let self_cache = 64.0 * 16.0 * 448.0 * 1280.0 * 2.0;
         let logits = 16.0 * 51_865.0 * 6.0;
-        let decode = copy + 64.0 * 60.0 * mib + 2.0 * self_cache + logits;
+        let crossings = 51.0 * 10.0 + 54.0 * 12.0 + 57.0 * 14.0 + 60.0 * 16.0 + 60.0 * 18.0;
+        let decode = copy + (64.0 + 3.0) * 60.0 * mib + crossings * mib + logits;
         assert_slack_is_phase(&e, decode);
         // At batch 1 a copy is 3.66 MiB, under `kMinLargeAlloc`: five share a 20 MiB segment,
         // so the 64 copies reserve 13 segments.
@@ -2265,6 +2322,57 @@ mod tests {
         let logits = 32.0 * 51_865.0 * 6.0;
         let first = copy + (24.0 + 3.0) * 72.0 * mib + logits;
         assert_slack_is_phase(&e, first);
+    }
+
+    /// whisper-small fp16 at batch 64 × 448: a copy grows 96 KiB a token (64 × 768 × 2 B), so
+    /// from 10 MiB (107 tokens, a 12 MiB segment) to 42 MiB at 447 tokens it crosses 16 sizes.
+    /// The first decoder call's three 142 MiB blocks hold `3·(floor(142 / X) − 1)` copies of
+    /// `X`, all 24 up to 14 MiB; past that the rest take segments of their own. The oracle's
+    /// replay reserved 10,736 MiB; without the crossings the model read 6,077.
+    #[test]
+    fn whispers_long_decode_strands_a_segment_per_copy_at_each_crossing() {
+        let mib = 1_048_576.0;
+        let per_token = 64.0 * 768.0 * 2.0;
+        let total = seq2seq_crossings(24.0, per_token, 448.0, 142.0 * mib);
+        let expected: f64 = (6..=21)
+            .map(|k| {
+                let size = 2.0 * f64::from(k);
+                let slots = 3.0 * ((142.0 / size).floor() - 1.0);
+                (2.0 + (24.0 - slots).max(0.0)) * size
+            })
+            .sum();
+        assert_eq!(total / mib, expected);
+        assert_eq!(expected, 6522.0);
+        // Under 10 MiB (large-v3 at batch 4: 4.4 MiB at 448 tokens) nothing is rounded alone.
+        assert_eq!(
+            seq2seq_crossings(64.0, 4.0 * 1280.0 * 2.0, 448.0, 20.0 * mib),
+            0.0
+        );
+    }
+
+    /// Beam search repeats the encoder's output per beam (`_expand_inputs_for_generation`) and
+    /// `reorder_cache` re-selects a cross-attention copy in flight each decode step: five beams
+    /// of one input reserve what five inputs do, and one copy more.
+    #[test]
+    fn whisper_beams_repeat_the_encoder_output_and_reorder_a_copy() {
+        use crate::model::estimate::testing::{est, part};
+        let run = |batch: &'static str, beams: &'static str| {
+            let e = est(&[
+                ("model", "whisper-large-v3"),
+                ("workload", "inference"),
+                ("dtype", "fp16"),
+                ("batch", batch),
+                ("beams", beams),
+            ]);
+            part(&e, "allocator-slack") + part(&e, "activations")
+        };
+        let copy = 5.0 * 1500.0 * 1280.0 * 2.0;
+        let beams = run("1", "5");
+        let inputs = run("5", "1");
+        assert!(
+            (beams - inputs - allocator::block(copy)).abs() < 4.0,
+            "{beams} {inputs}"
+        );
     }
 
     #[test]
