@@ -26,7 +26,7 @@
 //! | decode | one layer's key or value block being re-concatenated, `b·s·kv·c` | `DynamicLayer.update` (`torch.cat` into a new tensor) |
 //! | decode, SDPA's math kernel | one query token against the whole cache, but keys copied per head: Falcon's broadcast `matmul` of k in fp32 (`4·b·s·q`) beside the fp32 copies of its 16-bit k and v (`8·b·s·kv`); fp32 with `enable_gqa`, k and v repeated and k scaled (`12·b·s·q`) ([`math_kernel_decode`]) | `_scaled_dot_product_attention_math` (`query_.to(at::kFloat)`, `matmul` broadcasting, `pre_process_group_query_attention_input`) |
 //! | reserved, the stranded tensor | `HF_SLACK_INFERENCE_TENSORS` blocks of the pass's largest tensor, except an fp32 score matrix: every score tensor is then one size, each layer gets the previous layer's blocks back whole and nothing smaller splits them, unless SDPA's math kernel's per-call float mask (`4·s²`) is larger than every block outside attention ([`stranding_tensor`]) | `eager_attention_forward` (`softmax(dtype=float32)`), `_scaled_dot_product_attention_math` (`tril`, `convert_boolean_attn_mask`); `CUDACachingAllocator.cpp` `get_free_block`, `should_split` |
-//! | reserved, Whisper's `generate` | the largest of its three phases, not the allocated peak plus the encoder's stranded blocks: the encoder's forward with `HF_SLACK_INFERENCE_TENSORS` blocks of its largest tensor; the first decoder call, the encoder's output and the `2·L` cross-attention copies (`seqs·positions·kv`) each in a segment rounded to 2 MiB (or a share of a 20 MiB one under 10 MiB) plus the last layer's three in flight (the key's contiguous copy, `v_proj`'s output, the value's contiguous copy), the copies taking the encoder's freed blocks first; the decode, the self-attention cache held twice by its one-token-longer copies ([`seq2seq_slack`]), or, once its copies pass 10 MiB, a segment for each copy the first call's freed blocks do not hold at every 2 MiB size it crosses ([`seq2seq_crossings`]); with beams, the encoder's output once per beam and one cross-attention copy in flight | `WhisperEncoder.forward`; `_expand_inputs_for_generation`, `EncoderDecoderCache.reorder_cache`; `WhisperAttention.forward` (`k_proj`, `v_proj`, `transpose(1, 2).contiguous()`, `EncoderDecoderCache.cross_attention_cache.update`); `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
+//! | reserved, Whisper's `generate` | the largest of its three phases, not the allocated peak plus the encoder's stranded blocks: the encoder's forward with `HF_SLACK_INFERENCE_TENSORS` blocks of its largest tensor; the first decoder call, the encoder's output and the `2·L` cross-attention copies (`seqs·positions·kv`) each in a segment rounded to 2 MiB (or a share of a 20 MiB one under 10 MiB) plus three free copy-sized blocks (two from the call: the key's and value's contiguous projections alive through the cache's `torch.cat`, `v_proj`'s output reused by it; the third not traced, likely an encoder hidden-state block), the copies taking the encoder's freed blocks first; the decode, the self-attention cache held twice by its one-token-longer copies ([`seq2seq_slack`]), or, once its copies pass 10 MiB, a segment for each copy the first call's freed blocks do not hold at every 2 MiB size it crosses ([`seq2seq_crossings`]); with beams, the encoder's output once per beam and one cross-attention copy in flight | `WhisperEncoder.forward`; `_expand_inputs_for_generation`, `EncoderDecoderCache.reorder_cache`; `WhisperAttention.forward` (`k_proj`, `v_proj`, `transpose(1, 2).contiguous()`, `EncoderDecoderCache.cross_attention_cache.update`); `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
 //! | reserved, a Llama-code decoder's `generate` under SDPA's fused kernels, or eager attention with a kv head per head | replaced by the replay of its requests: the weights, the prefill layer by layer and the decode steps' cache copies through the caching allocator's rules; its reserved − allocated ([`prefill_replay`], chosen by [`replayed_decoder`]) instead of the stranded tensors and the two terms below | `modeling_llama.py` (`LlamaModel`, `LlamaDecoderLayer`, `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`, `apply_rotary_pos_emb`), `Qwen3Attention`, `DynamicLayer.update`, `eager_attention_forward` and `masking_utils.eager_mask` ([`prefill_replay`]'s `eager`); `CUDACachingAllocator.cpp` |
 //! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
 //! | decode, the later 2 MiB crossings (reserved) | where step 1 left copies alone in segments of their own (the term above is above 0) and a copy is at least 10 MiB: every `2 MiB / (b·kv·c)` steps the copies outgrow those segments, which no later (larger) copy fits; each crossing makes two segments of the new 2 MiB-rounded size, one layer's key and value in flight while the prefill's large blocks hold `floor(B / S)` copies each. Counted from the stated prompt's cache to the context's; without `prompt-tokens` one crossing ([`cache_crossings_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kMinLargeAlloc`), `get_free_block`, `try_merge_blocks` (segments never merge); an H200 trace per decode step (`tools/measure/trace_decode.py`) |
@@ -1041,8 +1041,13 @@ fn seq2seq_activations(inp: &Inputs, block: &Block, positions: f64, kv: f64) -> 
 ///    tensor is `positions` long, and one hidden wide or a multiple of it, so its blocks hold
 ///    whole copies) and fresh segments after: each copy costs at most its segment
 ///    (`get_allocation_size`: rounded to 2 MiB, or a share of a 20 MiB one under 10 MiB), and the
-///    last layer's three in flight take three more (the key's contiguous copy, `v_proj`'s output
-///    and the value's contiguous copy are alive together before the cache's `torch.cat`);
+///    three more blocks of a copy's size are free after it: two from the call itself (per
+///    layer `k_proj`'s output, the key's contiguous copy, `v_proj`'s output and the value's
+///    contiguous copy, `v_proj`'s output freed before `DynamicLayer.update`'s `torch.cat`
+///    reuses it, so the cache plus two: the layer's contiguous key and value, alive through
+///    the update, then freed), and a third this model does not trace (an encoder block of the
+///    same size, `seqs·positions·h·c`, is the likely one); three match the replay of
+///    whisper-small b32 × 64 to the MiB (the test below);
 /// 3. the decode: every step re-concatenates each layer's self-attention key and value one token
 ///    longer (`DynamicLayer.update`, `torch.cat`) while the old copy lives, and the freed copies
 ///    are one token short of the next, so the self-attention cache's blocks hold it twice; once
@@ -1104,7 +1109,7 @@ fn seq2seq_slack(inp: &Inputs, block: &Block, positions: f64) -> f64 {
 /// size (`get_allocation_size` rounds a block of 10 MiB or more up to 2 MiB), which no later,
 /// larger copy fits: they are stranded ([`cache_crossings_fresh`]'s mechanism for decoders).
 ///
-/// The only large free blocks beside them are the first decoder call's three in flight, each
+/// The only large free blocks beside them are the three the first decoder call leaves, each
 /// a segment of `room` bytes (`seq2seq_slack`). At a crossing to size `X` each holds
 /// `floor(room / X)` copies less the one its old copies need beside the new ones while
 /// `torch.cat` runs; the other copies take segments of `X`, and one layer's key and value in
@@ -2301,10 +2306,11 @@ mod tests {
     }
 
     /// A short decode leaves the first decoder call the largest phase: the 24 cross-attention
-    /// copies of whisper-small at batch 32 (70.3 MiB, each in a 72 MiB segment) and the last
-    /// layer's three in flight (`WhisperAttention.forward`: the key's contiguous copy, `v_proj`'s
-    /// output and the value's contiguous copy). The oracle's replay of this case reserves 260 MiB
-    /// past what is allocated after that call; two in flight would count 185.
+    /// copies of whisper-small at batch 32 (70.3 MiB, each in a 72 MiB segment) and three free
+    /// blocks of a copy's size (two from the call, `WhisperAttention.forward`'s contiguous key
+    /// and value alive through `DynamicLayer.update`; a third not traced, see
+    /// [`seq2seq_slack`]). The oracle's replay of this case reserves 260 MiB past what is
+    /// allocated after that call; two would count 185.
     #[test]
     fn whispers_first_decoder_call_holds_three_projections_in_flight() {
         use crate::model::estimate::testing::est;
