@@ -2388,6 +2388,42 @@ mod tests {
         );
     }
 
+    /// The encoder's phase wins where its MLP is wide: whisper-small's shape at batch 32 × 64
+    /// with an 8× MLP (24,576), whose `fc1` output is 32 × 1,500 × 24,576 × 2 B = 2,250 MiB a
+    /// block; the encoder's forward strands `HF_SLACK_INFERENCE_TENSORS` of them, more than the
+    /// first decoder call's 27 blocks of 72 MiB. Without phase 1 the slack would be that call's.
+    #[test]
+    fn whispers_encoder_phase_wins_with_a_wide_mlp() {
+        use crate::model::estimate::testing::{est, part};
+        let mib = 1_048_576.0;
+        let e = est(&[
+            ("architecture", "encoder-decoder"),
+            ("encoder-positions", "1500"),
+            ("params", "241734912"),
+            ("layers", "24"),
+            ("hidden-size", "768"),
+            ("attention-heads", "12"),
+            ("kv-heads", "12"),
+            ("head-dim", "64"),
+            ("intermediate-size", "24576"),
+            ("vocab-size", "51865"),
+            ("workload", "inference"),
+            ("dtype", "fp16"),
+            ("batch", "32"),
+            ("context-tokens", "64"),
+        ]);
+        let copy = 32.0 * 1500.0 * 768.0 * 2.0;
+        let logits = 32.0 * 51_865.0 * 6.0;
+        let first = copy + (24.0 + 3.0) * 72.0 * mib + logits;
+        let allocated = part(&e, "activations") + part(&e, "kv-cache") + part(&e, "logits");
+        let fc1 = 32.0 * 1500.0 * 24_576.0 * 2.0;
+        let slack = part(&e, "allocator-slack");
+        assert!(
+            slack > first - allocated + fc1,
+            "{slack} {first} {allocated}"
+        );
+    }
+
     #[test]
     fn loss_holds_three_fp32_logit_tensors() {
         assert_eq!(
