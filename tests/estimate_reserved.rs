@@ -60,6 +60,10 @@ const LONG_GENERATION_FLOORS: &[(&str, f64)] = &[
     ("qwen3-0.6b-inference-bf16-b32-t8192-n256", -28.0),
 ];
 
+/// The lowest the other long generations may read: Whisper decoding its whole window, whose
+/// self-attention copies cross 2 MiB sizes past 10 MiB (`hf::seq2seq_crossings`).
+const LONG_GENERATION_LOWEST: f64 = -3.0;
+
 /// A row scored: id, workload, reference GiB, model GiB, signed error in percent.
 type Scored = (String, String, f64, f64, f64);
 
@@ -96,14 +100,17 @@ fn print_bands(label: &str, errors: &[f64]) {
 #[test]
 fn long_generations_stay_within_their_known_gap() {
     let rows = model_rows::oracle_reserved_long();
-    assert_eq!(rows.len(), LONG_GENERATION_FLOORS.len());
+    assert!(rows.len() >= LONG_GENERATION_FLOORS.len());
     for r in rows {
         let (id, _, reference, model, error) = score(&r.id, &r.workload, &r.spec, r.oracle_gib);
         println!("{id}: replay {reference:.2} GiB, model {model:.2} ({error:+.1}%)");
-        let (_, floor) = LONG_GENERATION_FLOORS
-            .iter()
-            .find(|(i, _)| *i == id)
-            .unwrap_or_else(|| panic!("{id}: no floor"));
+        let Some((_, floor)) = LONG_GENERATION_FLOORS.iter().find(|(i, _)| *i == id) else {
+            assert!(
+                error >= LONG_GENERATION_LOWEST,
+                "{id}: {error:+.1}% below {LONG_GENERATION_LOWEST}%"
+            );
+            continue;
+        };
         assert!(
             error >= *floor,
             "{id}: {error:+.1}% below its floor {floor}%"

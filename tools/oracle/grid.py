@@ -520,8 +520,12 @@ def reserved(a):
 # strands the previous ones. The reserved sample holds generations of at most 64 new tokens (its replays run
 # every decode step); these few longer ones are the known gap's own file.
 LONG_GENERATIONS = [
-    dict(config="qwen3-0.6b", batch=32, context_tokens=8192, new_tokens=128),
-    dict(config="qwen3-0.6b", batch=32, context_tokens=8192, new_tokens=256),
+    dict(config="qwen3-0.6b", dtype="bf16", batch=32, context_tokens=8192, new_tokens=128),
+    dict(config="qwen3-0.6b", dtype="bf16", batch=32, context_tokens=8192, new_tokens=256),
+    # Whisper decoding its whole window (`n_text_ctx`, as the presets size it): the self-attention
+    # copies pass 10 MiB and cross 2 MiB sizes (hf::seq2seq_crossings).
+    dict(config="whisper-small", dtype="fp16", batch=64, context_tokens=448, new_tokens=448),
+    dict(config="whisper-large-v3", dtype="fp16", batch=16, context_tokens=448, new_tokens=448),
 ]
 
 
@@ -532,7 +536,7 @@ def long_generations(a):
     import peft
     rows = []
     for spec in LONG_GENERATIONS:
-        c = dict(spec, workload="inference", dtype="bf16", gradient_checkpointing=None, optimizer=None,
+        c = dict(spec, workload="inference", gradient_checkpointing=None, optimizer=None,
                  lora_rank=None, attention="sdpa", kind=None)
         c["id"] = (f"{c['config']}-inference-{c['dtype']}-b{c['batch']}-t{c['context_tokens']}"
                    f"-n{c['new_tokens']}")
@@ -547,7 +551,7 @@ def long_generations(a):
     lines = [
         "# peakfit oracle, reserved memory of long generations: peak torch.cuda.max_memory_reserved (GiB),",
         "# the caching-allocator replay of every decode step (columns as in oracle-reserved.csv). Decode's KV",
-        "# relocations past the first step, which the model does not follow yet (docs/oracle.md).",
+        "# relocations past the first step (docs/oracle.md): the decoders' known gap, Whisper's whole window.",
         "# command: scripts/oracle long",
         f"# torch {torch.__version__}, transformers {transformers.__version__}, peft {peft.__version__}",
         f"# date {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",

@@ -17,6 +17,7 @@ const MIN_BLOCK: f64 = 512.0;
 const SMALL_SIZE: f64 = 1_048_576.0;
 const SMALL_BUFFER: f64 = 2.0 * SMALL_SIZE;
 const LARGE_BUFFER: f64 = 20.0 * SMALL_SIZE;
+/// The smallest block that gets a segment of its own (`kMinLargeAlloc`).
 pub(super) const MIN_LARGE_ALLOC: f64 = 10.0 * SMALL_SIZE;
 /// The rounding of a segment made for one large block (`kRoundLarge`).
 pub(super) const ROUND_LARGE: f64 = 2.0 * SMALL_SIZE;
