@@ -24,12 +24,12 @@ use peakfit::model::quantity::GIB;
 
 /// NVML median |error| over the rows (issue 20's bar for visible rows is 3 %).
 const NVML_MEDIAN_BAR: f64 = 5.0;
-/// NVML p90 |error| over the rows: 13.0 % with the workload columns and 13.5 % with each row's
-/// prompt stated, over the 51 rows of both leases, when this bar was set; 10.5 % and 10.6 % since
-/// Whisper's reserved follows its phases (`docs/oracle.md`, "Whisper's reserved"). Above issue
-/// 20's 10 %, held there by over-predictions only (phi-3-mini and SmolLM2-1.7B eager, Qwen3-1.7B
-/// at batch 64 × 4k, the Qwen3-0.6B fine-tune).
-const NVML_P90_BAR: f64 = 14.0;
+/// NVML p90 |error| over the rows: 9.9 % with the workload columns and 10.6 % with each row's
+/// prompt stated, over the 51 rows of both leases, when this bar was set (13.0 % and 13.5 % before
+/// Whisper's phases and the eager replay; `docs/oracle.md`). Issue 20's goal is 10 %; what holds
+/// the prompt-stated figure above it is over-prediction only (phi-3-mini and SmolLM2-1.7B fp16
+/// eager, the Qwen3-0.6B fine-tune, Qwen3-0.6B at 1 × 32k).
+const NVML_P90_BAR: f64 = 11.0;
 
 fn check(annotations: Annotations, label: &str) {
     let rows = score(model_rows::h100(), annotations);

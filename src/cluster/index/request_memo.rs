@@ -48,9 +48,15 @@ pub(super) type Outcome = Result<Option<PodRequest>, AnnotationError>;
 /// under 24 MiB at worst; an entry of 20 short annotations takes about 1.5 KiB.
 pub const CAPACITY: usize = 4096;
 
-/// The largest key kept, in bytes of annotation keys and values. Every input the parser reads
-/// given once with a long value (a 253-character model label) is under 3 KiB; a pod over this
-/// is worked out on each call rather than let a few pods of 256 KiB annotations fill memory.
+/// What a kept pair costs beyond its text: two boxed `str`s (16 B each) and their two heap
+/// blocks (at least 16 B each, rounded up by the allocator). Counting it keeps a pod of hundreds
+/// of empty `peakfit.io/…` keys from holding several times [`MAX_INPUT_BYTES`] per entry.
+const PAIR_OVERHEAD: usize = 64;
+
+/// The largest key kept, in bytes of annotation keys and values plus [`PAIR_OVERHEAD`] a pair
+/// (so at most 64 pairs). A pod's usual ten to twenty inputs take 1–2.5 KiB counted so; a pod
+/// over this is worked out on each call rather than let a few pods of 256 KiB annotations, or
+/// of hundreds of keys, fill memory.
 pub const MAX_INPUT_BYTES: usize = 4096;
 
 /// A kept result and the inputs it is for (compared in full on a hit: the map is keyed by
@@ -144,7 +150,10 @@ impl RequestMemo {
         if inputs.is_empty() {
             return compute();
         }
-        let bytes: usize = inputs.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let bytes: usize = inputs
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + PAIR_OVERHEAD)
+            .sum();
         if bytes > MAX_INPUT_BYTES {
             self.misses.inc();
             return compute();

@@ -1164,6 +1164,10 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
             // A prompt shorter than the context states how far the decode runs; the default
             // (the prompt filling the context) does not.
             let end = (inp.prompt < inp.context).then_some(inp.context);
+            // Llama-layout code the replay does not follow (Gemma v1, Cohere, Granite, a pod
+            // stating no `model-type`, ...): neither the replay of the Llama layout nor the
+            // analytic count is its code, so it gets the larger (`prefill_replay::follows`).
+            let mut floor = 0.0;
             if let Some(d) = replayed_decoder(inp, &block, &prefill) {
                 // The replay runs the decode until it stops making segments, short of the first
                 // 2 MiB crossing; the crossings after it are [`cache_crossings_fresh`]'s, from the
@@ -1201,11 +1205,16 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
                 // Qwen3-0.6B at 32 × 8,192 makes its decode segments at 8,192 and 8,128 and
                 // not at 8,191. So the larger of the two ends is taken.
                 let at_context = replayed(&d);
-                if inp.prompt < inp.context || d.s < 2.0 {
-                    return at_context;
+                let replay = if inp.prompt < inp.context || d.s < 2.0 {
+                    at_context
+                } else {
+                    let longest = prefill_replay::Decoder { s: d.s - 1.0, ..d };
+                    at_context.max(replayed(&longest))
+                };
+                if inp.replayed_code {
+                    return replay;
                 }
-                let longest = prefill_replay::Decoder { s: d.s - 1.0, ..d };
-                return at_context.max(replayed(&longest));
+                floor = replay;
             }
             let relocation = if inp.legacy_cache {
                 // The legacy cache is counted twice over already (`kv_cache`).
@@ -1214,9 +1223,10 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
                 let fresh = cache_relocation_fresh(&block, &prefill, inp.kv_bytes, stranding);
                 fresh + cache_crossings_fresh(&block, &prefill, inp.kv_bytes, end, fresh)
             };
-            return HF_SLACK_INFERENCE_TENSORS * stranding
+            return (HF_SLACK_INFERENCE_TENSORS * stranding
                 + gathered_experts_fresh(&block, &prefill, seqs, decode, largest)
-                + relocation;
+                + relocation)
+                .max(floor);
         }
     };
     HF_SLACK_INFERENCE_TENSORS * stranding_tensor(&block, &pass)
@@ -1233,8 +1243,7 @@ fn replayed_decoder(
     block: &Block,
     prefill: &Pass,
 ) -> Option<prefill_replay::Decoder> {
-    let llama = inp.replayed_code
-        && matches!(block.family, ModelType::Llama | ModelType::QkNorm)
+    let llama = matches!(block.family, ModelType::Llama | ModelType::QkNorm)
         && block.mlp == Mlp::Gated
         && block.experts_per_token <= 0.0;
     let fused = prefill.sdpa
@@ -2508,10 +2517,34 @@ mod tests {
             let inp = super::super::resolve(&s, &mut Vec::new());
             let block = inp.block();
             let prefill = inp.pass(inp.batch, inp.prompt);
-            replayed_decoder(&inp, &block, &prefill).is_some()
+            inp.replayed_code && replayed_decoder(&inp, &block, &prefill).is_some()
         };
         for t in ["llama", "mistral", "qwen2", "Qwen2", "qwen3"] {
             assert!(chosen(t), "{t}");
+        }
+        // A Llama-layout type the replay does not follow allocates at least what Llama's code
+        // does for the same shape: the replay is its floor, in the short-prompt long-generation
+        // case too (the review's probe had Gemma 47 % below Llama there without the floor).
+        let reserved = |model_type: &str, prompt: &str| {
+            crate::model::estimate::testing::est(&[
+                ("model", "llama-3.1-8b"),
+                ("model-type", model_type),
+                ("engine", "hf"),
+                ("workload", "inference"),
+                ("dtype", "bf16"),
+                ("batch", "4"),
+                ("context-tokens", "8192"),
+                ("prompt-tokens", prompt),
+            ])
+            .reserved_bytes
+        };
+        for t in ["gemma", "cohere", "granite", "internlm2", "olmo", "mllama"] {
+            for prompt in ["2048", "8000"] {
+                assert!(
+                    reserved(t, prompt) >= reserved("llama", prompt),
+                    "{t} at prompt {prompt}"
+                );
+            }
         }
         for t in [
             "gemma",

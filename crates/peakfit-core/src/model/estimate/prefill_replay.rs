@@ -61,7 +61,10 @@ pub(super) use eager::smollm2;
 /// | `qwen3` | `models/qwen3/modeling_qwen3.py` | `q_norm`, `k_norm` over each head ([`Decoder::qk_norm`]) |
 ///
 /// Types that share the Llama layout in [`super::ModelType`] but allocate otherwise are not
-/// replayed and keep the analytic slack: `gemma` (`GemmaModel` scales the embeddings by
+/// replayed as exact: their slack is the larger of the analytic count and this replay of the
+/// Llama layout of their shape (neither is their code; the larger errs on the safe side, and the
+/// analytic count alone read up to 47 % below the replay on a short prompt with a long
+/// generation): `gemma` (`GemmaModel` scales the embeddings by
 /// `sqrt(hidden)` into a new tensor, `GemmaRMSNorm` multiplies by `1 + weight`, a GELU gate),
 /// `cohere` (`LayerNorm`, attention and MLP in parallel, logits scaled), `granite` (embedding,
 /// residual and logit multipliers, each a new tensor), `internlm2` (one fused `wqkv`), `olmo`
