@@ -2328,17 +2328,12 @@ mod tests {
         assert_slack_is_phase(&one, decode);
     }
 
-    /// A short decode leaves the first decoder call the largest phase: the 24 cross-attention
-    /// copies of whisper-small at batch 32 (70.3 MiB, each in a 72 MiB segment) and three free
-    /// blocks of a copy's size (two from the call, `WhisperAttention.forward`'s contiguous key
-    /// and value alive through `DynamicLayer.update`; a third not traced, see
-    /// [`seq2seq_slack`]). The oracle's replay of this case reserves 260 MiB past what is
-    /// allocated after that call; two would count 185.
-    #[test]
-    fn whispers_first_decoder_call_holds_three_projections_in_flight() {
-        use crate::model::estimate::testing::est;
+    /// whisper-small's shape (with the MLP width given) at fp16, batch 32 × 64 tokens, and the
+    /// first decoder call's reserved: the encoder's output, the 24 cross-attention copies and three
+    /// more blocks, each in a 72 MiB segment, and the logits.
+    fn whisper_small_b32_x64(intermediate: &str) -> (crate::model::estimate::Estimate, f64) {
         let mib = 1_048_576.0;
-        let e = est(&[
+        let e = crate::model::estimate::testing::est(&[
             ("architecture", "encoder-decoder"),
             ("encoder-positions", "1500"),
             ("params", "241734912"),
@@ -2347,7 +2342,7 @@ mod tests {
             ("attention-heads", "12"),
             ("kv-heads", "12"),
             ("head-dim", "64"),
-            ("intermediate-size", "3072"),
+            ("intermediate-size", intermediate),
             ("vocab-size", "51865"),
             ("workload", "inference"),
             ("dtype", "fp16"),
@@ -2356,7 +2351,18 @@ mod tests {
         ]);
         let copy = 32.0 * 1500.0 * 768.0 * 2.0;
         let logits = 32.0 * 51_865.0 * 6.0;
-        let first = copy + (24.0 + 3.0) * 72.0 * mib + logits;
+        (e, copy + (24.0 + 3.0) * 72.0 * mib + logits)
+    }
+
+    /// A short decode leaves the first decoder call the largest phase: the 24 cross-attention
+    /// copies of whisper-small at batch 32 (70.3 MiB, each in a 72 MiB segment) and three free
+    /// blocks of a copy's size (two from the call, `WhisperAttention.forward`'s contiguous key
+    /// and value alive through `DynamicLayer.update`; a third not traced, see
+    /// [`seq2seq_slack`]). The oracle's replay of this case reserves 260 MiB past what is
+    /// allocated after that call; two would count 185.
+    #[test]
+    fn whispers_first_decoder_call_holds_three_projections_in_flight() {
+        let (e, first) = whisper_small_b32_x64("3072");
         assert_slack_is_phase(&e, first);
     }
 
@@ -2417,27 +2423,8 @@ mod tests {
     /// first decoder call's 27 blocks of 72 MiB. Without phase 1 the slack would be that call's.
     #[test]
     fn whispers_encoder_phase_wins_with_a_wide_mlp() {
-        use crate::model::estimate::testing::{est, part};
-        let mib = 1_048_576.0;
-        let e = est(&[
-            ("architecture", "encoder-decoder"),
-            ("encoder-positions", "1500"),
-            ("params", "241734912"),
-            ("layers", "24"),
-            ("hidden-size", "768"),
-            ("attention-heads", "12"),
-            ("kv-heads", "12"),
-            ("head-dim", "64"),
-            ("intermediate-size", "24576"),
-            ("vocab-size", "51865"),
-            ("workload", "inference"),
-            ("dtype", "fp16"),
-            ("batch", "32"),
-            ("context-tokens", "64"),
-        ]);
-        let copy = 32.0 * 1500.0 * 768.0 * 2.0;
-        let logits = 32.0 * 51_865.0 * 6.0;
-        let first = copy + (24.0 + 3.0) * 72.0 * mib + logits;
+        use crate::model::estimate::testing::part;
+        let (e, first) = whisper_small_b32_x64("24576");
         let allocated = part(&e, "activations") + part(&e, "kv-cache") + part(&e, "logits");
         let fc1 = 32.0 * 1500.0 * 24_576.0 * 2.0;
         let slack = part(&e, "allocator-slack");
