@@ -2491,21 +2491,23 @@ mod tests {
     #[test]
     fn the_replay_runs_only_for_the_modeling_code_it_follows() {
         use crate::model::estimate::testing::spec;
-        let chosen = |model_type: &str| {
-            let s = spec(&[
-                ("model", "llama-3.1-8b"),
-                ("model-type", model_type),
+        // Whether the replay is taken as exact for a 4 × 4,096 bf16 `generate` of this preset,
+        // with `model-type` stated or not.
+        let exact = |model: &str, model_type: Option<&str>| {
+            let mut pairs = vec![
+                ("model", model),
                 ("engine", "hf"),
                 ("workload", "inference"),
                 ("dtype", "bf16"),
                 ("batch", "4"),
                 ("context-tokens", "4096"),
-            ]);
-            let inp = super::super::resolve(&s, &mut Vec::new());
-            let block = inp.block();
+            ];
+            pairs.extend(model_type.map(|t| ("model-type", t)));
+            let inp = super::super::resolve(&spec(&pairs), &mut Vec::new());
             let prefill = inp.pass(inp.batch, inp.prompt);
-            inp.replayed_code && replayed_decoder(&inp, &block, &prefill).is_some()
+            inp.replayed_code && replayed_decoder(&inp, &inp.block(), &prefill).is_some()
         };
+        let chosen = |model_type: &str| exact("llama-3.1-8b", Some(model_type));
         for t in ["llama", "mistral", "qwen2", "Qwen2", "qwen3"] {
             assert!(chosen(t), "{t}");
         }
@@ -2558,18 +2560,7 @@ mod tests {
         // The Llama, Mistral and Qwen2.5 presets carry their `model_type`, so a pod naming
         // only the preset is replayed; the presets of other code (mllama, `StableLM`,
         // `StarCoder`, BLOOM) are not.
-        let preset = |model: &str| {
-            let s = spec(&[
-                ("model", model),
-                ("engine", "hf"),
-                ("workload", "inference"),
-                ("dtype", "bf16"),
-                ("batch", "4"),
-                ("context-tokens", "4096"),
-            ]);
-            let inp = super::super::resolve(&s, &mut Vec::new());
-            replayed_decoder(&inp, &inp.block(), &inp.pass(inp.batch, inp.prompt)).is_some()
-        };
+        let preset = |model: &str| exact(model, None);
         for m in [
             "llama-2-7b",
             "llama-3.1-8b",
