@@ -689,7 +689,10 @@ impl Replayed {
     /// them are counted once, in 20 MiB segments. Copies of at most 1 MiB (the small pool) are
     /// left out: their 2 MiB segments hold the next layer's.
     ///
-    /// The levels start after the replay's last copy size; the replay counted its own.
+    /// The levels start at the one the replay's last copy is in: the copies still grow to that
+    /// level's top, and the room (which holds the segments the replay made for them) may hold
+    /// fewer of them there; only a last copy at its level's top (a multiple of 2 MiB) has
+    /// nothing left to grow in it.
     pub(super) fn outgrown_fresh(&self, d: &Decoder, last: f64) -> f64 {
         let per_token = d.b * d.kv * d.c;
         let now = allocator::block(self.tokens * per_token);
@@ -706,8 +709,10 @@ impl Replayed {
             fresh += allocator::fresh(homeless(top), top);
         }
         if allocator::rounded_alone(end) {
+            // The level the replay's last copy is in (`get_allocation_size` rounds it up to
+            // 2 MiB) still takes the copies' growth to its top, unless that copy is the top.
             let mut level = allocator::segment(now.max(allocator::MIN_LARGE_ALLOC));
-            if allocator::rounded_alone(now) {
+            if level <= now {
                 level += allocator::ROUND_LARGE;
             }
             let top_level = allocator::segment(end);
@@ -1114,6 +1119,33 @@ mod tests {
         assert!(half > 0.0 && whole > half, "{half} {whole}");
         // 18.115 GiB, beside the 19.293 of the step-by-step replay (above).
         assert_eq!((whole / MIB).round(), 18_550.0);
+    }
+
+    /// A last replayed copy past 10 MiB but short of its 2 MiB level still grows in that level:
+    /// one layer of 1,024 kv heads (256 KiB a token) at 40 prompt tokens stops its replay at 41
+    /// (10.25 MiB, a 12 MiB segment: `get_allocation_size`, `kRoundLarge`), and the heap run
+    /// through every step to 48 tokens (12 MiB) makes a 12 MiB segment there, which a term
+    /// starting at the next level (14 MiB) left out.
+    #[test]
+    fn the_level_the_replays_last_copy_is_in_counts_its_growth() {
+        let d = Decoder {
+            vocab: 1000.0,
+            ..decoder(
+                (1.0, 40.0),
+                (1024.0, 1024.0, 1024.0, 128.0),
+                4096.0,
+                1,
+                false,
+            )
+        };
+        let r = replay(&d);
+        assert_eq!(r.tokens, 41.0);
+        let (prefill, end) = every_step(&d, 9);
+        assert_eq!((end - prefill) / MIB, 12.0);
+        let term = r.decode_fresh + r.outgrown_fresh(&d, 48.0);
+        assert!(term >= end - prefill, "{}", term / MIB);
+        // One segment of the level's size per copy the room does not hold at its top.
+        assert_eq!(term / MIB, 24.0);
     }
 
     /// `Tensor.to(dtype)` returns the tensor itself when the dtype is already right: an fp32
