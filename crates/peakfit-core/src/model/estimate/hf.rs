@@ -44,6 +44,7 @@
 //! | training, Gemma norms | the fp32 normed input a trained weight's `mul` saves, 4 B instead of the stream's width | `Gemma2RMSNorm.forward`, `Gemma3RMSNorm.forward` (`output * (1.0 + self.weight.float())` in fp32, then `type_as(x)`) |
 //! | training, GPT-2's GELU under autocast | `pow` is on CUDA autocast's fp32 list: its input is copied to fp32 and every later op of `NewGELUActivation` promotes to fp32, so `pow`'s input, `tanh`'s output and `1 + tanh` are saved at 4 B | `NewGELUActivation.forward`; `autocast_mode.cpp` (`pow` in `CastPolicy::fp32`) |
 //! | autocast weight cache | a 16-bit copy of every trainable fp32 weight a linear layer uses in forward, kept by the nodes that saved it | `autocast_mode.cpp` `cached_cast` (leaf tensors requiring grad) |
+//! | training, the end of the forward under autocast | a moment of its own: every trainable linear weight's 16-bit copy is still in autocast's cache while `cross_entropy` runs, checkpointing or not, beside the 16-bit logits, their fp32 copy and `log_softmax`'s output, `(c+8)·T·V`; with checkpointing in full fine-tuning it can beat backward's start (SGD's one state tensor: SmolLM2-1.7B b4 × 2k peaks there, 21.47 GiB, oracle and H100 alike) | `autocast_mode.cpp` `cached_cast`; `torch.autocast.__exit__` (`torch.clear_autocast_cache()`); `ForCausalLMLoss` (`logits.float()`, `cross_entropy`) |
 
 use super::framework::Framework;
 use super::{
@@ -763,12 +764,24 @@ pub(super) fn head_saved(block: &Block, p: &Pass, trainable: Trainable, prec: Pr
 /// the end of forward the 16-bit logits, their fp32 copy and the saved output are `(c+8)·T·V`,
 /// never more than 12 for `c <= 4`.) Gemma-2's soft-capped logits add `tanh`'s saved output.
 pub(super) fn loss_peak(block: &Block, tokens: f64, prec: Precision) -> f64 {
-    let softcap = if block.softcapped_logits() {
+    (12.0 + softcap_saved(block, prec)) * tokens * block.vocab
+}
+
+/// The loss's tensors at the end of the forward, while `cross_entropy` runs: the model's
+/// logits in the compute width (`lm_head`'s output, held by `LlamaForCausalLM.forward`), their
+/// fp32 copy (`ForCausalLMLoss`: `logits.float()`) and `log_softmax`'s fp32 output, `(c+8)·T·V`;
+/// Gemma-2's soft-capped logits add `tanh`'s saved output.
+pub(super) fn loss_forward_end(block: &Block, tokens: f64, prec: Precision) -> f64 {
+    (prec.c() + 8.0 + softcap_saved(block, prec)) * tokens * block.vocab
+}
+
+/// Bytes per logit `tanh` saves in Gemma-2's soft-capped logits (`final_logit_softcapping`).
+fn softcap_saved(block: &Block, prec: Precision) -> f64 {
+    if block.softcapped_logits() {
         prec.c()
     } else {
         0.0
-    };
-    (12.0 + softcap) * tokens * block.vocab
+    }
 }
 
 /// The loss's largest tensor: one fp32 `T·V` block.
@@ -867,6 +880,18 @@ impl Inputs {
         single && framework && training_ok && !matches!(self.kind, Kind::Diffusion(_))
     }
 
+    /// Autocast's 16-bit weight copies alive at the end of the forward, inside the
+    /// `torch.autocast` region where `ForCausalLMLoss` runs. `cached_cast` keeps the cast of every
+    /// trainable leaf weight in autocast's cache until the outermost region exits
+    /// (`torch.autocast.__exit__` calls `torch.clear_autocast_cache()`), whatever autograd saved:
+    /// in full fine-tuning with checkpointing every linear's copy is still cached while the loss
+    /// is computed, and only once the region exits are the layers' copies dropped (backward then
+    /// holds the head's, [`Self::autocast_weight_copies`]). A frozen weight (LoRA) is not cached,
+    /// so with recomputation its cast dies with its layer's forward.
+    fn autocast_copies_at_forward_end(&self, checkpointed: bool) -> f64 {
+        self.autocast_weight_copies(checkpointed && self.workload.is_adapter())
+    }
+
     /// Autocast's 16-bit copies of fp32 linear weights that backward still holds when it
     /// starts. Autocast caches the cast of every trainable leaf weight for the whole autocast
     /// region (`cached_cast` in `aten/src/ATen/autocast_mode.cpp`) and a frozen weight's cast is
@@ -929,10 +954,12 @@ impl Inputs {
 /// forward before any cache exists, or the first decoder step, which projects the encoder's
 /// output into every layer's cross-attention cache.
 ///
-/// Training: the largest of three moments of a step (gradients are freed by `zero_grad`, which
+/// Training: the largest of four moments of a step (gradients are freed by `zero_grad`, which
 /// sets them to `None`, so they do not exist when backward starts):
+/// 0. the forward ends, inside `torch.autocast`: every saved activation, every 16-bit weight
+///    copy autocast's cache holds and the loss's forward tensors (`(c+8)·T·V`);
 /// 1. backward starts: every saved activation (or each checkpointed layer's input), autocast's
-///    16-bit weight copies and the loss's three fp32 `T·V` tensors;
+///    16-bit weight copies still saved and the loss's three fp32 `T·V` tensors;
 /// 2. backward ends: every gradient, one layer recomputed (or still saved) and its gradients;
 /// 3. the optimizer step: every gradient and the step's temporary (`foreach` AdamW's
 ///    `_foreach_sqrt` of the second moment; none for the fused kernel or SGD).
@@ -995,13 +1022,23 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
         0.0
     };
     let start = kept + head + cast + mask + loss_peak(&block, inp.tokens(), prec);
+    // The end of the forward, inside autocast's region: every cached weight copy beside the
+    // loss's forward tensors (checkpointed full fine-tuning under autocast is where this beats
+    // `start`: the layers' copies outweigh the loss's gradients).
+    let cached = inp.autocast_copies_at_forward_end(checkpointed);
+    let loss_forward = loss_forward_end(&block, inp.tokens(), prec);
+    let forward_end = kept + head + cached + mask + loss_forward;
     // Backward's late moments: with checkpointing, the top layer recomputed while every
     // layer's input is still kept, or the bottom one once every gradient exists; without it,
     // the bottom layer's backward beside every gradient.
     let late = if checkpointed { kept.max(grads) } else { grads };
     let end = late + mask + layer + backward_transient(&block, &pass, prec);
     let step = grads + inp.optimizer_step_temporary();
-    if start >= end.max(step) {
+    if forward_end > start && forward_end >= end.max(step) {
+        tensor("activations", kept + head + mask);
+        tensor("autocast-weights", cached);
+        tensor("logits", loss_forward);
+    } else if start >= end.max(step) {
         tensor("activations", kept + head + mask);
         tensor("autocast-weights", cast);
         tensor("logits", loss_peak(&block, inp.tokens(), prec));
@@ -2440,6 +2477,49 @@ mod tests {
             loss_peak(&llama_1b(), 10.0, Precision::Pure16),
             120.0 * 128_256.0
         );
+    }
+
+    /// SmolLM2-1.7B's shape, fully fine-tuned under autocast with SGD and checkpointing: the
+    /// oracle's peak (21.471 GiB, as the H100 measured) is in the forward, at `cross_entropy`,
+    /// where autocast's cache still holds a bf16 copy of every linear weight (3.19 GiB) beside
+    /// the bf16 logits, their fp32 copy and `log_softmax`'s output.
+    fn smollm2_amp(extra: &[(&'static str, &'static str)]) -> crate::model::Estimate {
+        crate::model::estimate::testing::est_with(
+            &[
+                ("engine", "hf"),
+                ("model-type", "llama"),
+                ("layers", "24"),
+                ("hidden-size", "2048"),
+                ("attention-heads", "32"),
+                ("kv-heads", "32"),
+                ("head-dim", "64"),
+                ("vocab-size", "49152"),
+                ("intermediate-size", "8192"),
+                ("tied-embeddings", "true"),
+                ("params", "1711376384"),
+                ("workload", "training"),
+                ("dtype", "fp16-amp"),
+                ("batch", "4"),
+                ("context-tokens", "2048"),
+                ("gradient-checkpointing", "full"),
+            ],
+            extra,
+        )
+    }
+
+    #[test]
+    fn autocast_keeps_every_trainable_weight_copy_until_the_forward_ends() {
+        use crate::model::estimate::testing::part;
+        let e = smollm2_amp(&[("optimizer", "sgd")]);
+        let (t, v) = (4.0 * 2048.0, 49152.0);
+        assert_eq!(part(&e, "autocast-weights"), 2.0 * 1_711_376_384.0);
+        assert_eq!(part(&e, "logits"), (2.0 + 8.0) * t * v);
+        // Each layer's fp32 input (checkpointed) and the final norm's and head's saved inputs.
+        assert_eq!(part(&e, "activations"), (24.0 * 4.0 + 10.0) * t * 2048.0);
+        assert_eq!(part(&e, "gradients"), 0.0);
+        // LoRA's frozen weights are not cached: their casts die with each layer's forward.
+        let lora = smollm2_amp(&[("workload", "lora"), ("lora-rank", "8")]);
+        assert!(part(&lora, "autocast-weights") < 1e9);
     }
 
     #[test]
