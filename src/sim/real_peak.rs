@@ -30,7 +30,7 @@ pub const H200_NVML_RATIOS: [(&str, &str, f64); 20] = [
     ("h200-qwen25-0.5b-ft-b8-1k", "training", 0.9627),
     ("h200-qwen25-0.5b-ft-b8-1k-gc", "training", 0.9908),
     ("h200-llama32-1b-ft-bf16-b4-2k-gc", "training", 0.9090),
-    ("h200-qwen3-1.7b-ft-b4-2k-gc", "training", 1.0444),
+    ("h200-qwen3-1.7b-ft-b4-2k-gc", "training", 1.0366),
     ("h200-llama31-8b-lora16-b4-2k-gc", "lora", 0.9958),
     ("h200-qwen25-7b-lora16-b2-4k", "lora", 0.9965),
     ("h200-mistral-7b-lora64-b8-1k-gc", "lora", 1.0324),
