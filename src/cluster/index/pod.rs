@@ -335,52 +335,53 @@ mod tests {
             serde_json::json!([{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
                 "whenUnsatisfiable": when, "labelSelector": {"matchLabels": {"app": "chat"}}}])
         };
-        let cases: Vec<(&str, serde_json::Value, Option<SoftPreference>)> = vec![
+        const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
+        const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
+        let affinity = |kind: &str, rule: &str, terms: serde_json::Value| serde_json::json!({"affinity": {kind: {rule: terms}}});
+        let weighted_pod = serde_json::json!([{"weight": 10, "podAffinityTerm": pod_term}]);
+        let cases = [
             ("nothing", serde_json::json!({}), None),
             (
                 "preferred node affinity",
-                serde_json::json!({"affinity": {"nodeAffinity": {
-                    "preferredDuringSchedulingIgnoredDuringExecution":
-                        [{"weight": 10, "preference": node_term}]}}}),
+                affinity(
+                    "nodeAffinity",
+                    PREFERRED,
+                    serde_json::json!([{"weight": 10, "preference": node_term}]),
+                ),
                 Some(SoftPreference::NodeAffinity),
             ),
             (
                 "required node affinity",
-                serde_json::json!({"affinity": {"nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution":
-                        {"nodeSelectorTerms": [node_term]}}}}),
+                affinity(
+                    "nodeAffinity",
+                    REQUIRED,
+                    serde_json::json!({"nodeSelectorTerms": [node_term]}),
+                ),
                 None,
             ),
             (
                 "an empty preferred list",
-                serde_json::json!({"affinity": {"nodeAffinity": {
-                    "preferredDuringSchedulingIgnoredDuringExecution": []}}}),
+                affinity("nodeAffinity", PREFERRED, serde_json::json!([])),
                 None,
             ),
             (
                 "preferred pod affinity",
-                serde_json::json!({"affinity": {"podAffinity": {
-                    "preferredDuringSchedulingIgnoredDuringExecution":
-                        [{"weight": 10, "podAffinityTerm": pod_term}]}}}),
+                affinity("podAffinity", PREFERRED, weighted_pod.clone()),
                 Some(SoftPreference::PodAffinity),
             ),
             (
                 "required pod affinity",
-                serde_json::json!({"affinity": {"podAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": [pod_term]}}}),
+                affinity("podAffinity", REQUIRED, serde_json::json!([pod_term])),
                 None,
             ),
             (
                 "preferred pod anti-affinity",
-                serde_json::json!({"affinity": {"podAntiAffinity": {
-                    "preferredDuringSchedulingIgnoredDuringExecution":
-                        [{"weight": 10, "podAffinityTerm": pod_term}]}}}),
+                affinity("podAntiAffinity", PREFERRED, weighted_pod),
                 Some(SoftPreference::PodAntiAffinity),
             ),
             (
                 "required pod anti-affinity",
-                serde_json::json!({"affinity": {"podAntiAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": [pod_term]}}}),
+                affinity("podAntiAffinity", REQUIRED, serde_json::json!([pod_term])),
                 None,
             ),
             (
