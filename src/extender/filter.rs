@@ -395,7 +395,7 @@ impl Extender {
     /// highest in `keep` (`Extender::best_first`'s order). kube-scheduler's scheduling cycle is
     /// serial, and after filter it runs its own score plugins on every node left, sends them
     /// all to prioritize and reads a score for each back: on 1,000 nodes that is ~420 nodes per
-    /// pod (v1.36 `numFeasibleNodesToFind`: 50 - 1,000/125 = 42 % of the nodes), most of them
+    /// pod (`numFeasibleNodesToFind`: 50 - 1,000/125 = 42 % of the nodes), most of them
     /// ones peakfit ranks far below its best. The dropped nodes are named in neither
     /// `NodeNames` nor `FailedNodes`: kube-scheduler (v1.36, `findNodesThatPassExtenders`) gives
     /// them no status, and since at least `N` nodes pass, the pod goes on to scoring and no

@@ -136,9 +136,9 @@ pub struct ExtenderArgs {
     /// scores highest (`0`: every node that fits). kube-scheduler's scheduling cycle is serial
     /// and runs its score plugins, prioritize and both JSON payloads over every node filter
     /// passes; cutting ~420 nodes (1,000-node cluster) to a few shortens each pod's cycle.
-    /// Pods that fit nowhere, pods without peakfit annotations, and pods with a preferred
-    /// affinity, anti-affinity or `ScheduleAnyway` spread constraint (kube-scheduler weighs
-    /// those) get every node that fits.
+    /// Pods that fit nowhere, pods without peakfit annotations, and pods with a preferred node
+    /// affinity, pod affinity or anti-affinity term or a `ScheduleAnyway` spread constraint
+    /// (kube-scheduler's score plugins weigh those) get every node that fits.
     #[arg(long, env = "PEAKFIT_FILTER_KEEP_BEST", default_value_t = DEFAULT_FILTER_KEEP_BEST)]
     pub filter_keep_best: usize,
     #[command(flatten)]
@@ -296,7 +296,7 @@ pub const PREEMPTIBLE_NODES_KEPT: usize = 64;
 
 /// `--filter-keep-best`'s default (the chart's `extender.filterKeepBest` must equal it;
 /// tests/chart.rs checks). kube-scheduler itself scores only the first feasible nodes it finds
-/// (v1.36 `numFeasibleNodesToFind`: at least 100, in no particular order); peakfit keeps the
+/// (`numFeasibleNodesToFind` in its `schedule_one.go`: at least 100, in scan order); peakfit keeps the
 /// ones its own ranking puts first, and 32 rather than the N = 16 measured on 2-core pairs
 /// (README, `--filter-keep-best`) leaves the score plugins that still weigh among them (a
 /// `PreferNoSchedule` taint, image locality, other pods' preferred terms) twice the choice.

@@ -319,6 +319,8 @@ mod tests {
     /// required terms, `DoNotSchedule` spread and empty lists do not.
     #[test]
     fn soft_preference_is_each_scored_field_alone_and_no_filter() {
+        const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
+        const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
         use k8s_openapi::api::core::v1::{Pod, TopologySpreadConstraint};
         let pod = |spec: serde_json::Value| -> Pod {
             serde_json::from_value(serde_json::json!({
@@ -335,8 +337,6 @@ mod tests {
             serde_json::json!([{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
                 "whenUnsatisfiable": when, "labelSelector": {"matchLabels": {"app": "chat"}}}])
         };
-        const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
-        const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
         let affinity = |kind: &str, rule: &str, terms: serde_json::Value| serde_json::json!({"affinity": {kind: {rule: terms}}});
         let weighted_pod = serde_json::json!([{"weight": 10, "podAffinityTerm": pod_term}]);
         let cases = [
