@@ -240,6 +240,12 @@ pub mod extender {
     pub use crate::cluster::index::ReasonLabels;
 
     #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+    pub struct PreferenceLabels {
+        /// `SoftPreference::label`: four values.
+        pub preference: &'static str,
+    }
+
+    #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
     pub struct OutcomeLabels {
         pub outcome: &'static str,
     }
@@ -277,6 +283,9 @@ pub mod extender {
         pub node_nudges: Counter,
         /// Fitting nodes filter left out of its answer under `--filter-keep-best`.
         pub filter_ranked_out: Counter,
+        /// Filter calls answered with every fitting node although `--filter-keep-best` would
+        /// have cut them, because the pod asks kube-scheduler to weigh a preference, by which.
+        pub filter_keep_best_skipped: Family<PreferenceLabels, Counter>,
         pub node_report_age_limit: FloatGauge,
         pub pending_pods: Family<ReasonLabels, Gauge>,
         pub pending_pod_oldest: Family<ReasonLabels, FloatGauge>,
@@ -319,6 +328,7 @@ pub mod extender {
                 bind_conflicts: Counter::default(),
                 node_nudges: Counter::default(),
                 filter_ranked_out: Counter::default(),
+                filter_keep_best_skipped: Family::default(),
                 node_report_age_limit: FloatGauge::default(),
                 pending_pods: Family::default(),
                 pending_pod_oldest: Family::default(),
@@ -373,6 +383,14 @@ pub mod extender {
                 "Nodes the pod fits that filter left out of its answer because prioritize ranks \
                  them below the best --filter-keep-best (not refusals: they are in no failed list)",
                 m.filter_ranked_out.clone(),
+            );
+            r.register(
+                "extender_filter_keep_best_skipped",
+                "Filter calls that passed every fitting node although there were more than \
+                 --filter-keep-best, because the pod has a preference kube-scheduler's score \
+                 plugins weigh (preferred node affinity, pod affinity or anti-affinity, or \
+                 ScheduleAnyway topology spread), by the first one found",
+                m.filter_keep_best_skipped.clone(),
             );
             r.register(
                 "node_report_age_limit_seconds",

@@ -734,6 +734,33 @@ fn every_flag_and_variable_the_chart_passes_is_one_peakfit_reads() {
     );
 }
 
+/// `--filter-keep-best` has one default, `DEFAULT_FILTER_KEEP_BEST`: clap's and the chart's
+/// `extender.filterKeepBest` are both it, so changing the number in one place and not the
+/// other fails here.
+#[test]
+fn the_chart_and_the_binary_keep_the_same_best_nodes_by_default() {
+    use peakfit::extender::DEFAULT_FILTER_KEEP_BEST;
+    let mut cli = peakfit::cli::Cli::command();
+    cli.build();
+    let arg = cli
+        .find_subcommand("extender")
+        .expect("an extender subcommand")
+        .get_arguments()
+        .find(|a| a.get_long() == Some("filter-keep-best"))
+        .expect("--filter-keep-best");
+    assert_eq!(
+        arg.get_default_values(),
+        [DEFAULT_FILTER_KEEP_BEST.to_string()]
+    );
+    let deploy: Deployment = one(&render(&[]), "Deployment", Some("scheduler"));
+    let spod = pod_spec(deploy.spec.as_ref().map(|s| &s.template));
+    assert_eq!(
+        env_value(container(spod, "extender"), "PEAKFIT_FILTER_KEEP_BEST"),
+        DEFAULT_FILTER_KEEP_BEST.to_string(),
+        "charts/peakfit/values.yaml extender.filterKeepBest"
+    );
+}
+
 #[test]
 fn the_scheduler_config_snippet_has_what_the_chart_configures() {
     let chart = scheduler_config(&render(&[]))["extenders"][0].clone();

@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::Pod;
 use super::Extender;
 use super::prioritize::NodeScoring;
 use super::wire::{ExtenderArgs, ExtenderFilterResult, NodeList};
-use crate::cluster::index::{NodeState, pod_key};
+use crate::cluster::index::{NodeState, pod_key, soft_preference};
 use crate::cluster::resources::host_request_of;
-use crate::metrics::extender::{DecisionLabels, ReasonLabels, ScoreSourceLabels};
+use crate::metrics::extender::{DecisionLabels, PreferenceLabels, ReasonLabels, ScoreSourceLabels};
 use crate::placement::fit::{check_class, need_on, node_usable};
 use crate::placement::{FitConfig, NodeLedger, PodShape, Rejection};
 
@@ -375,7 +375,7 @@ impl Extender {
                     now,
                     Some((key.clone(), priority)),
                 );
-                self.keep_best(&names, &mut keep, &scoring);
+                self.keep_best(&pod, &names, &mut keep, &scoring);
                 keep
             }
         };
@@ -395,16 +395,32 @@ impl Extender {
     /// highest in `keep` (`Extender::best_first`'s order). kube-scheduler's scheduling cycle is
     /// serial, and after filter it runs its own score plugins on every node left, sends them
     /// all to prioritize and reads a score for each back: on 1,000 nodes that is ~420 nodes per
-    /// pod, most of them ones peakfit ranks far below its best. The dropped nodes are named in
-    /// neither `NodeNames` nor `FailedNodes`: kube-scheduler (v1.36, `findNodesThatPassExtenders`)
-    /// gives them no status, and since at least `N` nodes pass, the pod goes on to scoring and
-    /// no `FailedScheduling` event, preemption or wait is affected. A pod that fits nowhere is
+    /// pod (`numFeasibleNodesToFind`: 50 - 1,000/125 = 42 % of the nodes), most of them
+    /// ones peakfit ranks far below its best. The dropped nodes are named in neither
+    /// `NodeNames` nor `FailedNodes`: kube-scheduler (v1.36, `findNodesThatPassExtenders`) gives
+    /// them no status, and since at least `N` nodes pass, the pod goes on to scoring and no
+    /// `FailedScheduling` event, preemption or wait is affected. A pod that fits nowhere is
     /// never cut (nothing changes then). The scores computed here stay in the nodes' memos, so
     /// prioritize then answers the `N` from memory.
-    fn keep_best(&self, names: &[&str], keep: &mut [bool], scoring: &NodeScoring) {
+    ///
+    /// Nor is a pod with a preference kube-scheduler's score plugins weigh
+    /// (`index::soft_preference`): a preferred node affinity term, for one, adds up to 200 of
+    /// the `NodeAffinity` plugin to its node's total, and peakfit's own ranking of the `N`
+    /// knows nothing of it, so the pod keeps every fitting node and kube-scheduler decides
+    /// between them as with the flag off (`peakfit_extender_filter_keep_best_skipped_total`).
+    fn keep_best(&self, pod: &Pod, names: &[&str], keep: &mut [bool], scoring: &NodeScoring) {
         let n = self.filter_keep_best;
         let fitting: Vec<usize> = (0..keep.len()).filter(|&i| keep[i]).collect();
         if n == 0 || fitting.len() <= n {
+            return;
+        }
+        if let Some(preference) = soft_preference(pod) {
+            self.metrics
+                .filter_keep_best_skipped
+                .get_or_create(&PreferenceLabels {
+                    preference: preference.label(),
+                })
+                .inc();
             return;
         }
         let fitting_names: Vec<&str> = fitting.iter().map(|&i| names[i]).collect();
@@ -553,21 +569,19 @@ mod tests {
         );
     }
 
-    /// `--filter-keep-best N`: filter answers with the `N` fitting nodes prioritize scores
-    /// highest, names the dropped ones in no failed list (kube-scheduler then gives them no
-    /// status: they are not refusals), keeps its words for the nodes it refuses, and cuts the
-    /// same nodes whatever order the candidates come in. A pod that fits nowhere is answered
-    /// as without the flag.
-    #[test]
-    fn keep_best_answers_with_the_nodes_prioritize_ranks_highest() {
+    /// Fifteen nodes with one 80 GiB GPU each, filled 0-60 GiB in steps of 5 (thirteen nodes a
+    /// 10 GiB pod fits), then 75 and 78 GiB; and an extender over them with `--filter-keep-best`.
+    fn keep_best_cluster() -> (
+        Arc<crate::cluster::index::Index>,
+        Vec<String>,
+        impl Fn(usize) -> Extender,
+    ) {
         use crate::cluster::binding::MemoryBinder;
         use crate::cluster::index::Index;
-        use crate::cluster::test_support::{mk_node, mk_pod, mk_report};
-        use crate::extender::wire::ExtenderArgs;
+        use crate::cluster::test_support::{mk_node, mk_report};
         use crate::metrics::extender::ExtenderMetrics;
 
         let index = Arc::new(Index::new());
-        // Thirteen nodes the pod fits, filled 0-60 GiB of 80, and two it does not.
         let mut names = Vec::new();
         for (i, used) in (0..=60).step_by(5).chain([75, 78]).enumerate() {
             let node = format!("n{i:02}");
@@ -583,14 +597,30 @@ mod tests {
             ));
             names.push(node);
         }
-        let ext = |keep: usize| {
+        let ext_index = index.clone();
+        let ext = move |keep: usize| {
             Extender::new(
-                index.clone(),
+                ext_index.clone(),
                 Arc::new(ExtenderMetrics::new()),
                 Arc::new(MemoryBinder::default()),
             )
             .with_filter_keep_best(keep)
         };
+        (index, names, ext)
+    }
+
+    /// `--filter-keep-best N`: filter answers with the `N` fitting nodes prioritize scores
+    /// highest, names the dropped ones in no failed list (kube-scheduler then gives them no
+    /// status: they are not refusals), keeps its words for the nodes it refuses, and cuts the
+    /// same nodes whatever order the candidates come in. A pod that fits nowhere is answered
+    /// as without the flag.
+    #[test]
+    fn keep_best_answers_with_the_nodes_prioritize_ranks_highest() {
+        use crate::cluster::test_support::mk_pod;
+        use crate::extender::wire::ExtenderArgs;
+
+        // Thirteen nodes the pod fits, filled 0-60 GiB of 80, and two it does not.
+        let (index, names, ext) = keep_best_cluster();
         let args = |uid: &str, vram: &str, names: &[String]| {
             let pod = mk_pod(uid, None, &[("peakfit.io/vram", vram)]);
             index.apply_pod(&pod);
@@ -665,5 +695,79 @@ mod tests {
             none_off.failed_and_unresolvable_nodes
         );
         assert_eq!(failed(&none).len(), 15);
+    }
+
+    /// A pod with a preferred node affinity term gets every node it fits, whatever
+    /// `--filter-keep-best` says: kube-scheduler's `NodeAffinity` score must see the node the
+    /// pod prefers even where peakfit ranks it below the best `N`. The same pod without the
+    /// term gets `N`, and so does one whose affinity is required only (a filter, already
+    /// applied to the candidates). The skip is counted by what the pod prefers.
+    #[test]
+    fn keep_best_passes_every_fitting_node_to_a_pod_that_prefers_one() {
+        use crate::cluster::test_support::mk_pod;
+        use crate::extender::wire::ExtenderArgs;
+        use k8s_openapi::api::core::v1::NodeSelectorRequirement;
+        use k8s_openapi::api::core::v1::{Affinity, NodeAffinity, NodeSelector};
+        use k8s_openapi::api::core::v1::{NodeSelectorTerm, PreferredSchedulingTerm};
+
+        let (index, names, ext) = keep_best_cluster();
+        let e = ext(3);
+        // The emptiest node, the one peakfit ranks last.
+        let term = NodeSelectorTerm {
+            match_expressions: Some(vec![NodeSelectorRequirement {
+                key: "kubernetes.io/hostname".into(),
+                operator: "In".into(),
+                values: Some(vec!["n00".into()]),
+            }]),
+            ..Default::default()
+        };
+        let filter = |uid: &str, affinity: Option<NodeAffinity>| {
+            let mut pod = mk_pod(uid, None, &[("peakfit.io/vram", "10Gi")]);
+            pod.spec.as_mut().unwrap().affinity = affinity.map(|a| Affinity {
+                node_affinity: Some(a),
+                ..Default::default()
+            });
+            index.apply_pod(&pod);
+            e.filter(ExtenderArgs {
+                pod: Some(pod),
+                nodes: None,
+                node_names: Some(names.clone()),
+            })
+            .node_names
+            .unwrap()
+        };
+        let preferred = NodeAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                PreferredSchedulingTerm {
+                    weight: 100,
+                    preference: term.clone(),
+                },
+            ]),
+            ..Default::default()
+        };
+        let all = filter("prefers", Some(preferred));
+        assert_eq!(all.len(), 13, "{all:?}");
+        assert!(all.contains(&"n00".to_owned()));
+        let skipped = |label: &'static str| {
+            e.metrics
+                .filter_keep_best_skipped
+                .get_or_create(&PreferenceLabels { preference: label })
+                .get()
+        };
+        assert_eq!(skipped("node_affinity"), 1);
+        assert_eq!(e.metrics.filter_ranked_out.get(), 0);
+
+        let cut = filter("plain", None);
+        assert_eq!(cut.len(), 3, "{cut:?}");
+        assert!(!cut.contains(&"n00".to_owned()), "{cut:?}");
+        let required = NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![term],
+            }),
+            ..Default::default()
+        };
+        assert_eq!(filter("requires", Some(required)), cut);
+        assert_eq!(skipped("node_affinity"), 1);
+        assert_eq!(e.metrics.filter_ranked_out.get(), 20);
     }
 }

@@ -136,8 +136,10 @@ pub struct ExtenderArgs {
     /// scores highest (`0`: every node that fits). kube-scheduler's scheduling cycle is serial
     /// and runs its score plugins, prioritize and both JSON payloads over every node filter
     /// passes; cutting ~420 nodes (1,000-node cluster) to a few shortens each pod's cycle.
-    /// Pods that fit nowhere and pods without peakfit annotations are not affected.
-    #[arg(long, env = "PEAKFIT_FILTER_KEEP_BEST", default_value_t = 0)]
+    /// Pods that fit nowhere, pods without peakfit annotations, and pods with a preferred node
+    /// affinity, pod affinity or anti-affinity term or a `ScheduleAnyway` spread constraint
+    /// (kube-scheduler's score plugins weigh those) get every node that fits.
+    #[arg(long, env = "PEAKFIT_FILTER_KEEP_BEST", default_value_t = DEFAULT_FILTER_KEEP_BEST)]
     pub filter_keep_best: usize,
     #[command(flatten)]
     pub learn: LearnArgs,
@@ -291,6 +293,15 @@ fn gpu_models_of<'a>(
 
 /// How many resolvable nodes a waiting pod keeps for `self_preempt`.
 pub const PREEMPTIBLE_NODES_KEPT: usize = 64;
+
+/// `--filter-keep-best`'s default (the chart's `extender.filterKeepBest` must equal it;
+/// tests/chart.rs checks). kube-scheduler itself scores only the first feasible nodes it finds
+/// (`numFeasibleNodesToFind` in its `schedule_one.go`: at least 100, in scan order); peakfit keeps the
+/// ones its own ranking puts first, and 32 rather than the N = 16 measured on 2-core pairs
+/// (README, `--filter-keep-best`) leaves the score plugins that still weigh among them (a
+/// `PreferNoSchedule` taint, image locality, other pods' preferred terms) twice the choice.
+/// `Extender::new` leaves the cut off: the binary opts in through the flag.
+pub const DEFAULT_FILTER_KEEP_BEST: usize = 32;
 
 /// Everything a request needs; shared by every handler.
 pub struct Extender {

@@ -46,7 +46,7 @@ pub use holds::ExpiredHold;
 pub use observe::Observed;
 pub use pod::{
     ASSIGNED_GPUS, Assignment, GPU_MEMORY_FRACTION, MAX_RESERVED_BYTES, PodEntry, RESERVED_BYTES,
-    is_explicit, pod_key, pod_request_of,
+    SoftPreference, is_explicit, pod_key, pod_request_of, soft_preference,
 };
 pub use reasons::ReasonLabels;
 pub use rebuild::free_outside_largest_gpu_ratio;

@@ -120,6 +120,81 @@ pub fn hold_of(pod: &Pod) -> Option<Result<HoldNote, crate::cluster::hold::HoldN
     annotations_of(pod).get(HOLD).map(|v| HoldNote::parse(v))
 }
 
+/// A preference the pod asks kube-scheduler's score plugins to weigh between nodes that all
+/// fit it, which `--filter-keep-best` would otherwise let them weigh among the best `N` only:
+/// filter then answers with every fitting node (`Extender::keep_best`). Each names the
+/// kube-scheduler (v1.36) score plugin that reads it, the reason the cut is skipped; the
+/// `label` is the bounded value of `peakfit_extender_filter_keep_best_skipped_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SoftPreference {
+    /// `affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution`: the
+    /// `NodeAffinity` plugin's Score sums the weights of the terms a node matches.
+    NodeAffinity,
+    /// `affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution`: the
+    /// `InterPodAffinity` plugin's Score, toward nodes whose domain runs matching pods.
+    PodAffinity,
+    /// `affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution`: the same
+    /// plugin's Score, away from them.
+    PodAntiAffinity,
+    /// A `topologySpreadConstraints` entry with `whenUnsatisfiable: ScheduleAnyway`: the
+    /// `PodTopologySpread` plugin scores nodes by the skew they would leave (`DoNotSchedule`
+    /// entries are its Filter, decided before the extender, and do not count here).
+    TopologySpread,
+}
+
+impl SoftPreference {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NodeAffinity => "node_affinity",
+            Self::PodAffinity => "pod_affinity",
+            Self::PodAntiAffinity => "pod_anti_affinity",
+            Self::TopologySpread => "topology_spread",
+        }
+    }
+}
+
+/// The first preference of the pod's own spec that kube-scheduler scores (in the order of
+/// [`SoftPreference`]); `None` when its placement among fitting nodes is peakfit's alone to
+/// rank as far as the pod is concerned. Required terms and `DoNotSchedule` spread are filters,
+/// already applied to the candidates kube-scheduler sends, so they do not count. Not read:
+/// preferences that come from elsewhere (other pods' preferred terms toward this one, the
+/// scheduler profile's default spread constraints), which are documented as what the cut can
+/// still narrow.
+pub fn soft_preference(pod: &Pod) -> Option<SoftPreference> {
+    fn any<T>(terms: Option<&Vec<T>>) -> bool {
+        terms.is_some_and(|t| !t.is_empty())
+    }
+    let spec = pod.spec.as_ref()?;
+    if let Some(a) = &spec.affinity {
+        let node = a.node_affinity.as_ref();
+        let toward = a.pod_affinity.as_ref();
+        let away = a.pod_anti_affinity.as_ref();
+        if any(node.and_then(|n| {
+            n.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+        })) {
+            return Some(SoftPreference::NodeAffinity);
+        }
+        if any(toward.and_then(|p| {
+            p.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+        })) {
+            return Some(SoftPreference::PodAffinity);
+        }
+        if any(away.and_then(|p| {
+            p.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+        })) {
+            return Some(SoftPreference::PodAntiAffinity);
+        }
+    }
+    spec.topology_spread_constraints
+        .iter()
+        .flatten()
+        .any(|c| c.when_unsatisfiable == "ScheduleAnyway")
+        .then_some(SoftPreference::TopologySpread)
+}
+
 impl PodEntry {
     pub fn uid(&self) -> Option<&str> {
         self.has_uid.then_some(self.key.as_str())
@@ -239,6 +314,128 @@ mod tests {
     use super::*;
     use crate::cluster::test_support::mk_pod;
     use k8s_openapi::api::core::v1::Pod;
+
+    /// Each preference kube-scheduler scores triggers the exemption alone, with its label;
+    /// required terms, `DoNotSchedule` spread and empty lists do not.
+    #[test]
+    fn soft_preference_is_each_scored_field_alone_and_no_filter() {
+        const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
+        const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
+        use k8s_openapi::api::core::v1::{Pod, TopologySpreadConstraint};
+        let pod = |spec: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p"},
+                "spec": spec,
+            }))
+            .unwrap()
+        };
+        let node_term = serde_json::json!({"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]});
+        let pod_term = serde_json::json!({"topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"app": "chat"}}});
+        let spread = |when: &str| {
+            serde_json::json!([{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": when, "labelSelector": {"matchLabels": {"app": "chat"}}}])
+        };
+        let affinity = |kind: &str, rule: &str, terms: serde_json::Value| serde_json::json!({"affinity": {kind: {rule: terms}}});
+        let weighted_pod = serde_json::json!([{"weight": 10, "podAffinityTerm": pod_term}]);
+        let cases = [
+            ("nothing", serde_json::json!({}), None),
+            (
+                "preferred node affinity",
+                affinity(
+                    "nodeAffinity",
+                    PREFERRED,
+                    serde_json::json!([{"weight": 10, "preference": node_term}]),
+                ),
+                Some(SoftPreference::NodeAffinity),
+            ),
+            (
+                "required node affinity",
+                affinity(
+                    "nodeAffinity",
+                    REQUIRED,
+                    serde_json::json!({"nodeSelectorTerms": [node_term]}),
+                ),
+                None,
+            ),
+            (
+                "an empty preferred list",
+                affinity("nodeAffinity", PREFERRED, serde_json::json!([])),
+                None,
+            ),
+            (
+                "preferred pod affinity",
+                affinity("podAffinity", PREFERRED, weighted_pod.clone()),
+                Some(SoftPreference::PodAffinity),
+            ),
+            (
+                "required pod affinity",
+                affinity("podAffinity", REQUIRED, serde_json::json!([pod_term])),
+                None,
+            ),
+            (
+                "preferred pod anti-affinity",
+                affinity("podAntiAffinity", PREFERRED, weighted_pod),
+                Some(SoftPreference::PodAntiAffinity),
+            ),
+            (
+                "required pod anti-affinity",
+                affinity("podAntiAffinity", REQUIRED, serde_json::json!([pod_term])),
+                None,
+            ),
+            (
+                "ScheduleAnyway spread",
+                serde_json::json!({"topologySpreadConstraints": spread("ScheduleAnyway")}),
+                Some(SoftPreference::TopologySpread),
+            ),
+            (
+                "DoNotSchedule spread",
+                serde_json::json!({"topologySpreadConstraints": spread("DoNotSchedule")}),
+                None,
+            ),
+        ];
+        for (what, spec, want) in cases {
+            assert_eq!(soft_preference(&pod(spec)), want, "{what}");
+        }
+        assert_eq!(
+            soft_preference(&Pod::default()),
+            None,
+            "a pod without a spec"
+        );
+        // One ScheduleAnyway entry among DoNotSchedule ones is enough.
+        let mut mixed = pod(serde_json::json!({"topologySpreadConstraints":
+            spread("DoNotSchedule")}));
+        let spec = mixed.spec.as_mut().unwrap();
+        let mut soft: TopologySpreadConstraint =
+            spec.topology_spread_constraints.as_ref().unwrap()[0].clone();
+        soft.when_unsatisfiable = "ScheduleAnyway".into();
+        spec.topology_spread_constraints
+            .as_mut()
+            .unwrap()
+            .push(soft);
+        assert_eq!(
+            soft_preference(&mixed),
+            Some(SoftPreference::TopologySpread)
+        );
+        let labels: Vec<&str> = [
+            SoftPreference::NodeAffinity,
+            SoftPreference::PodAffinity,
+            SoftPreference::PodAntiAffinity,
+            SoftPreference::TopologySpread,
+        ]
+        .map(SoftPreference::label)
+        .to_vec();
+        assert_eq!(
+            labels,
+            [
+                "node_affinity",
+                "pod_affinity",
+                "pod_anti_affinity",
+                "topology_spread"
+            ]
+        );
+    }
 
     #[test]
     fn only_a_pod_peakfit_places_has_its_gpu_products_read() {
