@@ -43,7 +43,7 @@
 //! 1000), `PEAKFIT_BENCH_VARIANTS` (default `spread,contention`).
 //! The extender inherits the bench's environment, so its own settings apply to (b): e.g.
 //! `PEAKFIT_FILTER_KEEP_BEST=16` measures `--filter-keep-best 16`, and
-//! `PEAKFIT_FILTER_KEEP_BEST=0` (b) without the cut (unset: the default, 32).
+//! `PEAKFIT_FILTER_KEEP_BEST=0` (b) without the cut (unset: the default, off).
 
 #[path = "../tests/e2e_support/mod.rs"]
 mod e2e_support;

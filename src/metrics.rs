@@ -356,8 +356,9 @@ pub mod extender {
             );
             r.register(
                 "extender_node_scores",
-                "Node scores prioritize used, by where they came from: the memo of the node's \
-                 state (shared by nodes alike), computed for the request, or computed ahead by the \
+                "Node scores prioritize used (and filter, ranking the fitting nodes under \
+                 --filter-keep-best), by where they came from: the memo of the node's state \
+                 (shared by nodes alike), computed for the request, or computed ahead by the \
                  prescorer",
                 m.node_scores.clone(),
             );
