@@ -43,7 +43,7 @@
 //! | training, loss | `12·T·V`: the saved `log_softmax` output, the NLL gradient and `log_softmax`'s input gradient, all fp32, at the start of backward; Gemma-2 also saves its soft-capped logits' `tanh` output, `c·T·V` | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`); `Gemma2ForCausalLM.forward` (`final_logit_softcapping`: `tanh(logits / cap) * cap`, default 30.0) |
 //! | training, Gemma norms | the fp32 normed input a trained weight's `mul` saves, 4 B instead of the stream's width | `Gemma2RMSNorm.forward`, `Gemma3RMSNorm.forward` (`output * (1.0 + self.weight.float())` in fp32, then `type_as(x)`) |
 //! | training, GPT-2's GELU under autocast | `pow` is on CUDA autocast's fp32 list: its input is copied to fp32 and every later op of `NewGELUActivation` promotes to fp32, so `pow`'s input, `tanh`'s output and `1 + tanh` are saved at 4 B | `NewGELUActivation.forward`; `autocast_mode.cpp` (`pow` in `CastPolicy::fp32`) |
-//! | autocast weight cache | a 16-bit copy of every trainable fp32 weight a linear layer uses in forward, kept by the nodes that saved it | `autocast_mode.cpp` `cached_cast` (leaf tensors requiring grad) |
+//! | autocast weight cache | a 16-bit copy of every trainable fp32 weight a linear layer uses in forward, kept by the nodes that saved it; LoRA's fp32 factors too (`2·adapter params`: cached to the forward's end, and saved into backward without checkpointing) | `autocast_mode.cpp` `cached_cast` (leaf tensors requiring grad); PEFT `autocast_adapter_dtype` (factors kept in fp32) |
 //! | training, the end of the forward under autocast | a moment of its own: every trainable linear weight's 16-bit copy is still in autocast's cache while `cross_entropy` runs, checkpointing or not, beside the 16-bit logits, their fp32 copy and `log_softmax`'s output, `(c+8)·T·V`; with checkpointing in full fine-tuning it can beat backward's start (SGD's one state tensor: SmolLM2-1.7B b4 × 2k peaks there, 21.47 GiB, oracle and H100 alike) | `autocast_mode.cpp` `cached_cast`; `torch.autocast.__exit__` (`torch.clear_autocast_cache()`); `ForCausalLMLoss` (`logits.float()`, `cross_entropy`) |
 
 use super::framework::Framework;
@@ -889,7 +889,25 @@ impl Inputs {
     /// holds the head's, [`Self::autocast_weight_copies`]). A frozen weight (LoRA) is not cached,
     /// so with recomputation its cast dies with its layer's forward.
     fn autocast_copies_at_forward_end(&self, checkpointed: bool) -> f64 {
-        self.autocast_weight_copies(checkpointed && self.workload.is_adapter())
+        let checkpointed_adapter = checkpointed && self.workload.is_adapter();
+        let cached_adapters = if checkpointed_adapter {
+            self.autocast_adapter_copies()
+        } else {
+            0.0
+        };
+        self.autocast_weight_copies(checkpointed_adapter) + cached_adapters
+    }
+
+    /// Autocast's 16-bit copies of the LoRA factors. PEFT keeps `lora_A` and `lora_B` in fp32
+    /// (`autocast_adapter_dtype`) and they require grad, so `cached_cast`
+    /// (`aten/src/ATen/autocast_mode.cpp`) caches each one's cast for the whole autocast
+    /// region, and without recomputation each linear node also saves it for its input's
+    /// gradient into backward; with checkpointing the recomputed layers cast their own.
+    fn autocast_adapter_copies(&self) -> f64 {
+        if self.dtype != Dtype::Fp16Amp || !self.workload.is_adapter() {
+            return 0.0;
+        }
+        2.0 * self.adapter_params() * self.stage_share() / self.tp
     }
 
     /// Autocast's 16-bit copies of fp32 linear weights that backward still holds when it
@@ -908,7 +926,7 @@ impl Inputs {
         }
         // The input embedding is a lookup, not a linear: cast only when it is the tied head.
         let embedding = if self.arch.tied_embeddings { 0.0 } else { head };
-        2.0 * (self.params - embedding).max(0.0)
+        2.0 * (self.params - embedding).max(0.0) + self.autocast_adapter_copies()
     }
 
     /// The optimizer step's temporary: torch's `foreach` AdamW (`_multi_tensor_adamw`, the
@@ -2520,6 +2538,25 @@ mod tests {
         // LoRA's frozen weights are not cached: their casts die with each layer's forward.
         let lora = smollm2_amp(&[("workload", "lora"), ("lora-rank", "8")]);
         assert!(part(&lora, "autocast-weights") < 1e9);
+    }
+
+    /// The LoRA factors are fp32 leaves that require grad, so autocast caches their 16-bit
+    /// casts for the whole forward and, without recomputation, each linear node saves its
+    /// factor's cast for backward: beside the frozen weights' casts, at backward's start.
+    #[test]
+    fn autocast_keeps_the_lora_factors_copies_too() {
+        use crate::model::estimate::testing::part;
+        let lora = smollm2_amp(&[
+            ("workload", "lora"),
+            ("lora-rank", "64"),
+            ("gradient-checkpointing", "none"),
+        ]);
+        // The frozen weights' casts are every parameter's (the embedding is the tied head);
+        // the factors' are half their fp32 bytes ("adapters").
+        assert_eq!(
+            part(&lora, "autocast-weights"),
+            2.0 * 1_711_376_384.0 + part(&lora, "adapters") / 2.0
+        );
     }
 
     #[test]
