@@ -5,12 +5,16 @@
 //! ```text
 //! cargo bench --bench estimate                      # 200 rounds over every spec below
 //! PEAKFIT_BENCH_ROUNDS=2000 cargo bench --bench estimate
+//! PEAKFIT_BENCH_ONLY=qwen3-4b cargo bench --bench estimate   # the specs whose id contains it
 //! ```
 //!
-//! The specs are the H200 rows (`tests/data/h200`) and the oracle grid's
-//! (`tests/data/oracle-grid.csv`): each a `config.json` read into annotations plus a workload,
-//! parsed once; each round calls `estimate` on every spec and times each call. Prints the
-//! median and p99 per call and the slowest spec.
+//! The specs are the rows the model is scored on against a measured peak: the H200 and H100 rows (`tests/data/h200`,
+//! `tests/data/h100`), the oracle grid (`tests/data/oracle-grid.csv`) and the oracle's reserved
+//! samples (`tests/data/oracle-reserved*.csv`, the long generations among them): each a
+//! `config.json` read into annotations plus a workload, parsed once; each round calls `estimate`
+//! on every spec and times each call. Prints the median and p99 per call over all calls, and
+//! the specs whose own median is slowest (the replayed `generate` rows: their cost grows with
+//! layers, batch and context, so a p99 over a grid says little about which workload pays it).
 
 #[path = "../tests/model_rows/mod.rs"]
 mod model_rows;
@@ -21,42 +25,69 @@ use std::time::Instant;
 use peakfit::model::estimate;
 
 fn specs() -> Vec<(String, peakfit::model::Spec)> {
-    model_rows::oracle_grid()
+    let rows = model_rows::h200()
         .into_iter()
-        .map(|r| (r.id, r.spec))
+        .chain(model_rows::h100())
+        .map(|r| (r.id, r.spec));
+    let grid = model_rows::oracle_grid()
+        .into_iter()
+        .chain(model_rows::oracle_reserved())
+        .chain(model_rows::oracle_reserved_long())
+        .map(|r| (r.id, r.spec));
+    let only = std::env::var("PEAKFIT_BENCH_ONLY").unwrap_or_default();
+    rows.chain(grid)
+        .filter(|(id, _)| id.contains(&only))
         .collect()
 }
 
 fn main() {
     let specs = specs();
+    if specs.is_empty() {
+        eprintln!(
+            "estimate: no spec's id contains PEAKFIT_BENCH_ONLY={:?}",
+            std::env::var("PEAKFIT_BENCH_ONLY").unwrap_or_default()
+        );
+        std::process::exit(2);
+    }
     let rounds: usize = std::env::var("PEAKFIT_BENCH_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
-    let mut samples = Vec::with_capacity(rounds * specs.len());
-    let mut slowest = (0u128, String::new());
+    let mut per_spec: Vec<Vec<u128>> = vec![Vec::with_capacity(rounds); specs.len()];
     for _ in 0..rounds {
-        for (id, spec) in &specs {
+        for ((_, spec), times) in specs.iter().zip(&mut per_spec) {
             let start = Instant::now();
             black_box(estimate(black_box(spec), 80 << 30));
-            let ns = start.elapsed().as_nanos();
-            if ns > slowest.0 {
-                slowest = (ns, id.clone());
-            }
-            samples.push(ns);
+            times.push(start.elapsed().as_nanos());
         }
     }
-    samples.sort_unstable();
-    let at = |p: f64| {
-        samples[peakfit::convert::f64_to_usize(samples.len() as f64 * p).min(samples.len() - 1)]
+    let mut all: Vec<u128> = per_spec.iter().flatten().copied().collect();
+    all.sort_unstable();
+    let at = |sorted: &[u128], p: f64| {
+        sorted[peakfit::convert::f64_to_usize(sorted.len() as f64 * p).min(sorted.len() - 1)] as f64
+            / 1e3
     };
     println!(
-        "estimate: {} specs x {rounds} rounds = {} calls; per call median {:.1} µs, p99 {:.1} µs, max {:.1} µs ({})",
+        "estimate: {} specs x {rounds} rounds = {} calls; per call median {:.1} µs, p99 {:.1} µs, max {:.1} µs",
         specs.len(),
-        samples.len(),
-        at(0.5) as f64 / 1e3,
-        at(0.99) as f64 / 1e3,
-        slowest.0 as f64 / 1e3,
-        slowest.1
+        all.len(),
+        at(&all, 0.5),
+        at(&all, 0.99),
+        at(&all, 1.0),
     );
+    let mut medians: Vec<(f64, f64, &str)> = per_spec
+        .iter_mut()
+        .zip(&specs)
+        .map(|(times, (id, _))| {
+            times.sort_unstable();
+            (at(times, 0.5), at(times, 0.99), id.as_str())
+        })
+        .collect();
+    medians.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let over = medians.iter().filter(|m| m.0 > 1000.0).count();
+    println!("specs whose median is over 1 ms: {over} of {}", specs.len());
+    println!("slowest specs (median / p99 µs):");
+    for (median, p99, id) in medians.iter().take(12) {
+        println!("  {median:>9.1} {p99:>9.1}  {id}");
+    }
 }

@@ -102,33 +102,78 @@ pub(super) trait FreeBlocks: Default {
     fn best_fit(&self, size: u64) -> Option<usize>;
 }
 
-/// A sorted vector: a pool holds tens to a few hundred free blocks, where a binary search and
-/// a short `memmove` cost less than a B-tree's node walks and allocations (issue 20: `estimate`
-/// runs this replay per call, and a call must stay under 1 ms).
+/// A pool's free blocks, unordered, searched whole: a pool holds few free blocks (a layer's
+/// requests repeat the last layer's sizes, and freed neighbours merge), where one scan of packed keys for the best fit costs less than keeping
+/// them sorted (a binary search's mispredicted branches and a `memmove` on every insert and
+/// remove: `perf annotate` of the bench; issue 20: `estimate` runs this replay per call, and a
+/// call must stay under 1 ms). Each block is one `u128`, size above address, so the best fit
+/// is the smallest key at or above `(size, 0)`: `BlockComparatorSize`'s order, the B-tree
+/// reference's in the tests, which the replay matches bit for bit. Each piece's place in the
+/// vectors is kept beside them, so inserting and removing (a split's rest, a merge's
+/// neighbours) search nothing.
 #[derive(Debug, Default)]
-pub(super) struct SortedBlocks(Vec<Key>);
+pub(super) struct ScannedBlocks {
+    keys: Vec<u128>,
+    pieces: Vec<usize>,
+    /// Where each piece's key is in `keys`, indexed by piece (stale for pieces not in the pool).
+    slot: Vec<usize>,
+}
 
-impl FreeBlocks for SortedBlocks {
-    fn insert(&mut self, key: Key) {
-        let at = self.0.partition_point(|k| *k < key);
-        self.0.insert(at, key);
+/// (size, address) as one number that sorts as the pair does.
+fn packed(size: u64, addr: u64) -> u128 {
+    (u128::from(size) << 64) | u128::from(addr)
+}
+
+impl FreeBlocks for ScannedBlocks {
+    fn insert(&mut self, (size, addr, piece): Key) {
+        debug_assert!(
+            self.slot
+                .get(piece)
+                .is_none_or(|&at| self.pieces.get(at) != Some(&piece)),
+            "piece {piece} is in the pool already"
+        );
+        if self.slot.len() <= piece {
+            self.slot.resize(piece + 1, usize::MAX);
+        }
+        self.slot[piece] = self.keys.len();
+        self.keys.push(packed(size, addr));
+        self.pieces.push(piece);
     }
 
-    fn remove(&mut self, key: Key) {
-        if let Ok(at) = self.0.binary_search(&key) {
-            self.0.remove(at);
+    fn remove(&mut self, (size, addr, piece): Key) {
+        let Some(&at) = self.slot.get(piece) else {
+            debug_assert!(false, "piece {piece} was never in the pool");
+            return;
+        };
+        if self.keys.get(at) != Some(&packed(size, addr)) || self.pieces[at] != piece {
+            debug_assert!(
+                false,
+                "piece {piece} of {size} B at {addr} is not in the pool"
+            );
+            return;
+        }
+        self.keys.swap_remove(at);
+        self.pieces.swap_remove(at);
+        if let Some(&moved) = self.pieces.get(at) {
+            self.slot[moved] = at;
         }
     }
 
     fn best_fit(&self, size: u64) -> Option<usize> {
-        let at = self.0.partition_point(|k| k.0 < size);
-        self.0.get(at).map(|k| k.2)
+        let floor = packed(size, 0);
+        let mut best = (u128::MAX, None);
+        for (&key, &piece) in self.keys.iter().zip(&self.pieces) {
+            if key >= floor && key < best.0 {
+                best = (key, Some(piece));
+            }
+        }
+        best.1
     }
 }
 
 /// The caching allocator's blocks and pools on one stream.
 #[derive(Debug, Default)]
-pub(super) struct Heap<P: FreeBlocks = SortedBlocks> {
+pub(super) struct Heap<P: FreeBlocks = ScannedBlocks> {
     pieces: Vec<Piece>,
     /// Pieces merged into a neighbour (`try_merge_blocks`), whose slots new pieces reuse.
     spare: Vec<usize>,
@@ -330,7 +375,7 @@ const CUBLAS_WORKSPACE: f64 = 32.0 * 1_048_576.0;
 /// segment leaves the free blocks one token's worth larger for the next (see [`replay`]).
 const DECODE_STEPS: usize = 8;
 
-struct Run<'a, P: FreeBlocks = SortedBlocks> {
+struct Run<'a, P: FreeBlocks = ScannedBlocks> {
     heap: Heap<P>,
     d: &'a Decoder,
     /// Each layer's key and value copies.
@@ -606,7 +651,7 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
 /// rounding of step 1's (`get_allocation_size`, `kRoundLarge`): the crossings after that are a
 /// term of their own.
 pub(super) fn replay(d: &Decoder) -> Replayed {
-    replay_with::<SortedBlocks>(d)
+    replay_with::<ScannedBlocks>(d)
 }
 
 /// [`replay`] with the pools kept by `P`: the tests replay with the B-tree the replay began with
@@ -773,14 +818,14 @@ mod tests {
     }
 
     fn prefill_reserved(d: &Decoder) -> (f64, f64) {
-        let mut run = Run::<SortedBlocks>::new(d);
+        let mut run = Run::<ScannedBlocks>::new(d);
         let _ = run.forward(d.s, 0.0);
         (run.heap.reserved(), run.heap.peak_allocated())
     }
 
     #[test]
     fn best_fit_takes_the_smallest_free_block_that_holds_the_request() {
-        let mut heap = Heap::<SortedBlocks>::default();
+        let mut heap = Heap::<ScannedBlocks>::default();
         let big = heap.malloc(100.0 * MIB);
         let small = heap.malloc(50.0 * MIB);
         heap.free(big);
@@ -796,7 +841,7 @@ mod tests {
 
     #[test]
     fn a_split_block_no_longer_holds_its_old_size() {
-        let mut heap = Heap::<SortedBlocks>::default();
+        let mut heap = Heap::<ScannedBlocks>::default();
         let mlp = heap.malloc(100.0 * MIB);
         heap.free(mlp);
         // A cache copy carved out of the freed block leaves 70 MiB: the next 100 MiB request
@@ -808,7 +853,7 @@ mod tests {
 
     #[test]
     fn freed_neighbours_in_a_segment_merge_back_into_one_block() {
-        let mut heap = Heap::<SortedBlocks>::default();
+        let mut heap = Heap::<ScannedBlocks>::default();
         let whole = heap.malloc(100.0 * MIB);
         heap.free(whole);
         let a = heap.malloc(40.0 * MIB);
@@ -823,7 +868,7 @@ mod tests {
 
     #[test]
     fn a_rest_of_at_most_1_mib_goes_with_the_request_and_small_blocks_have_their_own_pool() {
-        let mut heap = Heap::<SortedBlocks>::default();
+        let mut heap = Heap::<ScannedBlocks>::default();
         let x = heap.malloc(100.0 * MIB);
         heap.free(x);
         let y = heap.malloc(99.5 * MIB);
@@ -835,7 +880,7 @@ mod tests {
         assert_eq!(heap.reserved(), 102.0 * MIB);
         // A 3 MiB request no free block holds gets a 20 MiB segment (`kLargeBuffer`), which
         // the next ones share.
-        let mut heap = Heap::<SortedBlocks>::default();
+        let mut heap = Heap::<ScannedBlocks>::default();
         let _ = heap.malloc(3.0 * MIB);
         let _ = heap.malloc(3.0 * MIB);
         assert_eq!(heap.reserved(), 20.0 * MIB);
@@ -856,7 +901,7 @@ mod tests {
     }
 
     /// The pools as the replay first kept them, a `BTreeSet` ordered by (size, address): the
-    /// reference the sorted vector must match.
+    /// reference the scanned pools must match.
     impl FreeBlocks for std::collections::BTreeSet<Key> {
         fn insert(&mut self, key: Key) {
             std::collections::BTreeSet::insert(self, key);
@@ -871,11 +916,11 @@ mod tests {
         }
     }
 
-    /// The sorted vector changes no result by a bit: every shape of
+    /// The scanned pools change no result by a bit: every shape of
     /// the oracle's decoders below, at batches and prompts around powers of two and odd ones,
     /// replays to the same prefill slack and decode segments as the B-tree heap.
     #[test]
-    fn the_sorted_pools_replay_exactly_what_the_btree_replays() {
+    fn the_scanned_pools_replay_exactly_what_the_btree_replays() {
         let shapes = [
             qwen25_05b(1.0, 1.0),
             qwen3_06b(1.0, 1.0),
@@ -905,15 +950,7 @@ mod tests {
                                 tied,
                                 ..shape
                             };
-                            let (new, old) = (
-                                replay_with::<SortedBlocks>(&d),
-                                replay_with::<std::collections::BTreeSet<Key>>(&d),
-                            );
-                            assert_eq!(
-                                (new.prefill_slack.to_bits(), new.decode_fresh.to_bits()),
-                                (old.prefill_slack.to_bits(), old.decode_fresh.to_bits()),
-                                "{d:?}"
-                            );
+                            same_replay(&d);
                             compared += 1;
                         }
                     }
@@ -921,18 +958,51 @@ mod tests {
             }
         }
         assert_eq!(compared, 7 * 2 * 2 * 3 * 5);
+        // Eager attention's score blocks, each softmax road, at the batches and prompts of the
+        // eager rows (SmolLM2-1.7B's shape).
+        for eager in [
+            eager::Softmax::Fp32,
+            eager::Softmax::HalfToFloat,
+            eager::Softmax::Copy,
+        ] {
+            for (b, s) in [(1.0, 511.0), (16.0, 2048.0), (3.0, 4096.0)] {
+                same_replay(&Decoder {
+                    b,
+                    s,
+                    eager: Some(eager),
+                    ..decoder((1.0, 1.0), (2048.0, 32.0, 32.0, 64.0), 8192.0, 24, false)
+                });
+            }
+        }
     }
 
-    /// Request for request: through the weights, a prefill and a decode step, the sorted pools
+    /// Everything [`replay`] returns, bit for bit, from the scanned pools and the B-tree.
+    fn same_replay(d: &Decoder) {
+        let (new, old) = (
+            replay_with::<ScannedBlocks>(d),
+            replay_with::<std::collections::BTreeSet<Key>>(d),
+        );
+        let bits = |r: &Replayed| {
+            (
+                r.prefill_slack.to_bits(),
+                r.decode_fresh.to_bits(),
+                r.tokens.to_bits(),
+                r.room.clone(),
+            )
+        };
+        assert_eq!(bits(&new), bits(&old), "{d:?}");
+    }
+
+    /// Request for request: through the weights, a prefill and a decode step, the scanned pools
     /// and the reused slots log the same blocks in the same order as the B-tree heap, and reach
     /// the same reserved and peak.
     #[test]
-    fn the_sorted_pools_log_the_btree_heaps_events() {
+    fn the_scanned_pools_log_the_btree_heaps_events() {
         let d = Decoder {
             tied: true,
             ..qwen3_06b(8.0, 2048.0)
         };
-        let mut new = Run::<SortedBlocks>::new(&d);
+        let mut new = Run::<ScannedBlocks>::new(&d);
         let mut old = Run::<std::collections::BTreeSet<Key>>::new(&d);
         new.weights();
         old.weights();
@@ -1040,7 +1110,7 @@ mod tests {
     /// reference [`Replayed::outgrown_fresh`] stands in for (a few ms per step in a release
     /// build, so the tests that run it are ignored).
     fn every_step(d: &Decoder, new: usize) -> (f64, f64) {
-        let mut run = Run::<SortedBlocks>::new(d);
+        let mut run = Run::<ScannedBlocks>::new(d);
         run.weights();
         let mut kept = run.forward(d.s, 0.0);
         let prefill = run.heap.reserved();
@@ -1158,7 +1228,7 @@ mod tests {
                 c,
                 ..qwen3_06b(1.0, 16.0)
             };
-            let mut run = Run::<SortedBlocks>::new(&d);
+            let mut run = Run::<ScannedBlocks>::new(&d);
             let _ = run.norm(16.0, d.h);
             assert_eq!(run.heap.log.iter().filter(|&&x| x > 0).count(), requests);
         }
@@ -1169,7 +1239,7 @@ mod tests {
                 layers: 0,
                 ..qwen3_06b(1.0, 16.0)
             };
-            let mut run = Run::<SortedBlocks>::new(&d);
+            let mut run = Run::<ScannedBlocks>::new(&d);
             let _ = run.forward(16.0, 0.0);
             run.heap.log.iter().filter(|&&x| x > 0).count()
         };

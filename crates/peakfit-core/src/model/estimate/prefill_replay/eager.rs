@@ -124,7 +124,7 @@ pub(in crate::model::estimate) fn smollm2(c: f64, eager: Option<Softmax>) -> Dec
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Decoder, Heap, Run, SortedBlocks, replay};
+    use super::super::{Decoder, Heap, Run, ScannedBlocks, replay};
     use super::{Softmax, smollm2};
 
     const MIB: f64 = 1_048_576.0;
@@ -191,7 +191,7 @@ mod tests {
             layers: 2,
             ..smollm2(2.0, Some(Softmax::Copy))
         };
-        let mut run = Run::<SortedBlocks> {
+        let mut run = Run::<ScannedBlocks> {
             heap: Heap::default(),
             d: &d,
             cache: vec![(None, None); d.layers],
@@ -225,7 +225,7 @@ mod tests {
                 layers: layers.unwrap_or(1),
                 ..smollm2(c, Some(softmax))
             };
-            let mut run = Run::<SortedBlocks> {
+            let mut run = Run::<ScannedBlocks> {
                 heap: Heap::default(),
                 d: &d,
                 cache: vec![(None, None); d.layers],
