@@ -10,7 +10,7 @@
 
 use super::Inputs;
 use super::framework::Framework;
-use crate::model::annotations::{Dtype, Optimizer, Workload};
+use crate::model::annotations::{Dtype, ModelType, Optimizer, Workload};
 
 /// DeepSpeed's `reduce_bucket_size` default (5e8 elements). ZeRO-3 allocates its contiguous
 /// gradient bucket (`__ipg_bucket_flat_buffer` in `deepspeed/runtime/zero/stage3.py`) of this
@@ -38,11 +38,19 @@ impl Inputs {
         let q = f64::from(a.attention_heads * a.head_dim);
         let kv = f64::from(a.kv_heads * a.head_dim);
         let ffn = f64::from(a.intermediate_size);
-        let mlp_matrices = if a.intermediate_size == 4 * a.hidden_size {
-            2.0
-        } else {
-            3.0
+        // A gated MLP (gate, up, down: `LlamaMLP`, `Gemma2MLP`, `Qwen3MLP`) has three linears
+        // whatever its width; the model type says which it is, and only an unknown type falls
+        // back to the shape's hint (a plain MLP is 4h wide), as `hf::Inputs::block` does.
+        let gated = match self.family {
+            ModelType::Llama
+            | ModelType::QkNorm
+            | ModelType::Gemma2
+            | ModelType::Gemma3
+            | ModelType::Phi3 => true,
+            ModelType::Other => a.intermediate_size != 4 * a.hidden_size,
+            _ => false,
         };
+        let mlp_matrices = if gated { 3.0 } else { 2.0 };
         let attention = (h + q) * 2.0 + (h + kv) * 2.0;
         let mlp = if self.experts > 1.0 {
             let e = self.experts;
@@ -191,6 +199,35 @@ mod tests {
         assert_eq!(
             part(&est_with(&base, &[("experts", "128")]), "adapters"),
             4.0 * moe
+        );
+    }
+
+    /// A gated MLP four times the hidden size wide (SmolLM2-1.7B, Gemma-2-2B) still has three
+    /// linears to adapt; a plain one of that width (GPT-2's `c_fc`, `c_proj`) two.
+    #[test]
+    fn a_gated_mlp_adapts_three_linears_whatever_its_width() {
+        let shape = [
+            ("layers", "24"),
+            ("hidden-size", "2048"),
+            ("attention-heads", "32"),
+            ("kv-heads", "32"),
+            ("head-dim", "64"),
+            ("intermediate-size", "8192"),
+            ("vocab-size", "49152"),
+            ("workload", "lora"),
+            ("lora-rank", "8"),
+            ("engine", "hf"),
+        ];
+        let (h, i, r, l) = (2048.0, 8192.0, 8.0, 24.0);
+        let attention = 4.0 * (h + h);
+        let adapters = |mlp: f64| 4.0 * r * l * (attention + mlp * (h + i));
+        assert_eq!(
+            part(&est_with(&shape, &[("model-type", "llama")]), "adapters"),
+            adapters(3.0)
+        );
+        assert_eq!(
+            part(&est_with(&shape, &[("model-type", "gpt2")]), "adapters"),
+            adapters(2.0)
         );
     }
 
