@@ -8,8 +8,8 @@
 //! PEAKFIT_BENCH_ONLY=qwen3-4b cargo bench --bench estimate   # the specs whose id contains it
 //! ```
 //!
-//! The specs are the rows the model is scored on against a measured peak: the H200 and H100 rows (`tests/data/h200`,
-//! `tests/data/h100`), the oracle grid (`tests/data/oracle-grid.csv`) and the oracle's reserved
+//! The specs are the rows the model is scored on against a measured peak: the H200 and H100
+//! rows (`tests/data/h200`, `tests/data/h100`), the oracle grid (`tests/data/oracle-grid.csv`) and the oracle's reserved
 //! samples (`tests/data/oracle-reserved*.csv`, the long generations among them): each a
 //! `config.json` read into annotations plus a workload, parsed once; each round calls `estimate`
 //! on every spec and times each call. Prints the median and p99 per call over all calls, and

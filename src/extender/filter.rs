@@ -399,7 +399,9 @@ impl Extender {
     /// ones peakfit ranks far below its best. The dropped nodes are named in neither
     /// `NodeNames` nor `FailedNodes`: kube-scheduler (v1.36, `findNodesThatPassExtenders`) gives
     /// them no status, and since at least `N` nodes pass, the pod goes on to scoring and no
-    /// `FailedScheduling` event, preemption or wait is affected. A pod that fits nowhere is
+    /// `FailedScheduling` event, preemption or wait is affected (where peakfit is the last
+    /// extender that filters: kube-scheduler feeds each the nodes the one before passed, and a
+    /// later one refusing the `N` refuses the pod). A pod that fits nowhere is
     /// never cut (nothing changes then). The scores computed here stay in the nodes' memos, so
     /// prioritize then answers the `N` from memory.
     ///

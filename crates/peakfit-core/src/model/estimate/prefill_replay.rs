@@ -103,10 +103,10 @@ pub(super) trait FreeBlocks: Default {
 }
 
 /// A pool's free blocks, unordered, searched whole: a pool holds few free blocks (a layer's
-/// requests repeat the last layer's sizes, and freed neighbours merge), where one scan of packed keys for the best fit costs less than keeping
-/// them sorted (a binary search's mispredicted branches and a `memmove` on every insert and
-/// remove: `perf annotate` of the bench; issue 20: `estimate` runs this replay per call, and a
-/// call must stay under 1 ms). Each block is one `u128`, size above address, so the best fit
+/// requests repeat the last layer's sizes, and freed neighbours merge), where one scan of
+/// packed keys for the best fit costs less than keeping them sorted (a binary search's
+/// mispredicted branches and a `memmove` on every insert and remove: `perf annotate` of the
+/// bench; issue 20: `estimate` runs this replay per call, and a call must stay under 1 ms). Each block is one `u128`, size above address, so the best fit
 /// is the smallest key at or above `(size, 0)`: `BlockComparatorSize`'s order, the B-tree
 /// reference's in the tests, which the replay matches bit for bit. Each piece's place in the
 /// vectors is kept beside them, so inserting and removing (a split's rest, a merge's
