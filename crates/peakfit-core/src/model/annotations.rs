@@ -664,6 +664,19 @@ pub enum ModelType {
 }
 
 impl ModelType {
+    /// One linear projects q, k and v together (`Phi3Attention.qkv_proj`,
+    /// `FalconAttention.query_key_value`): one output split into views, and one module for
+    /// PEFT to adapt where Llama's code has three.
+    pub fn fused_qkv(self) -> bool {
+        matches!(self, Self::Phi3 | Self::Falcon)
+    }
+
+    /// One linear projects the MLP's gate and up halves together (`Phi3MLP.gate_up_proj`, then
+    /// `chunk(2)`): one output, and one module for PEFT to adapt where Llama's code has two.
+    pub fn fused_gate_up(self) -> bool {
+        self == Self::Phi3
+    }
+
     /// Reads a `model_type`; unknown types are built the Llama way.
     pub fn from_model_type(name: &str) -> Self {
         match name.to_ascii_lowercase().replace('-', "_").as_str() {

@@ -87,7 +87,7 @@ impl Block {
     /// One projection for q, k and v (`Phi3Attention.qkv_proj`, `FalconAttention.query_key_value`),
     /// split into views that keep the whole output alive.
     fn fused_qkv(&self) -> bool {
-        matches!(self.family, ModelType::Phi3 | ModelType::Falcon)
+        self.family.fused_qkv()
     }
 
     /// `FalconModel.forward` builds the causal mask even where SDPA could run `is_causal`
@@ -824,10 +824,12 @@ impl Inputs {
     pub(super) fn block(&self) -> Block {
         let a = &self.arch;
         let mlp = match self.family {
-            ModelType::Phi3 => Mlp::FusedGated,
-            ModelType::Llama | ModelType::QkNorm | ModelType::Gemma2 | ModelType::Gemma3 => {
-                Mlp::Gated
-            }
+            family if family.fused_gate_up() => Mlp::FusedGated,
+            ModelType::Llama
+            | ModelType::QkNorm
+            | ModelType::Gemma2
+            | ModelType::Gemma3
+            | ModelType::Phi3 => Mlp::Gated,
             ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Phi | ModelType::Falcon => {
                 Mlp::Plain
             }

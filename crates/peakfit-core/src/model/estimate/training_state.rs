@@ -24,7 +24,9 @@ const DS_REDUCE_BUCKET: f64 = 5e8;
 impl Inputs {
     /// LoRA adapters on every linear layer (the QLoRA paper's recipe, torchtune's and Qwen's
     /// `finetune.py` defaults; peft's q/v-only default trains fewer, so this errs high):
-    /// `r·(d_in + d_out)` per adapted matrix (LoRA, Hu et al. 2021, arXiv:2106.09685).
+    /// `r·(d_in + d_out)` per adapted matrix (LoRA, Hu et al. 2021, arXiv:2106.09685). A fused
+    /// projection (Phi-3's `qkv_proj` and `gate_up_proj`, Falcon's `query_key_value`) is one
+    /// matrix to PEFT, adapted over its whole output.
     ///
     /// A mixture of experts in transformers 5 stacks its experts into 3-D parameters
     /// (`Qwen3MoeExperts.gate_up_proj` `(E, 2I, h)`, `down_proj` `(E, h, I)`); PEFT 0.21 maps
@@ -50,18 +52,28 @@ impl Inputs {
             ModelType::Other => a.intermediate_size != 4 * a.hidden_size,
             _ => false,
         };
-        let mlp_matrices = if gated { 3.0 } else { 2.0 };
-        let attention = (h + q) * 2.0 + (h + kv) * 2.0;
+        // A fused projection is one adapted module, `r·(d_in + d_out)` over its whole output
+        // (`qkv_proj` h → q + 2kv, `gate_up_proj` h → 2I): adapting it as three or two separate
+        // linears would count `d_in` once per part.
+        let attention = if self.family.fused_qkv() {
+            (h + q + 2.0 * kv) + (q + h)
+        } else {
+            (h + q) * 2.0 + (h + kv) * 2.0
+        };
         let mlp = if self.experts > 1.0 {
             let e = self.experts;
-            let per_expert = if mlp_matrices > 2.0 {
+            let per_expert = if gated {
                 2.0 * (h + 2.0 * ffn) + (ffn + h)
             } else {
                 2.0 * (h + ffn)
             };
             e * per_expert + (h + e)
+        } else if self.family.fused_gate_up() {
+            (h + 2.0 * ffn) + (ffn + h)
+        } else if gated {
+            3.0 * (h + ffn)
         } else {
-            mlp_matrices * (h + ffn)
+            2.0 * (h + ffn)
         };
         self.lora_rank * (attention + mlp) * f64::from(a.layers)
     }
@@ -229,6 +241,49 @@ mod tests {
             part(&est_with(&shape, &[("model-type", "gpt2")]), "adapters"),
             adapters(2.0)
         );
+    }
+
+    /// Phi-3's `qkv_proj` and `gate_up_proj` and Falcon's `query_key_value` are one module
+    /// each under PEFT's `all-linear` (`Phi3Attention`, `Phi3MLP`, `FalconAttention`): one
+    /// adapter over the fused output, not one per part.
+    #[test]
+    fn a_fused_projection_is_one_adapted_linear() {
+        let shape = [
+            ("layers", "32"),
+            ("hidden-size", "3072"),
+            ("attention-heads", "32"),
+            ("kv-heads", "32"),
+            ("head-dim", "96"),
+            ("intermediate-size", "8192"),
+            ("vocab-size", "32064"),
+            ("workload", "lora"),
+            ("lora-rank", "16"),
+            ("engine", "hf"),
+        ];
+        let (h, i, r, l) = (3072.0, 8192.0, 16.0, 32.0);
+        // Phi-3-mini: qkv_proj h -> 3h, o_proj, gate_up_proj h -> 2I, down_proj.
+        let phi3 = (h + 3.0 * h) + (h + h) + (h + 2.0 * i) + (i + h);
+        assert_eq!(
+            part(&est_with(&shape, &[("model-type", "phi3")]), "adapters"),
+            4.0 * r * l * phi3
+        );
+        // Falcon-7B's layout: 71 query heads, one kv head of 64, a plain 4h MLP.
+        let falcon_shape = [
+            ("layers", "32"),
+            ("hidden-size", "4544"),
+            ("attention-heads", "71"),
+            ("kv-heads", "1"),
+            ("head-dim", "64"),
+            ("intermediate-size", "18176"),
+            ("vocab-size", "65024"),
+            ("workload", "lora"),
+            ("lora-rank", "16"),
+            ("engine", "hf"),
+            ("model-type", "falcon"),
+        ];
+        let (h, kv, i) = (4544.0, 64.0, 18176.0);
+        let falcon = (h + h + 2.0 * kv) + (h + h) + 2.0 * (h + i);
+        assert_eq!(part(&est(&falcon_shape), "adapters"), 4.0 * r * l * falcon);
     }
 
     /// A mixture-of-experts preset carries its expert counts, so `model: <preset>` sizes a
