@@ -27,7 +27,7 @@
 //! | decode, SDPA's math kernel | one query token against the whole cache, but keys copied per head: Falcon's broadcast `matmul` of k in fp32 (`4·b·s·q`) beside the fp32 copies of its 16-bit k and v (`8·b·s·kv`); fp32 with `enable_gqa`, k and v repeated and k scaled (`12·b·s·q`) ([`math_kernel_decode`]) | `_scaled_dot_product_attention_math` (`query_.to(at::kFloat)`, `matmul` broadcasting, `pre_process_group_query_attention_input`) |
 //! | reserved, the stranded tensor | `HF_SLACK_INFERENCE_TENSORS` blocks of the pass's largest tensor, except an fp32 score matrix: every score tensor is then one size, each layer gets the previous layer's blocks back whole and nothing smaller splits them, unless SDPA's math kernel's per-call float mask (`4·s²`) is larger than every block outside attention ([`stranding_tensor`]) | `eager_attention_forward` (`softmax(dtype=float32)`), `_scaled_dot_product_attention_math` (`tril`, `convert_boolean_attn_mask`); `CUDACachingAllocator.cpp` `get_free_block`, `should_split` |
 //! | reserved, Whisper's `generate` | the largest of its three phases, not the allocated peak plus the encoder's stranded blocks: the encoder's forward with `HF_SLACK_INFERENCE_TENSORS` blocks of its largest tensor; the first decoder call, the encoder's output and the `2·L` cross-attention copies (`seqs·positions·kv`) each in a segment rounded to 2 MiB (or a share of a 20 MiB one under 10 MiB) plus three free copy-sized blocks (two from the call: the key's and value's contiguous projections alive through the cache's `torch.cat`, `v_proj`'s output reused by it; the third not traced, likely an encoder hidden-state block), the copies taking the encoder's freed blocks first; the decode, the self-attention cache held twice by its one-token-longer copies ([`seq2seq_slack`]), or, once its copies pass 10 MiB, a segment for each copy the first call's freed blocks do not hold at every 2 MiB size it crosses ([`seq2seq_crossings`]); with beams, the encoder's output once per beam and one cross-attention copy in flight | `WhisperEncoder.forward`; `_expand_inputs_for_generation`, `EncoderDecoderCache.reorder_cache`; `WhisperAttention.forward` (`k_proj`, `v_proj`, `transpose(1, 2).contiguous()`, `EncoderDecoderCache.cross_attention_cache.update`); `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
-//! | reserved, a Llama-code decoder's `generate` under SDPA's fused kernels, or eager attention with a kv head per head | replaced by the replay of its requests: the weights, the prefill layer by layer and the decode steps' cache copies through the caching allocator's rules; its reserved − allocated ([`prefill_replay`], chosen by [`replayed_decoder`]) instead of the stranded tensors and the two terms below | `modeling_llama.py` (`LlamaModel`, `LlamaDecoderLayer`, `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`, `apply_rotary_pos_emb`), `Qwen3Attention`, `DynamicLayer.update`, `eager_attention_forward` and `masking_utils.eager_mask` ([`prefill_replay`]'s `eager`); `CUDACachingAllocator.cpp` |
+//! | reserved, a Llama-code decoder's `generate` under SDPA's fused kernels, or eager attention with a kv head per head; Falcon-7B's `generate` (one kv head: SDPA's math kernel) | replaced by the replay of its requests: the weights, the prefill layer by layer and the decode steps' cache copies through the caching allocator's rules; its reserved − allocated ([`prefill_replay`], chosen by [`replayed_decoder`]) instead of the stranded tensors and the two terms below | `modeling_llama.py` (`LlamaModel`, `LlamaDecoderLayer`, `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`, `apply_rotary_pos_emb`), `Qwen3Attention`, `DynamicLayer.update`, `eager_attention_forward` and `masking_utils.eager_mask` ([`prefill_replay`]'s `eager`); `modeling_falcon.py` (`FalconModel`, `FalconDecoderLayer`, `FalconAttention`, `FalconMLP`), `_scaled_dot_product_attention_math` ([`prefill_replay`]'s `falcon`); `CUDACachingAllocator.cpp` |
 //! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
 //! | decode, the copies outgrowing the prefill's room (reserved, replayed decoders) | where step 1 fits (the replay makes no segment there), the copies grow to the context's size in the room the replay leaves: each stretch of a segment holding only free blocks and copies holds `floor(R / S)` copies; each 2 MiB level of the copies' size adds a segment of that size for each of the `2L` copies, plus one layer's pair in flight, the room does not hold (below 10 MiB, once, in shared 20 MiB segments). Up to the stated context; without `prompt-tokens` one level ([`prefill_replay::Replayed::outgrown_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kLargeBuffer`), `get_free_block`, `try_merge_blocks`; checked against the same heap run through every decode step |
 //! | decode, the later 2 MiB crossings (reserved) | where step 1 left copies alone in segments of their own (the term above is above 0) and a copy is at least 10 MiB: every `2 MiB / (b·kv·c)` steps the copies outgrow those segments, which no later (larger) copy fits; each crossing makes two segments of the new 2 MiB-rounded size, one layer's key and value in flight while the prefill's large blocks hold `floor(B / S)` copies each. Counted from the stated prompt's cache to the context's; without `prompt-tokens` one crossing ([`cache_crossings_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kMinLargeAlloc`), `get_free_block`, `try_merge_blocks` (segments never merge); an H200 trace per decode step (`tools/measure/trace_decode.py`) |
@@ -1291,7 +1291,8 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
 /// that module follows: a decoder of Llama's code (Qwen3's q/k norms included) with a dense
 /// gated MLP, run by SDPA's fused kernels without a mask (no score matrix, no window shorter
 /// than the context), one sequence per prompt (beam search reorders the cache with copies of
-/// its own), a `DynamicCache` in the compute dtype. Everything else keeps the count of
+/// its own), a `DynamicCache` in the compute dtype; or Falcon-7B's layout (one kv head, so SDPA's
+/// math kernel with a mask, `prefill_replay::falcon`). Everything else keeps the count of
 /// stranded tensors.
 fn replayed_decoder(
     inp: &Inputs,
@@ -1305,6 +1306,17 @@ fn replayed_decoder(
         && !prefill.math_kernel(block)
         && !block.sdpa_mask(prefill)
         && !block.windowed(inp.context);
+    // Falcon with one kv head (`multi_query` without `new_decoder_architecture`: the
+    // annotations carry no `parallel_attn` or `alibi`, and every published multi-query Falcon,
+    // falcon-7b and its instruct tune, runs attention beside the MLP with rotary positions) under
+    // SDPA: `prefill_replay::falcon`'s layer.
+    let falcon = block.family == ModelType::Falcon
+        && block.mlp == Mlp::Plain
+        && block.experts_per_token <= 0.0
+        && prefill.sdpa
+        && block.kv < block.q
+        && (block.kv * block.heads - block.q).abs() < f64::EPSILON
+        && (block.h - block.q).abs() < f64::EPSILON;
     // Eager attention as `prefill_replay::eager` follows it: every head its own kv head (no
     // `repeat_kv` copies) and no window (`eager_mask` then masks the window too).
     let eager = (!prefill.sdpa
@@ -1323,7 +1335,7 @@ fn replayed_decoder(
         && inp.beams <= 1.0
         && !inp.legacy_cache
         && (inp.kv_bytes - prefill.c).abs() < f64::EPSILON;
-    (llama && (fused || eager.is_some()) && plain && block.heads > 0.0).then(|| {
+    ((llama && (fused || eager.is_some()) || falcon) && plain && block.heads > 0.0).then(|| {
         prefill_replay::Decoder {
             b: prefill.b,
             s: prefill.s,
@@ -1338,7 +1350,12 @@ fn replayed_decoder(
             layers: crate::convert::f64_to_usize(block.layers),
             qk_norm: block.qk_norm(),
             tied: inp.arch.tied_embeddings,
-            eager,
+            eager: eager.filter(|_| !falcon),
+            layer: if falcon {
+                prefill_replay::Layer::Falcon
+            } else {
+                prefill_replay::Layer::Llama
+            },
         }
     })
 }
@@ -2665,6 +2682,22 @@ mod tests {
         ] {
             assert!(!chosen(t), "{t}");
         }
+        // Falcon's code is replayed for Falcon-7B's layout only (one kv head: `multi_query`
+        // without `new_decoder_architecture`), by its own layer; Falcon-40B's eight kv heads and
+        // a multi-head Falcon (`multi_query` false) keep the analytic slack.
+        assert!(exact("falcon-7b", None));
+        assert!(!exact("falcon-40b", None));
+        let inp = super::super::resolve(
+            &spec(&[
+                ("model", "falcon-7b"),
+                ("kv-heads", "71"),
+                ("engine", "hf"),
+                ("workload", "inference"),
+                ("batch", "4"),
+            ]),
+            &mut Vec::new(),
+        );
+        assert!(replayed_decoder(&inp, &inp.block(), &inp.pass(inp.batch, inp.prompt)).is_none());
         // A preset's own `model_type` counts: Qwen3's presets are typed `qwen3`.
         let s = spec(&[
             ("model", "qwen3-0.6b"),
