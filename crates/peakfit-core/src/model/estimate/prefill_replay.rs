@@ -50,15 +50,67 @@
 //! the cache's copies, SDPA's math kernel over the mask's float conversion, `dense`, a GELU MLP
 //! beside the attention) in place of Llama's, and a `LayerNorm` for the final norm; the rotary
 //! tables, the head, `generate`'s inputs and the decode steps are the rows above.
+//!
+//! Phi-3 under eager attention ([`Layer::Phi3`], [`phi3`]) runs Llama's eager layer with one
+//! fused `qkv_proj` kept to `o_proj`, a rotary ending in a `cat` (so no q copy for the scores),
+//! one fused `gate_up_proj`, and a sliding window (`Decoder::window`): the mask's window
+//! booleans, and a cache that keeps `window - 1` tokens, so a decode step's copies stop growing
+//! at `window` tokens.
 
 use super::allocator;
 use crate::convert::f64_to_u64;
 
 mod eager;
 mod falcon;
+mod phi3;
 pub(super) use eager::Softmax;
 #[cfg(test)]
 pub(super) use eager::smollm2;
+
+/// Bytes of the large pool's segments after `d`'s weights, its prefill and the `new - 1`
+/// decode steps of `new` generated tokens (each step's fp32 logits kept into the next, as
+/// `_sample` keeps them).
+#[cfg(test)]
+fn large_pool(d: &Decoder, new: u32) -> f64 {
+    let mut run = Run::<ScannedBlocks>::new(d);
+    run.weights();
+    let mut kept = run.forward(d.s, 0.0);
+    for step in 1..new {
+        let next = run.forward(1.0, d.s + f64::from(step) - 1.0);
+        run.heap.free(kept);
+        kept = next;
+    }
+    let pieces = &run.heap.pieces;
+    let mut gone = vec![false; pieces.len()];
+    for &i in &run.heap.spare {
+        gone[i] = true;
+    }
+    pieces
+        .iter()
+        .enumerate()
+        .filter(|&(i, p)| !gone[i] && !p.small)
+        .map(|(_, p)| p.size as f64)
+        .sum()
+}
+
+/// The large pool's log of a `generate` of 2 tokens after the weights: the prefill, one decode
+/// step, the logits and the cache freed at the end (as the oracle's event logs are kept).
+#[cfg(test)]
+fn two_token_log(d: &Decoder) -> Vec<i64> {
+    let mut run = Run::<ScannedBlocks>::new(d);
+    run.weights();
+    let from = run.heap.log.len();
+    let kept = run.forward(d.s, 0.0);
+    let next = run.forward(1.0, d.s);
+    run.heap.free(kept);
+    run.heap.free(next);
+    for (k, v) in run.cache.clone() {
+        run.heap.free(k);
+        run.heap.free(v);
+    }
+    let large = |x: &&i64| x.unsigned_abs() > 1_048_576;
+    run.heap.log[from..].iter().filter(large).copied().collect()
+}
 
 /// An oracle event log as the tests keep it: comma-separated 512-byte blocks, allocations
 /// positive and frees negative.
@@ -78,6 +130,7 @@ fn oracle_log(text: &str) -> Vec<i64> {
 /// | `mistral` | `models/mistral/modeling_mistral.py` | a sliding window (the replay is not chosen when it is shorter than the context) |
 /// | `qwen2` | `models/qwen2/modeling_qwen2.py` | q, k and v biases: a few KiB a layer in the small pool, left out |
 /// | `qwen3` | `models/qwen3/modeling_qwen3.py` | `q_norm`, `k_norm` over each head ([`Decoder::qk_norm`]) |
+/// | `phi3` | `models/phi3/modeling_phi3.py` | its own layer ([`Layer::Phi3`], [`phi3`]) and sliding window, replayed only under eager attention with a kv head per head (Phi-3-mini); under SDPA (a window the replay does not follow there) it keeps the analytic slack |
 /// | `falcon` | `models/falcon/modeling_falcon.py` | its own layer ([`Layer::Falcon`], [`falcon`]), replayed only for Falcon-7B's layout: one kv head (`multi_query` without `new_decoder_architecture`); Falcon-40B's and multi-head Falcons keep the analytic slack (`hf::replayed_decoder`) |
 ///
 /// Types that share the Llama layout in [`super::ModelType`] but allocate otherwise are not
@@ -94,7 +147,7 @@ fn oracle_log(text: &str) -> Vec<i64> {
 pub(super) fn follows(model_type: &str) -> bool {
     matches!(
         model_type,
-        "llama" | "mistral" | "qwen2" | "qwen3" | "falcon"
+        "llama" | "mistral" | "qwen2" | "qwen3" | "falcon" | "phi3"
     )
 }
 
@@ -374,6 +427,9 @@ pub(super) struct Decoder {
     pub eager: Option<Softmax>,
     /// Whose modeling code builds the weights and runs each layer.
     pub layer: Layer,
+    /// `sliding_window` of a [`Layer::Phi3`] config: its cache keeps the last `window - 1`
+    /// tokens (`DynamicSlidingWindowLayer`) and its mask masks past them ([`phi3`]).
+    pub window: Option<f64>,
 }
 
 /// The modeling code a [`Decoder`]'s weights and layers follow.
@@ -385,6 +441,10 @@ pub(super) enum Layer {
     /// (Falcon-7B's layout): the boolean causal mask of every forward, the fused
     /// `query_key_value`, `LayerNorm`, SDPA's math kernel and a GELU MLP ([`falcon`]).
     Falcon,
+    /// `modeling_phi3.py` under eager attention: Llama's layer with one fused `qkv_proj`, a
+    /// rotary that ends in a `cat`, one fused `gate_up_proj`, and a sliding-window cache and
+    /// mask ([`phi3`]).
+    Phi3,
 }
 
 /// What the replay leaves.
@@ -455,6 +515,7 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
                 (layer, 1)
             }
             Layer::Falcon => (falcon::layer_parameters(&d), falcon::FINAL_NORM_PARAMETERS),
+            Layer::Phi3 => (phi3::layer_parameters(&d), 1),
         };
         for _ in 0..d.layers {
             for &w in &layer {
@@ -563,15 +624,29 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
         normed
     }
 
+    /// Keys a forward over `s` new tokens attends to with `past` seen: all of them, or under a
+    /// sliding window the `window - 1` the cache keeps and the new ones
+    /// (`DynamicSlidingWindowLayer.update` and `get_mask_sizes`).
+    fn keys(&self, s: f64, past: f64) -> f64 {
+        self.d.window.map_or(past, |w| past.min(w - 1.0)) + s
+    }
+
     /// `DynamicLayer.update` of layer `i` with `s` new tokens after `past`: `torch.cat` into a
-    /// new key, then a new value, each old one freed as the attribute is rebound.
+    /// new key, then a new value, each old one freed as the attribute is rebound. Under a
+    /// sliding window (`DynamicSlidingWindowLayer.update`) both `cat`s come first and the
+    /// attributes are rebound after, to views of them.
     fn cache_update(&mut self, i: usize, s: f64, past: f64) {
         let d = *self.d;
-        let cached = d.b * (past + s) * d.kv * d.c;
+        let cached = d.b * self.keys(s, past) * d.kv * d.c;
         let (old_k, old_v) = self.cache[i];
         let new_k = self.heap.malloc(cached);
-        self.heap.free(old_k);
+        if d.window.is_none() {
+            self.heap.free(old_k);
+        }
         let new_v = self.heap.malloc(cached);
+        if d.window.is_some() {
+            self.heap.free(old_k);
+        }
         self.heap.free(old_v);
         self.cache[i] = (new_k, new_v);
     }
@@ -580,8 +655,10 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
     /// before it; returns the layer's output.
     fn layer(&mut self, i: usize, s: f64, past: f64) -> Handle {
         let d = *self.d;
-        if d.layer == Layer::Falcon {
-            return self.falcon_layer(i, s, past);
+        match d.layer {
+            Layer::Falcon => return self.falcon_layer(i, s, past),
+            Layer::Phi3 => return self.phi3_layer(i, s, past),
+            Layer::Llama => {}
         }
         let (t, c) = (d.b * s, d.c);
         let normed = self.norm(t, d.h);
@@ -867,6 +944,7 @@ mod tests {
             tied: false,
             eager: None,
             layer: Layer::Llama,
+            window: None,
         }
     }
 

@@ -40,8 +40,12 @@ impl<P: FreeBlocks> Run<'_, P> {
     /// mask, which lives until the forward ends.
     pub(super) fn eager_mask(&mut self, s: f64, past: f64) -> Handle {
         let d = *self.d;
-        let batch = self.causal_mask(s, past, 0.0);
-        let mask = self.heap.malloc(d.c * d.b * s * (past + s));
+        let batch = if d.window.is_some() {
+            self.sliding_window_mask(s, past)
+        } else {
+            self.causal_mask(s, past, 0.0)
+        };
+        let mask = self.heap.malloc(d.c * d.b * s * self.keys(s, past));
         self.heap.free(batch);
         mask
     }
@@ -72,8 +76,9 @@ impl<P: FreeBlocks> Run<'_, P> {
     ) -> (Handle, Handle) {
         let d = *self.d;
         let (t, c) = (d.b * s, d.c);
-        let n = d.b * d.heads * s * (past + s);
-        let q = if s > 1.0 {
+        let n = d.b * d.heads * s * self.keys(s, past);
+        // Phi-3's rotated q is a `cat`'s output, contiguous already.
+        let q = if s > 1.0 && d.layer != super::Layer::Phi3 {
             self.heap.malloc(t * d.q * c)
         } else {
             None
@@ -131,6 +136,7 @@ pub(in crate::model::estimate) fn smollm2(c: f64, eager: Option<Softmax>) -> Dec
         tied: true,
         eager,
         layer: super::Layer::Llama,
+        window: None,
     }
 }
 

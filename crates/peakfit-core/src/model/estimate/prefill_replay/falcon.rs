@@ -213,12 +213,13 @@ pub(in crate::model::estimate) fn falcon7b(b: f64, s: f64) -> Decoder {
         tied: true,
         eager: None,
         layer: super::Layer::Falcon,
+        window: None,
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Decoder, Run, ScannedBlocks, oracle_log, replay};
+    use super::super::{Decoder, large_pool, oracle_log, replay, two_token_log};
     use super::falcon7b;
 
     const MIB: f64 = 1_048_576.0;
@@ -242,19 +243,7 @@ mod tests {
             layers: 2,
             ..falcon7b(4.0, 2100.0)
         };
-        let mut run = Run::<ScannedBlocks>::new(&d);
-        run.weights();
-        let from = run.heap.log.len();
-        let kept = run.forward(d.s, 0.0);
-        let next = run.forward(1.0, d.s);
-        run.heap.free(kept);
-        run.heap.free(next);
-        for (k, v) in run.cache.clone() {
-            run.heap.free(k);
-            run.heap.free(v);
-        }
-        let large = |x: &&i64| x.unsigned_abs() > 1_048_576;
-        let replayed: Vec<i64> = run.heap.log[from..].iter().filter(large).copied().collect();
+        let replayed = two_token_log(&d);
         assert_eq!(replayed.len(), 223);
         assert_eq!(frees_as_sets(&replayed), frees_as_sets(&oracle));
     }
@@ -268,31 +257,6 @@ mod tests {
             }
         }
         out
-    }
-
-    /// Bytes of the large pool's segments after `d`'s weights, its prefill and the `new - 1`
-    /// decode steps of `new` generated tokens (each step's fp32 logits kept into the next, as
-    /// `_sample` keeps them).
-    fn large_pool(d: &Decoder, new: u32) -> f64 {
-        let mut run = Run::<ScannedBlocks>::new(d);
-        run.weights();
-        let mut kept = run.forward(d.s, 0.0);
-        for step in 1..new {
-            let next = run.forward(1.0, d.s + f64::from(step) - 1.0);
-            run.heap.free(kept);
-            kept = next;
-        }
-        let pieces = &run.heap.pieces;
-        let mut gone = vec![false; pieces.len()];
-        for &i in &run.heap.spare {
-            gone[i] = true;
-        }
-        pieces
-            .iter()
-            .enumerate()
-            .filter(|&(i, p)| !gone[i] && !p.small)
-            .map(|(_, p)| p.size as f64)
-            .sum()
     }
 
     /// The oracle's allocator replay of Falcon-7B `generate`s (`tools/oracle` `_run_case` with
