@@ -225,10 +225,11 @@ mod tests {
     const MIB: f64 = 1_048_576.0;
 
     /// Request for request: the oracle's event log of a 2-layer Falcon-7B bf16 `generate` at
-    /// 4 × 2,100 with 2 new tokens (`tools/oracle` `_run_case(..., decode="all")` on
-    /// `tests/data/h100/configs/h100-falcon-7b-b1-8k.json` with `num_hidden_layers` 2, its
-    /// `_events` from the weights' `empty_cache()` to the end, allocations as their 512-byte
-    /// blocks and frees negative, the large pool's only), in `oracle-falcon7b-2-layers.txt`:
+    /// 4 × 2,100 with 2 new tokens (`tools/oracle/events.py --config
+    /// tests/data/h100/configs/h100-falcon-7b-b1-8k.json --layers 2 --batch 4 --context-tokens
+    /// 2102 --new-tokens 2 --large`: `_run_case(..., decode="all")`'s `_events` from the weights'
+    /// `empty_cache()` to the end, allocations as their 512-byte blocks and frees negative, the
+    /// large pool's only), in `oracle-falcon7b-2-layers.txt`:
     /// the prefill, the decode step and the cache freed at the end, 223 blocks, are the replay's
     /// in the same order (the mask, the fused projection's k and v copies, the math kernel's fp32
     /// copies, `matmul`'s broadcast copies at batch 4, `_safe_softmax`'s boolean, the merged

@@ -127,10 +127,11 @@ mod tests {
     use super::phi3_mini;
 
     /// Request for request: the oracle's event log of a 2-layer Phi-3-mini-4k bf16 eager
-    /// `generate` at 2 × 2,100 with 2 new tokens (`tools/oracle` `_run_case(...,
-    /// attention="eager", decode="all")` on `tests/data/h100/configs/h100-phi3-mini-eager-b2-4k.json`
-    /// with `num_hidden_layers` 2; its `_events` from the weights' `empty_cache()` to the end,
-    /// 512-byte blocks, frees negative, the large pool's only), in
+    /// `generate` at 2 × 2,100 with 2 new tokens (`tools/oracle/events.py --config
+    /// tests/data/h100/configs/h100-phi3-mini-eager-b2-4k.json --layers 2 --batch 2
+    /// --context-tokens 2102 --new-tokens 2 --attention eager --large`: `_run_case`'s `_events`
+    /// from the weights' `empty_cache()` to the end, 512-byte blocks, frees negative, the large
+    /// pool's only), in
     /// `oracle-phi3-mini-eager-2-layers.txt`: the prefill past the window, the decode step and
     /// the cache freed at the end, 205 blocks, are the replay's in the same order (the window's
     /// five `s·K` booleans, the fused `qkv_proj` kept to `o_proj`, `RoPE`'s `cat`s, no q copy, the
