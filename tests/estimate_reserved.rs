@@ -32,14 +32,6 @@ const KNOWN_GAPS: &[(&str, f64, &str)] = &[
         "0.04 GiB: free room in the weights' 2 MiB and 20 MiB segments",
     ),
     (
-        "falcon-7b-inference-bf16-b1-t8192-n64",
-        -7.0,
-        "SDPA's math kernel (one KV head without `enable_gqa`) computes fp32 scores, which \
-         `hf::stranding_tensor` counts as stranding nothing (the H100 row at batch 4 x 1,984 \
-         reads +3.1 % reserved); at one sequence of 8k the replay's last segment is made in \
-         decode (not traced further)",
-    ),
-    (
         "phi-2-lora-bf16-b4-t2048-gcfull-adamw-r16",
         -6.0,
         "last segment in the optimizer step (not traced further)",

@@ -27,9 +27,9 @@
 //! | decode, SDPA's math kernel | one query token against the whole cache, but keys copied per head: Falcon's broadcast `matmul` of k in fp32 (`4·b·s·q`) beside the fp32 copies of its 16-bit k and v (`8·b·s·kv`); fp32 with `enable_gqa`, k and v repeated and k scaled (`12·b·s·q`) ([`math_kernel_decode`]) | `_scaled_dot_product_attention_math` (`query_.to(at::kFloat)`, `matmul` broadcasting, `pre_process_group_query_attention_input`) |
 //! | reserved, the stranded tensor | `HF_SLACK_INFERENCE_TENSORS` blocks of the pass's largest tensor, except an fp32 score matrix: every score tensor is then one size, each layer gets the previous layer's blocks back whole and nothing smaller splits them, unless SDPA's math kernel's per-call float mask (`4·s²`) is larger than every block outside attention ([`stranding_tensor`]) | `eager_attention_forward` (`softmax(dtype=float32)`), `_scaled_dot_product_attention_math` (`tril`, `convert_boolean_attn_mask`); `CUDACachingAllocator.cpp` `get_free_block`, `should_split` |
 //! | reserved, Whisper's `generate` | the largest of its three phases, not the allocated peak plus the encoder's stranded blocks: the encoder's forward with `HF_SLACK_INFERENCE_TENSORS` blocks of its largest tensor; the first decoder call, the encoder's output and the `2·L` cross-attention copies (`seqs·positions·kv`) each in a segment rounded to 2 MiB (or a share of a 20 MiB one under 10 MiB) plus three free copy-sized blocks (two from the call: the key's and value's contiguous projections alive through the cache's `torch.cat`, `v_proj`'s output reused by it; the third not traced, likely an encoder hidden-state block), the copies taking the encoder's freed blocks first; the decode, the self-attention cache held twice by its one-token-longer copies ([`seq2seq_slack`]), or, once its copies pass 10 MiB, a segment for each copy the first call's freed blocks do not hold at every 2 MiB size it crosses ([`seq2seq_crossings`]); with beams, the encoder's output once per beam and one cross-attention copy in flight | `WhisperEncoder.forward`; `_expand_inputs_for_generation`, `EncoderDecoderCache.reorder_cache`; `WhisperAttention.forward` (`k_proj`, `v_proj`, `transpose(1, 2).contiguous()`, `EncoderDecoderCache.cross_attention_cache.update`); `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
-//! | reserved, a Llama-code decoder's `generate` under SDPA's fused kernels, or eager attention with a kv head per head | replaced by the replay of its requests: the weights, the prefill layer by layer and the decode steps' cache copies through the caching allocator's rules; its reserved − allocated ([`prefill_replay`], chosen by [`replayed_decoder`]) instead of the stranded tensors and the two terms below | `modeling_llama.py` (`LlamaModel`, `LlamaDecoderLayer`, `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`, `apply_rotary_pos_emb`), `Qwen3Attention`, `DynamicLayer.update`, `eager_attention_forward` and `masking_utils.eager_mask` ([`prefill_replay`]'s `eager`); `CUDACachingAllocator.cpp` |
+//! | reserved, a Llama-code decoder's `generate` under SDPA's fused kernels, or eager attention with a kv head per head; Falcon-7B's `generate` (one kv head: SDPA's math kernel); Phi-3-mini's under eager attention (its sliding window included) | replaced by the replay of its requests: the weights, the prefill layer by layer and the decode steps' cache copies through the caching allocator's rules; its reserved − allocated ([`prefill_replay`], chosen by [`replayed_decoder`]) instead of the stranded tensors and the two terms below | `modeling_llama.py` (`LlamaModel`, `LlamaDecoderLayer`, `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`, `apply_rotary_pos_emb`), `Qwen3Attention`, `DynamicLayer.update`, `eager_attention_forward` and `masking_utils.eager_mask` ([`prefill_replay`]'s `eager`); `modeling_falcon.py` (`FalconModel`, `FalconDecoderLayer`, `FalconAttention`, `FalconMLP`), `_scaled_dot_product_attention_math` ([`prefill_replay`]'s `falcon`); `modeling_phi3.py` (`Phi3Attention`, `Phi3MLP`, its `apply_rotary_pos_emb`), `create_sliding_window_causal_mask`, `DynamicSlidingWindowLayer.update` ([`prefill_replay`]'s `phi3`); `CUDACachingAllocator.cpp` |
 //! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
-//! | decode, the copies outgrowing the prefill's room (reserved, replayed decoders) | where step 1 fits (the replay makes no segment there), the copies grow to the context's size in the room the replay leaves: each stretch of a segment holding only free blocks and copies holds `floor(R / S)` copies; each 2 MiB level of the copies' size adds a segment of that size for each of the `2L` copies, plus one layer's pair in flight, the room does not hold (below 10 MiB, once, in shared 20 MiB segments). Up to the stated context; without `prompt-tokens` one level ([`prefill_replay::Replayed::outgrown_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kLargeBuffer`), `get_free_block`, `try_merge_blocks`; checked against the same heap run through every decode step |
+//! | decode, the copies outgrowing the prefill's room (reserved, replayed decoders) | where step 1 fits (the replay makes no segment there), the copies grow to the context's size in the room the replay leaves: each stretch of a segment holding only free blocks and copies holds `floor(R / S)` copies; each 2 MiB level of the copies' size adds a segment of that size for each of the `2L` copies, plus one layer's pair in flight, the room does not hold (below 10 MiB, once, in shared 20 MiB segments). Up to the stated context; without `prompt-tokens` one level ([`prefill_replay::Replayed::outgrown_fresh`]). None for a sliding-window cache the prompt fills (Phi-3): its copies stay `window` tokens | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kLargeBuffer`), `get_free_block`, `try_merge_blocks`; checked against the same heap run through every decode step |
 //! | decode, the later 2 MiB crossings (reserved) | where step 1 left copies alone in segments of their own (the term above is above 0) and a copy is at least 10 MiB: every `2 MiB / (b·kv·c)` steps the copies outgrow those segments, which no later (larger) copy fits; each crossing makes two segments of the new 2 MiB-rounded size, one layer's key and value in flight while the prefill's large blocks hold `floor(B / S)` copies each. Counted from the stated prompt's cache to the context's; without `prompt-tokens` one crossing ([`cache_crossings_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kMinLargeAlloc`), `get_free_block`, `try_merge_blocks` (segments never merge); an H200 trace per decode step (`tools/measure/trace_decode.py`) |
 //! | decode, a mixture of experts' reserved | the gathered gate/up and down weights (`b·k·2·I·h·c`, `b·k·I·h·c`) larger than the prefill's largest tensor take new segments on top of the prefill's (slack `P + fresh − max(P, D)` beyond the prefill's own) | `batched_mm_experts_forward` (`self.gate_up_proj[expert_ids]`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` ([`gathered_experts_fresh`]) |
 //! | reserved, an eager prefill beyond its replay | one segment of the largest score request, `4·b·heads·s²`: the H100's `SmolLM2` rows reserved one score segment more than the exact replay of their run ([`eager_unreplayed_segment`]) | `eager_attention_forward`; `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` |
@@ -1242,6 +1242,13 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
                 // one crossing).
                 let replayed = |d: &prefill_replay::Decoder| {
                     let r = prefill_replay::replay(d);
+                    // A sliding-window cache the prompt fills keeps `window - 1` tokens, so
+                    // every decode step's copies (`window` tokens) fit where the last step's
+                    // were (`DynamicSlidingWindowLayer.update`): nothing grows past the steps
+                    // the replay ran.
+                    if d.window.is_some_and(|w| d.s >= w - 1.0) {
+                        return r.prefill_slack + r.decode_fresh + eager_unreplayed_segment(d);
+                    }
                     let step_one = r.decode_fresh.max(counted);
                     let later = if step_one > 0.0 {
                         cache_crossings_fresh(&block, &prefill, inp.kv_bytes, end, step_one)
@@ -1293,7 +1300,8 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
 /// that module follows: a decoder of Llama's code (Qwen3's q/k norms included) with a dense
 /// gated MLP, run by SDPA's fused kernels without a mask (no score matrix, no window shorter
 /// than the context), one sequence per prompt (beam search reorders the cache with copies of
-/// its own), a `DynamicCache` in the compute dtype. Everything else keeps the count of
+/// its own), a `DynamicCache` in the compute dtype; or Falcon-7B's layout (one kv head, so SDPA's
+/// math kernel with a mask, `prefill_replay::falcon`). Everything else keeps the count of
 /// stranded tensors.
 fn replayed_decoder(
     inp: &Inputs,
@@ -1307,11 +1315,27 @@ fn replayed_decoder(
         && !prefill.math_kernel(block)
         && !block.sdpa_mask(prefill)
         && !block.windowed(inp.context);
+    // Falcon with one kv head (`multi_query` without `new_decoder_architecture`: the
+    // annotations carry no `parallel_attn` or `alibi`, and every published multi-query Falcon,
+    // falcon-7b and its instruct tune, runs attention beside the MLP with rotary positions) under
+    // SDPA: `prefill_replay::falcon`'s layer.
+    let falcon = block.family == ModelType::Falcon
+        && block.mlp == Mlp::Plain
+        && block.experts_per_token <= 0.0
+        && prefill.sdpa
+        && block.kv < block.q
+        && (block.kv * block.heads - block.q).abs() < f64::EPSILON
+        && (block.h - block.q).abs() < f64::EPSILON;
+    // Phi-3 (Phi-3-mini: a kv head per head) under eager attention: its own layer, its sliding
+    // window's mask and cache followed (`prefill_replay::phi3`).
+    let phi3 = block.family == ModelType::Phi3
+        && block.mlp == Mlp::FusedGated
+        && block.experts_per_token <= 0.0;
     // Eager attention as `prefill_replay::eager` follows it: every head its own kv head (no
-    // `repeat_kv` copies) and no window (`eager_mask` then masks the window too).
+    // `repeat_kv` copies) and no window (`eager_mask` then masks the window too) but Phi-3's.
     let eager = (!prefill.sdpa
         && (block.kv - block.q).abs() < f64::EPSILON
-        && !block.windowed(inp.context))
+        && (phi3 || !block.windowed(inp.context)))
     .then_some(if prefill.c >= 4.0 {
         prefill_replay::Softmax::Fp32
     } else if prefill.half {
@@ -1325,8 +1349,10 @@ fn replayed_decoder(
         && inp.beams <= 1.0
         && !inp.legacy_cache
         && (inp.kv_bytes - prefill.c).abs() < f64::EPSILON;
-    (llama && (fused || eager.is_some()) && plain && block.heads > 0.0).then(|| {
-        prefill_replay::Decoder {
+    ((llama && (fused || eager.is_some()) || falcon || phi3 && eager.is_some())
+        && plain
+        && block.heads > 0.0)
+        .then(|| prefill_replay::Decoder {
             b: prefill.b,
             s: prefill.s,
             c: prefill.c,
@@ -1340,9 +1366,16 @@ fn replayed_decoder(
             layers: crate::convert::f64_to_usize(block.layers),
             qk_norm: block.qk_norm(),
             tied: inp.arch.tied_embeddings,
-            eager,
-        }
-    })
+            eager: eager.filter(|_| !falcon),
+            layer: if falcon {
+                prefill_replay::Layer::Falcon
+            } else if phi3 {
+                prefill_replay::Layer::Phi3
+            } else {
+                prefill_replay::Layer::Llama
+            },
+            window: (phi3 && block.sliding_window > 0.0).then_some(block.sliding_window),
+        })
 }
 
 /// One segment of an eager prefill's largest score request (`4·b·heads·s²`, the fp32 softmax)
@@ -2604,6 +2637,67 @@ mod tests {
         assert!(reserved < 36.721 * 1.25, "{reserved}");
     }
 
+    /// Phi-3-mini-4k's `config.json` as annotations (`sliding_window` 2,047), a bf16 `generate`
+    /// at batch 2 with `extra` (the context among them).
+    fn phi3_mini_4k(extra: &[(&str, &str)]) -> Inputs {
+        let mut pairs = vec![
+            ("layers", "32"),
+            ("hidden-size", "3072"),
+            ("attention-heads", "32"),
+            ("kv-heads", "32"),
+            ("head-dim", "96"),
+            ("intermediate-size", "8192"),
+            ("vocab-size", "32064"),
+            ("tied-embeddings", "false"),
+            ("params", "3821079552"),
+            ("dtype", "bf16"),
+            ("model-type", "phi3"),
+            ("sliding-window", "2047"),
+            ("engine", "hf"),
+            ("workload", "inference"),
+            ("batch", "2"),
+        ];
+        pairs.extend(extra);
+        super::super::resolve(
+            &crate::model::estimate::testing::spec(&pairs),
+            &mut Vec::new(),
+        )
+    }
+
+    /// A sliding-window cache the prompt fills keeps its copies at `window` tokens
+    /// (`DynamicSlidingWindowLayer.update`): Phi-3-mini eager at 2 × 4,032 + 12,352 takes the
+    /// replay's prefill and decode steps and the eager score segment as its slack, and none of
+    /// the growth to 16,383 tokens that a growing cache's terms count.
+    #[test]
+    fn a_filled_sliding_window_cache_grows_no_further() {
+        let inp = phi3_mini_4k(&[
+            ("flash-attention", "false"),
+            ("context-tokens", "16384"),
+            ("prompt-tokens", "4032"),
+        ]);
+        let block = inp.block();
+        let prefill = inp.pass(inp.batch, inp.prompt);
+        let d = replayed_decoder(&inp, &block, &prefill).expect("Phi-3 eager is replayed");
+        let r = prefill_replay::replay(&d);
+        assert_eq!(
+            slack(&inp),
+            r.prefill_slack + r.decode_fresh + eager_unreplayed_segment(&d)
+        );
+        // What a growing cache's terms would add: the copies grown to 16,383 tokens.
+        let growth = if r.decode_fresh > 0.0 {
+            cache_crossings_fresh(
+                &block,
+                &prefill,
+                inp.kv_bytes,
+                Some(16384.0),
+                r.decode_fresh,
+            )
+        } else {
+            r.outgrown_fresh(&d, 16383.0)
+        };
+        assert!(growth > 0.0);
+    }
+
     /// Only the `model_type`s whose modeling file the replay follows are replayed: the same
     /// shape under Gemma v1, Cohere, Granite, `InternLM2`, `OLMo` or mllama's code (all
     /// [`ModelType::Llama`]) keeps the analytic slack.
@@ -2667,6 +2761,35 @@ mod tests {
         ] {
             assert!(!chosen(t), "{t}");
         }
+        // Falcon's code is replayed for Falcon-7B's layout only (one kv head: `multi_query`
+        // without `new_decoder_architecture`), by its own layer; Falcon-40B's eight kv heads and
+        // a multi-head Falcon (`multi_query` false) keep the analytic slack.
+        assert!(exact("falcon-7b", None));
+        assert!(!exact("falcon-40b", None));
+        let inp = super::super::resolve(
+            &spec(&[
+                ("model", "falcon-7b"),
+                ("kv-heads", "71"),
+                ("engine", "hf"),
+                ("workload", "inference"),
+                ("batch", "4"),
+            ]),
+            &mut Vec::new(),
+        );
+        assert!(replayed_decoder(&inp, &inp.block(), &inp.pass(inp.batch, inp.prompt)).is_none());
+        // Phi-3-mini's code is replayed under eager attention, past its window too, by its own
+        // layer; under SDPA it keeps the analytic slack.
+        let phi3 = |flash: &str| {
+            let inp = phi3_mini_4k(&[("flash-attention", flash), ("context-tokens", "4096")]);
+            replayed_decoder(&inp, &inp.block(), &inp.pass(inp.batch, inp.prompt))
+                .filter(|_| inp.replayed_code)
+                .map(|d| (d.layer, d.window))
+        };
+        assert_eq!(
+            phi3("false"),
+            Some((prefill_replay::Layer::Phi3, Some(2047.0)))
+        );
+        assert_eq!(phi3("true"), None);
         // A preset's own `model_type` counts: Qwen3's presets are typed `qwen3`.
         let s = spec(&[
             ("model", "qwen3-0.6b"),

@@ -42,14 +42,85 @@
 //!
 //! Eager attention (`Decoder::eager`) replaces the kernel's output and log-sum-exp by the
 //! score matrix's requests and adds the forward's causal mask ([`eager`]).
+//!
+//! Falcon-7B (`Decoder::layer`, [`Layer::Falcon`]) runs its own code in the same frame
+//! ([`falcon`]): its weights in `FalconForCausalLM`'s order, the boolean causal mask its
+//! forward always builds (kept to the forward's end) in place of `generate`'s mask flags, its
+//! layer (a `LayerNorm`, the fused `query_key_value` and its k and v copies, `RoPE` as above,
+//! the cache's copies, SDPA's math kernel over the mask's float conversion, `dense`, a GELU MLP
+//! beside the attention) in place of Llama's, and a `LayerNorm` for the final norm; the rotary
+//! tables, the head, `generate`'s inputs and the decode steps are the rows above.
+//!
+//! Phi-3 under eager attention ([`Layer::Phi3`], [`phi3`]) runs Llama's eager layer with one
+//! fused `qkv_proj` kept to `o_proj`, a rotary ending in a `cat` (so no q copy for the scores),
+//! one fused `gate_up_proj`, and a sliding window (`Decoder::window`): the mask's window
+//! booleans, and a cache that keeps `window - 1` tokens, so a decode step's copies stop growing
+//! at `window` tokens.
 
 use super::allocator;
 use crate::convert::f64_to_u64;
 
 mod eager;
+mod falcon;
+mod phi3;
 pub(super) use eager::Softmax;
 #[cfg(test)]
 pub(super) use eager::smollm2;
+
+/// Bytes of the large pool's segments after `d`'s weights, its prefill and the `new - 1`
+/// decode steps of `new` generated tokens (each step's fp32 logits kept into the next, as
+/// `_sample` keeps them).
+#[cfg(test)]
+fn large_pool(d: &Decoder, new: u32) -> f64 {
+    let mut run = Run::<ScannedBlocks>::new(d);
+    run.weights();
+    let mut kept = run.forward(d.s, 0.0);
+    for step in 1..new {
+        let next = run.forward(1.0, d.s + f64::from(step) - 1.0);
+        run.heap.free(kept);
+        kept = next;
+    }
+    let pieces = &run.heap.pieces;
+    let mut gone = vec![false; pieces.len()];
+    for &i in &run.heap.spare {
+        gone[i] = true;
+    }
+    pieces
+        .iter()
+        .enumerate()
+        .filter(|&(i, p)| !gone[i] && !p.small)
+        .map(|(_, p)| p.size as f64)
+        .sum()
+}
+
+/// The large pool's log of a `generate` of 2 tokens after the weights: the prefill, one decode
+/// step, the logits and the cache freed at the end (as the oracle's event logs are kept).
+#[cfg(test)]
+fn two_token_log(d: &Decoder) -> Vec<i64> {
+    let mut run = Run::<ScannedBlocks>::new(d);
+    run.weights();
+    let from = run.heap.log.len();
+    let kept = run.forward(d.s, 0.0);
+    let next = run.forward(1.0, d.s);
+    run.heap.free(kept);
+    run.heap.free(next);
+    for (k, v) in run.cache.clone() {
+        run.heap.free(k);
+        run.heap.free(v);
+    }
+    let large = |x: &&i64| x.unsigned_abs() > 1_048_576;
+    run.heap.log[from..].iter().filter(large).copied().collect()
+}
+
+/// An oracle event log as the tests keep it: comma-separated 512-byte blocks, allocations
+/// positive and frees negative.
+#[cfg(test)]
+fn oracle_log(text: &str) -> Vec<i64> {
+    text.trim()
+        .split(',')
+        .map(|x| x.parse().expect("an integer"))
+        .collect()
+}
 
 /// Whether a `config.json` `model_type` runs the request sequence above, in transformers 5.17:
 ///
@@ -59,6 +130,8 @@ pub(super) use eager::smollm2;
 /// | `mistral` | `models/mistral/modeling_mistral.py` | a sliding window (the replay is not chosen when it is shorter than the context) |
 /// | `qwen2` | `models/qwen2/modeling_qwen2.py` | q, k and v biases: a few KiB a layer in the small pool, left out |
 /// | `qwen3` | `models/qwen3/modeling_qwen3.py` | `q_norm`, `k_norm` over each head ([`Decoder::qk_norm`]) |
+/// | `phi3` | `models/phi3/modeling_phi3.py` | its own layer ([`Layer::Phi3`], [`phi3`]) and sliding window, replayed only under eager attention with a kv head per head (Phi-3-mini); under SDPA (a window the replay does not follow there) it keeps the analytic slack |
+/// | `falcon` | `models/falcon/modeling_falcon.py` | its own layer ([`Layer::Falcon`], [`falcon`]), replayed only for Falcon-7B's layout: one kv head (`multi_query` without `new_decoder_architecture`); Falcon-40B's and multi-head Falcons keep the analytic slack (`hf::replayed_decoder`) |
 ///
 /// Types that share the Llama layout in [`super::ModelType`] but allocate otherwise are not
 /// replayed as exact: their slack is the larger of the analytic count and this replay of the
@@ -72,7 +145,10 @@ pub(super) use eager::smollm2;
 /// after each sublayer), `mllama` (cross-attention layers), `deepseek_v2`/`v3` (latent
 /// attention), and every type not named.
 pub(super) fn follows(model_type: &str) -> bool {
-    matches!(model_type, "llama" | "mistral" | "qwen2" | "qwen3")
+    matches!(
+        model_type,
+        "llama" | "mistral" | "qwen2" | "qwen3" | "falcon" | "phi3"
+    )
 }
 
 /// A block of the heap: a whole segment, or a piece of one split off by a request.
@@ -349,6 +425,26 @@ pub(super) struct Decoder {
     pub tied: bool,
     /// Eager attention (its softmax's road) instead of SDPA's fused kernels ([`eager`]).
     pub eager: Option<Softmax>,
+    /// Whose modeling code builds the weights and runs each layer.
+    pub layer: Layer,
+    /// `sliding_window` of a [`Layer::Phi3`] config: its cache keeps the last `window - 1`
+    /// tokens (`DynamicSlidingWindowLayer`) and its mask masks past them ([`phi3`]).
+    pub window: Option<f64>,
+}
+
+/// The modeling code a [`Decoder`]'s weights and layers follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Layer {
+    /// `modeling_llama.py` (the table above; Qwen3's q/k norms by [`Decoder::qk_norm`]).
+    Llama,
+    /// `modeling_falcon.py` with one kv head, attention beside the MLP and rotary positions
+    /// (Falcon-7B's layout): the boolean causal mask of every forward, the fused
+    /// `query_key_value`, `LayerNorm`, SDPA's math kernel and a GELU MLP ([`falcon`]).
+    Falcon,
+    /// `modeling_phi3.py` under eager attention: Llama's layer with one fused `qkv_proj`, a
+    /// rotary that ends in a `cat`, one fused `gate_up_proj`, and a sliding-window cache and
+    /// mask ([`phi3`]).
+    Phi3,
 }
 
 /// What the replay leaves.
@@ -396,7 +492,8 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
     }
 
     /// The weights, built on the GPU in `model.parameters()` order (each module registers
-    /// its parameters as it is built), then the rotary `inv_freq` buffer. Nothing is freed, so
+    /// its parameters as it is built), then the rotary `inv_freq` buffer (`original_inv_freq`,
+    /// its copy, is a few hundred bytes in the small pool's first segment, left out). Nothing is freed, so
     /// `empty_cache()` before the run releases nothing: the segments keep the free room of their
     /// 2 MiB rounding (`kRoundLarge`) and of the 20 MiB segments that 1–10 MiB weights share
     /// (`kLargeBuffer`), which the prefill's small requests may take. Biases (Qwen2's q, k and
@@ -406,21 +503,28 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
         let c = d.c;
         let embedding = d.vocab * d.h * c;
         self.heap.malloc(embedding);
+        let (layer, final_norm) = match d.layer {
+            Layer::Llama => {
+                let mut layer = vec![d.q * d.h, d.kv * d.h, d.kv * d.h, d.h * d.q];
+                if d.qk_norm {
+                    layer.extend([d.head_dim; 2]);
+                }
+                layer.extend([d.ffn * d.h; 3]);
+                // The two `RMSNorm`s' weights.
+                layer.extend([d.h; 2]);
+                (layer, 1)
+            }
+            Layer::Falcon => (falcon::layer_parameters(&d), falcon::FINAL_NORM_PARAMETERS),
+            Layer::Phi3 => (phi3::layer_parameters(&d), 1),
+        };
         for _ in 0..d.layers {
-            for w in [d.q * d.h, d.kv * d.h, d.kv * d.h, d.h * d.q] {
+            for &w in &layer {
                 self.heap.malloc(w * c);
             }
-            if d.qk_norm {
-                self.heap.malloc(d.head_dim * c);
-                self.heap.malloc(d.head_dim * c);
-            }
-            for _ in 0..3 {
-                self.heap.malloc(d.ffn * d.h * c);
-            }
-            self.heap.malloc(d.h * c);
+        }
+        for _ in 0..final_norm {
             self.heap.malloc(d.h * c);
         }
-        self.heap.malloc(d.h * c);
         if !d.tied {
             self.heap.malloc(embedding);
         }
@@ -520,10 +624,42 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
         normed
     }
 
+    /// Keys a forward over `s` new tokens attends to with `past` seen: all of them, or under a
+    /// sliding window the `window - 1` the cache keeps and the new ones
+    /// (`DynamicSlidingWindowLayer.update` and `get_mask_sizes`).
+    fn keys(&self, s: f64, past: f64) -> f64 {
+        self.d.window.map_or(past, |w| past.min(w - 1.0)) + s
+    }
+
+    /// `DynamicLayer.update` of layer `i` with `s` new tokens after `past`: `torch.cat` into a
+    /// new key, then a new value, each old one freed as the attribute is rebound. Under a
+    /// sliding window (`DynamicSlidingWindowLayer.update`) both `cat`s come first and the
+    /// attributes are rebound after, to views of them.
+    fn cache_update(&mut self, i: usize, s: f64, past: f64) {
+        let d = *self.d;
+        let cached = d.b * self.keys(s, past) * d.kv * d.c;
+        let (old_k, old_v) = self.cache[i];
+        let new_k = self.heap.malloc(cached);
+        if d.window.is_none() {
+            self.heap.free(old_k);
+        }
+        let new_v = self.heap.malloc(cached);
+        if d.window.is_some() {
+            self.heap.free(old_k);
+        }
+        self.heap.free(old_v);
+        self.cache[i] = (new_k, new_v);
+    }
+
     /// One decoder layer over `b` sequences of `s` new tokens, the cache holding `past` tokens
     /// before it; returns the layer's output.
     fn layer(&mut self, i: usize, s: f64, past: f64) -> Handle {
         let d = *self.d;
+        match d.layer {
+            Layer::Falcon => return self.falcon_layer(i, s, past),
+            Layer::Phi3 => return self.phi3_layer(i, s, past),
+            Layer::Llama => {}
+        }
         let (t, c) = (d.b * s, d.c);
         let normed = self.norm(t, d.h);
         let q = self.projection(t, d.q);
@@ -533,15 +669,7 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
         let ke = self.rope(t, d.kv);
         self.heap.free(q);
         self.heap.free(k);
-        // `DynamicLayer.update`: `torch.cat` into a new key, then a new value, each old one
-        // freed as the attribute is rebound.
-        let cached = d.b * (past + s) * d.kv * c;
-        let (old_k, old_v) = self.cache[i];
-        let new_k = self.heap.malloc(cached);
-        self.heap.free(old_k);
-        let new_v = self.heap.malloc(cached);
-        self.heap.free(old_v);
-        self.cache[i] = (new_k, new_v);
+        self.cache_update(i, s, past);
         self.heap.free(ke);
         self.heap.free(v);
         let (o, probs) = match d.eager {
@@ -583,14 +711,19 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
         let d = *self.d;
         let (t, c) = (d.b * s, d.c);
         let embeds = self.heap.malloc(t * d.h * c);
-        let mask = if d.eager.is_some() {
-            self.eager_mask(s, past)
+        let mask = if d.layer == Layer::Falcon {
+            self.falcon_mask(s, past)
         } else {
-            None
+            let mask = if d.eager.is_some() {
+                self.eager_mask(s, past)
+            } else {
+                None
+            };
+            // The mask as booleans (`attention_mask.to(bool)`), checked and dropped.
+            let flags = self.heap.malloc(t);
+            self.heap.free(flags);
+            mask
         };
-        // The mask as booleans (`attention_mask.to(bool)`), checked and dropped.
-        let flags = self.heap.malloc(t);
-        self.heap.free(flags);
         let positions = self.heap.malloc(t * 4.0);
         if self.cublas.is_none() {
             self.cublas = self.heap.malloc(CUBLAS_WORKSPACE);
@@ -628,7 +761,11 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
             }
             x = y;
         }
-        let f = self.norm(t, d.h);
+        let f = if d.layer == Layer::Falcon {
+            self.layer_norm(t)
+        } else {
+            self.norm(t, d.h)
+        };
         self.heap.free(x);
         if d.layers > 0 {
             self.heap.free(embeds);
@@ -806,6 +943,8 @@ mod tests {
             qk_norm,
             tied: false,
             eager: None,
+            layer: Layer::Llama,
+            window: None,
         }
     }
 

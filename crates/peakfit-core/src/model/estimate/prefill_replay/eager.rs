@@ -40,15 +40,30 @@ impl<P: FreeBlocks> Run<'_, P> {
     /// mask, which lives until the forward ends.
     pub(super) fn eager_mask(&mut self, s: f64, past: f64) -> Handle {
         let d = *self.d;
+        let batch = if d.window.is_some() {
+            self.sliding_window_mask(s, past)
+        } else {
+            self.causal_mask(s, past, 0.0)
+        };
+        let mask = self.heap.malloc(d.c * d.b * s * self.keys(s, past));
+        self.heap.free(batch);
+        mask
+    }
+
+    /// `sdpa_mask`'s boolean over `s` new tokens with `past` cached: the causal `le` and its
+    /// `&` (`s·S` booleans each), then the padding mask's `index` (`index` bytes; the eager
+    /// replay leaves its few KiB out) and the batch's `&` (`b·s·S`), returned.
+    pub(super) fn causal_mask(&mut self, s: f64, past: f64, index: f64) -> Handle {
+        let d = *self.d;
         let keys = past + s;
         let a = self.heap.malloc(s * keys);
         let b = self.heap.malloc(s * keys);
         self.heap.free(a);
+        let padding = self.heap.malloc(index);
         let batch = self.heap.malloc(d.b * s * keys);
+        self.heap.free(padding);
         self.heap.free(b);
-        let mask = self.heap.malloc(d.c * d.b * s * keys);
-        self.heap.free(batch);
-        mask
+        batch
     }
 
     /// Eager attention over `s` new tokens with `past` cached, after the cache's copies: returns
@@ -61,8 +76,9 @@ impl<P: FreeBlocks> Run<'_, P> {
     ) -> (Handle, Handle) {
         let d = *self.d;
         let (t, c) = (d.b * s, d.c);
-        let n = d.b * d.heads * s * (past + s);
-        let q = if s > 1.0 {
+        let n = d.b * d.heads * s * self.keys(s, past);
+        // Phi-3's rotated q is a `cat`'s output, contiguous already.
+        let q = if s > 1.0 && d.layer != super::Layer::Phi3 {
             self.heap.malloc(t * d.q * c)
         } else {
             None
@@ -119,12 +135,14 @@ pub(in crate::model::estimate) fn smollm2(c: f64, eager: Option<Softmax>) -> Dec
         qk_norm: false,
         tied: true,
         eager,
+        layer: super::Layer::Llama,
+        window: None,
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Decoder, Heap, Run, ScannedBlocks, replay};
+    use super::super::{Decoder, Heap, Run, ScannedBlocks, oracle_log, replay};
     use super::{Softmax, smollm2};
 
     const MIB: f64 = 1_048_576.0;
@@ -182,11 +200,7 @@ mod tests {
     /// 3 MiB fp32 logits processing, which the replay leaves out.
     #[test]
     fn the_eager_layers_request_the_oracles_blocks_in_its_order() {
-        let oracle: Vec<i64> = include_str!("oracle-smollm2-eager-2-layers.txt")
-            .trim()
-            .split(',')
-            .map(|x| x.parse().expect("an integer"))
-            .collect();
+        let oracle = oracle_log(include_str!("oracle-smollm2-eager-2-layers.txt"));
         let d = Decoder {
             layers: 2,
             ..smollm2(2.0, Some(Softmax::Copy))
