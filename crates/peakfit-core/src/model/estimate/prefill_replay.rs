@@ -94,7 +94,7 @@ struct Piece {
 type Key = (u64, u64, usize);
 
 /// One pool's free blocks in `BlockComparatorSize` order, as the best fit searches them.
-pub(super) trait FreeBlocks: Default {
+pub(super) trait FreeBlocks: Default + Clone {
     fn insert(&mut self, key: Key);
     fn remove(&mut self, key: Key);
     /// The piece of the first block of at least `size` bytes: the smallest that holds it, the
@@ -102,16 +102,16 @@ pub(super) trait FreeBlocks: Default {
     fn best_fit(&self, size: u64) -> Option<usize>;
 }
 
-/// A pool's free blocks, unordered, searched whole: a pool holds few free blocks (a layer's
-/// requests repeat the last layer's sizes, and freed neighbours merge), where one scan of
-/// packed keys for the best fit costs less than keeping them sorted (a binary search's
-/// mispredicted branches and a `memmove` on every insert and remove: `perf annotate` of the
-/// bench; issue 20: `estimate` runs this replay per call, and a call must stay under 1 ms). Each block is one `u128`, size above address, so the best fit
-/// is the smallest key at or above `(size, 0)`: `BlockComparatorSize`'s order, the B-tree
-/// reference's in the tests, which the replay matches bit for bit. Each piece's place in the
-/// vectors is kept beside them, so inserting and removing (a split's rest, a merge's
-/// neighbours) search nothing.
-#[derive(Debug, Default)]
+/// A pool's free blocks, unordered, searched whole: the pools before [`SizeClasses`], kept as a
+/// second reference for the equivalence tests (and the eager tests' heaps). One scan of packed
+/// keys for the best fit cost less than keeping them sorted (a binary search's mispredicted
+/// branches and a `memmove` on every insert and remove: `perf annotate` of the bench), but every
+/// request scanned every free block of its pool. Each block is one `u128`, size above address,
+/// so the best fit is the smallest key at or above `(size, 0)`: `BlockComparatorSize`'s order.
+/// Each piece's place in the vectors is kept beside them, so inserting and removing search
+/// nothing.
+#[cfg(test)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct ScannedBlocks {
     keys: Vec<u128>,
     pieces: Vec<usize>,
@@ -124,6 +124,7 @@ fn packed(size: u64, addr: u64) -> u128 {
     (u128::from(size) << 64) | u128::from(addr)
 }
 
+#[cfg(test)]
 impl FreeBlocks for ScannedBlocks {
     fn insert(&mut self, (size, addr, piece): Key) {
         debug_assert!(
@@ -171,9 +172,110 @@ impl FreeBlocks for ScannedBlocks {
     }
 }
 
+/// A pool's free blocks in size classes, eight per power of two of the size in 512 B units (as
+/// a two-level segregated fit keeps them), each class its blocks' packed `(size, address)` keys
+/// unordered, and a bit per class that holds any. The best fit is the smallest key at or above
+/// `(size, 0)` in the request's class, else the smallest key of the first class above it that
+/// holds a block: the classes are monotone in the size, so every block of a higher class is
+/// larger, and the result is `BlockComparatorSize`'s order bit for bit (the tests replay
+/// hundreds of shapes against the B-tree the replay began with). Why classes and not one scan
+/// of the pool (the tests' `ScannedBlocks`): the weights leave a rest in most of their segments (an MLP
+/// weight rounded up to 2 MiB, `kRoundLarge`; the 20 MiB segments that 1–10 MiB weights share,
+/// `kLargeBuffer`), about a hundred free blocks of a few sizes in the large pool of a 28-layer
+/// model, which every large request of the run scanned; in classes a request looks at the
+/// blocks near its own size (issue 20: `estimate` runs this replay per call, and a call must
+/// stay under 1 ms). Each piece's place in its class is kept beside it, so inserting and
+/// removing search nothing. Grouping by exact size in a sorted vector measured slower than the
+/// scan: its binary searches and its groups' inserts and removes cost more than they saved.
+#[derive(Clone, Debug, Default)]
+pub(super) struct SizeClasses {
+    classes: Vec<Vec<(u128, usize)>>,
+    /// A bit per class that holds a block.
+    full: Vec<u64>,
+    /// Where each piece's key is in its class, indexed by piece.
+    slot: Vec<usize>,
+}
+
+/// The class of a block of `size` bytes: monotone in the size, so every block of a higher
+/// class is larger than every block of a lower one.
+fn class(size: u64) -> usize {
+    let units = (size >> 9).max(1);
+    let lg = units.ilog2();
+    let c = if lg < 3 {
+        units
+    } else {
+        u64::from(lg) * 8 + ((units >> (lg - 3)) & 7)
+    };
+    usize::try_from(c).unwrap_or(usize::MAX)
+}
+
+impl FreeBlocks for SizeClasses {
+    fn insert(&mut self, (size, addr, piece): Key) {
+        let c = class(size);
+        if self.classes.len() <= c {
+            self.classes.resize_with(c + 1, Vec::new);
+            self.full.resize(c / 64 + 1, 0);
+        }
+        if self.slot.len() <= piece {
+            self.slot.resize(piece + 1, usize::MAX);
+        }
+        self.slot[piece] = self.classes[c].len();
+        self.classes[c].push((packed(size, addr), piece));
+        self.full[c / 64] |= 1 << (c % 64);
+    }
+
+    fn remove(&mut self, (size, addr, piece): Key) {
+        let c = class(size);
+        let (Some(list), Some(&at)) = (self.classes.get_mut(c), self.slot.get(piece)) else {
+            debug_assert!(false, "piece {piece} of {size} B is not in the pool");
+            return;
+        };
+        if list.get(at) != Some(&(packed(size, addr), piece)) {
+            debug_assert!(
+                false,
+                "piece {piece} of {size} B at {addr} is not in the pool"
+            );
+            return;
+        }
+        list.swap_remove(at);
+        if let Some(&(_, moved)) = list.get(at) {
+            self.slot[moved] = at;
+        }
+        if list.is_empty() {
+            self.full[c / 64] &= !(1 << (c % 64));
+        }
+    }
+
+    fn best_fit(&self, size: u64) -> Option<usize> {
+        let c = class(size);
+        let floor = packed(size, 0);
+        let smallest = |list: &[(u128, usize)], floor: u128| {
+            let mut best = (u128::MAX, None);
+            for &(key, piece) in list {
+                if key >= floor && key < best.0 {
+                    best = (key, Some(piece));
+                }
+            }
+            best.1
+        };
+        if let Some(found) = self.classes.get(c).and_then(|list| smallest(list, floor)) {
+            return Some(found);
+        }
+        // The first class above `c` holding a block: its smallest block is the best fit.
+        let mut word = c / 64;
+        let mut bits = self.full.get(word)? & (u64::MAX << (c % 64) << 1);
+        while bits == 0 {
+            word += 1;
+            bits = *self.full.get(word)?;
+        }
+        let next = word * 64 + bits.trailing_zeros() as usize;
+        smallest(&self.classes[next], 0)
+    }
+}
+
 /// The caching allocator's blocks and pools on one stream.
-#[derive(Debug, Default)]
-pub(super) struct Heap<P: FreeBlocks = ScannedBlocks> {
+#[derive(Clone, Debug, Default)]
+pub(super) struct Heap<P: FreeBlocks = SizeClasses> {
     pieces: Vec<Piece>,
     /// Pieces merged into a neighbour (`try_merge_blocks`), whose slots new pieces reuse.
     spare: Vec<usize>,
@@ -375,7 +477,7 @@ const CUBLAS_WORKSPACE: f64 = 32.0 * 1_048_576.0;
 /// segment leaves the free blocks one token's worth larger for the next (see [`replay`]).
 const DECODE_STEPS: usize = 8;
 
-struct Run<'a, P: FreeBlocks = ScannedBlocks> {
+struct Run<'a, P: FreeBlocks = SizeClasses> {
     heap: Heap<P>,
     d: &'a Decoder,
     /// Each layer's key and value copies.
@@ -651,7 +753,30 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
 /// rounding of step 1's (`get_allocation_size`, `kRoundLarge`): the crossings after that are a
 /// term of their own.
 pub(super) fn replay(d: &Decoder) -> Replayed {
-    replay_with::<ScannedBlocks>(d)
+    replay_with::<SizeClasses>(d)
+}
+
+/// [`replay`] of `d` and of the same model and batch at `s` prompt tokens: what `hf` takes the
+/// larger of without a stated prompt (the whole context and one token less). The weights are
+/// built before the first request of `generate` and do not depend on the prompt, so both runs
+/// start from one heap after them, cloned, instead of building the weights twice: the same
+/// requests in the same order on the same heap, bit for bit what two [`replay`]s return (a
+/// test compares them).
+pub(super) fn replay_pair(d: &Decoder, s: f64) -> (Replayed, Replayed) {
+    replay_pair_with::<SizeClasses>(d, s)
+}
+
+fn replay_pair_with<P: FreeBlocks>(d: &Decoder, s: f64) -> (Replayed, Replayed) {
+    let other = Decoder { s, ..*d };
+    let mut run = Run::<P>::new(d);
+    run.weights();
+    let twin = Run {
+        heap: run.heap.clone(),
+        d: &other,
+        cache: run.cache.clone(),
+        cublas: run.cublas,
+    };
+    (after_weights(run), after_weights(twin))
 }
 
 /// [`replay`] with the pools kept by `P`: the tests replay with the B-tree the replay began with
@@ -659,6 +784,12 @@ pub(super) fn replay(d: &Decoder) -> Replayed {
 fn replay_with<P: FreeBlocks>(d: &Decoder) -> Replayed {
     let mut run = Run::<P>::new(d);
     run.weights();
+    after_weights(run)
+}
+
+/// The rest of [`replay`] from a heap holding the weights.
+fn after_weights<P: FreeBlocks>(mut run: Run<'_, P>) -> Replayed {
+    let d = run.d;
     let t = d.b * d.s;
     // `generate`'s inputs: the ids and mask, the position ids (`cumsum`, `- 1`, `masked_fill`
     // where the mask is 0) and the cache positions' copy.
@@ -818,14 +949,14 @@ mod tests {
     }
 
     fn prefill_reserved(d: &Decoder) -> (f64, f64) {
-        let mut run = Run::<ScannedBlocks>::new(d);
+        let mut run = Run::<SizeClasses>::new(d);
         let _ = run.forward(d.s, 0.0);
         (run.heap.reserved(), run.heap.peak_allocated())
     }
 
     #[test]
     fn best_fit_takes_the_smallest_free_block_that_holds_the_request() {
-        let mut heap = Heap::<ScannedBlocks>::default();
+        let mut heap = Heap::<SizeClasses>::default();
         let big = heap.malloc(100.0 * MIB);
         let small = heap.malloc(50.0 * MIB);
         heap.free(big);
@@ -841,7 +972,7 @@ mod tests {
 
     #[test]
     fn a_split_block_no_longer_holds_its_old_size() {
-        let mut heap = Heap::<ScannedBlocks>::default();
+        let mut heap = Heap::<SizeClasses>::default();
         let mlp = heap.malloc(100.0 * MIB);
         heap.free(mlp);
         // A cache copy carved out of the freed block leaves 70 MiB: the next 100 MiB request
@@ -853,7 +984,7 @@ mod tests {
 
     #[test]
     fn freed_neighbours_in_a_segment_merge_back_into_one_block() {
-        let mut heap = Heap::<ScannedBlocks>::default();
+        let mut heap = Heap::<SizeClasses>::default();
         let whole = heap.malloc(100.0 * MIB);
         heap.free(whole);
         let a = heap.malloc(40.0 * MIB);
@@ -868,7 +999,7 @@ mod tests {
 
     #[test]
     fn a_rest_of_at_most_1_mib_goes_with_the_request_and_small_blocks_have_their_own_pool() {
-        let mut heap = Heap::<ScannedBlocks>::default();
+        let mut heap = Heap::<SizeClasses>::default();
         let x = heap.malloc(100.0 * MIB);
         heap.free(x);
         let y = heap.malloc(99.5 * MIB);
@@ -880,7 +1011,7 @@ mod tests {
         assert_eq!(heap.reserved(), 102.0 * MIB);
         // A 3 MiB request no free block holds gets a 20 MiB segment (`kLargeBuffer`), which
         // the next ones share.
-        let mut heap = Heap::<ScannedBlocks>::default();
+        let mut heap = Heap::<SizeClasses>::default();
         let _ = heap.malloc(3.0 * MIB);
         let _ = heap.malloc(3.0 * MIB);
         assert_eq!(heap.reserved(), 20.0 * MIB);
@@ -916,12 +1047,9 @@ mod tests {
         }
     }
 
-    /// The scanned pools change no result by a bit: every shape of
-    /// the oracle's decoders below, at batches and prompts around powers of two and odd ones,
-    /// replays to the same prefill slack and decode segments as the B-tree heap.
-    #[test]
-    fn the_scanned_pools_replay_exactly_what_the_btree_replays() {
-        let shapes = [
+    /// The oracle's decoders below, whose shapes the replay is run on.
+    fn shapes() -> [Decoder; 7] {
+        [
             qwen25_05b(1.0, 1.0),
             qwen3_06b(1.0, 1.0),
             // Qwen2.5-1.5B, Qwen2.5-7B (untied), Qwen3-1.7B, Qwen3-4B, SmolLM2-135M.
@@ -936,9 +1064,16 @@ mod tests {
                 vocab: 49_152.0,
                 ..decoder((1.0, 1.0), (576.0, 9.0, 3.0, 64.0), 1536.0, 30, false)
             },
-        ];
+        ]
+    }
+
+    /// The size classes (and the scanned pools before them) change no result by a bit: every
+    /// shape of the oracle's decoders below, at batches and prompts around powers of two and odd
+    /// ones, replays to the same prefill slack, decode segments and room as the B-tree heap.
+    #[test]
+    fn the_size_classes_replay_exactly_what_the_btree_replays() {
         let mut compared = 0;
-        for shape in shapes {
+        for shape in shapes() {
             for tied in [false, true] {
                 for c in [2.0, 4.0] {
                     for b in [1.0, 3.0, 128.0] {
@@ -976,33 +1111,50 @@ mod tests {
         }
     }
 
-    /// Everything [`replay`] returns, bit for bit, from the scanned pools and the B-tree.
-    fn same_replay(d: &Decoder) {
-        let (new, old) = (
-            replay_with::<ScannedBlocks>(d),
-            replay_with::<std::collections::BTreeSet<Key>>(d),
-        );
-        let bits = |r: &Replayed| {
-            (
-                r.prefill_slack.to_bits(),
-                r.decode_fresh.to_bits(),
-                r.tokens.to_bits(),
-                r.room.clone(),
-            )
-        };
-        assert_eq!(bits(&new), bits(&old), "{d:?}");
+    /// Both replays of a pair, from one heap of weights, bit for bit what each alone returns:
+    /// the shapes above at the prompts `hf` pairs (the whole context and one token less).
+    #[test]
+    fn a_pair_from_one_heap_of_weights_replays_what_two_replays_do() {
+        for shape in shapes() {
+            for b in [1.0, 3.0, 128.0] {
+                for s in [2.0, 512.0, 2048.0, 8192.0] {
+                    let d = Decoder { b, s, ..shape };
+                    let shorter = Decoder { s: s - 1.0, ..d };
+                    let (at, shorter_at) = replay_pair(&d, s - 1.0);
+                    assert_eq!(bits(&at), bits(&replay(&d)), "{d:?}");
+                    assert_eq!(bits(&shorter_at), bits(&replay(&shorter)), "{d:?}");
+                }
+            }
+        }
     }
 
-    /// Request for request: through the weights, a prefill and a decode step, the scanned pools
+    /// Everything [`replay`] returns, bit for bit, from the size classes, the scanned pools and
+    /// the B-tree.
+    fn same_replay(d: &Decoder) {
+        let old = bits(&replay_with::<std::collections::BTreeSet<Key>>(d));
+        assert_eq!(bits(&replay_with::<ScannedBlocks>(d)), old, "{d:?}");
+        assert_eq!(bits(&replay_with::<SizeClasses>(d)), old, "{d:?}");
+    }
+
+    fn bits(r: &Replayed) -> (u64, u64, u64, Vec<u64>) {
+        (
+            r.prefill_slack.to_bits(),
+            r.decode_fresh.to_bits(),
+            r.tokens.to_bits(),
+            r.room.clone(),
+        )
+    }
+
+    /// Request for request: through the weights, a prefill and a decode step, the size classes
     /// and the reused slots log the same blocks in the same order as the B-tree heap, and reach
     /// the same reserved and peak.
     #[test]
-    fn the_scanned_pools_log_the_btree_heaps_events() {
+    fn the_size_classes_log_the_btree_heaps_events() {
         let d = Decoder {
             tied: true,
             ..qwen3_06b(8.0, 2048.0)
         };
-        let mut new = Run::<ScannedBlocks>::new(&d);
+        let mut new = Run::<SizeClasses>::new(&d);
         let mut old = Run::<std::collections::BTreeSet<Key>>::new(&d);
         new.weights();
         old.weights();
@@ -1110,7 +1262,7 @@ mod tests {
     /// reference [`Replayed::outgrown_fresh`] stands in for (a few ms per step in a release
     /// build, so the tests that run it are ignored).
     fn every_step(d: &Decoder, new: usize) -> (f64, f64) {
-        let mut run = Run::<ScannedBlocks>::new(d);
+        let mut run = Run::<SizeClasses>::new(d);
         run.weights();
         let mut kept = run.forward(d.s, 0.0);
         let prefill = run.heap.reserved();
@@ -1228,7 +1380,7 @@ mod tests {
                 c,
                 ..qwen3_06b(1.0, 16.0)
             };
-            let mut run = Run::<ScannedBlocks>::new(&d);
+            let mut run = Run::<SizeClasses>::new(&d);
             let _ = run.norm(16.0, d.h);
             assert_eq!(run.heap.log.iter().filter(|&&x| x > 0).count(), requests);
         }
@@ -1239,7 +1391,7 @@ mod tests {
                 layers: 0,
                 ..qwen3_06b(1.0, 16.0)
             };
-            let mut run = Run::<ScannedBlocks>::new(&d);
+            let mut run = Run::<SizeClasses>::new(&d);
             let _ = run.forward(16.0, 0.0);
             run.heap.log.iter().filter(|&&x| x > 0).count()
         };
