@@ -326,15 +326,18 @@ impl<P: FreeBlocks> Heap<P> {
         if bytes <= 0.0 {
             return None;
         }
-        let block = allocator::block(bytes);
-        let size = f64_to_u64(block);
-        let small = allocator::small(block);
+        let (size, seg) = allocator::block_and_segment(bytes).unwrap_or_else(|| {
+            let block = allocator::block(bytes);
+            (f64_to_u64(block), f64_to_u64(allocator::segment(block)))
+        });
+        // `allocator::small` of the block: exact in whole bytes (the block is a float's whole
+        // number, and 1 MiB is far below where floats skip any).
+        let small = size <= allocator::SMALL_BYTES;
         let pool = Self::pool(small);
         let i = if let Some(i) = self.pools[pool].best_fit(size) {
             self.remove(i);
             i
         } else {
-            let seg = f64_to_u64(allocator::segment(block));
             let i = self.add(Piece {
                 addr: self.next_addr,
                 size: seg,
