@@ -85,8 +85,27 @@ struct Piece {
     /// The rounded request a live block serves (the block may be larger: `should_split`).
     #[cfg(test)]
     asked: u64,
-    prev: Option<usize>,
-    next: Option<usize>,
+    prev: Link,
+    next: Link,
+}
+
+/// A piece's neighbour in its segment, or none at the segment's end: a `u32` piece index
+/// rather than an `Option<usize>` keeps a [`Piece`] in 32 bytes (40 in tests), half the 64 it
+/// took, which the replay's every request reads and writes several of (issue 20: a
+/// replayed `estimate` call must stay under 1 ms). A run makes a few thousand pieces at most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Link(u32);
+
+impl Link {
+    const NONE: Link = Link(u32::MAX);
+
+    fn to(i: usize) -> Link {
+        Link(u32::try_from(i).expect("fewer than 2^32 pieces"))
+    }
+
+    fn get(self) -> Option<usize> {
+        (self != Link::NONE).then_some(self.0 as usize)
+    }
 }
 
 /// A free block's place in its pool: (size, address, piece), the order of
@@ -100,6 +119,14 @@ pub(super) trait FreeBlocks: Default + Clone {
     /// The piece of the first block of at least `size` bytes: the smallest that holds it, the
     /// lowest address among equals.
     fn best_fit(&self, size: u64) -> Option<usize>;
+    /// [`FreeBlocks::best_fit`] taken out of the pool (`key` gives a piece's key), as a
+    /// request takes it; a pool that finds the block's place on the way saves the removal's
+    /// own search.
+    fn take(&mut self, size: u64, key: impl Fn(usize) -> Key) -> Option<usize> {
+        let i = self.best_fit(size)?;
+        self.remove(key(i));
+        Some(i)
+    }
 }
 
 /// A pool's free blocks, unordered, searched whole: the pools before [`SizeClasses`], kept as a
@@ -247,21 +274,45 @@ impl FreeBlocks for SizeClasses {
     }
 
     fn best_fit(&self, size: u64) -> Option<usize> {
-        let c = class(size);
-        let floor = packed(size, 0);
+        let (c, at) = self.find(size)?;
+        Some(self.classes[c][at].1)
+    }
+
+    fn take(&mut self, size: u64, _: impl Fn(usize) -> Key) -> Option<usize> {
+        let (c, at) = self.find(size)?;
+        let list = &mut self.classes[c];
+        let (_, piece) = list.swap_remove(at);
+        if let Some(&(_, moved)) = list.get(at) {
+            self.slot[moved] = at;
+        }
+        if list.is_empty() {
+            self.full[c / 64] &= !(1 << (c % 64));
+        }
+        Some(piece)
+    }
+}
+
+impl SizeClasses {
+    /// The best fit's class and place in it: the smallest key at or above `(size, 0)` in the
+    /// request's class, else the smallest of the first class above it that holds a block.
+    fn find(&self, size: u64) -> Option<(usize, usize)> {
         let smallest = |list: &[(u128, usize)], floor: u128| {
             let mut best = (u128::MAX, None);
-            for &(key, piece) in list {
+            for (at, &(key, _)) in list.iter().enumerate() {
                 if key >= floor && key < best.0 {
-                    best = (key, Some(piece));
+                    best = (key, Some(at));
                 }
             }
             best.1
         };
-        if let Some(found) = self.classes.get(c).and_then(|list| smallest(list, floor)) {
-            return Some(found);
+        let c = class(size);
+        if let Some(at) = self
+            .classes
+            .get(c)
+            .and_then(|list| smallest(list, packed(size, 0)))
+        {
+            return Some((c, at));
         }
-        // The first class above `c` holding a block: its smallest block is the best fit.
         let mut word = c / 64;
         let mut bits = self.full.get(word)? & (u64::MAX << (c % 64) << 1);
         while bits == 0 {
@@ -269,7 +320,7 @@ impl FreeBlocks for SizeClasses {
             bits = *self.full.get(word)?;
         }
         let next = word * 64 + bits.trailing_zeros() as usize;
-        smallest(&self.classes[next], 0)
+        Some((next, smallest(&self.classes[next], 0)?))
     }
 }
 
@@ -334,24 +385,25 @@ impl<P: FreeBlocks> Heap<P> {
         // number, and 1 MiB is far below where floats skip any).
         let small = size <= allocator::SMALL_BYTES;
         let pool = Self::pool(small);
-        let i = if let Some(i) = self.pools[pool].best_fit(size) {
-            self.remove(i);
-            i
-        } else {
-            let i = self.add(Piece {
-                addr: self.next_addr,
-                size: seg,
-                small,
-                free: true,
-                #[cfg(test)]
-                asked: 0,
-                prev: None,
-                next: None,
-            });
-            self.next_addr += seg;
-            self.reserved += seg;
-            i
-        };
+        let pieces = &self.pieces;
+        let i =
+            if let Some(i) = self.pools[pool].take(size, |i| (pieces[i].size, pieces[i].addr, i)) {
+                i
+            } else {
+                let i = self.add(Piece {
+                    addr: self.next_addr,
+                    size: seg,
+                    small,
+                    free: true,
+                    #[cfg(test)]
+                    asked: 0,
+                    prev: Link::NONE,
+                    next: Link::NONE,
+                });
+                self.next_addr += seg;
+                self.reserved += seg;
+                i
+            };
         let rest = self.pieces[i].size - size;
         if allocator::splits(rest, small) {
             let p = self.pieces[i];
@@ -362,13 +414,13 @@ impl<P: FreeBlocks> Heap<P> {
                 free: true,
                 #[cfg(test)]
                 asked: 0,
-                prev: Some(i),
+                prev: Link::to(i),
                 next: p.next,
             });
-            if let Some(n) = p.next {
-                self.pieces[n].prev = Some(r);
+            if let Some(n) = p.next.get() {
+                self.pieces[n].prev = Link::to(r);
             }
-            self.pieces[i].next = Some(r);
+            self.pieces[i].next = Link::to(r);
             self.pieces[i].size = size;
             self.insert(r);
         }
@@ -392,12 +444,12 @@ impl<P: FreeBlocks> Heap<P> {
             .push(-i64::try_from(self.pieces[i].asked).unwrap_or(i64::MAX));
         self.allocated -= self.pieces[i].size;
         self.pieces[i].free = true;
-        if let Some(p) = self.pieces[i].prev.filter(|&p| self.pieces[p].free) {
+        if let Some(p) = self.pieces[i].prev.get().filter(|&p| self.pieces[p].free) {
             self.remove(p);
             self.absorb_next(p);
             i = p;
         }
-        if let Some(n) = self.pieces[i].next.filter(|&n| self.pieces[n].free) {
+        if let Some(n) = self.pieces[i].next.get().filter(|&n| self.pieces[n].free) {
             self.remove(n);
             self.absorb_next(i);
         }
@@ -408,12 +460,13 @@ impl<P: FreeBlocks> Heap<P> {
     fn absorb_next(&mut self, i: usize) {
         let n = self.pieces[i]
             .next
+            .get()
             .expect("a merged block has a next neighbour");
         let (size, next) = (self.pieces[n].size, self.pieces[n].next);
         self.pieces[i].size += size;
         self.pieces[i].next = next;
-        if let Some(nn) = next {
-            self.pieces[nn].prev = Some(i);
+        if let Some(nn) = next.get() {
+            self.pieces[nn].prev = Link::to(i);
         }
         self.spare.push(n);
     }
@@ -547,8 +600,8 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
             }
         }
         let mut room = Vec::new();
-        for head in
-            (0..pieces.len()).filter(|&i| !gone[i] && !pieces[i].small && pieces[i].prev.is_none())
+        for head in (0..pieces.len())
+            .filter(|&i| !gone[i] && !pieces[i].small && pieces[i].prev == Link::NONE)
         {
             let (mut at, mut run) = (Some(head), 0);
             while let Some(i) = at {
@@ -558,7 +611,7 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
                     room.push(run);
                     run = 0;
                 }
-                at = pieces[i].next;
+                at = pieces[i].next.get();
             }
             if run > 0 {
                 room.push(run);
