@@ -25,6 +25,7 @@
 #[path = "../tests/model_rows/mod.rs"]
 mod model_rows;
 
+use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -56,14 +57,12 @@ fn main() {
         std::process::exit(2);
     }
     if let Ok(path) = std::env::var("PEAKFIT_BENCH_DUMP") {
-        let lines: String = specs
-            .iter()
-            .map(|(id, spec)| {
-                let json = serde_json::to_string(&estimate(spec, 80 << 30))
-                    .unwrap_or_else(|e| panic!("{id}: {e}"));
-                format!("{id}\t{json}\n")
-            })
-            .collect();
+        let mut lines = String::new();
+        for (id, spec) in &specs {
+            let json = serde_json::to_string(&estimate(spec, 80 << 30))
+                .unwrap_or_else(|e| panic!("{id}: {e}"));
+            writeln!(lines, "{id}\t{json}").expect("a String takes any text");
+        }
         std::fs::write(&path, lines).unwrap_or_else(|e| panic!("{path}: {e}"));
     }
     let rounds: usize = std::env::var("PEAKFIT_BENCH_ROUNDS")
