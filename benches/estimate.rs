@@ -6,7 +6,13 @@
 //! cargo bench --bench estimate                      # 200 rounds over every spec below
 //! PEAKFIT_BENCH_ROUNDS=2000 cargo bench --bench estimate
 //! PEAKFIT_BENCH_ONLY=qwen3-4b cargo bench --bench estimate   # the specs whose id contains it
+//! PEAKFIT_BENCH_DUMP=est.txt cargo bench --bench estimate     # also writes every estimate
 //! ```
+//!
+//! `PEAKFIT_BENCH_DUMP` writes each spec's id and its estimate as JSON, a line each, before
+//! timing: a change made for speed must return the same bytes, so the file of the binary before
+//! and after it are diffed (floats print in their shortest round-tripping form, so equal text
+//! is equal bits).
 //!
 //! The specs are the rows the model is scored on against a measured peak: the H200 and H100
 //! rows (`tests/data/h200`, `tests/data/h100`), the oracle grid (`tests/data/oracle-grid.csv`) and the oracle's reserved
@@ -19,6 +25,7 @@
 #[path = "../tests/model_rows/mod.rs"]
 mod model_rows;
 
+use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -48,6 +55,15 @@ fn main() {
             std::env::var("PEAKFIT_BENCH_ONLY").unwrap_or_default()
         );
         std::process::exit(2);
+    }
+    if let Ok(path) = std::env::var("PEAKFIT_BENCH_DUMP") {
+        let mut lines = String::new();
+        for (id, spec) in &specs {
+            let json = serde_json::to_string(&estimate(spec, 80 << 30))
+                .unwrap_or_else(|e| panic!("{id}: {e}"));
+            writeln!(lines, "{id}\t{json}").expect("a String takes any text");
+        }
+        std::fs::write(&path, lines).unwrap_or_else(|e| panic!("{path}: {e}"));
     }
     let rounds: usize = std::env::var("PEAKFIT_BENCH_ROUNDS")
         .ok()

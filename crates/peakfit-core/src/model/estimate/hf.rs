@@ -1240,8 +1240,7 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
                 // replay's own layout, up to the stated context, or one 2 MiB level of growth
                 // past the replay without `prompt-tokens` (as [`cache_crossings_fresh`] counts
                 // one crossing).
-                let replayed = |d: &prefill_replay::Decoder| {
-                    let r = prefill_replay::replay(d);
+                let replayed = |d: &prefill_replay::Decoder, r: prefill_replay::Replayed| {
                     // A sliding-window cache the prompt fills keeps `window - 1` tokens, so
                     // every decode step's copies (`window` tokens) fit where the last step's
                     // were (`DynamicSlidingWindowLayer.update`): nothing grows past the steps
@@ -1268,12 +1267,13 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
                 // there, 411 MiB at 32,767 and at the oracle's prompt of 32,704, while
                 // Qwen3-0.6B at 32 × 8,192 makes its decode segments at 8,192 and 8,128 and
                 // not at 8,191. So the larger of the two ends is taken.
-                let at_context = replayed(&d);
+                // (Both replays start from one heap of weights: `prefill_replay::replay_pair`.)
                 let replay = if inp.prompt < inp.context || d.s < 2.0 {
-                    at_context
+                    replayed(&d, prefill_replay::replay(&d))
                 } else {
                     let longest = prefill_replay::Decoder { s: d.s - 1.0, ..d };
-                    at_context.max(replayed(&longest))
+                    let (at_context, at_longest) = prefill_replay::replay_pair(&d, longest.s);
+                    replayed(&d, at_context).max(replayed(&longest, at_longest))
                 };
                 if inp.replayed_code {
                     return replay;

@@ -161,8 +161,27 @@ struct Piece {
     /// The rounded request a live block serves (the block may be larger: `should_split`).
     #[cfg(test)]
     asked: u64,
-    prev: Option<usize>,
-    next: Option<usize>,
+    prev: Link,
+    next: Link,
+}
+
+/// A piece's neighbour in its segment, or none at the segment's end: a `u32` piece index
+/// rather than an `Option<usize>` keeps a [`Piece`] in 32 bytes (40 in tests), half the 64 it
+/// took, which the replay's every request reads and writes several of (issue 20: a
+/// replayed `estimate` call must stay under 1 ms). A run makes a few thousand pieces at most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Link(u32);
+
+impl Link {
+    const NONE: Link = Link(u32::MAX);
+
+    fn to(i: usize) -> Link {
+        Link(u32::try_from(i).expect("fewer than 2^32 pieces"))
+    }
+
+    fn get(self) -> Option<usize> {
+        (self != Link::NONE).then_some(self.0 as usize)
+    }
 }
 
 /// A free block's place in its pool: (size, address, piece), the order of
@@ -170,24 +189,32 @@ struct Piece {
 type Key = (u64, u64, usize);
 
 /// One pool's free blocks in `BlockComparatorSize` order, as the best fit searches them.
-pub(super) trait FreeBlocks: Default {
+pub(super) trait FreeBlocks: Default + Clone {
     fn insert(&mut self, key: Key);
     fn remove(&mut self, key: Key);
     /// The piece of the first block of at least `size` bytes: the smallest that holds it, the
     /// lowest address among equals.
     fn best_fit(&self, size: u64) -> Option<usize>;
+    /// [`FreeBlocks::best_fit`] taken out of the pool (`key` gives a piece's key), as a
+    /// request takes it; a pool that finds the block's place on the way saves the removal's
+    /// own search.
+    fn take(&mut self, size: u64, key: impl Fn(usize) -> Key) -> Option<usize> {
+        let i = self.best_fit(size)?;
+        self.remove(key(i));
+        Some(i)
+    }
 }
 
-/// A pool's free blocks, unordered, searched whole: a pool holds few free blocks (a layer's
-/// requests repeat the last layer's sizes, and freed neighbours merge), where one scan of
-/// packed keys for the best fit costs less than keeping them sorted (a binary search's
-/// mispredicted branches and a `memmove` on every insert and remove: `perf annotate` of the
-/// bench; issue 20: `estimate` runs this replay per call, and a call must stay under 1 ms). Each block is one `u128`, size above address, so the best fit
-/// is the smallest key at or above `(size, 0)`: `BlockComparatorSize`'s order, the B-tree
-/// reference's in the tests, which the replay matches bit for bit. Each piece's place in the
-/// vectors is kept beside them, so inserting and removing (a split's rest, a merge's
-/// neighbours) search nothing.
-#[derive(Debug, Default)]
+/// A pool's free blocks, unordered, searched whole: the pools before [`SizeClasses`], kept as a
+/// second reference for the equivalence tests (and the eager tests' heaps). One scan of packed
+/// keys for the best fit cost less than keeping them sorted (a binary search's mispredicted
+/// branches and a `memmove` on every insert and remove: `perf annotate` of the bench), but every
+/// request scanned every free block of its pool. Each block is one `u128`, size above address,
+/// so the best fit is the smallest key at or above `(size, 0)`: `BlockComparatorSize`'s order.
+/// Each piece's place in the vectors is kept beside them, so inserting and removing search
+/// nothing.
+#[cfg(test)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct ScannedBlocks {
     keys: Vec<u128>,
     pieces: Vec<usize>,
@@ -200,6 +227,7 @@ fn packed(size: u64, addr: u64) -> u128 {
     (u128::from(size) << 64) | u128::from(addr)
 }
 
+#[cfg(test)]
 impl FreeBlocks for ScannedBlocks {
     fn insert(&mut self, (size, addr, piece): Key) {
         debug_assert!(
@@ -247,9 +275,134 @@ impl FreeBlocks for ScannedBlocks {
     }
 }
 
+/// A pool's free blocks in size classes, eight per power of two of the size in 512 B units (as
+/// a two-level segregated fit keeps them), each class its blocks' packed `(size, address)` keys
+/// unordered, and a bit per class that holds any. The best fit is the smallest key at or above
+/// `(size, 0)` in the request's class, else the smallest key of the first class above it that
+/// holds a block: the classes are monotone in the size, so every block of a higher class is
+/// larger, and the result is `BlockComparatorSize`'s order bit for bit (the tests replay
+/// hundreds of shapes against the B-tree the replay began with). Why classes and not one scan
+/// of the pool (the tests' `ScannedBlocks`): the weights leave a rest in most of their segments (an MLP
+/// weight rounded up to 2 MiB, `kRoundLarge`; the 20 MiB segments that 1–10 MiB weights share,
+/// `kLargeBuffer`), about a hundred free blocks of a few sizes in the large pool of a 28-layer
+/// model, which every large request of the run scanned; in classes a request looks at the
+/// blocks near its own size (issue 20: `estimate` runs this replay per call, and a call must
+/// stay under 1 ms). Each piece's place in its class is kept beside it, so inserting and
+/// removing search nothing. Grouping by exact size in a sorted vector measured slower than the
+/// scan: its binary searches and its groups' inserts and removes cost more than they saved.
+#[derive(Clone, Debug, Default)]
+pub(super) struct SizeClasses {
+    classes: Vec<Vec<(u128, usize)>>,
+    /// A bit per class that holds a block.
+    full: Vec<u64>,
+    /// Where each piece's key is in its class, indexed by piece.
+    slot: Vec<usize>,
+}
+
+/// The class of a block of `size` bytes: monotone in the size, so every block of a higher
+/// class is larger than every block of a lower one.
+fn class(size: u64) -> usize {
+    let units = (size >> 9).max(1);
+    let lg = units.ilog2();
+    let c = if lg < 3 {
+        units
+    } else {
+        u64::from(lg) * 8 + ((units >> (lg - 3)) & 7)
+    };
+    usize::try_from(c).unwrap_or(usize::MAX)
+}
+
+impl FreeBlocks for SizeClasses {
+    fn insert(&mut self, (size, addr, piece): Key) {
+        let c = class(size);
+        if self.classes.len() <= c {
+            self.classes.resize_with(c + 1, Vec::new);
+            self.full.resize(c / 64 + 1, 0);
+        }
+        if self.slot.len() <= piece {
+            self.slot.resize(piece + 1, usize::MAX);
+        }
+        self.slot[piece] = self.classes[c].len();
+        self.classes[c].push((packed(size, addr), piece));
+        self.full[c / 64] |= 1 << (c % 64);
+    }
+
+    fn remove(&mut self, (size, addr, piece): Key) {
+        let c = class(size);
+        let (Some(list), Some(&at)) = (self.classes.get_mut(c), self.slot.get(piece)) else {
+            debug_assert!(false, "piece {piece} of {size} B is not in the pool");
+            return;
+        };
+        if list.get(at) != Some(&(packed(size, addr), piece)) {
+            debug_assert!(
+                false,
+                "piece {piece} of {size} B at {addr} is not in the pool"
+            );
+            return;
+        }
+        list.swap_remove(at);
+        if let Some(&(_, moved)) = list.get(at) {
+            self.slot[moved] = at;
+        }
+        if list.is_empty() {
+            self.full[c / 64] &= !(1 << (c % 64));
+        }
+    }
+
+    fn best_fit(&self, size: u64) -> Option<usize> {
+        let (c, at) = self.find(size)?;
+        Some(self.classes[c][at].1)
+    }
+
+    fn take(&mut self, size: u64, _: impl Fn(usize) -> Key) -> Option<usize> {
+        let (c, at) = self.find(size)?;
+        let list = &mut self.classes[c];
+        let (_, piece) = list.swap_remove(at);
+        if let Some(&(_, moved)) = list.get(at) {
+            self.slot[moved] = at;
+        }
+        if list.is_empty() {
+            self.full[c / 64] &= !(1 << (c % 64));
+        }
+        Some(piece)
+    }
+}
+
+impl SizeClasses {
+    /// The best fit's class and place in it: the smallest key at or above `(size, 0)` in the
+    /// request's class, else the smallest of the first class above it that holds a block.
+    fn find(&self, size: u64) -> Option<(usize, usize)> {
+        let smallest = |list: &[(u128, usize)], floor: u128| {
+            let mut best = (u128::MAX, None);
+            for (at, &(key, _)) in list.iter().enumerate() {
+                if key >= floor && key < best.0 {
+                    best = (key, Some(at));
+                }
+            }
+            best.1
+        };
+        let c = class(size);
+        if let Some(at) = self
+            .classes
+            .get(c)
+            .and_then(|list| smallest(list, packed(size, 0)))
+        {
+            return Some((c, at));
+        }
+        let mut word = c / 64;
+        let mut bits = self.full.get(word)? & (u64::MAX << (c % 64) << 1);
+        while bits == 0 {
+            word += 1;
+            bits = *self.full.get(word)?;
+        }
+        let next = word * 64 + bits.trailing_zeros() as usize;
+        Some((next, smallest(&self.classes[next], 0)?))
+    }
+}
+
 /// The caching allocator's blocks and pools on one stream.
-#[derive(Debug, Default)]
-pub(super) struct Heap<P: FreeBlocks = ScannedBlocks> {
+#[derive(Clone, Debug, Default)]
+pub(super) struct Heap<P: FreeBlocks = SizeClasses> {
     pieces: Vec<Piece>,
     /// Pieces merged into a neighbour (`try_merge_blocks`), whose slots new pieces reuse.
     spare: Vec<usize>,
@@ -300,29 +453,33 @@ impl<P: FreeBlocks> Heap<P> {
         if bytes <= 0.0 {
             return None;
         }
-        let block = allocator::block(bytes);
-        let size = f64_to_u64(block);
-        let small = allocator::small(block);
+        let (size, seg) = allocator::block_and_segment(bytes).unwrap_or_else(|| {
+            let block = allocator::block(bytes);
+            (f64_to_u64(block), f64_to_u64(allocator::segment(block)))
+        });
+        // `allocator::small` of the block: exact in whole bytes (the block is a float's whole
+        // number, and 1 MiB is far below where floats skip any).
+        let small = size <= allocator::SMALL_BYTES;
         let pool = Self::pool(small);
-        let i = if let Some(i) = self.pools[pool].best_fit(size) {
-            self.remove(i);
-            i
-        } else {
-            let seg = f64_to_u64(allocator::segment(block));
-            let i = self.add(Piece {
-                addr: self.next_addr,
-                size: seg,
-                small,
-                free: true,
-                #[cfg(test)]
-                asked: 0,
-                prev: None,
-                next: None,
-            });
-            self.next_addr += seg;
-            self.reserved += seg;
-            i
-        };
+        let pieces = &self.pieces;
+        let i =
+            if let Some(i) = self.pools[pool].take(size, |i| (pieces[i].size, pieces[i].addr, i)) {
+                i
+            } else {
+                let i = self.add(Piece {
+                    addr: self.next_addr,
+                    size: seg,
+                    small,
+                    free: true,
+                    #[cfg(test)]
+                    asked: 0,
+                    prev: Link::NONE,
+                    next: Link::NONE,
+                });
+                self.next_addr += seg;
+                self.reserved += seg;
+                i
+            };
         let rest = self.pieces[i].size - size;
         if allocator::splits(rest, small) {
             let p = self.pieces[i];
@@ -333,13 +490,13 @@ impl<P: FreeBlocks> Heap<P> {
                 free: true,
                 #[cfg(test)]
                 asked: 0,
-                prev: Some(i),
+                prev: Link::to(i),
                 next: p.next,
             });
-            if let Some(n) = p.next {
-                self.pieces[n].prev = Some(r);
+            if let Some(n) = p.next.get() {
+                self.pieces[n].prev = Link::to(r);
             }
-            self.pieces[i].next = Some(r);
+            self.pieces[i].next = Link::to(r);
             self.pieces[i].size = size;
             self.insert(r);
         }
@@ -363,12 +520,12 @@ impl<P: FreeBlocks> Heap<P> {
             .push(-i64::try_from(self.pieces[i].asked).unwrap_or(i64::MAX));
         self.allocated -= self.pieces[i].size;
         self.pieces[i].free = true;
-        if let Some(p) = self.pieces[i].prev.filter(|&p| self.pieces[p].free) {
+        if let Some(p) = self.pieces[i].prev.get().filter(|&p| self.pieces[p].free) {
             self.remove(p);
             self.absorb_next(p);
             i = p;
         }
-        if let Some(n) = self.pieces[i].next.filter(|&n| self.pieces[n].free) {
+        if let Some(n) = self.pieces[i].next.get().filter(|&n| self.pieces[n].free) {
             self.remove(n);
             self.absorb_next(i);
         }
@@ -379,12 +536,13 @@ impl<P: FreeBlocks> Heap<P> {
     fn absorb_next(&mut self, i: usize) {
         let n = self.pieces[i]
             .next
+            .get()
             .expect("a merged block has a next neighbour");
         let (size, next) = (self.pieces[n].size, self.pieces[n].next);
         self.pieces[i].size += size;
         self.pieces[i].next = next;
-        if let Some(nn) = next {
-            self.pieces[nn].prev = Some(i);
+        if let Some(nn) = next.get() {
+            self.pieces[nn].prev = Link::to(i);
         }
         self.spare.push(n);
     }
@@ -471,7 +629,7 @@ const CUBLAS_WORKSPACE: f64 = 32.0 * 1_048_576.0;
 /// segment leaves the free blocks one token's worth larger for the next (see [`replay`]).
 const DECODE_STEPS: usize = 8;
 
-struct Run<'a, P: FreeBlocks = ScannedBlocks> {
+struct Run<'a, P: FreeBlocks = SizeClasses> {
     heap: Heap<P>,
     d: &'a Decoder,
     /// Each layer's key and value copies.
@@ -546,8 +704,8 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
             }
         }
         let mut room = Vec::new();
-        for head in
-            (0..pieces.len()).filter(|&i| !gone[i] && !pieces[i].small && pieces[i].prev.is_none())
+        for head in (0..pieces.len())
+            .filter(|&i| !gone[i] && !pieces[i].small && pieces[i].prev == Link::NONE)
         {
             let (mut at, mut run) = (Some(head), 0);
             while let Some(i) = at {
@@ -557,7 +715,7 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
                     room.push(run);
                     run = 0;
                 }
-                at = pieces[i].next;
+                at = pieces[i].next.get();
             }
             if run > 0 {
                 room.push(run);
@@ -788,7 +946,30 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
 /// rounding of step 1's (`get_allocation_size`, `kRoundLarge`): the crossings after that are a
 /// term of their own.
 pub(super) fn replay(d: &Decoder) -> Replayed {
-    replay_with::<ScannedBlocks>(d)
+    replay_with::<SizeClasses>(d)
+}
+
+/// [`replay`] of `d` and of the same model and batch at `s` prompt tokens: what `hf` takes the
+/// larger of without a stated prompt (the whole context and one token less). The weights are
+/// built before the first request of `generate` and do not depend on the prompt, so both runs
+/// start from one heap after them, cloned, instead of building the weights twice: the same
+/// requests in the same order on the same heap, bit for bit what two [`replay`]s return (a
+/// test compares them).
+pub(super) fn replay_pair(d: &Decoder, s: f64) -> (Replayed, Replayed) {
+    replay_pair_with::<SizeClasses>(d, s)
+}
+
+fn replay_pair_with<P: FreeBlocks>(d: &Decoder, s: f64) -> (Replayed, Replayed) {
+    let other = Decoder { s, ..*d };
+    let mut run = Run::<P>::new(d);
+    run.weights();
+    let twin = Run {
+        heap: run.heap.clone(),
+        d: &other,
+        cache: run.cache.clone(),
+        cublas: run.cublas,
+    };
+    (after_weights(run), after_weights(twin))
 }
 
 /// [`replay`] with the pools kept by `P`: the tests replay with the B-tree the replay began with
@@ -796,6 +977,12 @@ pub(super) fn replay(d: &Decoder) -> Replayed {
 fn replay_with<P: FreeBlocks>(d: &Decoder) -> Replayed {
     let mut run = Run::<P>::new(d);
     run.weights();
+    after_weights(run)
+}
+
+/// The rest of [`replay`] from a heap holding the weights.
+fn after_weights<P: FreeBlocks>(mut run: Run<'_, P>) -> Replayed {
+    let d = run.d;
     let t = d.b * d.s;
     // `generate`'s inputs: the ids and mask, the position ids (`cumsum`, `- 1`, `masked_fill`
     // where the mask is 0) and the cache positions' copy.
@@ -957,14 +1144,14 @@ mod tests {
     }
 
     fn prefill_reserved(d: &Decoder) -> (f64, f64) {
-        let mut run = Run::<ScannedBlocks>::new(d);
+        let mut run = Run::<SizeClasses>::new(d);
         let _ = run.forward(d.s, 0.0);
         (run.heap.reserved(), run.heap.peak_allocated())
     }
 
     #[test]
     fn best_fit_takes_the_smallest_free_block_that_holds_the_request() {
-        let mut heap = Heap::<ScannedBlocks>::default();
+        let mut heap = Heap::<SizeClasses>::default();
         let big = heap.malloc(100.0 * MIB);
         let small = heap.malloc(50.0 * MIB);
         heap.free(big);
@@ -980,7 +1167,7 @@ mod tests {
 
     #[test]
     fn a_split_block_no_longer_holds_its_old_size() {
-        let mut heap = Heap::<ScannedBlocks>::default();
+        let mut heap = Heap::<SizeClasses>::default();
         let mlp = heap.malloc(100.0 * MIB);
         heap.free(mlp);
         // A cache copy carved out of the freed block leaves 70 MiB: the next 100 MiB request
@@ -992,7 +1179,7 @@ mod tests {
 
     #[test]
     fn freed_neighbours_in_a_segment_merge_back_into_one_block() {
-        let mut heap = Heap::<ScannedBlocks>::default();
+        let mut heap = Heap::<SizeClasses>::default();
         let whole = heap.malloc(100.0 * MIB);
         heap.free(whole);
         let a = heap.malloc(40.0 * MIB);
@@ -1007,7 +1194,7 @@ mod tests {
 
     #[test]
     fn a_rest_of_at_most_1_mib_goes_with_the_request_and_small_blocks_have_their_own_pool() {
-        let mut heap = Heap::<ScannedBlocks>::default();
+        let mut heap = Heap::<SizeClasses>::default();
         let x = heap.malloc(100.0 * MIB);
         heap.free(x);
         let y = heap.malloc(99.5 * MIB);
@@ -1019,7 +1206,7 @@ mod tests {
         assert_eq!(heap.reserved(), 102.0 * MIB);
         // A 3 MiB request no free block holds gets a 20 MiB segment (`kLargeBuffer`), which
         // the next ones share.
-        let mut heap = Heap::<ScannedBlocks>::default();
+        let mut heap = Heap::<SizeClasses>::default();
         let _ = heap.malloc(3.0 * MIB);
         let _ = heap.malloc(3.0 * MIB);
         assert_eq!(heap.reserved(), 20.0 * MIB);
@@ -1055,12 +1242,9 @@ mod tests {
         }
     }
 
-    /// The scanned pools change no result by a bit: every shape of
-    /// the oracle's decoders below, at batches and prompts around powers of two and odd ones,
-    /// replays to the same prefill slack and decode segments as the B-tree heap.
-    #[test]
-    fn the_scanned_pools_replay_exactly_what_the_btree_replays() {
-        let shapes = [
+    /// The oracle's decoders below, whose shapes the replay is run on.
+    fn shapes() -> [Decoder; 7] {
+        [
             qwen25_05b(1.0, 1.0),
             qwen3_06b(1.0, 1.0),
             // Qwen2.5-1.5B, Qwen2.5-7B (untied), Qwen3-1.7B, Qwen3-4B, SmolLM2-135M.
@@ -1075,9 +1259,16 @@ mod tests {
                 vocab: 49_152.0,
                 ..decoder((1.0, 1.0), (576.0, 9.0, 3.0, 64.0), 1536.0, 30, false)
             },
-        ];
+        ]
+    }
+
+    /// The size classes (and the scanned pools before them) change no result by a bit: every
+    /// shape of the oracle's decoders below, at batches and prompts around powers of two and odd
+    /// ones, replays to the same prefill slack, decode segments and room as the B-tree heap.
+    #[test]
+    fn the_size_classes_replay_exactly_what_the_btree_replays() {
         let mut compared = 0;
-        for shape in shapes {
+        for shape in shapes() {
             for tied in [false, true] {
                 for c in [2.0, 4.0] {
                     for b in [1.0, 3.0, 128.0] {
@@ -1113,35 +1304,72 @@ mod tests {
                 });
             }
         }
+        // Falcon's and Phi-3's own layers (their sub-modules), at the rows' shapes and others:
+        // the math kernel's broadcast copies at batch > 1, Phi-3's window in both directions.
+        for (b, s) in [(1.0, 511.0), (4.0, 2048.0), (1.0, 8128.0), (3.0, 3000.0)] {
+            same_replay(&falcon::falcon7b(b, s));
+            same_replay(&Decoder {
+                c: 4.0,
+                ..falcon::falcon7b(b, s)
+            });
+        }
+        for (b, s) in [(1.0, 960.0), (2.0, 4096.0), (4.0, 4096.0), (3.0, 2900.0)] {
+            same_replay(&phi3::phi3_mini(b, s));
+        }
     }
 
-    /// Everything [`replay`] returns, bit for bit, from the scanned pools and the B-tree.
+    /// Both replays of a pair, from one heap of weights, bit for bit what each alone returns:
+    /// the shapes above at the prompts `hf` pairs (the whole context and one token less).
+    #[test]
+    fn a_pair_from_one_heap_of_weights_replays_what_two_replays_do() {
+        for shape in shapes() {
+            for b in [1.0, 3.0, 128.0] {
+                for s in [2.0, 512.0, 2048.0, 8192.0] {
+                    let d = Decoder { b, s, ..shape };
+                    let shorter = Decoder { s: s - 1.0, ..d };
+                    let (at, shorter_at) = replay_pair(&d, s - 1.0);
+                    assert_eq!(bits(&at), bits(&replay(&d)), "{d:?}");
+                    assert_eq!(bits(&shorter_at), bits(&replay(&shorter)), "{d:?}");
+                }
+            }
+        }
+        // Falcon's and Phi-3's weights are their own (`query_key_value`, `qkv_proj`,
+        // `gate_up_proj`): the pair clones those too.
+        for d in [falcon::falcon7b(4.0, 2048.0), phi3::phi3_mini(2.0, 4096.0)] {
+            let shorter = Decoder { s: d.s - 1.0, ..d };
+            let (at, shorter_at) = replay_pair(&d, d.s - 1.0);
+            assert_eq!(bits(&at), bits(&replay(&d)), "{d:?}");
+            assert_eq!(bits(&shorter_at), bits(&replay(&shorter)), "{d:?}");
+        }
+    }
+
+    /// Everything [`replay`] returns, bit for bit, from the size classes, the scanned pools and
+    /// the B-tree.
     fn same_replay(d: &Decoder) {
-        let (new, old) = (
-            replay_with::<ScannedBlocks>(d),
-            replay_with::<std::collections::BTreeSet<Key>>(d),
-        );
-        let bits = |r: &Replayed| {
-            (
-                r.prefill_slack.to_bits(),
-                r.decode_fresh.to_bits(),
-                r.tokens.to_bits(),
-                r.room.clone(),
-            )
-        };
-        assert_eq!(bits(&new), bits(&old), "{d:?}");
+        let old = bits(&replay_with::<std::collections::BTreeSet<Key>>(d));
+        assert_eq!(bits(&replay_with::<ScannedBlocks>(d)), old, "{d:?}");
+        assert_eq!(bits(&replay_with::<SizeClasses>(d)), old, "{d:?}");
     }
 
-    /// Request for request: through the weights, a prefill and a decode step, the scanned pools
+    fn bits(r: &Replayed) -> (u64, u64, u64, Vec<u64>) {
+        (
+            r.prefill_slack.to_bits(),
+            r.decode_fresh.to_bits(),
+            r.tokens.to_bits(),
+            r.room.clone(),
+        )
+    }
+
+    /// Request for request: through the weights, a prefill and a decode step, the size classes
     /// and the reused slots log the same blocks in the same order as the B-tree heap, and reach
     /// the same reserved and peak.
     #[test]
-    fn the_scanned_pools_log_the_btree_heaps_events() {
+    fn the_size_classes_log_the_btree_heaps_events() {
         let d = Decoder {
             tied: true,
             ..qwen3_06b(8.0, 2048.0)
         };
-        let mut new = Run::<ScannedBlocks>::new(&d);
+        let mut new = Run::<SizeClasses>::new(&d);
         let mut old = Run::<std::collections::BTreeSet<Key>>::new(&d);
         new.weights();
         old.weights();
@@ -1249,7 +1477,7 @@ mod tests {
     /// reference [`Replayed::outgrown_fresh`] stands in for (a few ms per step in a release
     /// build, so the tests that run it are ignored).
     fn every_step(d: &Decoder, new: usize) -> (f64, f64) {
-        let mut run = Run::<ScannedBlocks>::new(d);
+        let mut run = Run::<SizeClasses>::new(d);
         run.weights();
         let mut kept = run.forward(d.s, 0.0);
         let prefill = run.heap.reserved();
@@ -1367,7 +1595,7 @@ mod tests {
                 c,
                 ..qwen3_06b(1.0, 16.0)
             };
-            let mut run = Run::<ScannedBlocks>::new(&d);
+            let mut run = Run::<SizeClasses>::new(&d);
             let _ = run.norm(16.0, d.h);
             assert_eq!(run.heap.log.iter().filter(|&&x| x > 0).count(), requests);
         }
@@ -1378,7 +1606,7 @@ mod tests {
                 layers: 0,
                 ..qwen3_06b(1.0, 16.0)
             };
-            let mut run = Run::<ScannedBlocks>::new(&d);
+            let mut run = Run::<SizeClasses>::new(&d);
             let _ = run.forward(16.0, 0.0);
             run.heap.log.iter().filter(|&&x| x > 0).count()
         };
