@@ -1245,8 +1245,12 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
                     // every decode step's copies (`window` tokens) fit where the last step's
                     // were (`DynamicSlidingWindowLayer.update`): nothing grows past the steps
                     // the replay ran.
+                    // Step 1 is still never counted below the closed form: the pod's real
+                    // prompts may be shorter than the window.
                     if d.window.is_some_and(|w| d.s >= w - 1.0) {
-                        return r.prefill_slack + r.decode_fresh + eager_unreplayed_segment(d);
+                        return r.prefill_slack
+                            + r.decode_fresh.max(counted)
+                            + eager_unreplayed_segment(d);
                     }
                     let step_one = r.decode_fresh.max(counted);
                     let later = if step_one > 0.0 {
@@ -1300,9 +1304,10 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
 /// that module follows: a decoder of Llama's code (Qwen3's q/k norms included) with a dense
 /// gated MLP, run by SDPA's fused kernels without a mask (no score matrix, no window shorter
 /// than the context), one sequence per prompt (beam search reorders the cache with copies of
-/// its own), a `DynamicCache` in the compute dtype; or Falcon-7B's layout (one kv head, so SDPA's
-/// math kernel with a mask, `prefill_replay::falcon`). Everything else keeps the count of
-/// stranded tensors.
+/// its own), a `DynamicCache` in the compute dtype; or Falcon-7B's layout under SDPA (one kv
+/// head, so SDPA's math kernel with a mask, `prefill_replay::falcon`); or Phi-3 under bf16 eager
+/// attention (`prefill_replay::phi3`: the oracle checked bf16's softmax road only, so fp16's
+/// and fp32's keep the count). Everything else keeps the count of stranded tensors.
 fn replayed_decoder(
     inp: &Inputs,
     block: &Block,
@@ -1326,8 +1331,8 @@ fn replayed_decoder(
         && block.kv < block.q
         && (block.kv * block.heads - block.q).abs() < f64::EPSILON
         && (block.h - block.q).abs() < f64::EPSILON;
-    // Phi-3 (Phi-3-mini: a kv head per head) under eager attention: its own layer, its sliding
-    // window's mask and cache followed (`prefill_replay::phi3`).
+    // Phi-3 (Phi-3-mini: a kv head per head) under bf16 eager attention: its own layer, its
+    // sliding window's mask and cache followed (`prefill_replay::phi3`).
     let phi3 = block.family == ModelType::Phi3
         && block.mlp == Mlp::FusedGated
         && block.experts_per_token <= 0.0;
@@ -1349,7 +1354,9 @@ fn replayed_decoder(
         && inp.beams <= 1.0
         && !inp.legacy_cache
         && (inp.kv_bytes - prefill.c).abs() < f64::EPSILON;
-    ((llama && (fused || eager.is_some()) || falcon || phi3 && eager.is_some())
+    ((llama && (fused || eager.is_some())
+        || falcon
+        || phi3 && eager == Some(prefill_replay::Softmax::Copy))
         && plain
         && block.heads > 0.0)
         .then(|| prefill_replay::Decoder {

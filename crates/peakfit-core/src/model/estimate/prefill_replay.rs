@@ -476,8 +476,10 @@ impl<P: FreeBlocks> Heap<P> {
                     prev: Link::NONE,
                     next: Link::NONE,
                 });
-                self.next_addr += seg;
-                self.reserved += seg;
+                // Saturating: a request past 2^64 B (absurd annotations) must not wrap or
+                // panic; its estimate is refused against the GPU's size anyway.
+                self.next_addr = self.next_addr.saturating_add(seg);
+                self.reserved = self.reserved.saturating_add(seg);
                 i
             };
         let rest = self.pieces[i].size - size;
