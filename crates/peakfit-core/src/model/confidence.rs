@@ -30,7 +30,7 @@ pub const MEASURED: &[Band] = &[
     band("encoder", 13, 2.2, 6.0, 1.3),
     band("encoder-decoder", 14, 2.3, 20.4, 1.9),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
-    band("inference", 91, 3.1, 19.8, 2.6),
+    band("inference", 91, 3.7, 19.8, 2.8),
     band("lora", 24, 3.8, 25.2, 0.2),
     band("offload", 2, 3.9, 4.2, -4.2),
     band("qlora", 14, 12.9, 51.0, -0.5),

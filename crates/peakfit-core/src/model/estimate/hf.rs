@@ -825,17 +825,18 @@ impl Inputs {
         let a = &self.arch;
         let mlp = match self.family {
             family if family.fused_gate_up() => Mlp::FusedGated,
-            ModelType::Llama
-            | ModelType::QkNorm
-            | ModelType::Gemma2
-            | ModelType::Gemma3
-            | ModelType::Phi3 => Mlp::Gated,
             ModelType::LayerNorm | ModelType::Gpt2 | ModelType::Phi | ModelType::Falcon => {
                 Mlp::Plain
             }
             // The shape's own hint, as `params_of` reads it.
             ModelType::Other if a.intermediate_size == 4 * a.hidden_size => Mlp::Plain,
-            ModelType::Other => Mlp::Gated,
+            // Llama, Qwen3's q/k norms, Gemma 2 and 3, and any other type: gate, up and down.
+            ModelType::Llama
+            | ModelType::QkNorm
+            | ModelType::Gemma2
+            | ModelType::Gemma3
+            | ModelType::Phi3
+            | ModelType::Other => Mlp::Gated,
         };
         Block {
             h: f64::from(a.hidden_size),
@@ -1261,7 +1262,16 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
                             end.map_or(r.tokens + allocator::ROUND_LARGE / per_token, |e| e - 1.0);
                         r.outgrown_fresh(d, last)
                     };
-                    r.prefill_slack + step_one + later + eager_unreplayed_segment(d)
+                    // Falcon's math kernel copies k and v to every head in each decode step;
+                    // those copies grow with the cache, `4·heads/c` times faster (142 in 16 bits).
+                    let per_token = 4.0 * d.b * d.heads * d.head_dim;
+                    let math_last =
+                        end.map_or(r.tokens + allocator::ROUND_LARGE / per_token, |e| e - 1.0);
+                    r.prefill_slack
+                        + step_one
+                        + later
+                        + r.math_copies_fresh(d, math_last)
+                        + eager_unreplayed_segment(d)
                 };
                 // The replay is exact for the prompt it is given, and not monotone in it: a
                 // cache copy a token longer or shorter lands in another block. Without
