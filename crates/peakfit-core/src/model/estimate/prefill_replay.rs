@@ -72,7 +72,7 @@ pub(super) use eager::smollm2;
 /// `_sample` keeps them).
 #[cfg(test)]
 fn large_pool(d: &Decoder, new: u32) -> f64 {
-    let mut run = Run::<ScannedBlocks>::new(d);
+    let mut run = Run::<SizeClasses>::new(d);
     run.weights();
     let mut kept = run.forward(d.s, 0.0);
     for step in 1..new {
@@ -97,7 +97,7 @@ fn large_pool(d: &Decoder, new: u32) -> f64 {
 /// step, the logits and the cache freed at the end (as the oracle's event logs are kept).
 #[cfg(test)]
 fn two_token_log(d: &Decoder) -> Vec<i64> {
-    let mut run = Run::<ScannedBlocks>::new(d);
+    let mut run = Run::<SizeClasses>::new(d);
     run.weights();
     let from = run.heap.log.len();
     let kept = run.forward(d.s, 0.0);
