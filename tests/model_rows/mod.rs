@@ -90,6 +90,22 @@ pub fn h100_allocated() -> Vec<H200Row> {
     real_gpu("h100", "h100-2026-11.csv")
 }
 
+/// The third lease's rows (`tests/data/h200b`, one H200, measured by `tools/measure/measure.py`
+/// and scored before any change to the model) with all three counters: less the one whose
+/// reserve a neighbour cut and the one with an allocator setting, which
+/// [`h200b_allocated`] keeps.
+pub fn h200b() -> Vec<H200Row> {
+    h200b_allocated()
+        .into_iter()
+        .filter(|r| !r.max_reserved.is_nan())
+        .collect()
+}
+
+/// Every row of the third lease, for the allocated counter alone.
+pub fn h200b_allocated() -> Vec<H200Row> {
+    real_gpu("h200b", "h200b-2026-11.csv")
+}
+
 /// A case that ran out of memory alone on the GPU (`tests/data/h100/h100-2026-11-oom.csv`):
 /// what was allocated when the failing request came, plus the request, bounds its peak below.
 pub struct OomRow {
