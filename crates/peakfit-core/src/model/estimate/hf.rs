@@ -31,7 +31,7 @@
 //! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
 //! | decode, the copies outgrowing the prefill's room (reserved, replayed decoders) | where step 1 fits (the replay makes no segment there), the copies grow to the context's size in the room the replay leaves: each stretch of a segment holding only free blocks and copies holds `floor(R / S)` copies; each 2 MiB level of the copies' size adds a segment of that size for each of the `2L` copies, plus one layer's pair in flight, the room does not hold (below 10 MiB, once, in shared 20 MiB segments). Up to the stated context; without `prompt-tokens` one level ([`prefill_replay::Replayed::outgrown_fresh`]). None for a sliding-window cache the prompt fills (Phi-3): its copies stay `window` tokens | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kLargeBuffer`), `get_free_block`, `try_merge_blocks`; checked against the same heap run through every decode step |
 //! | decode, Falcon's math-kernel copies growing (reserved, replayed Falcon at batch > 1) | each decode step copies k and v broadcast to every head (`4·b·heads·S·d`, one in flight, `4·heads/c` times a cache copy); from the level the replay's last copy is in to the stated context's (one level past without `prompt-tokens`), one segment per 2 MiB level, and one 20 MiB segment below 10 MiB: an upper bound, checked against the heap run through every decode step ([`prefill_replay::Replayed::math_copies_fresh`]) | `_scaled_dot_product_attention_math` (`matmul` broadcasting); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kLargeBuffer`), segments never merge |
-//! | decode, the later 2 MiB crossings (reserved) | where step 1 left copies alone in segments of their own (the term above is above 0) and a copy is at least 10 MiB: every `2 MiB / (b·kv·c)` steps the copies outgrow those segments, which no later (larger) copy fits; each crossing makes two segments of the new 2 MiB-rounded size, one layer's key and value in flight while the prefill's large blocks hold `floor(B / S)` copies each. Counted from the stated prompt's cache to the context's; without `prompt-tokens` one crossing ([`cache_crossings_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kMinLargeAlloc`), `get_free_block`, `try_merge_blocks` (segments never merge); an H200 trace per decode step (`tools/measure/trace_decode.py`) |
+//! | decode, the later 2 MiB crossings (reserved) | where step 1 left copies alone in segments of their own (the term above is above 0) and a copy is at least 10 MiB: every `2 MiB / (b·kv·c)` steps the copies outgrow those segments, which no later (larger) copy fits; each crossing makes two segments of the new 2 MiB-rounded size, one layer's key and value in flight while the prefill's large blocks hold `floor(B / S)` copies each. For a replayed decoder, the larger of that and the outgrowth above from the replay's room (the copies it does not hold at each level): a short prompt's room holds few of copies that double (Qwen3-0.6B at 32 × 1,024 + 1,024 reserved 59.4 GiB on an H200 where two per crossing count 16.6; `tests/data/h200b`), and a prefill the replay lays out with less room than the GPU's reads over (Qwen3-0.6B at 32 × 8k, four copies fewer). Counted from the stated prompt's cache to the context's; without `prompt-tokens` one crossing ([`cache_crossings_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kMinLargeAlloc`), `get_free_block`, `try_merge_blocks` (segments never merge); an H200 trace per decode step (`tools/measure/trace_decode.py`) |
 //! | decode, a mixture of experts' reserved | the gathered gate/up and down weights (`b·k·2·I·h·c`, `b·k·I·h·c`) larger than the prefill's largest tensor take new segments on top of the prefill's (slack `P + fresh − max(P, D)` beyond the prefill's own) | `batched_mm_experts_forward` (`self.gate_up_proj[expert_ids]`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` ([`gathered_experts_fresh`]) |
 //! | reserved, an eager prefill beyond its replay | one segment of the largest score request, `4·b·heads·s²`: the H100's `SmolLM2` rows reserved one score segment more than the exact replay of their run ([`eager_unreplayed_segment`]) | `eager_attention_forward`; `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` |
 //! | generate logits | the last position's logits and their fp32 copy, `b·V·(c+4)` | `logits_to_keep=1`; `_sample` (`outputs.logits[:, -1].to(copy=True, dtype=float32)`) |
@@ -1196,6 +1196,36 @@ fn seq2seq_crossings(copies: f64, per_token: f64, tokens: f64, room: f64) -> f64
     total
 }
 
+/// What a decoder's `generate` without `prompt-tokens` assumes about its decode, for
+/// `estimate`'s "assumed" lines: the prefill is sized over the whole context and the cache's
+/// copies are counted one 2 MiB level of growth past it. Each `DynamicLayer.update` copy grows
+/// by `b·kv·c` bytes a step, so every `2 MiB / (b·kv·c)` steps it outgrows the segment
+/// `get_allocation_size` rounded it into (`kRoundLarge`), and the caching allocator keeps the
+/// outgrown segments (segments never merge or shrink): a generation longer than that reserves
+/// more than the estimate, without bound until `cudaMalloc` fails (the H200's Qwen3-0.6B at
+/// 32 × 1,024 + 1,024 reserved 59.4 GiB for 8.3 allocated; `tests/data/h200b`). The pod can state
+/// its prompt (the decode is then counted to the context) or map its segments expandable.
+pub(super) fn unstated_generation(inp: &Inputs) -> Option<String> {
+    let decoder_generate = inp.kind == Kind::Decoder
+        && !inp.workload.is_training()
+        && inp.prompt >= inp.context
+        && inp.hf_modules();
+    if !decoder_generate {
+        return None;
+    }
+    let a = &inp.arch;
+    let per_step =
+        inp.batch * inp.beams * f64::from(a.kv_heads) * f64::from(a.head_dim) * inp.kv_bytes;
+    let steps = (allocator::ROUND_LARGE / per_step).ceil().max(1.0);
+    Some(format!(
+        "prompt-tokens unstated: the prefill is sized over all {:.0} context tokens and the decode \
+         counted to one 2 MiB growth of the cache's copies; each further {steps:.0} generated \
+         tokens can strand another segment per copy, so a longer generation reserves more: state \
+         prompt-tokens, or run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        inp.context
+    ))
+}
+
 /// The caching allocator's slack under transformers' own modules: for the decoders
 /// [`prefill_replay`] follows, what its replay of the run leaves (reserved − the allocated
 /// peak, plus the decode's fresh segments); elsewhere `HF_SLACK_INFERENCE_TENSORS` or
@@ -1255,13 +1285,15 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
                             + eager_unreplayed_segment(d);
                     }
                     let step_one = r.decode_fresh.max(counted);
+                    let per_token = d.b * d.kv * d.c;
+                    let last =
+                        end.map_or(r.tokens + allocator::ROUND_LARGE / per_token, |e| e - 1.0);
+                    let outgrown = r.outgrown_fresh(d, last);
                     let later = if step_one > 0.0 {
                         cache_crossings_fresh(&block, &prefill, inp.kv_bytes, end, step_one)
+                            .max(outgrown)
                     } else {
-                        let per_token = d.b * d.kv * d.c;
-                        let last =
-                            end.map_or(r.tokens + allocator::ROUND_LARGE / per_token, |e| e - 1.0);
-                        r.outgrown_fresh(d, last)
+                        outgrown
                     };
                     // Falcon's math kernel copies k and v to every head in each decode step;
                     // those copies grow with the cache, `4·heads/c` times faster (142 in 16 bits).
@@ -2653,6 +2685,59 @@ mod tests {
         let reserved = e.reserved_bytes as f64 / GIB;
         assert!(reserved >= 36.721, "{reserved}");
         assert!(reserved < 36.721 * 1.25, "{reserved}");
+    }
+
+    /// Qwen3-0.6B bf16 `generate` at batch 32 with `extra` (the context among them).
+    fn qwen3_06b_generate(extra: &[(&'static str, &'static str)]) -> crate::model::Estimate {
+        crate::model::estimate::testing::est_with(
+            &[
+                ("model-type", "qwen3"),
+                ("layers", "28"),
+                ("hidden-size", "1024"),
+                ("attention-heads", "16"),
+                ("kv-heads", "8"),
+                ("head-dim", "128"),
+                ("intermediate-size", "3072"),
+                ("vocab-size", "151936"),
+                ("tied-embeddings", "true"),
+                ("engine", "hf"),
+                ("workload", "inference"),
+                ("dtype", "bf16"),
+                ("batch", "32"),
+            ],
+            extra,
+        )
+    }
+
+    /// Where step 1 already makes segments, the later growth is the larger of two per crossing
+    /// (the 8k trace, whose prefill's blocks hold every copy) and the copies the replay's room
+    /// does not hold at each 2 MiB level. Qwen3-0.6B at 32 × 1,024 + 1,024: the copies grow from
+    /// 64 to 128 MiB, past every block the 1,024-token prefill freed, so nearly all 58 copies
+    /// take a segment at each of the 32 levels. One H200 reserved 59.38 GiB for 8.29 allocated
+    /// (`tests/data/h200b`, `h200b-qwen3-0.6b-b32-2k-n1024`, the card to itself); the heap
+    /// replayed step by step ends at 69.54. Two per crossing alone read 16.59.
+    #[test]
+    fn copies_that_outgrow_the_prefills_room_are_counted_after_a_first_step_that_made_segments() {
+        let e = qwen3_06b_generate(&[("context-tokens", "2048"), ("prompt-tokens", "1024")]);
+        let reserved = e.reserved_bytes as f64 / GIB;
+        assert!(reserved >= 59.38, "{reserved}");
+        assert!(reserved < 69.54 * 1.1, "{reserved}");
+    }
+
+    /// Without `prompt-tokens` the decode is counted one 2 MiB level past the prefill, and the
+    /// estimate says so, with the tokens per level (2 MiB over 32 × 8 × 128 × 2 bytes a step).
+    #[test]
+    fn an_unstated_prompt_is_an_assumption_that_names_the_growth() {
+        let e = qwen3_06b_generate(&[("context-tokens", "2048")]);
+        assert!(
+            e.assumed
+                .iter()
+                .any(|a| a.starts_with("prompt-tokens unstated") && a.contains("further 32 ")),
+            "{:?}",
+            e.assumed
+        );
+        let stated = qwen3_06b_generate(&[("context-tokens", "2048"), ("prompt-tokens", "2000")]);
+        assert!(!stated.assumed.iter().any(|a| a.contains("prompt-tokens")));
     }
 
     /// Phi-3-mini-4k's `config.json` as annotations (`sliding_window` 2,047), a bf16 `generate`

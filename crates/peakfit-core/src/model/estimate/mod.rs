@@ -580,6 +580,9 @@ pub fn estimate_on(spec: &Spec, gpu_total: u64, platform: Platform) -> Estimate 
     }
     tensor("workspace", WORKSPACE);
     let slack = (has_shape && inp.hf_modules()).then(|| hf::slack(&inp));
+    if has_shape {
+        assumed.extend(hf::unstated_generation(&inp));
+    }
     finish(&inp, components, gpu_total, assumed, slack, platform)
 }
 
