@@ -1348,9 +1348,9 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
 /// gated MLP, run by SDPA's fused kernels without a mask (no score matrix, no window shorter
 /// than the context), one sequence per prompt (beam search reorders the cache with copies of
 /// its own), a `DynamicCache` in the compute dtype; or Falcon-7B's layout under SDPA (one kv
-/// head, so SDPA's math kernel with a mask, `prefill_replay::falcon`); or Phi-3 under bf16 eager
-/// attention (`prefill_replay::phi3`: the oracle checked bf16's softmax road only, so fp16's
-/// and fp32's keep the count). Everything else keeps the count of stranded tensors.
+/// head, so SDPA's math kernel with a mask, `prefill_replay::falcon`); or Phi-3 under bf16 or
+/// fp16 eager attention (`prefill_replay::phi3`; fp16's softmax road is `prefill_replay::eager`'s
+/// half-to-float one, checked on Llama's layer; fp32's keeps the count). Everything else keeps the count of stranded tensors.
 fn replayed_decoder(
     inp: &Inputs,
     block: &Block,
@@ -1374,7 +1374,7 @@ fn replayed_decoder(
         && block.kv < block.q
         && (block.kv * block.heads - block.q).abs() < f64::EPSILON
         && (block.h - block.q).abs() < f64::EPSILON;
-    // Phi-3 (Phi-3-mini: a kv head per head) under bf16 eager attention: its own layer, its
+    // Phi-3 (Phi-3-mini: a kv head per head) under 16-bit eager attention: its own layer, its
     // sliding window's mask and cache followed (`prefill_replay::phi3`).
     let phi3 = block.family == ModelType::Phi3
         && block.mlp == Mlp::FusedGated
@@ -1399,7 +1399,11 @@ fn replayed_decoder(
         && (inp.kv_bytes - prefill.c).abs() < f64::EPSILON;
     ((llama && (fused || eager.is_some())
         || falcon
-        || phi3 && eager == Some(prefill_replay::Softmax::Copy))
+        || phi3
+            && matches!(
+                eager,
+                Some(prefill_replay::Softmax::Copy | prefill_replay::Softmax::HalfToFloat)
+            ))
         && plain
         && block.heads > 0.0)
         .then(|| prefill_replay::Decoder {
@@ -2799,6 +2803,33 @@ mod tests {
             r.outgrown_fresh(&d, 16383.0)
         };
         assert!(growth > 0.0);
+    }
+
+    /// Phi-3 eager in fp16 is replayed too: its softmax takes the half-to-float road
+    /// (`softmax(dtype=float32)` of fp16 scores converts inside the kernel), which
+    /// `prefill_replay::eager` follows for Llama's layer (checked against the oracle on the
+    /// H100's SmolLM2-1.7B fp16 eager row). The H200's Phi-3-mini fp16 eager row at 2 × 4,032 + 64
+    /// (`tests/data/h200b`) reserved 19.36 GiB: the count of stranded tensors said 26.23, the
+    /// replay says 23.47, 3.88 of it the unreplayed score segment (`4·b·heads·s²`). In fp32 the
+    /// softmax road is the plain one Llama's layer was checked on, which Phi-3's was not: it
+    /// keeps the count.
+    #[test]
+    fn phi3_eager_in_fp16_is_replayed_and_fp32_is_not() {
+        for (dtype, replayed) in [("bf16", true), ("fp16", true), ("fp32", false)] {
+            let inp = phi3_mini_4k(&[
+                ("flash-attention", "false"),
+                ("context-tokens", "4096"),
+                ("prompt-tokens", "4032"),
+                ("dtype", dtype),
+            ]);
+            let block = inp.block();
+            let prefill = inp.pass(inp.batch, inp.prompt);
+            assert_eq!(
+                replayed_decoder(&inp, &block, &prefill).is_some(),
+                replayed,
+                "{dtype}"
+            );
+        }
     }
 
     /// Only the `model_type`s whose modeling file the replay follows are replayed: the same
