@@ -92,7 +92,8 @@ pub fn h100_allocated() -> Vec<H200Row> {
 
 /// The third lease's rows (`tests/data/h200b`, one H200, measured by `tools/measure/measure.py`
 /// and scored before any change to the model) with all three counters: less the one whose
-/// reserve a neighbour cut and the one with an allocator setting, which
+/// reserve was cut (it filled the card beside its neighbours and retried; a lower bound
+/// `tests/estimate_h200b.rs` holds it to) and the one with an allocator setting, which
 /// [`h200b_allocated`] keeps.
 pub fn h200b() -> Vec<H200Row> {
     h200b_allocated()

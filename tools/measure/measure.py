@@ -81,9 +81,9 @@ EXTRA = [
 # before any change. Ordinary work first (serving batches, checkpointed full fine-tunes and LoRA
 # on the models teams run), then the open questions of issue 20: checkpointed training (the model
 # is +10 % on one such row and -5.7 % on another), Phi-3 in fp16 and with LoRA on its fused
-# projections, Falcon-7B's math kernel at batch 8, and fp32 decoders with grouped-query attention
-# decoding 256-1,024 tokens (their math-kernel copies grow with the cache; the model does not
-# count that growth). The `gib` hints are `peakfit estimate` x 1.3 (tools/measure/hints.py).
+# projections, Falcon-7B's math kernel at batch 8, fp32 decoders with grouped-query attention
+# decoding 256-512 tokens (their math-kernel copies grow with the cache; the model does not
+# count that growth), and two 1,024-token generations. The `gib` hints are `peakfit estimate` x 1.3 (tools/measure/hints.py).
 LEASE3 = [
     case("h200b-qwen25-7b-b32-2k", "qwen2.5-7b", "inference", "bf16", 32, 2048, new=64, gib=37),
     case("h200b-llama31-8b-lora8-b8-2k-gc", "llama-3.1-8b", "lora", "bf16", 8, 2048, ckpt="full", optim="adamw", rank=8, gib=67),

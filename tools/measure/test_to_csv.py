@@ -1,4 +1,4 @@
-"""The committed H100 rows are what to_csv.py makes of the raw JSON lines the device returned:
+"""The committed H100 and third-lease H200 rows are what to_csv.py makes of the raw JSON lines the device returned:
 rerun it into a scratch folder and compare every file byte for byte. Plain python3, no torch.
 
 Run: python3 -m unittest discover -s tools/measure -p 'test_*.py'
@@ -18,21 +18,28 @@ import to_csv  # noqa: E402
 
 
 class ToCsv(unittest.TestCase):
-    def test_the_committed_rows_are_the_raw_lines_converted(self):
-        raw = os.path.join(DATA, "raw")
+    def check_folder(self, folder, runs, date=None):
+        data = os.path.join(HERE, "..", "..", "tests", "data", folder)
+        raw = os.path.join(data, "raw")
         with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "h100")
-            # The first two leases' lines predate measure.py's `date` field: the date is the lease's.
-            to_csv.main(out, [os.path.join(raw, f"h100-run{n}.jsonl") for n in (1, 2, 3)], date="2026-11-27")
-            for name in ("h100-2026-11.csv", "h100-2026-11-oom.csv"):
+            out = os.path.join(tmp, folder)
+            to_csv.main(out, [os.path.join(raw, r) for r in runs], date=date)
+            for name in (f"{folder}-2026-11.csv", f"{folder}-2026-11-oom.csv"):
                 with self.subTest(file=name):
-                    self.assertTrue(filecmp.cmp(os.path.join(out, name), os.path.join(DATA, name), shallow=False))
+                    self.assertTrue(filecmp.cmp(os.path.join(out, name), os.path.join(data, name), shallow=False))
             made = sorted(os.listdir(os.path.join(out, "configs")))
-            self.assertEqual(made, sorted(os.listdir(os.path.join(DATA, "configs"))))
+            self.assertEqual(made, sorted(os.listdir(os.path.join(data, "configs"))))
             for name in made:
                 with self.subTest(config=name):
                     self.assertTrue(filecmp.cmp(os.path.join(out, "configs", name),
-                                                os.path.join(DATA, "configs", name), shallow=False))
+                                                os.path.join(data, "configs", name), shallow=False))
+
+    def test_the_committed_rows_are_the_raw_lines_converted(self):
+        # The first two leases' lines predate measure.py's `date` field: the date is the lease's.
+        self.check_folder("h100", [f"h100-run{n}.jsonl" for n in (1, 2, 3)], date="2026-11-27")
+
+    def test_the_third_leases_rows_are_its_raw_lines_converted(self):
+        self.check_folder("h200b", ["h200b-run1.jsonl", "h200b-run2.jsonl"])
 
     def test_a_row_whose_allocator_retried_keeps_only_its_allocated_counter(self):
         import csv

@@ -103,8 +103,8 @@ def main(out_dir, files, date=None):
                 notes += f"; PYTORCH_CUDA_ALLOC_CONF={r['alloc_conf']}"
             if cut:
                 notes += (f"; the caching allocator freed its cache and retried {r['alloc_retries']} time(s) "
-                          "(a neighbouring case held the rest of the GPU): reserved and NVML are not this "
-                          "case's own and are left out")
+                          "(cudaMalloc failed: neighbouring cases held part of the GPU, or the case outgrew it): "
+                          "reserved and NVML are not this case's own peak and are left out")
             row = dict(id=r["id"], model=r["model"], params=r["params"], **shape(cfg), workload=r["workload"],
                        dtype=r["dtype"], kv_dtype="" if training else r["dtype"], engine="hf",
                        gpu_memory_total_gib=f"{r['gpu_total'] / GIB:.2f}", batch=r["batch"], context_tokens=r["ctx"],

@@ -29,7 +29,7 @@
 //! | reserved, Whisper's `generate` | the largest of its three phases, not the allocated peak plus the encoder's stranded blocks: the encoder's forward with `HF_SLACK_INFERENCE_TENSORS` blocks of its largest tensor; the first decoder call, the encoder's output and the `2·L` cross-attention copies (`seqs·positions·kv`) each in a segment rounded to 2 MiB (or a share of a 20 MiB one under 10 MiB) plus three free copy-sized blocks (two from the call: the key's and value's contiguous projections alive through the cache's `torch.cat`, `v_proj`'s output reused by it; the third not traced, likely an encoder hidden-state block), the copies taking the encoder's freed blocks first; the decode, the self-attention cache held twice by its one-token-longer copies ([`seq2seq_slack`]), or, once its copies pass 10 MiB, a segment for each copy the first call's freed blocks do not hold at every 2 MiB size it crosses ([`seq2seq_crossings`]); with beams, the encoder's output once per beam and one cross-attention copy in flight | `WhisperEncoder.forward`; `_expand_inputs_for_generation`, `EncoderDecoderCache.reorder_cache`; `WhisperAttention.forward` (`k_proj`, `v_proj`, `transpose(1, 2).contiguous()`, `EncoderDecoderCache.cross_attention_cache.update`); `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
 //! | reserved, a Llama-code decoder's `generate` under SDPA's fused kernels, or eager attention with a kv head per head; Falcon-7B's `generate` (one kv head: SDPA's math kernel); Phi-3-mini's under eager attention (its sliding window included) | replaced by the replay of its requests: the weights, the prefill layer by layer and the decode steps' cache copies through the caching allocator's rules; its reserved − allocated ([`prefill_replay`], chosen by [`replayed_decoder`]) instead of the stranded tensors and the two terms below | `modeling_llama.py` (`LlamaModel`, `LlamaDecoderLayer`, `LlamaAttention`, `LlamaMLP`, `LlamaRMSNorm`, `apply_rotary_pos_emb`), `Qwen3Attention`, `DynamicLayer.update`, `eager_attention_forward` and `masking_utils.eager_mask` ([`prefill_replay`]'s `eager`); `modeling_falcon.py` (`FalconModel`, `FalconDecoderLayer`, `FalconAttention`, `FalconMLP`), `_scaled_dot_product_attention_math` ([`prefill_replay`]'s `falcon`); `modeling_phi3.py` (`Phi3Attention`, `Phi3MLP`, its `apply_rotary_pos_emb`), `create_sliding_window_causal_mask`, `DynamicSlidingWindowLayer.update` ([`prefill_replay`]'s `phi3`); `CUDACachingAllocator.cpp` |
 //! | decode, the cache's copies one token longer (reserved) | each layer's key and value re-concatenated one token (`b·kv·c`) longer than the prefill block it replaces; a layer's key and value sit side by side and their freed blocks merge into one that holds the next layer's key, so one copy per layer needs a free block: the prefill's MLP intermediates, `RMSNorm` copies and its stranded slack hold as many as whole copies fit, the rest take fresh segments rounded to 2 MiB; copies of at most 1 MiB (the small pool) reuse the previous layer's freed 2 MiB segment, one new segment in all ([`cache_relocation_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `round_size`, `get_free_block`, `should_split`, `try_merge_blocks`, `get_allocation_size` (`allocator`) |
-//! | decode, the copies outgrowing the prefill's room (reserved, replayed decoders) | where step 1 fits (the replay makes no segment there), the copies grow to the context's size in the room the replay leaves: each stretch of a segment holding only free blocks and copies holds `floor(R / S)` copies; each 2 MiB level of the copies' size adds a segment of that size for each of the `2L` copies, plus one layer's pair in flight, the room does not hold (below 10 MiB, once, in shared 20 MiB segments). Up to the stated context; without `prompt-tokens` one level ([`prefill_replay::Replayed::outgrown_fresh`]). None for a sliding-window cache the prompt fills (Phi-3): its copies stay `window` tokens | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kLargeBuffer`), `get_free_block`, `try_merge_blocks`; checked against the same heap run through every decode step |
+//! | decode, the copies outgrowing the prefill's room (reserved, replayed decoders) | past the replay's decode steps (where step 1 made segments, the larger of this and the crossings below), the copies grow to the context's size in the room the replay leaves: each stretch of a segment holding only free blocks and copies holds `floor(R / S)` copies; each 2 MiB level of the copies' size adds a segment of that size for each of the `2L` copies, plus one layer's pair in flight, the room does not hold (below 10 MiB, once, in shared 20 MiB segments). Up to the stated context; without `prompt-tokens` one level ([`prefill_replay::Replayed::outgrown_fresh`]). None for a sliding-window cache the prompt fills (Phi-3): its copies stay `window` tokens | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kLargeBuffer`), `get_free_block`, `try_merge_blocks`; checked against the same heap run through every decode step |
 //! | decode, Falcon's math-kernel copies growing (reserved, replayed Falcon at batch > 1) | each decode step copies k and v broadcast to every head (`4·b·heads·S·d`, one in flight, `4·heads/c` times a cache copy); from the level the replay's last copy is in to the stated context's (one level past without `prompt-tokens`), one segment per 2 MiB level, and one 20 MiB segment below 10 MiB: an upper bound, checked against the heap run through every decode step ([`prefill_replay::Replayed::math_copies_fresh`]) | `_scaled_dot_product_attention_math` (`matmul` broadcasting); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kLargeBuffer`), segments never merge |
 //! | decode, the later 2 MiB crossings (reserved) | where step 1 left copies alone in segments of their own (the term above is above 0) and a copy is at least 10 MiB: every `2 MiB / (b·kv·c)` steps the copies outgrow those segments, which no later (larger) copy fits; each crossing makes two segments of the new 2 MiB-rounded size, one layer's key and value in flight while the prefill's large blocks hold `floor(B / S)` copies each. For a replayed decoder, the larger of that and the outgrowth above from the replay's room (the copies it does not hold at each level): a short prompt's room holds few of copies that double (Qwen3-0.6B at 32 × 1,024 + 1,024 reserved 59.4 GiB on an H200 where two per crossing count 16.6; `tests/data/h200b`), and a prefill the replay lays out with less room than the GPU's reads over (Qwen3-0.6B at 32 × 8k, four copies fewer). Counted from the stated prompt's cache to the context's; without `prompt-tokens` one crossing ([`cache_crossings_fresh`]) | `DynamicLayer.update` (`torch.cat`); `CUDACachingAllocator.cpp` `get_allocation_size` (`kRoundLarge`, `kMinLargeAlloc`), `get_free_block`, `try_merge_blocks` (segments never merge); an H200 trace per decode step (`tools/measure/trace_decode.py`) |
 //! | decode, a mixture of experts' reserved | the gathered gate/up and down weights (`b·k·2·I·h·c`, `b·k·I·h·c`) larger than the prefill's largest tensor take new segments on top of the prefill's (slack `P + fresh − max(P, D)` beyond the prefill's own) | `batched_mm_experts_forward` (`self.gate_up_proj[expert_ids]`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` ([`gathered_experts_fresh`]) |
@@ -1197,33 +1197,41 @@ fn seq2seq_crossings(copies: f64, per_token: f64, tokens: f64, room: f64) -> f64
 }
 
 /// What a decoder's `generate` without `prompt-tokens` assumes about its decode, for
-/// `estimate`'s "assumed" lines: the prefill is sized over the whole context and the cache's
-/// copies are counted one 2 MiB level of growth past it. Each `DynamicLayer.update` copy grows
-/// by `b·kv·c` bytes a step, so every `2 MiB / (b·kv·c)` steps it outgrows the segment
-/// `get_allocation_size` rounded it into (`kRoundLarge`), and the caching allocator keeps the
-/// outgrown segments (segments never merge or shrink): a generation longer than that reserves
-/// more than the estimate, without bound until `cudaMalloc` fails (the H200's Qwen3-0.6B at
-/// 32 × 1,024 + 1,024 reserved 59.4 GiB for 8.3 allocated; `tests/data/h200b`). The pod can state
-/// its prompt (the decode is then counted to the context) or map its segments expandable.
+/// `estimate`'s "assumed" lines: a prompt that fills the context, so the prefill is sized over
+/// all of it and the decode runs one step (at most one 2 MiB level of the cache's growth is
+/// counted past it). A shorter prompt and a longer generation can reserve more: each
+/// `DynamicLayer.update` copy grows by `b·kv·c` bytes a step, so every `2 MiB / (b·kv·c)` steps it
+/// outgrows the segment `get_allocation_size` rounded it into (`kRoundLarge`), and the caching
+/// allocator keeps the outgrown segments (segments never merge or shrink), without bound until
+/// `cudaMalloc` fails (the H200's Qwen3-0.6B at 32 × 1,024 + 1,024 reserved 59.4 GiB for 8.3
+/// allocated; `tests/data/h200b`). The pod can state its prompt (the decode is then counted to
+/// the context) or map its segments expandable. A sliding-window cache shorter than the context
+/// stops growing at the window (`DynamicSlidingWindowLayer`): nothing to say there.
 pub(super) fn unstated_generation(inp: &Inputs) -> Option<String> {
     let decoder_generate = inp.kind == Kind::Decoder
         && !inp.workload.is_training()
         && inp.prompt >= inp.context
         && inp.hf_modules();
-    if !decoder_generate {
+    if !decoder_generate || inp.block().windowed(inp.context) {
         return None;
     }
+    Some(format!(
+        "prompt-tokens unstated: a prompt of all {:.0} context tokens (the prefill sized over \
+         it, the decode one step); a shorter prompt and a longer generation can reserve more, \
+         each further {:.0} generated tokens growing every cache copy past another 2 MiB \
+         segment size: state prompt-tokens, or run with \
+         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        inp.context,
+        tokens_per_level(inp)
+    ))
+}
+
+/// Decode steps per 2 MiB of growth of one cache copy (`b·kv·c` bytes a step).
+fn tokens_per_level(inp: &Inputs) -> f64 {
     let a = &inp.arch;
     let per_step =
         inp.batch * inp.beams * f64::from(a.kv_heads) * f64::from(a.head_dim) * inp.kv_bytes;
-    let steps = (allocator::ROUND_LARGE / per_step).ceil().max(1.0);
-    Some(format!(
-        "prompt-tokens unstated: the prefill is sized over all {:.0} context tokens and the decode \
-         counted to one 2 MiB growth of the cache's copies; each further {steps:.0} generated \
-         tokens can strand another segment per copy, so a longer generation reserves more: state \
-         prompt-tokens, or run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-        inp.context
-    ))
+    (allocator::ROUND_LARGE / per_step).ceil().max(1.0)
 }
 
 /// The caching allocator's slack under transformers' own modules: for the decoders
@@ -1259,19 +1267,21 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
             let mut floor = 0.0;
             if let Some(d) = replayed_decoder(inp, &block, &prefill) {
                 // The replay runs the decode until it stops making segments, short of the first
-                // 2 MiB crossing; the crossings after it are [`cache_crossings_fresh`]'s, from the
-                // segments the replay's decode made.
+                // 2 MiB crossing; the growth after it is counted below.
                 // The replay's decode segments depend on where each copy lands, which is not
                 // monotone in the prompt (Qwen3-0.6B at 32 × 8,192 makes 17 × 510 MiB of them at
                 // 8,128 and 8,192 tokens and none at 8,191): a pod's prompts vary up to the
                 // stated one, so step 1 is never counted below the closed form's count
                 // ([`cache_relocation_fresh`], the rule before the replay).
                 let counted = cache_relocation_fresh(&block, &prefill, inp.kv_bytes, stranding);
-                // Where step 1 fits the prefill's room, the copies outgrow it later in a long
-                // generation: [`prefill_replay::Replayed::outgrown_fresh`] counts that from the
-                // replay's own layout, up to the stated context, or one 2 MiB level of growth
-                // past the replay without `prompt-tokens` (as [`cache_crossings_fresh`] counts
-                // one crossing).
+                // The copies outgrow the prefill's room later in a long generation:
+                // [`prefill_replay::Replayed::outgrown_fresh`] counts that from the replay's own
+                // layout, up to the stated context, or one 2 MiB level of growth past the replay
+                // without `prompt-tokens` (as [`cache_crossings_fresh`] counts one crossing).
+                // Where step 1 made segments the later growth is the larger of that and two
+                // segments per crossing ([`cache_crossings_fresh`], the 8k trace's count, whose
+                // prefill's blocks hold every copy): a short prompt's blocks hold few of copies
+                // that double (`tests/data/h200b`'s Qwen3-0.6B at 32 × 1,024 + 1,024).
                 let replayed = |d: &prefill_replay::Decoder, r: prefill_replay::Replayed| {
                     // A sliding-window cache the prompt fills keeps `window - 1` tokens, so
                     // every decode step's copies (`window` tokens) fit where the last step's
@@ -1350,7 +1360,8 @@ pub(super) fn slack(inp: &Inputs) -> f64 {
 /// its own), a `DynamicCache` in the compute dtype; or Falcon-7B's layout under SDPA (one kv
 /// head, so SDPA's math kernel with a mask, `prefill_replay::falcon`); or Phi-3 under bf16 or
 /// fp16 eager attention (`prefill_replay::phi3`; fp16's softmax road is `prefill_replay::eager`'s
-/// half-to-float one, checked on Llama's layer; fp32's keeps the count). Everything else keeps the count of stranded tensors.
+/// half-to-float one, checked on Llama's layer; fp32's keeps the count). Everything else keeps
+/// the count of stranded tensors.
 fn replayed_decoder(
     inp: &Inputs,
     block: &Block,
@@ -1545,13 +1556,13 @@ fn cache_relocation_fresh(block: &Block, prefill: &Pass, kv_bytes: f64, strandin
 /// one is counted: a pod that generates longer should state its prompt, and reads low without it.
 /// Copies under 10 MiB share 20 MiB segments (`kLargeBuffer`) and are not followed.
 ///
-/// A short prompt whose step-1 copies fit the prefill's freed blocks (`step_one` = 0) but which
-/// outgrow them later in a long generation is not this term's: where the replay runs, its own
-/// layout counts it ([`prefill_replay::Replayed::outgrown_fresh`]; Llama-3.1-8B at batch
-/// 4 × 2,048 + 6,144 new tokens makes 19.3 GiB of segments past step 1 when every step is
-/// replayed). Not counted yet, and low where it happens: the same on models the replay does not
-/// follow, and prefills whose blocks hold fewer copies than all `2L` after step 1, which make
-/// more than two segments per crossing.
+/// Copies that outgrow the prefill's freed blocks in a long generation are not this term's:
+/// where the replay runs, its own layout counts them ([`prefill_replay::Replayed::outgrown_fresh`];
+/// Llama-3.1-8B at batch 4 × 2,048 + 6,144 new tokens makes 19.3 GiB of segments past step 1 when
+/// every step is replayed), and [`slack`] takes the larger of the two. Not counted yet, and low
+/// where it happens: the same on models the replay does not follow, whose prefills' blocks may
+/// hold fewer copies than all `2L` after step 1 and then make more than two segments per
+/// crossing.
 fn cache_crossings_fresh(
     block: &Block,
     prefill: &Pass,
