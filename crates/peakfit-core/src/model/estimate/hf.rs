@@ -46,11 +46,14 @@
 //! | training, GPT-2's GELU under autocast | `pow` is on CUDA autocast's fp32 list: its input is copied to fp32 and every later op of `NewGELUActivation` promotes to fp32, so `pow`'s input, `tanh`'s output and `1 + tanh` are saved at 4 B | `NewGELUActivation.forward`; `autocast_mode.cpp` (`pow` in `CastPolicy::fp32`) |
 //! | autocast weight cache | a 16-bit copy of every trainable fp32 weight a linear layer uses in forward, kept by the nodes that saved it; LoRA's fp32 factors too (`2·adapter params`: cached to the forward's end, and saved into backward without checkpointing) | `autocast_mode.cpp` `cached_cast` (leaf tensors requiring grad); PEFT `autocast_adapter_dtype` (factors kept in fp32) |
 //! | training, the end of the forward under autocast | a moment of its own: every trainable linear weight's 16-bit copy is still in autocast's cache while `cross_entropy` runs, checkpointing or not, beside the 16-bit logits, their fp32 copy and `log_softmax`'s output, `(c+8)·T·V`; with checkpointing in full fine-tuning it can beat backward's start (SGD's one state tensor: SmolLM2-1.7B b4 × 2k peaks there, 21.47 GiB, oracle and H100 alike) | `autocast_mode.cpp` `cached_cast`; `torch.autocast.__exit__` (`torch.clear_autocast_cache()`); `ForCausalLMLoss` (`logits.float()`, `cross_entropy`) |
+//! | reserved, a training step's loss segments | the first step's loss takes a segment per tensor: the 16-bit logits (`c·T·V`; Gemma-2 also `logits / cap`), their fp32 copy, `log_softmax`'s output and in backward `_log_softmax_backward_data`'s (`nll_loss_backward`'s takes the copy's block); the logits' segments stay free beside the fp32 ones (none in fp32, where `logits.float()` is the logits) ([`logits_segments`], [`training_slack`]) | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`), `Gemma2ForCausalLM.forward` (`final_logit_softcapping`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
+//! | reserved, a training step's layers | `HF_SLACK_INFERENCE_TENSORS` blocks of the forward's stranding tensor, or, LoRA on 16-bit weights, one of each of PEFT's three fp32 tensors at the widest adapted linear (`lora_B`'s output, `* scaling`, the promoted sum: `3·4·T·out`) ([`training_stranded`]) | `peft/tuners/lora/layer.py` `Linear.forward` (`_cast_input_dtype`, `result + lora_B(lora_A(dropout(x))) * scaling`, `.to(torch_result_dtype)`); `torch.utils.checkpoint` (each layer recomputed in backward); `CUDACachingAllocator.cpp` `should_split` |
+//! | reserved, the optimizer state in the loss's segments | the first `optimizer.step()` makes the state beside the gradients, each tensor in the smallest free block that holds it: the layers' freed blocks (kept inputs or saved tensors, the head's, one layer's forward, the stranded blocks), then the logits' segments, then the fp32 `4·T·V` ones (the embedding's and an untied head's `V·h` tensors straight there when no layer block holds them). Each fp32 segment holding state, or each `4·T·V` the state lacks in the first step's reserve, the later steps' loss takes fresh (`ceil`, at most 3; all 3: the logits' too), on top of the first step's reserve or the optimizer step's peak (weights, gradients, state, foreach AdamW's `_foreach_sqrt` list) ([`training_slack`]) | `torch/optim/adamw.py` `_init_group` (`zeros_like` per parameter at the first step), `_multi_tensor_adamw` (`_foreach_sqrt`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` (segments never merge); the oracle's replay of the H200 rows (docs/oracle.md, "A training step's segments") |
 
 use super::framework::Framework;
 use super::{
-    Checkpointing, Dtype, HF_SLACK_INFERENCE_TENSORS, HF_SLACK_TRAINING_TENSORS, Inputs, Kind,
-    ModelType, Offload, Optimizer, Workload, allocator, prefill_replay,
+    Checkpointing, Dtype, HF_SLACK_INFERENCE_TENSORS, Inputs, Kind, ModelType, Offload, Optimizer,
+    Workload, allocator, prefill_replay,
 };
 
 /// The shape of a block as HF's modeling code builds it.
@@ -819,7 +822,47 @@ pub(super) fn checkpointed_per_layer(block: &Block, p: &Pass, prec: Precision) -
     prec.r() * p.t() * block.h
 }
 
+/// What a training step's forward leaves saved for backward.
+pub(super) struct Saved {
+    /// One layer's saved tensors (with LoRA's dropout masks).
+    pub layer: f64,
+    /// Every layer's, through the step: all of them, or under checkpointing their inputs.
+    pub kept: f64,
+    /// What stays saved after the blocks ([`head_saved`]).
+    pub head: f64,
+}
+
 impl Inputs {
+    fn trainable(&self) -> Trainable {
+        if self.workload.is_adapter() {
+            Trainable::Lora(self.lora_rank)
+        } else {
+            Trainable::All
+        }
+    }
+
+    /// The tensors a training step's forward saves ([`Saved`]).
+    pub(super) fn saved(&self, block: &Block, pass: &Pass) -> Saved {
+        let trainable = self.trainable();
+        let prec = self.precision();
+        let dropout = if self.workload.is_adapter() && self.lora_dropout > 0.0 {
+            lora_dropout_saved(block, pass, prec)
+        } else {
+            0.0
+        };
+        let layer = saved_per_layer(block, pass, trainable, prec) + dropout;
+        let kept = if self.checkpointing == Checkpointing::Full {
+            block.layers * checkpointed_per_layer(block, pass, prec)
+        } else {
+            block.layers * layer
+        };
+        Saved {
+            layer,
+            kept,
+            head: head_saved(block, pass, trainable, prec),
+        }
+    }
+
     /// The block as HF's modeling code builds it (per tensor-parallel rank: HF's path runs on
     /// one GPU here).
     pub(super) fn block(&self) -> Block {
@@ -1015,26 +1058,10 @@ pub(super) fn components(inp: &Inputs, tensor: &mut impl FnMut(&'static str, f64
         return;
     }
     let (grads, _, _) = inp.trainable_state();
-    let trainable = if inp.workload.is_adapter() {
-        Trainable::Lora(inp.lora_rank)
-    } else {
-        Trainable::All
-    };
     let prec = inp.precision();
     let pass = inp.pass(inp.batch, inp.context);
-    let dropout = if inp.workload.is_adapter() && inp.lora_dropout > 0.0 {
-        lora_dropout_saved(&block, &pass, prec)
-    } else {
-        0.0
-    };
-    let layer = saved_per_layer(&block, &pass, trainable, prec) + dropout;
-    let head = head_saved(&block, &pass, trainable, prec);
+    let Saved { layer, kept, head } = inp.saved(&block, &pass);
     let checkpointed = inp.checkpointing == Checkpointing::Full;
-    let kept = if checkpointed {
-        block.layers * checkpointed_per_layer(&block, &pass, prec)
-    } else {
-        block.layers * layer
-    };
     let cast = inp.autocast_weight_copies(checkpointed);
     // A window's boolean `b·s²` mask is built once per forward (`masking_utils.sdpa_mask`)
     // and every layer's attention, recomputed ones too, reads it until backward is done.
@@ -1234,16 +1261,117 @@ fn tokens_per_level(inp: &Inputs) -> f64 {
     (allocator::ROUND_LARGE / per_step).ceil().max(1.0)
 }
 
+/// The loss's 16-bit segments: `lm_head`'s logits (`c·T·V`) and, under Gemma-2's soft-capping,
+/// the division's output beside them (`logits / cap`; `tanh` and `* cap` reuse their blocks).
+/// Nothing the loss allocates later is as small (its fp32 tensors are `4·T·V`), so backward
+/// finds them free and cannot use them. None in fp32, where `logits.float()` is the logits
+/// themselves (`ForCausalLMLoss`).
+fn logits_segments(block: &Block, tokens: f64, prec: Precision) -> f64 {
+    if prec == Precision::Fp32 {
+        return 0.0;
+    }
+    let copies = if block.softcapped_logits() { 2.0 } else { 1.0 };
+    copies * prec.c() * tokens * block.vocab
+}
+
+/// The blocks a training step's layers strand: `HF_SLACK_INFERENCE_TENSORS` of the forward's
+/// stranding tensor ([`stranding_tensor`]: no fp32 score matrix, whose blocks come back whole),
+/// or, for LoRA on 16-bit weights, one of each fp32 tensor PEFT's expression makes at the
+/// widest adapted linear, `T·out·4` each: `lora_B`'s output (PEFT casts the input to the fp32
+/// adapter), its `* scaling`, and the sum with the 16-bit base output, which promotes to fp32
+/// before `.to(torch_result_dtype)` (`peft/tuners/lora/layer.py`, `Linear.forward`); each
+/// recomputed layer's 16-bit tensors split the previous layer's (the replay of the H200 rows
+/// of Phi-2, Phi-3-mini and Mistral-7B LoRA: 3.0, 3.4 and 3.1 such blocks free at the peak).
+fn training_stranded(inp: &Inputs, block: &Block, pass: &Pass) -> f64 {
+    let layers = HF_SLACK_INFERENCE_TENSORS * stranding_tensor(block, pass);
+    if !(inp.workload.is_adapter() && inp.precision() == Precision::Pure16) {
+        return layers;
+    }
+    let gate_up = if block.mlp == Mlp::FusedGated {
+        2.0 * block.ffn
+    } else {
+        block.ffn
+    };
+    let qkv = if block.fused_qkv() {
+        block.q + 2.0 * block.kv
+    } else {
+        block.q
+    };
+    layers.max(3.0 * 4.0 * pass.t() * gate_up.max(qkv).max(block.h))
+}
+
+/// What a training step reserves beyond its allocated peak `allocated`, from the caching
+/// allocator's rules applied to the step's largest blocks (the oracle's replay of the measured
+/// rows, docs/oracle.md "A training step's segments"):
+/// 1. The first step's loss takes a segment per tensor, none fitting another's freed block:
+///    the 16-bit logits ([`logits_segments`]), their fp32 copy, `log_softmax`'s output and,
+///    in backward, `_log_softmax_backward_data`'s (the NLL gradient takes the copy's block).
+///    The logits' segments stay free beside the fp32 ones; the layers strand blocks as a
+///    forward does ([`training_stranded`]). The first step holds no optimizer state: its reserve is
+///    `allocated − state + logits + stranded`.
+/// 2. The first `optimizer.step()` creates the state while the gradients live, each tensor in
+///    the smallest free block that holds it (`get_free_block`): first the layers' freed
+///    segments (the checkpointed inputs or saved tensors, the head's, one layer's forward and
+///    the stranded blocks), then the logits' segments, then the three fp32 `4·T·V` segments;
+///    the embedding's and an untied head's gradient and state tensors (`V·h` each), larger
+///    than any block the layers free, go straight to the loss's.
+///    What the logits' segments hold of it is no longer slack at the later steps' peak. Every
+///    fp32 segment that takes part of the state no longer holds a `4·T·V` block, so from the
+///    second step the loss takes that many fresh segments (`ceil(spill / 4·T·V)`, at most
+///    three; with all three taken, the logits' too), on top of the first step's reserve or of
+///    the optimizer step's own peak (weights, gradients, state and foreach AdamW's temporary
+///    list), whichever is larger.
+fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
+    let prec = inp.precision();
+    let pass = inp.pass(inp.batch, inp.context);
+    let tokens = inp.tokens();
+    let fp32 = loss_tensor(block, tokens);
+    let logits = logits_segments(block, tokens, prec);
+    let stranded = training_stranded(inp, block, &pass);
+    let (grads, _, state) = inp.trainable_state();
+    let first = allocated - state + logits + stranded;
+    let saved = inp.saved(block, &pass);
+    let room = saved.kept + saved.head + forward_peak(block, &pass) + stranded;
+    // The vocabulary matrices' gradients and state, each tensor larger than any block the
+    // layers free, fit nowhere but the loss's segments.
+    let vocab_gradient = block.vocab * block.h * grads / inp.params;
+    let vocab_share = if inp.workload.is_adapter() || vocab_gradient <= largest_tensor(block, &pass)
+    {
+        0.0
+    } else {
+        (grads + state) * inp.embedding_params() / inp.params
+    };
+    let spill = (grads + state - room).max(vocab_share);
+    // Fp32 segments the state takes, or, where the first step's reserve is short of the later
+    // steps' peak, the loss's tensors (the last it allocates) take fresh in `4·T·V` blocks.
+    let displaced = if spill > logits {
+        ((spill - logits) / fp32).ceil()
+    } else {
+        0.0
+    };
+    let short = ((allocated + stranded - first) / fp32).ceil().max(0.0);
+    let taken = displaced.max(short).min(3.0);
+    let reserved = if taken > 0.0 {
+        let step = inp.weights() + grads + state + inp.optimizer_step_temporary();
+        let logits_again = if taken >= 3.0 { logits } else { 0.0 };
+        (first.max(step) + taken * fp32 + logits_again).max(allocated + stranded)
+    } else {
+        // The state fits before the fp32 segments: the logits' segments hold the part of it
+        // the layers' blocks did not, and stay free for the rest.
+        first.max(allocated + logits + stranded - spill.max(0.0))
+    };
+    (reserved - allocated).max(0.0)
+}
+
 /// The caching allocator's slack under transformers' own modules: for the decoders
 /// [`prefill_replay`] follows, what its replay of the run leaves (reserved − the allocated
-/// peak, plus the decode's fresh segments); elsewhere `HF_SLACK_INFERENCE_TENSORS` or
-/// `HF_SLACK_TRAINING_TENSORS` stranded tensors and the decode terms.
-pub(super) fn slack(inp: &Inputs) -> f64 {
+/// peak, plus the decode's fresh segments); a training step's segments ([`training_slack`]);
+/// elsewhere `HF_SLACK_INFERENCE_TENSORS` stranded tensors and the decode terms. `allocated` is
+/// the estimate's allocated peak.
+pub(super) fn slack(inp: &Inputs, allocated: f64) -> f64 {
     let block = inp.block();
     if inp.workload.is_training() {
-        let pass = inp.pass(inp.batch, inp.context);
-        let largest = loss_tensor(&block, inp.tokens()).max(largest_tensor(&block, &pass));
-        return HF_SLACK_TRAINING_TENSORS * largest;
+        return training_slack(inp, &block, allocated);
     }
     let pass = match inp.kind {
         Kind::EncoderDecoder {
@@ -2757,6 +2885,139 @@ mod tests {
 
     /// Phi-3-mini-4k's `config.json` as annotations (`sliding_window` 2,047), a bf16 `generate`
     /// at batch 2 with `extra` (the context among them).
+    /// A training row's spec, its resolved inputs and the estimate's allocated peak and slack.
+    fn training_case(pairs: &[(&str, &str)]) -> (Inputs, f64, f64) {
+        use crate::model::estimate::testing::{part, spec};
+        let spec = spec(pairs);
+        let e =
+            crate::model::estimate::estimate(&spec, crate::model::estimate::Defaults::GPU_TOTAL);
+        let allocated: f64 = e
+            .components
+            .iter()
+            .filter(|c| c.counter == crate::model::estimate::Counter::Allocated)
+            .map(|c| c.bytes as f64)
+            .sum();
+        let inp = super::super::resolve(&spec, &mut Vec::new());
+        (inp, allocated, part(&e, "allocator-slack"))
+    }
+
+    /// Llama-3.2-1B as `tests/data/h200b`'s config builds it, fully fine-tuned in bf16 with
+    /// checkpointing and foreach AdamW, as `measure.py` runs it.
+    fn llama32_1b_training(batch: &'static str) -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("layers", "16"),
+            ("hidden-size", "2048"),
+            ("attention-heads", "32"),
+            ("kv-heads", "8"),
+            ("head-dim", "64"),
+            ("intermediate-size", "8192"),
+            ("vocab-size", "128256"),
+            ("tied-embeddings", "true"),
+            ("params", "1235814400"),
+            ("dtype", "bf16"),
+            ("model-type", "llama"),
+            ("engine", "hf"),
+            ("workload", "training"),
+            ("optimizer", "adamw"),
+            ("gradient-checkpointing", "full"),
+            ("batch", batch),
+            ("context-tokens", "2048"),
+        ]
+    }
+
+    /// The first step's loss leaves `lm_head`'s 16-bit logits segment free beside its fp32
+    /// segments, and LoRA's state is too small to displace anything: a LoRA step's slack is that
+    /// segment plus the layers' stranded blocks, here one of each of the three fp32 tensors
+    /// PEFT's expression makes at `gate_proj`/`up_proj` (`T·I·4`), larger than any 16-bit
+    /// activation.
+    #[test]
+    fn a_lora_step_strands_the_logits_segment_and_the_adapters_fp32_outputs() {
+        let mut pairs = llama32_1b_training("4");
+        pairs.extend([("workload", "lora"), ("lora-rank", "16")]);
+        let (inp, _, slack) = training_case(&pairs);
+        let t = 4.0 * 2048.0;
+        let logits = 2.0 * t * 128_256.0;
+        let adapter_output = 4.0 * t * 8192.0;
+        assert!(
+            (slack - (logits + 3.0 * adapter_output)).abs() < 2.0,
+            "{slack}"
+        );
+        let block = inp.block();
+        let pass = inp.pass(inp.batch, inp.context);
+        assert!((training_stranded(&inp, &block, &pass) - 3.0 * adapter_output).abs() < 1.0);
+    }
+
+    /// h200-llama32-1b-ft-bf16-b4-2k-gc: the first `optimizer.step()` puts 4.6 GiB of AdamW
+    /// state beside 2.3 GiB of gradients; what the layers' freed blocks and the logits'
+    /// segment do not hold breaks one fp32 `4·T·V` segment (4,008 MiB), which the second step's
+    /// loss takes fresh (the oracle's replay: one 4,008 MiB segment at step 2, reserved 21.045
+    /// GiB, measured 21.045).
+    #[test]
+    fn the_first_optimizer_step_costs_the_loss_one_fresh_fp32_segment() {
+        let (inp, allocated, slack) = training_case(&llama32_1b_training("4"));
+        let (_, _, state) = inp.trainable_state();
+        let t = 4.0 * 2048.0;
+        let fp32 = 4.0 * t * 128_256.0;
+        let logits = 2.0 * t * 128_256.0;
+        let stranded = HF_SLACK_INFERENCE_TENSORS * 2.0 * t * 8192.0;
+        let first = allocated - state + logits + stranded;
+        assert!(
+            (allocated + slack - (first + fp32)).abs() < 2.0,
+            "{} {}",
+            allocated + slack,
+            first + fp32
+        );
+    }
+
+    /// Llama-3.2-3B at 4 × 2k: 12 GiB of state and 6 GiB of gradients break all three fp32
+    /// segments, so the second step's loss takes all three and its logits' segment fresh, on
+    /// top of the optimizer step's own peak (weights, gradients, state and foreach AdamW's
+    /// `_foreach_sqrt` list): the replay's step 2 makes 2,004 + 3 × 4,008 MiB.
+    #[test]
+    fn a_state_past_every_fp32_segment_takes_the_whole_loss_again() {
+        let pairs: Vec<(&str, &str)> = vec![
+            ("layers", "28"),
+            ("hidden-size", "3072"),
+            ("attention-heads", "24"),
+            ("kv-heads", "8"),
+            ("head-dim", "128"),
+            ("intermediate-size", "8192"),
+            ("vocab-size", "128256"),
+            ("tied-embeddings", "true"),
+            ("params", "3212749824"),
+            ("dtype", "bf16"),
+            ("model-type", "llama"),
+            ("engine", "hf"),
+            ("workload", "training"),
+            ("optimizer", "adamw"),
+            ("gradient-checkpointing", "full"),
+            ("batch", "4"),
+            ("context-tokens", "2048"),
+        ];
+        let (inp, allocated, slack) = training_case(&pairs);
+        let (grads, _, state) = inp.trainable_state();
+        let tv = 4.0 * 2048.0 * 128_256.0;
+        let step = inp.weights() + grads + state + state / 2.0;
+        assert!(
+            (allocated + slack - (step + 12.0 * tv + 2.0 * tv)).abs() < 2.0,
+            "{} {}",
+            allocated + slack,
+            step + 14.0 * tv
+        );
+    }
+
+    /// Gemma-2's soft-capped logits leave two 16-bit segments, the logits and `logits / cap`;
+    /// in fp32 `logits.float()` is the logits themselves and leaves none.
+    #[test]
+    fn the_logits_segments_follow_the_soft_cap_and_the_precision() {
+        let mut gemma = llama_1b();
+        gemma.family = ModelType::Gemma2;
+        let one = 2.0 * 100.0 * 128_256.0;
+        assert!((logits_segments(&llama_1b(), 100.0, Precision::Pure16) - one).abs() < 1.0);
+        assert!((logits_segments(&gemma, 100.0, Precision::Autocast) - 2.0 * one).abs() < 1.0);
+        assert!(logits_segments(&llama_1b(), 100.0, Precision::Fp32).abs() < 1.0);
+    }
+
     fn phi3_mini_4k(extra: &[(&str, &str)]) -> Inputs {
         let mut pairs = vec![
             ("layers", "32"),
@@ -2798,7 +3059,7 @@ mod tests {
         let d = replayed_decoder(&inp, &block, &prefill).expect("Phi-3 eager is replayed");
         let r = prefill_replay::replay(&d);
         assert_eq!(
-            slack(&inp),
+            slack(&inp, 0.0),
             r.prefill_slack + r.decode_fresh + eager_unreplayed_segment(&d)
         );
         // What a growing cache's terms would add: the copies grown to 16,383 tokens.

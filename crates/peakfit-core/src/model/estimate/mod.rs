@@ -110,14 +110,11 @@ pub const SLACK_TRAINING: f64 = 1.15;
 /// from the smallest cached block that fits and splits it (`c10/cuda/CUDACachingAllocator.cpp`,
 /// `get_free_block`, `should_split`): a prefill frees its MLP intermediates at the end of each
 /// layer, the next layer's smaller tensors (q, k, v, the cache's new copies, which stay) are
-/// carved out of those blocks, and its own intermediates then need fresh segments. Training
-/// strands the loss's fp32 `T·V` block: backward allocates the NLL and `log_softmax`
-/// gradients while forward's 16-bit logits and their fp32 copy are freed in blocks of other
-/// sizes. The counts are the medians of (reserved − allocated) / largest tensor over the H200
-/// rows (`tests/data/h200`): 2.0 over the 13 inference rows (0.6-4.1), 0.94 over the 7
-/// training rows (0.4-1.7), taken as 2 and 1; not a per-row fit.
+/// carved out of those blocks, and its own intermediates then need fresh segments. The count
+/// is the median of (reserved − allocated) / largest tensor over the 13 inference rows of the
+/// H200 (`tests/data/h200`, 0.6-4.1), taken as 2; not a per-row fit. A training step's layers
+/// strand as many; its loss and optimizer state have terms of their own (`hf::training_slack`).
 pub const HF_SLACK_INFERENCE_TENSORS: f64 = 2.0;
-pub const HF_SLACK_TRAINING_TENSORS: f64 = 1.0;
 
 /// Settings used when a pod does not state them.
 pub struct Defaults;
@@ -579,7 +576,8 @@ pub fn estimate_on(spec: &Spec, gpu_total: u64, platform: Platform) -> Estimate 
         transformer_components(&inp, has_shape, &mut tensor);
     }
     tensor("workspace", WORKSPACE);
-    let slack = (has_shape && inp.hf_modules()).then(|| hf::slack(&inp));
+    let allocated: f64 = components.iter().map(|c| c.bytes as f64).sum();
+    let slack = (has_shape && inp.hf_modules()).then(|| hf::slack(&inp, allocated));
     if has_shape {
         assumed.extend(hf::unstated_generation(&inp));
     }

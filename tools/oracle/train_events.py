@@ -1,0 +1,66 @@
+"""Run measured training rows through the oracle and save each run's event log, with the op, shape and
+dtype that made each block, for the caching-allocator analysis of a training step's slack.
+
+    $PEAKFIT_ORACLE_VENV/bin/python tools/oracle/train_events.py --dir tests/data/h200b --out /tmp/ev ID...
+
+Writes OUT/ID.pkl: {"case", "result" (the oracle's result without events), "events", "names"}.
+"""
+import argparse
+import os
+import pickle
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle  # noqa: E402
+
+
+def grid_case(i):
+    """An oracle-reserved.csv training id (`qwen2.5-0.5b-training-fp16-amp-b4-t1024-gcnone-adamw-fused`) as a
+    case of the oracle; its measured columns NaN."""
+    import re
+    m = re.match(r"(.+)-(training|lora)-(bf16|fp16-amp|fp16|fp32)-b(\d+)-t(\d+)-gc(none|full)-(adamw-fused|adamw|sgd)"
+                 r"(?:-r(\d+))?$", i)
+    name, workload, dtype, b, t, gc, opt, r = m.groups()
+    here = os.path.dirname(os.path.abspath(__file__))
+    return dict(id=i, config=os.path.join(here, "../../tests/data/oracle-configs", f"{name}.json"), workload=workload,
+                dtype=dtype, batch=int(b), context_tokens=int(t), gradient_checkpointing=gc, optimizer=opt,
+                lora_rank=int(r) if r else None, attention="sdpa", measured_gib=float("nan"),
+                measured_reserved_gib=float("nan"))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--dir", help="a real-GPU folder whose rows the ids name")
+    p.add_argument("--grid", action="store_true",
+                   help="the ids are oracle-reserved.csv ids: config-workload-dtype-bB-tT-gcG-OPT[-rR]")
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("ids", nargs="+")
+    a = p.parse_args(argv)
+    names = {}
+    track = oracle.Tracker.track
+
+    def named(self, t, category="temporaries"):
+        rec = track(self, t, category)
+        names[rec[6]] = (str(rec[3]).replace("aten.", ""), tuple(rec[4]), str(rec[5]).replace("torch.", ""),
+                         self.phase)
+        return rec
+
+    oracle.Tracker.track = named
+    cases = {c["id"]: c for c in oracle.visible_cases(a.dir)} if a.dir else {}
+    for i in a.ids:
+        names.clear()
+        c = dict(cases[i] if i in cases else grid_case(i), steps=a.steps)
+        res = oracle._run_case(c)
+        events = res.pop("_events")
+        with open(os.path.join(a.out, f"{i}.pkl"), "wb") as f:
+            pickle.dump(dict(case=c, result=res, events=events, names=dict(names)), f)
+        gib = 1 << 30
+        print(f"{i}: allocated {c['measured_gib']:.3f} / {res['peak_allocated_bytes'] / gib:.3f}  reserved "
+              f"{c['measured_reserved_gib']:.3f} / {res['peak_reserved_bytes'] / gib:.3f}  "
+              f"phase {res['peak_phase']} / {res['reserved_phase']}  {res['seconds']} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
