@@ -229,9 +229,10 @@ const P90_BAR: f64 = 20.0;
 /// safe side, and kept visible rather than tuned away: the bar over all rows is 25 %.
 const P90_BAR_ALL: f64 = 25.0;
 
-/// Real-GPU rows measured for peakfit (`tests/data/h200`, `tests/data/h100`), scored on their
-/// NVML counter (the one that decides an OOM; `tests/estimate_h200.rs` and
-/// `tests/estimate_h100.rs` check all three counters).
+/// Real-GPU rows measured for peakfit (`tests/data/h200`, `tests/data/h100`,
+/// `tests/data/h200b`), scored on their NVML counter (the one that decides an OOM;
+/// `tests/estimate_h200.rs`, `tests/estimate_h100.rs` and `tests/estimate_h200b.rs` check all
+/// three counters).
 fn real_gpu(rows: Vec<model_rows::H200Row>) -> Vec<Row> {
     rows.into_iter()
         .map(|r| Row {
@@ -264,8 +265,8 @@ fn estimate_matches_project_measurements() {
     assert_bars(&scored, P90_BAR);
 }
 
-/// Every real-GPU row together (the shared file, the project's, the H200 and H100 rows): the
-/// bars over all of them, and the bands `peakfit estimate` prints.
+/// Every real-GPU row together (the shared file, the project's, the H200, H100 and third-lease
+/// H200 rows): the bars over all of them, and the bands `peakfit estimate` prints.
 #[test]
 #[ignore = "needs ../shared/data"]
 fn estimate_matches_public_measurements() {
@@ -290,7 +291,9 @@ fn estimate_matches_public_measurements() {
     let c = report("tests/data/h200 (NVML)", &h200_rows, &[]);
     let h100_rows = real_gpu(model_rows::h100());
     let d = report("tests/data/h100 (NVML)", &h100_rows, &[]);
-    let both: Vec<&Row> = a.into_iter().chain(b).chain(c).chain(d).collect();
+    let h200b_rows = real_gpu(model_rows::h200b());
+    let e = report("tests/data/h200b (NVML)", &h200b_rows, &[]);
+    let both: Vec<&Row> = a.into_iter().chain(b).chain(c).chain(d).chain(e).collect();
     println!("\n== every real-GPU row");
     print_table(&both);
     assert_bars(&both, P90_BAR_ALL);

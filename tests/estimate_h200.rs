@@ -24,9 +24,8 @@
 //! stated, every generate row within issue 20's 10 %. Without it llama-3.2-1b at batch 128
 //! over-predicts by 11.2 % (the prefill sized for 1,024 tokens, not 992); with it, 9.0 %, the
 //! rest being allocator slack (allocated +1.3 %, reserved +9.2 %). The bf16 fine-tune of the
-//! same model over-predicts by 10.0 % on slack alone (allocated −0.1 %): the training slack
-//! is one fp32 loss block (`HF_SLACK_TRAINING_TENSORS`) and this row strands 0.44 of one. The
-//! safe side, kept visible here rather than tuned away.
+//! same model over-predicted by 10.0 % on slack alone while the training slack was one fp32 loss
+//! block; with a training step's segments counted (`hf::training_slack`) it reads −1.0 %.
 
 mod model_rows;
 

@@ -27,15 +27,15 @@ pub struct Band {
 /// --nocapture` (the "every real-GPU row" table).
 pub const MEASURED: &[Band] = &[
     band("diffusion", 12, 5.3, 29.4, -4.9),
-    band("encoder", 13, 2.2, 6.0, 1.3),
-    band("encoder-decoder", 14, 2.3, 20.4, 1.9),
+    band("encoder", 14, 2.2, 6.6, 1.3),
+    band("encoder-decoder", 16, 1.9, 20.4, 1.9),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
-    band("inference", 91, 3.7, 19.8, 2.8),
-    band("lora", 24, 3.8, 25.2, 0.2),
+    band("inference", 112, 3.7, 20.5, 3.1),
+    band("lora", 34, 2.8, 10.3, -2.1),
     band("offload", 2, 3.9, 4.2, -4.2),
     band("qlora", 14, 12.9, 51.0, -0.5),
     band("sharded-training", 22, 4.9, 16.1, 3.0),
-    band("training", 12, 3.5, 18.4, 3.5),
+    band("training", 19, 2.3, 18.4, 0.6),
 ];
 
 const fn band(kind: &'static str, rows: usize, median: f64, p90: f64, signed: f64) -> Band {
