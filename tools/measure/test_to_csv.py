@@ -39,7 +39,7 @@ class ToCsv(unittest.TestCase):
         self.check_folder("h100", [f"h100-run{n}.jsonl" for n in (1, 2, 3)], date="2026-11-27")
 
     def test_the_third_leases_rows_are_its_raw_lines_converted(self):
-        self.check_folder("h200b", ["h200b-run1.jsonl", "h200b-run2.jsonl"])
+        self.check_folder("h200b", ["h200b-run1.jsonl", "h200b-run2.jsonl", "h200b-run3.jsonl"])
 
     def test_a_row_whose_allocator_retried_keeps_only_its_allocated_counter(self):
         import csv
