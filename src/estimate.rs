@@ -3,6 +3,7 @@
 //! may not touch a cluster (the arithmetic is `peakfit-core`'s).
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
@@ -305,40 +306,47 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
                 |(_, why)| why.as_str(),
             )),
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+        return emit(&format!("{}\n", serde_json::to_string_pretty(&out)?));
     }
     let gib = |b: u64| format!("{:>9.2} GiB", b as f64 / GIB);
-    println!("GPU memory: {} (--gpu-memory)", gib(gpu_total).trim());
+    let mut text = String::new();
+    writeln!(text, "GPU memory: {} (--gpu-memory)", gib(gpu_total).trim())?;
     if let Some(e) = &model {
-        println!("{:<20} {:<10} {:>13}", "component", "counter", "per GPU");
+        writeln!(
+            text,
+            "{:<20} {:<10} {:>13}",
+            "component", "counter", "per GPU"
+        )?;
         for c in &e.components {
             let counter = match c.counter {
                 Counter::Allocated => "allocated",
                 Counter::Reserved => "reserved",
                 Counter::Process => "process",
             };
-            println!("{:<20} {:<10} {}", c.name, counter, gib(c.bytes));
+            writeln!(text, "{:<20} {:<10} {}", c.name, counter, gib(c.bytes))?;
         }
-        println!(
+        writeln!(
+            text,
             "{:<31} {}",
             "allocated (max_allocated)",
             gib(e.allocated_bytes)
-        );
-        println!(
+        )?;
+        writeln!(
+            text,
             "{:<31} {}",
             "reserved (max_reserved)",
             gib(e.reserved_bytes)
-        );
+        )?;
         if let Some(budget) = e.engine_budget_bytes {
-            println!("{:<31} {}", "engine budget", gib(budget));
+            writeln!(text, "{:<31} {}", "engine budget", gib(budget))?;
         }
         for a in &e.assumed {
-            println!("assumed: {a}");
+            writeln!(text, "assumed: {a}")?;
         }
         let c = confidence(&spec);
         match c["rows"].as_u64() {
-            Some(rows) => println!(
+            Some(rows) => writeln!(
+                text,
                 "confidence: {} ({} workloads: median |error| {}%, p90 {}%, signed median {}% \
                  over {rows} real-GPU measurements)",
                 c["class"].as_str().unwrap_or_default(),
@@ -346,47 +354,62 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
                 c["median"],
                 c["p90"],
                 c["signed_median"]
-            ),
-            None => println!(
+            )?,
+            None => writeln!(
+                text,
                 "confidence: unmeasured ({} workloads: no public measurement; consider \
                  {PREFIX}vram)",
                 c["kind"].as_str().unwrap_or_default()
-            ),
+            )?,
         }
         if let Some(path) = &args.model_config {
             for note in model_config(path)?.1 {
-                println!("from {}: {note}", path.display());
+                writeln!(text, "from {}: {note}", path.display())?;
             }
         }
     }
     if let Some(vram) = spec.vram {
-        println!(
+        writeln!(
+            text,
             "explicit {PREFIX}vram {} overrides the model",
             gib(vram).trim()
-        );
+        )?;
     }
-    println!("{:<31} {}", "per GPU (NVML)", gib(per_gpu));
-    println!("{:<31} {:>13}", "GPUs", req.gpus);
+    writeln!(text, "{:<31} {}", "per GPU (NVML)", gib(per_gpu))?;
+    writeln!(text, "{:<31} {:>13}", "GPUs", req.gpus)?;
     if let Some(f) = req.engine_fraction {
-        println!("{:<31} {:>13}", "engine fraction", format!("{f:.4}"));
+        writeln!(text, "{:<31} {:>13}", "engine fraction", format!("{f:.4}"))?;
     }
     if !runs {
-        println!(
+        writeln!(
+            text,
             "does not fit a {} GPU: needs at least {}",
             gib(gpu_total).trim(),
             gib(req.demand.min_gpu_total_bytes).trim()
-        );
+        )?;
     }
     match &learned {
         Some(Some((bytes, why))) => {
-            println!("{:<31} {}", "per GPU (from the profile)", gib(*bytes));
-            println!("profile: {why}");
+            writeln!(text, "{:<31} {}", "per GPU (from the profile)", gib(*bytes))?;
+            writeln!(text, "profile: {why}")?;
         }
-        Some(None) => println!(
+        Some(None) => writeln!(
+            text,
             "profile: not used (the engine takes a fraction of the GPU, or the profile has no \
              status)"
-        ),
+        )?,
         None => {}
     }
-    Ok(())
+    emit(&text)
+}
+
+/// Writes the report to stdout in one piece. A reader that closed the pipe early
+/// (`peakfit estimate | head`) has what it wanted: that is not an error, and `println!` would
+/// panic on it.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
 }

@@ -375,3 +375,29 @@ fn a_bad_profile_file_or_learn_mode_is_refused_naming_it() {
         "{err}"
     );
 }
+
+/// A reader that stops early (`peakfit estimate | head -3`) closes the pipe before the report is
+/// written: the command still exits 0, without a panic (`println!` panics on `EPIPE`, and Rust
+/// ignores `SIGPIPE`, so the write fails instead of killing the process).
+#[test]
+fn a_reader_that_closes_the_pipe_early_is_not_an_error() {
+    for extra in [&[][..], &["--json"][..]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_peakfit"))
+            .args(["estimate", "-a", "model=llama-3.1-8b,workload=inference"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn peakfit");
+        // Close the read end before the child has written anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{extra:?}: {:?}\n{stderr}",
+            out.status
+        );
+        assert!(!stderr.contains("panicked"), "{extra:?}: {stderr}");
+    }
+}
