@@ -1309,8 +1309,9 @@ fn training_stranded(inp: &Inputs, block: &Block, pass: &Pass) -> f64 {
 /// fill the loss's segments behind it are the layers' matrices (the MLP's `ffn·h`, the
 /// attention's projections) and, last, an untied head's `V·h`; an adapter's are `r` by its
 /// widest side. Each at the larger of the gradient's and one moment's bytes per element.
-fn largest_state_tensor(inp: &Inputs, block: &Block) -> f64 {
-    let (grads, _, state) = inp.trainable_state();
+/// `grads` and `state` are the step's gradient and optimizer-state bytes
+/// (`Inputs::trainable_state`), which the caller already holds.
+fn largest_state_tensor(inp: &Inputs, block: &Block, grads: f64, state: f64) -> f64 {
     let layer_matrix = (block.ffn * block.h).max((block.q + 2.0 * block.kv) * block.h);
     let (params, widest) = if inp.workload.is_adapter() {
         let side = block.ffn.max(block.h).max(block.q + 2.0 * block.kv);
@@ -1389,7 +1390,7 @@ fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
     // left free, so each segment holds at least its size less the largest such tensor
     // ([`largest_state_tensor`]). Counting at that fill, not a perfect one, keeps the count
     // from falling a whole segment short where the state nearly fills the segments.
-    let one = largest_state_tensor(inp, block);
+    let one = largest_state_tensor(inp, block, grads, state);
     let displaced = if spill > (logits - one).max(0.0) {
         let held = fp32 - one;
         if held <= 0.0 {
@@ -3005,7 +3006,8 @@ mod tests {
             let mut pairs = llama32_1b_training("4");
             pairs.extend(extra);
             let (inp, _, _) = training_case(&pairs);
-            largest_state_tensor(&inp, &inp.block())
+            let (grads, _, state) = inp.trainable_state();
+            largest_state_tensor(&inp, &inp.block(), grads, state)
         };
         // bf16 AdamW: 2 bytes per gradient and per moment.
         assert!((case(&[]) - 2.0 * 8192.0 * 2048.0).abs() < 1.0);
