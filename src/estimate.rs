@@ -306,7 +306,10 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
                 |(_, why)| why.as_str(),
             )),
         });
-        return emit(&format!("{}\n", serde_json::to_string_pretty(&out)?));
+        return Ok(crate::stdout::emit(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&out)?
+        ))?);
     }
     let gib = |b: u64| format!("{:>9.2} GiB", b as f64 / GIB);
     let mut text = String::new();
@@ -400,16 +403,5 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
         )?,
         None => {}
     }
-    emit(&text)
-}
-
-/// Writes the report to stdout in one piece. A reader that closed the pipe early
-/// (`peakfit estimate | head`) has what it wanted: that is not an error, and `println!` would
-/// panic on it.
-fn emit(text: &str) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => Ok(other?),
-    }
+    Ok(crate::stdout::emit(&text)?)
 }

@@ -21,5 +21,6 @@ pub mod recommend;
 pub mod serve;
 pub mod shutdown;
 pub mod sim;
+pub mod stdout;
 pub mod telemetry;
 pub mod webhook;

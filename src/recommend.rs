@@ -39,8 +39,7 @@ pub fn run(args: &RecommendArgs) -> anyhow::Result<()> {
     if let Some(ns) = &args.namespace {
         profiles.retain(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()));
     }
-    print!("{}", render(&profiles));
-    Ok(())
+    Ok(crate::stdout::emit(&render(&profiles))?)
 }
 
 async fn from_cluster(args: &RecommendArgs) -> anyhow::Result<Vec<GpuWorkloadProfile>> {

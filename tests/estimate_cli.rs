@@ -378,12 +378,58 @@ fn a_bad_profile_file_or_learn_mode_is_refused_naming_it() {
 
 /// A reader that stops early (`peakfit estimate | head -3`) closes the pipe before the report is
 /// written: the command still exits 0, without a panic (`println!` panics on `EPIPE`, and Rust
-/// ignores `SIGPIPE`, so the write fails instead of killing the process).
+/// ignores `SIGPIPE`, so the write fails instead of killing the process). The same for every
+/// command that prints a report: `simulate` on an openb list (table and `--json`) and
+/// `recommend` from a file.
 #[test]
 fn a_reader_that_closes_the_pipe_early_is_not_an_error() {
-    for extra in [&[][..], &["--json"][..]] {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = dir.path().join("nodes.csv");
+    let pods = dir.path().join("openb_pod_list_tiny.csv");
+    std::fs::write(
+        &nodes,
+        "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,V100M16\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &pods,
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,\
+         deletion_time,scheduled_time\np0,1000,1024,1,500,,LS,Running,0,10,0\n",
+    )
+    .unwrap();
+    let profiles = dir.path().join("profiles.yaml");
+    std::fs::write(&profiles, RECOMMEND_PROFILE).unwrap();
+    let out = dir.path().join("out");
+    let (nodes, pods, profiles, out) = (
+        nodes.to_str().unwrap(),
+        pods.to_str().unwrap(),
+        profiles.to_str().unwrap(),
+        out.to_str().unwrap(),
+    );
+    let estimate = ["estimate", "-a", "model=llama-3.1-8b,workload=inference"];
+    let simulate = [
+        "simulate",
+        "--nodes",
+        nodes,
+        "--pods",
+        pods,
+        "--seeds",
+        "1",
+        "--policies",
+        "bestfit",
+        "--out",
+        out,
+    ];
+    let commands: [(&[&str], &[&str]); 5] = [
+        (&estimate, &[]),
+        (&estimate, &["--json"]),
+        (&simulate, &[]),
+        (&simulate, &["--json"]),
+        (&["recommend", "--from-file", profiles], &[]),
+    ];
+    for (args, extra) in commands {
         let mut child = Command::new(env!("CARGO_BIN_EXE_peakfit"))
-            .args(["estimate", "-a", "model=llama-3.1-8b,workload=inference"])
+            .args(args)
             .args(extra)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -395,9 +441,26 @@ fn a_reader_that_closes_the_pipe_early_is_not_an_error() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success(),
-            "{extra:?}: {:?}\n{stderr}",
+            "{args:?} {extra:?}: {:?}\n{stderr}",
             out.status
         );
-        assert!(!stderr.contains("panicked"), "{extra:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?} {extra:?}: {stderr}");
     }
 }
+
+/// One profile with a status, enough for `recommend` to print a row.
+const RECOMMEND_PROFILE: &str = r"apiVersion: peakfit.io/v1alpha1
+kind: GpuWorkloadProfile
+metadata: {name: workload-chat, namespace: ml}
+spec: {workloadKind: Deployment, workloadName: chat, inputs: 'abc'}
+status:
+  predictedBytes: 17179869184
+  observedPeakBytes: 45097156608
+  observedP95Bytes: 45097156608
+  podsSeen: 1
+  gpuHours: 2.0
+  firstSeen: '2026-11-21T08:00:00Z'
+  lastSeen: '2026-11-21T10:00:00Z'
+  recommendedBytes: 47352014438
+  summary: {predicted: 16.0Gi, observed: 42.0Gi, recommended: 44.1Gi}
+";

@@ -9,7 +9,7 @@
 //! one workload: the learned accounting sizes its pods from its earlier ones.
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::fmt::Write as _;
 
 use anyhow::Context;
 use rand::{Rng, SeedableRng};
@@ -597,14 +597,14 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         load,
     };
     write_report(&args.out, &report)?;
-    let mut stdout = std::io::stdout().lock();
+    let mut text = String::new();
     if args.json {
         for r in &report.packing {
-            writeln!(stdout, "{}", serde_json::to_string(r)?)?;
+            writeln!(text, "{}", serde_json::to_string(r)?)?;
         }
         for d in &report.dynamic {
             writeln!(
-                stdout,
+                text,
                 "{}",
                 serde_json::to_string(&serde_json::json!({
                     "trace": "builtin-dynamic", "seed": d.seed, "dynamic": d.result
@@ -613,15 +613,15 @@ pub fn run(args: &SimulateArgs) -> anyhow::Result<()> {
         }
         eprint!("{table}");
     } else {
-        write!(stdout, "{table}")?;
+        write!(text, "{table}")?;
         writeln!(
-            stdout,
+            text,
             "report and charts: {} ({:.1} s)",
             args.out.display(),
             started.elapsed().as_secs_f64()
         )?;
     }
-    Ok(())
+    Ok(crate::stdout::emit(&text)?)
 }
 
 /// Mean and population standard deviation, printed as `mean ± sd`.

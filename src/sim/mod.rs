@@ -368,19 +368,19 @@ fn run_openb(args: &SimulateArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let table = openb_table(&results, &args.seeds.0, expected.as_ref());
+    write_openb_report(&args.out, &results)?;
+    let mut text = String::new();
     if args.json {
         for r in &results {
-            println!("{}", serde_json::to_string(r)?);
+            text.push_str(&serde_json::to_string(r)?);
+            text.push('\n');
         }
         eprint!("{table}");
     } else {
-        print!("{table}");
+        text.push_str(&table);
+        text.push_str(&format!("report: {}\n", args.out.display()));
     }
-    write_openb_report(&args.out, &results)?;
-    if !args.json {
-        println!("report: {}", args.out.display());
-    }
-    Ok(())
+    Ok(crate::stdout::emit(&text)?)
 }
 
 fn openb_inputs(args: &SimulateArgs) -> anyhow::Result<(PathBuf, Vec<PathBuf>, Option<PathBuf>)> {
