@@ -261,6 +261,8 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     let model = described.then(|| estimate_on(&spec, gpu_total, platform));
     let per_gpu = req.demand.bytes_on(gpu_total);
     let runs = req.demand.runs_on(gpu_total);
+    // The cached peak outgrows this GPU, and the pod runs there anyway, filling it.
+    let fills = runs && req.demand.fills_gpu && req.demand.fixed_bytes > per_gpu;
     let learned = match &args.profile {
         Some(path) => {
             let profile = read_profile(path)?;
@@ -296,6 +298,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
             "engine_budget_bytes": model.as_ref().and_then(|e| e.engine_budget_bytes),
             "gpu_memory_bytes": gpu_total,
             "runs_on_gpu": runs,
+            "fills_gpu": fills,
             "explicit_vram": spec.vram,
             "assumed": model.as_ref().map(|e| e.assumed.clone()).unwrap_or_default(),
             "confidence": model.as_ref().map(|_| confidence(&spec)),
@@ -382,6 +385,18 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     writeln!(text, "{:<31} {:>13}", "GPUs", req.gpus)?;
     if let Some(f) = req.engine_fraction {
         writeln!(text, "{:<31} {:>13}", "engine fraction", format!("{f:.4}"))?;
+    }
+    if fills {
+        writeln!(
+            text,
+            "whole GPU: with its allocator's cache the pod would peak at {}, more than a {} \
+             GPU; PyTorch frees the cache and retries a failed cudaMalloc, so the pod runs \
+             there filling the GPU (without the cache it needs {}), and peakfit places it alone \
+             on one",
+            gib(req.demand.fixed_bytes).trim(),
+            gib(gpu_total).trim(),
+            gib(req.demand.min_gpu_total_bytes).trim()
+        )?;
     }
     if !runs {
         writeln!(

@@ -345,10 +345,7 @@ fn learned_demand(pod: &DynPod, history: &WorkloadHistory, policy: &LearnPolicy)
         Some(history),
         policy,
     );
-    Demand {
-        fixed_bytes: sized.bytes,
-        ..pod.predicted
-    }
+    learn::resized(pod.predicted, sized.bytes)
 }
 
 /// Replays `pods` on `nodes` for `horizon_min` minutes under one accounting; `reserve` gives
@@ -1086,6 +1083,7 @@ mod tests {
             fixed_bytes: GI,
             gpu_fraction: 0.45,
             min_gpu_total_bytes: 38 * GI,
+            fills_gpu: false,
         };
         engine.declared_bytes = 10 * GI;
         engine.profile = Profile {

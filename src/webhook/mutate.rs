@@ -350,6 +350,24 @@ impl Mutator {
                 Err(e) => return Decision::Refuse(crate::clip::annotation_error(e).to_string()),
             };
         }
+        // The allocator setting the pod runs with, from its env: the model's slack follows it.
+        // Only for a pod that describes itself (its annotations map exists, in the review or
+        // from the conversion above).
+        if !spec.is_empty()
+            && spec.expandable_segments.is_none()
+            && let Some((on, container, var)) = expandable_segments_in_env(&pod_spec)
+        {
+            ops.add(
+                &["metadata", "annotations", EXPANDABLE_SEGMENTS],
+                &on.to_string(),
+            );
+            warnings.push(format!(
+                "{EXPANDABLE_SEGMENTS}: {on:?} from container {container:?}'s {var}: the \
+                 estimate follows the allocator the pod runs with"
+            ));
+            annotations.insert(EXPANDABLE_SEGMENTS.to_owned(), on.to_string());
+            spec.expandable_segments = Some(on);
+        }
         // A model in a ConfigMap is sized by the extender, which reads it: the webhook decides
         // from the review alone, so it checks the annotations and leaves the size open.
         let deferred = spec.model_config.is_some() && spec.vram.is_none();
@@ -574,6 +592,56 @@ impl Conversion {
         ));
         annotations.extend(added);
     }
+}
+
+/// The annotation that says the pod's PyTorch maps expandable segments.
+const EXPANDABLE_SEGMENTS: &str = "peakfit.io/expandable-segments";
+
+/// `expandable_segments` as the first container that sets PyTorch's allocator env says it
+/// (`PYTORCH_ALLOC_CONF`, read before the older `PYTORCH_CUDA_ALLOC_CONF`, as
+/// `c10/core/AllocatorConfig.cpp` reads them), with the container and variable that said it.
+/// A value from a ConfigMap or Secret (`valueFrom`) is not in the review, and a malformed one is
+/// PyTorch's to refuse at start: both say nothing here.
+fn expandable_segments_in_env(spec: &SpecView) -> Option<(bool, String, &'static str)> {
+    spec.containers.as_deref()?.iter().find_map(|c| {
+        let env = c.env.as_deref()?;
+        let value = |name: &str| {
+            env.iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.as_deref())
+        };
+        let (var, conf) = ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"]
+            .into_iter()
+            .find_map(|var| value(var).map(|v| (var, v)))?;
+        expandable_segments_of(conf).map(|on| (on, c.name.clone(), var))
+    })
+}
+
+/// `expandable_segments` in an allocator config string (`key:value` items separated by commas;
+/// `roundup_power2_divisions` may hold a bracketed list with commas of its own), if it is set
+/// to `True` or `False`, the only values PyTorch takes.
+fn expandable_segments_of(conf: &str) -> Option<bool> {
+    let mut depth = 0i32;
+    let mut found = None;
+    for item in conf.split(|c: char| {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            _ => {}
+        }
+        c == ',' && depth == 0
+    }) {
+        if let Some((key, value)) = item.split_once(':')
+            && key.trim() == "expandable_segments"
+        {
+            found = match value.trim() {
+                "True" => Some(true),
+                "False" => Some(false),
+                _ => found,
+            };
+        }
+    }
+    found
 }
 
 /// The annotations bind writes, in the order they are reported.
@@ -896,6 +964,88 @@ mod tests {
     fn decide(pod: &Value, opt_in: OptIn) -> Decision {
         let review = review_of(pod, "CREATE");
         mutator().decide(&review.try_into().unwrap(), opt_in)
+    }
+
+    /// A pod whose container runs PyTorch with `expandable_segments:True` carries it as
+    /// `peakfit.io/expandable-segments`, so the extender sizes it for that allocator;
+    /// `PYTORCH_ALLOC_CONF` wins over the older name, as in PyTorch; the pod's own annotation
+    /// and a pod that describes nothing are left alone.
+    #[test]
+    fn the_allocator_env_becomes_the_expandable_segments_annotation() {
+        let conf = |vars: Value| json!([{"name": "sidecar", "image": "i"}, {"name": "train", "image": "i", "env": vars}]);
+        let added = |d: Decision| match d {
+            Decision::Mutate { ops, .. } => ops.decoded().into_iter().find_map(|op| match op {
+                PatchOperation::Add(a)
+                    if a.path == "/metadata/annotations/peakfit.io~1expandable-segments" =>
+                {
+                    Some(a.value)
+                }
+                _ => None,
+            }),
+            other => panic!("expected a patch, got {other:?}"),
+        };
+        let model = json!({"peakfit.io/model": "qwen3-0.6b"});
+        let d = decide(
+            &pod(
+                &model,
+                &conf(json!([{"name": "PYTORCH_CUDA_ALLOC_CONF",
+                    "value": "max_split_size_mb:128,roundup_power2_divisions:[256:1,512:2],expandable_segments:True"}])),
+            ),
+            OptIn::Annotation,
+        );
+        let Decision::Mutate { warnings, .. } = &d else {
+            panic!("expected a patch, got {d:?}")
+        };
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("\"train\"") && w.contains("PYTORCH_CUDA_ALLOC_CONF")),
+            "{warnings:?}"
+        );
+        assert_eq!(added(d), Some(json!("true")));
+        let d = decide(
+            &pod(
+                &model,
+                &conf(json!([
+                    {"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"},
+                    {"name": "PYTORCH_ALLOC_CONF", "value": "expandable_segments:False"}])),
+            ),
+            OptIn::Annotation,
+        );
+        assert_eq!(added(d), Some(json!("false")));
+        // Not set, from a ConfigMap, or stated by the pod: nothing added.
+        for (annotations, vars) in [
+            (
+                model.clone(),
+                json!([{"name": "PYTORCH_ALLOC_CONF", "value": "max_split_size_mb:64"}]),
+            ),
+            (
+                model.clone(),
+                json!([{"name": "PYTORCH_ALLOC_CONF",
+                "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]),
+            ),
+            (
+                json!({"peakfit.io/model": "qwen3-0.6b", "peakfit.io/expandable-segments": "false"}),
+                json!([{"name": "PYTORCH_ALLOC_CONF", "value": "expandable_segments:True"}]),
+            ),
+        ] {
+            assert_eq!(
+                added(decide(
+                    &pod(&annotations, &conf(vars.clone())),
+                    OptIn::Annotation
+                )),
+                None,
+                "{vars}"
+            );
+        }
+        let plain = decide(
+            &pod(
+                &json!({}),
+                &conf(json!([{"name": "PYTORCH_ALLOC_CONF", "value": "expandable_segments:True"}])),
+            ),
+            OptIn::Annotation,
+        );
+        assert_eq!(plain, Decision::PassThrough);
     }
 
     #[test]

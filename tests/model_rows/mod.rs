@@ -158,12 +158,19 @@ fn real_gpu(folder: &str, file: &str) -> Vec<H200Row> {
     for record in reader.records() {
         let record = record.expect("well-formed row");
         let field: BTreeMap<&str, &str> = headers.iter().zip(record.iter()).collect();
-        // An allocator setting no annotation expresses (`expandable_segments`, measured to show
-        // the mitigation `docs/oracle.md` names) changes the reserve, not the tensors: such a row
-        // is scored on allocated alone, like one whose reserve a neighbour cut.
-        let allocator_set = field["notes"].contains("PYTORCH_CUDA_ALLOC_CONF=");
+        // `expandable_segments:True` (measured to show the mitigation `docs/oracle.md` names) is
+        // what `peakfit.io/expandable-segments` says, as the webhook writes it from the pod's env;
+        // another allocator setting, which no annotation expresses, changes the reserve, not the
+        // tensors: such a row is scored on allocated alone, like one whose reserve a neighbour cut.
+        let expandable =
+            field["notes"].contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+        let allocator_set = field["notes"].contains("PYTORCH_CUDA_ALLOC_CONF=") && !expandable;
         let id = field["id"].to_string();
-        let workload: Vec<(&str, &str)> = H200_WORKLOAD.iter().map(|c| (*c, field[c])).collect();
+        let mut workload: Vec<(&str, &str)> =
+            H200_WORKLOAD.iter().map(|c| (*c, field[c])).collect();
+        if expandable {
+            workload.push(("expandable_segments", "true"));
+        }
         let number = |c: &str| {
             if field[c].is_empty()
                 || (allocator_set && matches!(c, "max_reserved_gib" | "nvml_gib"))

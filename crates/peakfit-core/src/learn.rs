@@ -17,6 +17,7 @@ use thiserror::Error;
 
 use crate::convert::f64_to_u64;
 use crate::model::quantity::gib;
+use crate::placement::Demand;
 
 /// `--learn`: which pods are sized from what their workload was seen to use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -291,6 +292,24 @@ pub fn size_pod(
     }
 }
 
+/// `demand` sized at `bytes` (from [`size_pod`]) instead of its prediction. A pod whose cached
+/// peak may fill a GPU ([`Demand::fills_gpu`]) and that was seen above its prediction has its
+/// floor (the tensors and process a GPU must hold once the cache is freed) raised by the same
+/// ratio: the model was low on it, and a smaller GPU is not chosen on a floor the pod was seen
+/// to outgrow. Seen at or below the prediction, the floor stays.
+pub fn resized(demand: Demand, bytes: u64) -> Demand {
+    let predicted = demand.fixed_bytes;
+    let mut out = Demand {
+        fixed_bytes: bytes,
+        ..demand
+    };
+    if demand.fills_gpu && bytes > predicted && predicted > 0 {
+        let floor = demand.min_gpu_total_bytes as f64 * bytes as f64 / predicted as f64;
+        out.min_gpu_total_bytes = f64_to_u64(floor.ceil()).min(bytes);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,6 +334,28 @@ mod tests {
 
     fn history(pods: &[PodObservation]) -> WorkloadHistory {
         WorkloadHistory::from_pods(pods.iter().copied(), policy().min_runtime_secs)
+    }
+
+    /// A fill-the-GPU pod seen above its prediction has its floor raised by the same ratio; seen
+    /// below, it keeps it; a plain pod only changes its bytes.
+    #[test]
+    fn a_resized_fill_pod_scales_its_floor_with_what_was_seen() {
+        let fills = Demand {
+            min_gpu_total_bytes: 8 * G,
+            fills_gpu: true,
+            ..Demand::fixed(16 * G)
+        };
+        let up = resized(fills, 32 * G);
+        assert_eq!(up.fixed_bytes, 32 * G);
+        assert_eq!(up.min_gpu_total_bytes, 16 * G);
+        assert!(up.fills_gpu);
+        let down = resized(fills, 12 * G);
+        assert_eq!(
+            (down.fixed_bytes, down.min_gpu_total_bytes),
+            (12 * G, 8 * G)
+        );
+        let plain = resized(Demand::fixed(16 * G), 48 * G);
+        assert_eq!(plain, Demand::fixed(48 * G));
     }
 
     #[test]

@@ -181,7 +181,7 @@ impl ProfileStore {
             return unchanged(sized.basis);
         }
         let mut request = request.clone();
-        request.demand.fixed_bytes = sized.bytes;
+        request.demand = crate::learn::resized(request.demand, sized.bytes);
         let note = sized
             .basis
             .describe(sized.bytes, predicted, &display_name(&workload));

@@ -53,6 +53,7 @@
 //! | `lora-dropout` | LoRA's dropout probability, 0 up to (not) 1, only with lora/qlora: above 0 each adapted layer saves a dropped-out copy of its input and the mask | 0 (PEFT's `LoraConfig` default); 0.05 with `engine: litgpt` (its `finetune/lora.py` default) |
 //! | `headroom` | extra fraction, 0–10, on the whole estimate (on the part outside a fraction engine's budget) | 0 |
 //! | `model-type` | a Hugging Face `model_type` (`config.json`, set by `--model-config`): `qwen3`, `phi3`, `gemma2`, ... decide what transformers' modules keep alive (q/k norms, fused projections, four norms per block); `llama`, `mistral`, `qwen2` and `qwen3` (and the presets of those families, which carry it) also have `generate`'s reserved memory replayed request by request through the caching allocator, and so does `falcon` with one KV head under SDPA (Falcon-7B's layout, by its own layer; Falcon-40B's, multi-head and eager Falcons keep the analytic slack) and `phi3` under bf16 eager attention with a KV head per head (Phi-3-mini, its sliding window's mask and cache included; fp16 and fp32 eager, unchecked against the oracle, keep the analytic slack); other Llama-layout types get the larger of that replay and the analytic slack | the Llama layout (gated MLP unless 4 x hidden), its reserved the larger of the replay and the analytic slack |
+//! | `expandable-segments` | `true` `false`: PyTorch's caching allocator maps one growing segment per pool instead of caching many (`expandable_segments:True` in `PYTORCH_ALLOC_CONF` or `PYTORCH_CUDA_ALLOC_CONF`; the webhook copies it from the first container that sets either), so blocks freed anywhere merge and the segment-stranding slack is the generic ratio at most | `false` (PyTorch's default) |
 //! | `sliding-window` | tokens a sliding-window layer attends to, 1–67108864 (`sliding_window`, set by `--model-config` unless `use_sliding_window` is false): past it transformers builds the window's mask and repeats k and v to every head | none |
 //! | `experts-per-token` | a mixture of experts' experts per token, 1–1024 (`num_experts_per_tok`, set by `--model-config`) | none (a dense MLP) |
 //! | `experts` | a mixture of experts' experts per layer, 2–65536 (`num_local_experts` `num_experts` `n_routed_experts`, set by `--model-config`): LoRA on `all-linear` adapts each expert | none (a dense MLP) |
@@ -116,6 +117,7 @@ pub const INPUT_KEYS: &[&str] = &[
     "experts-per-token",
     "experts",
     "sliding-window",
+    "expandable-segments",
 ];
 
 /// The smallest `gpu-share`: a thousandth of a GPU, openb's `gpu_milli` unit.
@@ -600,6 +602,8 @@ pub struct Spec {
     pub optimizer_fused: bool,
     pub gradient_checkpointing: Option<Checkpointing>,
     pub flash_attention: Option<bool>,
+    /// PyTorch's `expandable_segments` allocator setting.
+    pub expandable_segments: Option<bool>,
     pub lora_rank: Option<u32>,
     /// LoRA's dropout probability on each adapter's input.
     pub lora_dropout: Option<f64>,
@@ -968,6 +972,7 @@ impl Spec {
                 });
             }
             "flash-attention" => self.flash_attention = Some(boolean(key, v)?),
+            "expandable-segments" => self.expandable_segments = Some(boolean(key, v)?),
             "lora-rank" => self.lora_rank = Some(int(key, v, 1, 65536)?),
             "lora-dropout" => {
                 let p = fraction(key, v, false, 1.0)?;
@@ -1482,6 +1487,7 @@ mod tests {
             ("optimizer", "adamq", "paged-adamw-8bit"),
             ("gradient-checkpointing", "some", "none selective full"),
             ("flash-attention", "maybe", "true or false"),
+            ("expandable-segments", "True:yes", "true or false"),
             ("headroom", "-0.1", "decimal"),
         ];
         for (key, value, hint) in cases {

@@ -30,7 +30,7 @@ pub const MEASURED: &[Band] = &[
     band("encoder", 14, 2.2, 6.6, 1.3),
     band("encoder-decoder", 16, 1.9, 20.4, 1.9),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
-    band("inference", 112, 3.7, 20.5, 3.1),
+    band("inference", 114, 4.2, 22.0, 3.2),
     band("lora", 34, 2.8, 10.3, -2.1),
     band("offload", 2, 3.9, 4.2, -4.2),
     band("qlora", 14, 12.9, 51.0, -0.5),

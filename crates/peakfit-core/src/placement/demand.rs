@@ -19,6 +19,16 @@ pub struct Demand {
     /// cannot fit 16 GiB of weights in that budget, however empty the card is. 0 = any size.
     #[serde(default)]
     pub min_gpu_total_bytes: u64,
+    /// `fixed_bytes` is a peak the PyTorch caching allocator reaches by keeping freed blocks
+    /// cached, and on a GPU too small for it (but at least `min_gpu_total_bytes`) the pod still
+    /// runs, filling the GPU: when `cudaMalloc` fails the allocator frees every cached segment
+    /// it can and tries again before raising out-of-memory (`c10/cuda/CUDACachingAllocator.cpp`,
+    /// `malloc`: `release_available_cached_blocks`, then `release_cached_blocks` and a retry).
+    /// There the pod takes the whole GPU: its cache grows into whatever a neighbour would use.
+    /// Measured: Qwen3-0.6B generating 64 × (1,024 + 1,024) tokens allocates 15.4 GiB, and its
+    /// cache filled an H200 to 139 GiB after one such retry (`tests/data/h200b`).
+    #[serde(default)]
+    pub fills_gpu: bool,
 }
 
 impl Demand {
@@ -27,6 +37,7 @@ impl Demand {
             fixed_bytes: bytes,
             gpu_fraction: 0.0,
             min_gpu_total_bytes: 0,
+            fills_gpu: false,
         }
     }
 
@@ -35,6 +46,7 @@ impl Demand {
             fixed_bytes: 0,
             gpu_fraction: fraction,
             min_gpu_total_bytes: 0,
+            fills_gpu: false,
         }
     }
 
@@ -44,6 +56,13 @@ impl Demand {
     /// neighbour to keep it from. See `fit::need_on`.
     pub fn is_whole_gpu(&self) -> bool {
         self.fixed_bytes == 0 && self.gpu_fraction >= 1.0
+    }
+
+    /// Whether the pod takes all of a GPU with `usable` bytes (its size less the driver's
+    /// reserve) when it needs `need` there with the safety margin: a whole-GPU pod always, a
+    /// [`Self::fills_gpu`] pod where its cached peak does not fit but the rest does.
+    pub fn whole_on(&self, usable: u64, need: u64) -> bool {
+        self.is_whole_gpu() || (self.fills_gpu && need > usable && self.runs_on(usable))
     }
 
     /// Whether a GPU of this size can host the pod at all.
@@ -58,7 +77,11 @@ impl Demand {
     /// two halves of an odd size) miss the GPU by one byte.
     pub fn bytes_on(&self, gpu_total: u64) -> u64 {
         if self.gpu_fraction <= 0.0 {
-            return self.fixed_bytes;
+            return if self.fills_gpu {
+                self.fixed_bytes.min(gpu_total)
+            } else {
+                self.fixed_bytes
+            };
         }
         let share =
             crate::convert::f64_to_u64((self.gpu_fraction.min(1.0) * gpu_total as f64).floor());
@@ -66,11 +89,12 @@ impl Demand {
     }
 
     /// Bits of every field, so demands can key hash maps (`f64` is not `Eq`).
-    fn key(&self) -> (u64, u64, u64) {
+    fn key(&self) -> (u64, u64, u64, bool) {
         (
             self.fixed_bytes,
             self.gpu_fraction.to_bits(),
             self.min_gpu_total_bytes,
+            self.fills_gpu,
         )
     }
 }
@@ -144,9 +168,42 @@ mod tests {
             fixed_bytes: 1 << 30,
             gpu_fraction: 0.5,
             min_gpu_total_bytes: 0,
+            fills_gpu: false,
         };
         assert_eq!(d.bytes_on(80 << 30), 41 << 30);
         assert_eq!(d.bytes_on(40 << 30), 21 << 30);
+    }
+
+    /// A pod whose cached peak outgrows a GPU but whose tensors fit it takes that GPU whole;
+    /// on a GPU its cached peak fits, it takes that peak; below its floor it does not run.
+    #[test]
+    fn a_cache_that_outgrows_the_gpu_takes_it_whole() {
+        const GI: u64 = 1 << 30;
+        let d = Demand {
+            fixed_bytes: 250 * GI,
+            gpu_fraction: 0.0,
+            min_gpu_total_bytes: 19 * GI,
+            fills_gpu: true,
+        };
+        assert_eq!(d.bytes_on(80 * GI), 80 * GI);
+        assert!(d.whole_on(79 * GI, 251 * GI));
+        assert!(
+            !d.whole_on(18 * GI, 251 * GI),
+            "below the floor it does not run"
+        );
+        let fits = Demand {
+            fixed_bytes: 40 * GI,
+            ..d
+        };
+        assert_eq!(fits.bytes_on(80 * GI), 40 * GI);
+        assert!(!fits.whole_on(79 * GI, 41 * GI));
+        // Without the flag the cached peak is the need, as for any fixed demand.
+        let plain = Demand {
+            fills_gpu: false,
+            ..d
+        };
+        assert_eq!(plain.bytes_on(80 * GI), 250 * GI);
+        assert!(!plain.whole_on(79 * GI, 251 * GI));
     }
 
     #[test]

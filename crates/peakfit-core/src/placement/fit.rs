@@ -74,12 +74,21 @@ pub enum Rejection {
         models: Vec<String>,
     },
     #[error(
-        "needs a GPU of at least {}: the engine's share of a smaller one cannot hold its weights, activations and the KV cache of the declared batch x context-tokens; largest GPU here has {}",
-        gib(*min_gpu_total_bytes), gib(*largest_gpu_total_bytes)
+        "needs a GPU of at least {}: {}; largest GPU here has {}",
+        gib(*min_gpu_total_bytes),
+        if *fills_gpu {
+            "its tensors and process, with the allocator's cache freed, do not fit a smaller one"
+        } else {
+            "the engine's share of a smaller one cannot hold its weights, activations and the KV cache of the declared batch x context-tokens"
+        },
+        gib(*largest_gpu_total_bytes)
     )]
     GpuTooSmall {
         min_gpu_total_bytes: u64,
         largest_gpu_total_bytes: u64,
+        /// The floor is a PyTorch pod's tensors and process ([`Demand::fills_gpu`]), not an
+        /// engine's budget.
+        fills_gpu: bool,
     },
     #[error(
         "needs {} free per GPU on {needed_gpus} GPU(s) (peak {} + {} safety margin); {}; best free GPU has {} free of {}",
@@ -227,14 +236,20 @@ pub fn node_usable(node: &NodeLedger, cfg: &FitConfig, now_unix: i64) -> Result<
 /// (bytes one share of `demand` reserves on `gpu`, free bytes it needs there): its share plus
 /// the margin, or for a whole GPU ([`Demand::is_whole_gpu`]) what an empty GPU offers, no
 /// margin, so that a whole-GPU pod fits exactly an empty GPU (before, `gpu-share: 1` asked the
-/// GPU's size plus the margin and fitted nowhere with a margin or a driver reserve).
+/// GPU's size plus the margin and fitted nowhere with a margin or a driver reserve). A pod
+/// whose cached peak outgrows this GPU but whose tensors fit it ([`Demand::fills_gpu`]) takes
+/// it whole the same way: its allocator would fill it.
 pub fn need_on(demand: &Demand, gpu: &GpuLedger, margin_bytes: u64) -> (u64, u64) {
+    let whole = gpu.total_bytes.saturating_sub(gpu.driver_reserved_bytes);
     if demand.is_whole_gpu() {
-        let whole = gpu.total_bytes.saturating_sub(gpu.driver_reserved_bytes);
         return (whole, whole);
     }
     let share = demand.bytes_on(gpu.total_bytes);
-    (share, share.saturating_add(margin_bytes))
+    let need = share.saturating_add(margin_bytes);
+    if demand.whole_on(whole, need) {
+        return (whole, whole);
+    }
+    (share, need)
 }
 
 /// The bytes one share of `class` takes on `gpu`, if the GPU can take it now (accepted model,
@@ -334,6 +349,7 @@ pub fn check_class(
         return Err(Rejection::GpuTooSmall {
             min_gpu_total_bytes: demand.min_gpu_total_bytes,
             largest_gpu_total_bytes: largest_total,
+            fills_gpu: demand.fills_gpu,
         });
     }
     let fitting = node
@@ -599,6 +615,7 @@ mod tests {
             gpus: 1,
             demand: Demand {
                 min_gpu_total_bytes: 40 * GI,
+                fills_gpu: false,
                 ..Demand::fraction(0.9)
             },
         };
@@ -658,6 +675,44 @@ mod tests {
         placed.reserve("w", &[2], &[24 * GI - (400 << 20)]);
         assert_eq!(placed.gpus[2].free_bytes(), 0);
         assert!(fit(&placed, &whole(1), &cfg, NOW).is_err());
+    }
+
+    /// A pod whose cached peak outgrows the GPUs ([`Demand::fills_gpu`]) takes an empty one
+    /// whole, never one beside another pod, and is refused below its floor naming it.
+    #[test]
+    fn a_pod_whose_cache_outgrows_the_gpu_takes_an_empty_one_whole() {
+        let mut n = node(&[80 * GI, 80 * GI]);
+        for g in &mut n.gpus {
+            g.driver_reserved_bytes = 400 << 20;
+        }
+        n.reserve("small", &[0], &[2 * GI]);
+        let fills = |fixed| PodShape {
+            gpus: 1,
+            demand: Demand {
+                min_gpu_total_bytes: 19 * GI,
+                fills_gpu: true,
+                ..Demand::fixed(fixed)
+            },
+        };
+        let cfg = FitConfig::default();
+        let p = fit(&n, &fills(250 * GI), &cfg, NOW).unwrap();
+        assert_eq!(p.gpu_indices, [1]);
+        assert_eq!(p.per_gpu_bytes, [80 * GI - (400 << 20)]);
+        // A peak that fits beside the other pod shares as any pod does.
+        let p = fit(&n, &fills(40 * GI), &cfg, NOW).unwrap();
+        assert_eq!(p.per_gpu_bytes, [40 * GI]);
+        // Both GPUs used: the big one waits.
+        n.reserve("other", &[1], &[GI]);
+        assert_eq!(
+            fit(&n, &fills(250 * GI), &cfg, NOW).unwrap_err().reason(),
+            "not_enough_memory"
+        );
+        let r = reject(&node(&[16 * GI]), fills(250 * GI));
+        assert_eq!(
+            r.to_string(),
+            "needs a GPU of at least 19.0 GiB: its tensors and process, with the allocator's \
+             cache freed, do not fit a smaller one; largest GPU here has 16.0 GiB"
+        );
     }
 
     #[test]

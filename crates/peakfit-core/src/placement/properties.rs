@@ -29,6 +29,7 @@ fn arb_demand() -> impl Strategy<Value = Demand> {
                 fixed_bytes: fixed * GI,
                 gpu_fraction: f64::from(m) / 1000.0,
                 min_gpu_total_bytes: min * GI,
+                fills_gpu: false,
             }),
     ]
 }

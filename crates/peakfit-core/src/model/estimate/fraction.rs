@@ -99,6 +99,7 @@ pub(super) fn fraction_engine(
         fixed_bytes: round(fixed),
         gpu_fraction: util,
         min_gpu_total_bytes: if described { round(min_total) } else { 0 },
+        fills_gpu: false,
     };
     let budget = round(util * gpu_total as f64);
     let budget_f = budget as f64;

@@ -20,6 +20,7 @@
 //! | [`Framework::default_lora_dropout`], [`Framework::adapts_fused_qkv_only`] | litgpt | LoRA dropout | `litgpt/finetune/lora.py`, `litgpt/lora.py` |
 //! | [`Framework::keeps_sp_inputs_gathered`] | torchtitan | activations | torchtitan `parallelize_llama.py` `apply_tp` |
 //! | [`Framework::generates_with_tuple_cache`] | hf | KV cache | `QwenLM/Qwen` `README.md` |
+//! | [`Framework::allocates_through_pytorch`] | all but faster-whisper, ctranslate2, whisperx and unknown names | whole GPU when the cache outgrows it | `c10/cuda/CUDACachingAllocator.cpp` `malloc` |
 //! | [`Framework::runs_hf_modules`] | hf, hf-trainer, peft, trl | activations, logits, slack (`hf`) | transformers' modeling files, `ForCausalLMLoss` |
 
 /// Logits and cross-entropy per token per vocabulary entry: bf16 logits + fp32 upcast + fp32
@@ -205,6 +206,14 @@ impl Framework {
     /// in `src/ops/quantize.cc`, no bitsandbytes) and one cross-attention cache per input.
     pub fn is_ctranslate2(&self) -> bool {
         self.rules().ctranslate2
+    }
+
+    /// Whether its tensors come from PyTorch's caching allocator, which frees its cache and
+    /// retries a failed `cudaMalloc` before raising out-of-memory, so the pod runs on a GPU its
+    /// cached peak outgrows ([`crate::placement::Demand::fills_gpu`]). Every PyTorch framework
+    /// the model knows; not CTranslate2 (its own allocator), and not a name it does not know.
+    pub fn allocates_through_pytorch(&self) -> bool {
+        !matches!(self, Self::Other(_)) && !self.is_ctranslate2()
     }
 
     /// Training logits and loss per token per vocabulary entry: torchtune's chunked

@@ -1232,13 +1232,15 @@ fn seq2seq_crossings(copies: f64, per_token: f64, tokens: f64, room: f64) -> f64
 /// allocator keeps the outgrown segments (segments never merge or shrink), without bound until
 /// `cudaMalloc` fails (the H200's Qwen3-0.6B at 32 × 1,024 + 1,024 reserved 59.4 GiB for 8.3
 /// allocated; `tests/data/h200b`). The pod can state its prompt (the decode is then counted to
-/// the context) or map its segments expandable. A sliding-window cache shorter than the context
+/// the context) or map its segments expandable (then nothing is stranded: said by
+/// `expandable-segments`, and this line is not printed). A sliding-window cache shorter than the context
 /// stops growing at the window (`DynamicSlidingWindowLayer`): nothing to say there.
 pub(super) fn unstated_generation(inp: &Inputs) -> Option<String> {
     let decoder_generate = inp.kind == Kind::Decoder
         && !inp.workload.is_training()
         && inp.prompt >= inp.context
-        && inp.hf_modules();
+        && inp.hf_modules()
+        && !inp.expandable_segments;
     if !decoder_generate || inp.block().windowed(inp.context) {
         return None;
     }
@@ -1247,7 +1249,7 @@ pub(super) fn unstated_generation(inp: &Inputs) -> Option<String> {
          it, the decode one step); a shorter prompt and a longer generation can reserve more, \
          each further {:.0} generated tokens growing every cache copy past another 2 MiB \
          segment size: state prompt-tokens, or run with \
-         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+         PYTORCH_ALLOC_CONF=expandable_segments:True (and peakfit.io/expandable-segments: true)",
         inp.context,
         tokens_per_level(inp)
     ))

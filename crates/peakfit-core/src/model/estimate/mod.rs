@@ -235,6 +235,8 @@ struct Inputs {
     optimizer_fused: bool,
     /// Attention through `scaled_dot_product_attention` rather than eager matmuls.
     sdpa: bool,
+    /// PyTorch's allocator maps expandable segments (`expandable_segments:True`).
+    expandable_segments: bool,
     /// How HF's modeling code builds a block ([`ModelType`]).
     family: ModelType,
     /// The `model_type` is one whose modeling code [`prefill_replay`] replays request by
@@ -416,6 +418,7 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
         // transformers 5 attends through SDPA unless told otherwise, in fp32 too (its
         // memory-efficient kernel takes fp32): only `flash-attention: false` means eager.
         sdpa: spec.flash_attention != Some(false),
+        expandable_segments: spec.expandable_segments.unwrap_or(false),
         // The pod's own counts first (from `--model-config`), then its preset's.
         experts_per_token: f64::from(
             spec.experts_per_token
@@ -641,7 +644,20 @@ fn finish(
     } else {
         SLACK_INFERENCE
     };
-    let slack_bytes = round(hf_slack.unwrap_or(allocated as f64 * (slack - 1.0)));
+    let generic = allocated as f64 * (slack - 1.0);
+    // With expandable segments (`ExpandableSegment` in `c10/cuda/CUDACachingAllocator.cpp`) a
+    // pool is one virtual range that grows by mapping pages: a freed block merges with its
+    // neighbours wherever they were allocated, and a request no free block holds maps pages
+    // at the end rather than a new segment, so nothing is stranded in segments of an old size
+    // (what `hf::slack` and `hf::training_slack` count). What is left is the range's own
+    // fragmentation, the generic ratio at most. Measured: Qwen3-0.6B generating 64 × (1,024 +
+    // 1,024) tokens reserved 15.79 GiB for 15.43 allocated with it, and filled an H200 without
+    // it (`tests/data/h200b`).
+    let slack_bytes = round(match hf_slack {
+        Some(hf) if inp.expandable_segments => hf.min(generic),
+        Some(hf) => hf,
+        None => generic,
+    });
     components.push(Component {
         name: "allocator-slack",
         bytes: slack_bytes,
@@ -693,10 +709,41 @@ fn finish(
         per_gpu_bytes: per_gpu,
         engine_budget_bytes: None,
         engine_fraction: None,
-        demand: Demand::fixed(per_gpu),
+        demand: cached_peak_demand(inp, allocated, slack, before_headroom - reserved, per_gpu),
         gpu_total_bytes: gpu_total,
         components,
         assumed,
+    }
+}
+
+/// The demand of a pod whose `per_gpu` peak is the caching allocator's: on a GPU that peak
+/// outgrows, a PyTorch process frees its cache and retries a failed `cudaMalloc`
+/// ([`Demand::fills_gpu`]), so it runs there, filling the GPU, as long as its tensors fit.
+///
+/// The floor (`min_gpu_total_bytes`) is what it needs once its cache is gone: its tensors, with
+/// the generic slack ratio for the blocks a freed cache cannot return (a segment with one live
+/// block stays: `release_cached_blocks` frees whole segments only), plus the process's own
+/// memory (`process_bytes`: context, kernels, NCCL, paged state), and the pod's headroom on
+/// both. Never above the cached peak itself.
+fn cached_peak_demand(
+    inp: &Inputs,
+    allocated: u64,
+    slack_ratio: f64,
+    process_bytes: u64,
+    per_gpu: u64,
+) -> Demand {
+    if !inp
+        .framework()
+        .is_none_or(Framework::allocates_through_pytorch)
+    {
+        return Demand::fixed(per_gpu);
+    }
+    let floor =
+        round((allocated as f64 * slack_ratio + process_bytes as f64) * (1.0 + inp.headroom));
+    Demand {
+        min_gpu_total_bytes: floor.min(per_gpu),
+        fills_gpu: true,
+        ..Demand::fixed(per_gpu)
     }
 }
 
@@ -768,7 +815,74 @@ mod tests {
         assert_eq!(sum(&|c| c == Counter::Allocated), e.allocated_bytes);
         assert_eq!(sum(&|c| c != Counter::Process), e.reserved_bytes);
         assert_eq!(sum(&|_| true), e.per_gpu_bytes);
-        assert_eq!(e.demand, Demand::fixed(e.per_gpu_bytes));
+        assert_eq!(e.demand.fixed_bytes, e.per_gpu_bytes);
+        assert_eq!(e.demand.gpu_fraction, 0.0);
+    }
+
+    /// `expandable-segments: true` bounds the segment-stranding slack by the generic ratio:
+    /// the measured row reserved 15.79 GiB for 15.43 allocated with the setting, and filled an
+    /// H200 without it (`h200b-qwen3-0.6b-b64-2k-n1024-expandable`).
+    #[test]
+    fn expandable_segments_bound_the_slack_by_the_generic_ratio() {
+        let pairs = [
+            ("model", "qwen3-0.6b"),
+            ("workload", "inference"),
+            ("batch", "64"),
+            ("context-tokens", "2048"),
+            ("prompt-tokens", "1024"),
+        ];
+        let cached = est(&pairs);
+        let mut with = pairs.to_vec();
+        with.push(("expandable-segments", "true"));
+        let e = est(&with);
+        assert_eq!(e.allocated_bytes, cached.allocated_bytes);
+        let slack = part(&e, "allocator-slack");
+        let generic = e.allocated_bytes as f64 * (SLACK_INFERENCE - 1.0);
+        assert!((slack - generic).abs() < 2.0, "{slack} vs {generic}");
+        assert!(part(&cached, "allocator-slack") > 10.0 * generic);
+        // Still at least what the GPU reserved with the setting.
+        assert!(e.reserved_bytes as f64 / GIB > 15.79);
+        // A slack already below the ratio stays as it is.
+        let small = [("model", "llama-3.1-8b"), ("workload", "inference")];
+        let mut small_with = small.to_vec();
+        small_with.push(("expandable-segments", "true"));
+        let (a, b) = (est(&small), est(&small_with));
+        let ratio = part(&a, "allocator-slack") / a.allocated_bytes as f64;
+        if ratio < SLACK_INFERENCE - 1.0 {
+            assert_eq!(a.reserved_bytes, b.reserved_bytes);
+        }
+    }
+
+    /// The measured case behind [`Demand::fills_gpu`]: Qwen3-0.6B generating 64 × (1,024 +
+    /// 1,024) tokens allocated 15.43 GiB and its cache filled an H200 (138.97 GiB reserved after
+    /// one free-and-retry; `tests/data/h200b`, `h200b-qwen3-0.6b-b64-2k-n1024`). The cached peak
+    /// outgrows an 80 GiB GPU, so the pod takes one whole; its floor is its tensors and
+    /// process, above what the GPU showed allocated plus the context, and far below the card.
+    #[test]
+    fn a_cache_that_outgrows_the_gpu_makes_a_whole_gpu_pod_with_a_floor() {
+        let pairs = [
+            ("model", "qwen3-0.6b"),
+            ("workload", "inference"),
+            ("batch", "64"),
+            ("context-tokens", "2048"),
+            ("prompt-tokens", "1024"),
+        ];
+        let e = est(&pairs);
+        let gib = |b: u64| b as f64 / GIB;
+        assert!(e.demand.fills_gpu);
+        assert!(gib(e.per_gpu_bytes) > 141.0, "{}", gib(e.per_gpu_bytes));
+        let floor = gib(e.demand.min_gpu_total_bytes);
+        assert!((15.43 + 0.6..24.0).contains(&floor), "{floor}");
+        assert_eq!(e.demand.bytes_on(80 << 30), 80 << 30);
+        // The same pod on CTranslate2's allocator keeps its peak as its need.
+        let mut ct2 = pairs.to_vec();
+        ct2.push(("engine", "ctranslate2"));
+        assert!(!est(&ct2).demand.fills_gpu);
+        // Headroom raises the floor as it raises the peak.
+        let mut roomy = pairs.to_vec();
+        roomy.push(("headroom", "0.2"));
+        let roomy = est(&roomy).demand.min_gpu_total_bytes;
+        assert!(gib(roomy) > floor * 1.19, "{} vs {floor}", gib(roomy));
     }
 
     #[test]
