@@ -1,0 +1,106 @@
+"""The math SDPA kernel's training step, run twice on the CPU: once on real tensors (the profiler's allocator
+events), once on fake tensors as the oracle follows them (`oracle.Tracker`). The two peaks should agree.
+
+    $PEAKFIT_ORACLE_VENV/bin/python tools/oracle/real_cpu_check.py --batch 2 --heads 71 --seq 256 [--no-checkpoint]
+
+The block is Falcon-7B's attention as SDPA's math kernel sees it (bf16 q with `heads` heads, one kv head, a bf16
+additive mask, `_scaled_dot_product_attention_math` called the way `oracle.sdpa_sm90` calls it), under
+`torch.utils.checkpoint(use_reentrant=False)` unless `--no-checkpoint`, then backward. On real tensors no
+TorchDispatchMode is active, so the kernel takes its in-place `attn.add_(mask)` branch as a GPU does; on fake
+tensors `areAnyTensorSubclassLike` is true and it takes `attn.add(mask)`. The check is how docs/oracle.md
+("Falcon-7B LoRA: the GPU holds one more fp32 score block") rules out the fake-tensor run as the cause of a
+math-kernel training gap: what is left between the oracle and a GPU is CUDA's, not the fake tensors'.
+Prints both peaks above the starting point in MiB (the fake one without the two 32 MiB cuBLAS workspaces the
+oracle adds) and one fp32 score block's size.
+"""
+import argparse
+import os
+import sys
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle  # noqa: E402
+
+HEAD_DIM = 64
+MIB = 2 ** 20
+
+
+def block(x, w, mask, b, h, s):
+    """q, k, v from one projection (Falcon's fused query_key_value), the math kernel, a scalar out."""
+    qkv = x @ w
+    q, k, v = qkv.split([h * HEAD_DIM, HEAD_DIM, HEAD_DIM], -1)
+    q = q.view(b, s, h, HEAD_DIM).transpose(1, 2).contiguous()
+    k = k.view(b, s, 1, HEAD_DIM).transpose(1, 2).contiguous()
+    v = v.view(b, s, 1, HEAD_DIM).transpose(1, 2).contiguous()
+    o = torch.ops.aten._scaled_dot_product_attention_math(q, k, v, mask, 0.0, False, None)[0]
+    return o.transpose(1, 2).reshape(b, s, h * HEAD_DIM).sum()
+
+
+def inputs(b, h, s):
+    torch.manual_seed(0)
+    x = torch.randn(b, s, 256, dtype=torch.bfloat16)
+    w = torch.randn(256, (h + 2) * HEAD_DIM, dtype=torch.bfloat16, requires_grad=True)
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    mask = torch.where(causal.logical_not(), torch.tensor(float("-inf"), dtype=torch.bfloat16),
+                       torch.tensor(0.0, dtype=torch.bfloat16))[None, None]
+    return x, w, mask
+
+
+def step(x, w, mask, b, h, s, ckpt):
+    f = (lambda *a: checkpoint(block, *a, b, h, s, use_reentrant=False)) if ckpt else \
+        (lambda *a: block(*a, b, h, s))
+    return f(x, w, mask)
+
+
+def real_peak(b, h, s, ckpt):
+    from torch.profiler import ProfilerActivity, profile
+    x, w, mask = inputs(b, h, s)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step(x, w, mask, b, h, s, ckpt).backward()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    cur = peak = 0
+    for e in events:
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return peak
+
+
+def fake_peak(b, h, s, ckpt):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    x, w, mask = inputs(b, h, s)
+    w = w.detach()
+    fm = FakeTensorMode()
+    with fm:
+        x, mask = fm.from_tensor(x), fm.from_tensor(mask)
+        w = fm.from_tensor(w).requires_grad_(True)
+    tr = oracle.Tracker()
+    with fm, tr:
+        tr.phase = "forward"
+        tr.restart()
+        y = step(x, w, mask, b, h, s, ckpt)
+        tr.phase = "backward"
+        y.backward()
+        tr.finish()
+    return tr.peak - sum(rec[0] for rec in tr.snap if rec[1] == "workspace")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--heads", type=int, default=71)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--no-checkpoint", action="store_true")
+    a = p.parse_args(argv)
+    ckpt = not a.no_checkpoint
+    real = real_peak(a.batch, a.heads, a.seq, ckpt)
+    fake = fake_peak(a.batch, a.heads, a.seq, ckpt)
+    score = a.batch * a.heads * a.seq * a.seq * 4
+    print(f"real CPU {real / MIB:.2f} MiB  fake (oracle) {fake / MIB:.2f} MiB  "
+          f"difference {(fake - real) / MIB:+.2f} MiB  one fp32 score block {score / MIB:.2f} MiB")
+
+
+if __name__ == "__main__":
+    main()
