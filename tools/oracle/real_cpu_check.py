@@ -12,6 +12,15 @@ tensors `areAnyTensorSubclassLike` is true and it takes `attn.add(mask)`. The ch
 math-kernel training gap: what is left between the oracle and a GPU is CUDA's, not the fake tensors'.
 Prints both peaks above the starting point in MiB (the fake one without the two 32 MiB cuBLAS workspaces the
 oracle adds) and one fp32 score block's size.
+
+    $PEAKFIT_ORACLE_VENV/bin/python tools/oracle/real_cpu_check.py --config F.json --set num_hidden_layers=2 ... \
+        --batch 2 --seq 1024 [--no-checkpoint]
+
+With `--config`, the whole step of a shrunk model instead: bf16 weights, PEFT LoRA r16 on all linear layers,
+checkpointing, foreach AdamW, two steps (`oracle._run_case` on fake tensors against the same code on real
+CPU tensors, SDPA through `oracle.sdpa_sm90` in both). Peaks above the weights; the real run's also holds the
+CPU's own copies that a GPU does not make (TensorIterator promotes mixed-dtype inputs into temporaries only on
+the CPU: LoRA's fp32 update added to a bf16 output), so it may read higher where those set the peak.
 """
 import argparse
 import os
@@ -87,14 +96,79 @@ def fake_peak(b, h, s, ckpt):
     return tr.peak - sum(rec[0] for rec in tr.snap if rec[1] == "workspace")
 
 
+def shrunk_config(path, sets):
+    """The config at `path` with `key=value` overrides (ints where they parse), written beside /tmp."""
+    import json
+    import tempfile
+    with open(path) as f:
+        d = json.load(f)
+    for kv in sets:
+        k, v = kv.split("=", 1)
+        d[k] = int(v) if v.lstrip("-").isdigit() else v
+    fd, out = tempfile.mkstemp(suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(d, f)
+    return out, d
+
+
+def model_peaks(config, b, s, ckpt):
+    """(real, fake) peaks above the weights of two LoRA training steps of the model at `config`."""
+    import peft
+    import transformers
+    from torch.profiler import ProfilerActivity, profile
+    case = dict(config=config, workload="lora", dtype="bf16", batch=b, context_tokens=s, lora_rank=16,
+                gradient_checkpointing="full" if ckpt else "none", optimizer="adamw", steps=2, reserved=False)
+    res = oracle._run_case(case)
+    fake = res["peak_allocated_bytes"] - res["weights_bytes"] - res["breakdown_bytes"]["workspace"]
+    oracle.patch_transformers()
+    _, cfg = oracle.load_config(config)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model.train()
+    model.config.use_cache = False
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = peft.get_peft_model(model, peft.LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
+                                                       lora_dropout=0.0, task_type="CAUSAL_LM"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5, foreach=True)
+    x = torch.randint(0, cfg.vocab_size, (b, s))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for _ in range(2):
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            del loss
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    cur = real = 0
+    for e in events:
+        cur += e.nbytes()
+        real = max(real, cur)
+    return real, fake, cfg.num_attention_heads
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--heads", type=int, default=71)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--no-checkpoint", action="store_true")
+    p.add_argument("--config", help="run a whole LoRA step of this model (shrink it with --set)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
     a = p.parse_args(argv)
     ckpt = not a.no_checkpoint
+    if a.config:
+        path, _ = shrunk_config(a.config, a.set)
+        try:
+            real, fake, heads = model_peaks(path, a.batch, a.seq, ckpt)
+        finally:
+            os.unlink(path)
+        score = a.batch * heads * a.seq * a.seq * 4
+        print(f"real CPU {real / MIB:.2f} MiB  fake (oracle) {fake / MIB:.2f} MiB  "
+              f"difference {(fake - real) / MIB:+.2f} MiB  one fp32 score block {score / MIB:.2f} MiB")
+        return
     real = real_peak(a.batch, a.heads, a.seq, ckpt)
     fake = fake_peak(a.batch, a.heads, a.seq, ckpt)
     score = a.batch * a.heads * a.seq * a.seq * 4
