@@ -63,11 +63,12 @@ def step(x, w, mask, b, h, s, ckpt):
     return f(x, w, mask)
 
 
-def real_peak(b, h, s, ckpt):
+def profiled_peak(run):
+    """The most bytes the CPU allocator held above its level at the start of `run()`: the profiler's
+    allocation and free events in time order (no dispatch mode is active, so the C++ runs as on a GPU)."""
     from torch.profiler import ProfilerActivity, profile
-    x, w, mask = inputs(b, h, s)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step(x, w, mask, b, h, s, ckpt).backward()
+        run()
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                     key=lambda e: e.start_ns())
     cur = peak = 0
@@ -75,6 +76,11 @@ def real_peak(b, h, s, ckpt):
         cur += e.nbytes()
         peak = max(peak, cur)
     return peak
+
+
+def real_peak(b, h, s, ckpt):
+    x, w, mask = inputs(b, h, s)
+    return profiled_peak(lambda: step(x, w, mask, b, h, s, ckpt).backward())
 
 
 def fake_peak(b, h, s, ckpt):
@@ -97,7 +103,7 @@ def fake_peak(b, h, s, ckpt):
 
 
 def shrunk_config(path, sets):
-    """The config at `path` with `key=value` overrides (ints where they parse), written beside /tmp."""
+    """The config at `path` with `key=value` overrides (ints where they parse), in a temporary file."""
     import json
     import tempfile
     with open(path) as f:
@@ -108,14 +114,13 @@ def shrunk_config(path, sets):
     fd, out = tempfile.mkstemp(suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(d, f)
-    return out, d
+    return out
 
 
 def model_peaks(config, b, s, ckpt):
     """(real, fake) peaks above the weights of two LoRA training steps of the model at `config`."""
     import peft
     import transformers
-    from torch.profiler import ProfilerActivity, profile
     case = dict(config=config, workload="lora", dtype="bf16", batch=b, context_tokens=s, lora_rank=16,
                 gradient_checkpointing="full" if ckpt else "none", optimizer="adamw", steps=2, reserved=False)
     res = oracle._run_case(case)
@@ -133,20 +138,15 @@ def model_peaks(config, b, s, ckpt):
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5, foreach=True)
     x = torch.randint(0, cfg.vocab_size, (b, s))
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+
+    def two_steps():
         for _ in range(2):
             loss = model(input_ids=x, labels=x).loss
             loss.backward()
             del loss
             opt.step()
             opt.zero_grad(set_to_none=True)
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    cur = real = 0
-    for e in events:
-        cur += e.nbytes()
-        real = max(real, cur)
-    return real, fake, cfg.num_attention_heads
+    return profiled_peak(two_steps), fake, cfg.num_attention_heads
 
 
 def main(argv=None):
@@ -160,18 +160,16 @@ def main(argv=None):
     a = p.parse_args(argv)
     ckpt = not a.no_checkpoint
     if a.config:
-        path, _ = shrunk_config(a.config, a.set)
+        path = shrunk_config(a.config, a.set)
         try:
             real, fake, heads = model_peaks(path, a.batch, a.seq, ckpt)
         finally:
             os.unlink(path)
-        score = a.batch * heads * a.seq * a.seq * 4
-        print(f"real CPU {real / MIB:.2f} MiB  fake (oracle) {fake / MIB:.2f} MiB  "
-              f"difference {(fake - real) / MIB:+.2f} MiB  one fp32 score block {score / MIB:.2f} MiB")
-        return
-    real = real_peak(a.batch, a.heads, a.seq, ckpt)
-    fake = fake_peak(a.batch, a.heads, a.seq, ckpt)
-    score = a.batch * a.heads * a.seq * a.seq * 4
+    else:
+        heads = a.heads
+        real = real_peak(a.batch, heads, a.seq, ckpt)
+        fake = fake_peak(a.batch, heads, a.seq, ckpt)
+    score = a.batch * heads * a.seq * a.seq * 4
     print(f"real CPU {real / MIB:.2f} MiB  fake (oracle) {fake / MIB:.2f} MiB  "
           f"difference {(fake - real) / MIB:+.2f} MiB  one fp32 score block {score / MIB:.2f} MiB")
 
