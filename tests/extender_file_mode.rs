@@ -165,6 +165,82 @@ async fn a_fraction_engine_with_explicit_vram_is_told_its_share() {
     assert!(want <= 0.2 + 1e-9 && want > 0.19, "{want}");
 }
 
+/// A generation whose cache outgrows every GPU (Qwen3-0.6B, 64 × (1,024 + 1,024) tokens: 15.4
+/// GiB allocated, and the cache filled an H200 on the real GPU) runs on any GPU its tensors fit,
+/// filling it: filter offers the nodes with an empty GPU, bind reserves that GPU whole, and a
+/// second such pod does not get it. With `expandable-segments` the same pod shares.
+#[tokio::test]
+async fn a_pod_whose_cache_outgrows_the_gpus_gets_an_empty_one_whole() {
+    let (index, _) = example();
+    let annotations = serde_json::json!({
+        "peakfit.io/model": "qwen3-0.6b", "peakfit.io/workload": "inference",
+        "peakfit.io/batch": "64", "peakfit.io/context-tokens": "2048",
+        "peakfit.io/prompt-tokens": "1024",
+    });
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "long-gen", "namespace": "ml", "uid": "uid-long-gen",
+                     "annotations": annotations},
+        "spec": {"containers": [{"name": "c", "image": "i"}]},
+    }))
+    .unwrap();
+    index.apply_pod(&pod);
+    let h = file_mode_harness(index.clone());
+    let (_, r) = call(
+        &h.router,
+        "POST",
+        "/filter",
+        filter_body("long-gen", &annotations),
+    )
+    .await;
+    let v = json(&r);
+    // h100-0 has four empty GPUs, a100-0 two; l4-0's NVML is down.
+    assert_eq!(
+        v["NodeNames"],
+        serde_json::json!(["h100-0", "a100-0"]),
+        "{v}"
+    );
+    let (_, r) = call(
+        &h.router,
+        "POST",
+        "/bind",
+        br#"{"PodName":"long-gen","PodNamespace":"ml","PodUID":"uid-long-gen","Node":"a100-0"}"#
+            .to_vec(),
+    )
+    .await;
+    assert_eq!(json(&r)["Error"], "", "{}", String::from_utf8_lossy(&r));
+    let bindings = h.binder.bindings.lock().clone();
+    let ann = &bindings.last().unwrap().1;
+    let l = index.node("a100-0").unwrap().read().ledger.clone();
+    let gpu = l
+        .gpus
+        .iter()
+        .position(|g| ann[ASSIGNED_GPUS] == g.uuid)
+        .unwrap();
+    // The whole GPU: its size less the driver's reserve.
+    let whole = l.gpus[gpu].total_bytes - l.gpus[gpu].driver_reserved_bytes;
+    assert_eq!(ann[RESERVED_BYTES], whole.to_string());
+    assert_eq!(l.gpus[gpu].free_bytes(), 0);
+
+    // Its twin under expandable segments is sized by its tensors and shares.
+    let mut expandable = annotations.clone();
+    expandable["peakfit.io/expandable-segments"] = "true".into();
+    let (_, r) = call(
+        &h.router,
+        "POST",
+        "/filter",
+        filter_body("long-gen-2", &expandable),
+    )
+    .await;
+    let v = json(&r);
+    assert!(
+        v["NodeNames"]
+            .as_array()
+            .unwrap()
+            .contains(&"a100-0".into()),
+        "{v}"
+    );
+}
+
 /// A cluster of `nodes` nodes with 8 GPUs each, as a multi-document YAML or as one `List`.
 fn big_cluster_yaml(nodes: usize, as_list: bool) -> String {
     let mut docs = Vec::with_capacity(2 * nodes);
