@@ -259,8 +259,13 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     // comparison, when a model is described.
     let described = spec.vram.is_none() || spec.model.is_some() || spec.params.is_some();
     let model = described.then(|| estimate_on(&spec, gpu_total, platform));
-    let per_gpu = req.demand.bytes_on(gpu_total);
     let runs = req.demand.runs_on(gpu_total);
+    // Where the pod cannot run, its own peak, not the GPU it does not fit.
+    let per_gpu = if runs || !req.demand.fills_gpu {
+        req.demand.bytes_on(gpu_total)
+    } else {
+        req.demand.fixed_bytes
+    };
     // The cached peak outgrows this GPU, and the pod runs there anyway, filling it.
     let fills = runs && req.demand.fills_gpu && req.demand.fixed_bytes > per_gpu;
     let learned = match &args.profile {

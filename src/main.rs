@@ -54,10 +54,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Estimate(args) => estimate::run(&args),
         Command::Simulate(args) => sim::run(&args),
         Command::Recommend(args) => recommend::run(&args),
-        Command::Crd => {
-            print!("{}", peakfit::cluster::all_crds_yaml()?);
-            Ok(())
-        }
+        Command::Crd => Ok(peakfit::stdout::emit(&peakfit::cluster::all_crds_yaml()?)?),
     }
 }
 

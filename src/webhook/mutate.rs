@@ -351,22 +351,38 @@ impl Mutator {
             };
         }
         // The allocator setting the pod runs with, from its env: the model's slack follows it.
-        // Only for a pod that describes itself (its annotations map exists, in the review or
-        // from the conversion above).
-        if !spec.is_empty()
+        // Only for a pod the model sizes (not `vram`, a GPU share or a fraction engine), which
+        // describes itself, so its annotations map exists (in the review or from the conversion
+        // above).
+        let model_sized = (spec.describes_model() || spec.model_config.is_some())
+            && spec.vram.is_none()
+            && spec.gpu_share.is_none()
+            && !matches!(spec.engine, Some(model::annotations::Engine::Fraction(_)));
+        if model_sized
             && spec.expandable_segments.is_none()
-            && let Some((on, container, var)) = expandable_segments_in_env(&pod_spec)
+            && let Some(env) = expandable_segments_in_env(&pod_spec)
         {
             ops.add(
                 &["metadata", "annotations", EXPANDABLE_SEGMENTS],
-                &on.to_string(),
+                &env.on.to_string(),
             );
-            warnings.push(format!(
-                "{EXPANDABLE_SEGMENTS}: {on:?} from container {container:?}'s {var}: the \
-                 estimate follows the allocator the pod runs with"
-            ));
-            annotations.insert(EXPANDABLE_SEGMENTS.to_owned(), on.to_string());
-            spec.expandable_segments = Some(on);
+            warnings.push(if env.only_new_says_on {
+                format!(
+                    "{EXPANDABLE_SEGMENTS}: false: container {:?} turns expandable_segments on \
+                     in PYTORCH_ALLOC_CONF only, which PyTorch before 2.9 does not read; set it in \
+                     PYTORCH_CUDA_ALLOC_CONF too (every version reads that), or annotate \
+                     {EXPANDABLE_SEGMENTS}: \"true\" if the image's PyTorch is 2.9 or later",
+                    env.container
+                )
+            } else {
+                format!(
+                    "{EXPANDABLE_SEGMENTS}: {:?} from container {:?}'s PyTorch allocator env: the \
+                     estimate follows the allocator the pod runs with",
+                    env.on, env.container
+                )
+            });
+            annotations.insert(EXPANDABLE_SEGMENTS.to_owned(), env.on.to_string());
+            spec.expandable_segments = Some(env.on);
         }
         // A model in a ConfigMap is sized by the extender, which reads it: the webhook decides
         // from the review alone, so it checks the annotations and leaves the size open.
@@ -597,23 +613,67 @@ impl Conversion {
 /// The annotation that says the pod's PyTorch maps expandable segments.
 const EXPANDABLE_SEGMENTS: &str = "peakfit.io/expandable-segments";
 
-/// `expandable_segments` as the first container that sets PyTorch's allocator env says it
-/// (`PYTORCH_ALLOC_CONF`, read before the older `PYTORCH_CUDA_ALLOC_CONF`, as
-/// `c10/core/AllocatorConfig.cpp` reads them), with the container and variable that said it.
-/// A value from a ConfigMap or Secret (`valueFrom`) is not in the review, and a malformed one is
-/// PyTorch's to refuse at start: both say nothing here.
-fn expandable_segments_in_env(spec: &SpecView) -> Option<(bool, String, &'static str)> {
+/// `expandable_segments` as the first container that sets PyTorch's allocator env says it, with
+/// the container and variable that said it, and whether the pod's PyTorch version decides it.
+///
+/// PyTorch 2.9 and later read `PYTORCH_ALLOC_CONF` when it is set and the older
+/// `PYTORCH_CUDA_ALLOC_CONF` only when it is not (`c10/core/AllocatorConfig.cpp`); earlier
+/// releases read only `PYTORCH_CUDA_ALLOC_CONF`. The webhook cannot see the version, so the
+/// setting is taken as on only where every version would turn it on: `PYTORCH_CUDA_ALLOC_CONF`
+/// says `True` and `PYTORCH_ALLOC_CONF`, if set, says so too. A variable from a ConfigMap or
+/// Secret (`valueFrom`) is not in the review, so a container with one says nothing, and of two
+/// entries of one name the last wins, as the kubelet sets them. `backend:cudaMallocAsync` is
+/// CUDA's own allocator, which has no expandable segments and is not the model's.
+fn expandable_segments_in_env(spec: &SpecView) -> Option<ExpandableFromEnv> {
     spec.containers.as_deref()?.iter().find_map(|c| {
         let env = c.env.as_deref()?;
-        let value = |name: &str| {
+        // `None`: unset; `Some(None)`: set, but not to a literal value.
+        let var = |name: &str| {
             env.iter()
+                .rev()
                 .find(|e| e.name == name)
-                .and_then(|e| e.value.as_deref())
+                .map(|e| e.value.as_deref())
         };
-        let (var, conf) = ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"]
-            .into_iter()
-            .find_map(|var| value(var).map(|v| (var, v)))?;
-        expandable_segments_of(conf).map(|on| (on, c.name.clone(), var))
+        let (new, old) = (var("PYTORCH_ALLOC_CONF"), var("PYTORCH_CUDA_ALLOC_CONF"));
+        // PyTorch 2.9 on reads the old name only when the new one is unset.
+        let new_set = new.is_some();
+        if new.is_none() && old.is_none() {
+            return None;
+        }
+        // What each says of the setting (`None`: unset, or not mentioned); a value the review
+        // does not hold, or CUDA's own allocator, says nothing for the pod.
+        let read = |v: Option<Option<&str>>| match v {
+            None => Some(None),
+            Some(Some(conf)) if !uses_cuda_malloc_async(conf) => Some(expandable_segments_of(conf)),
+            Some(_) => None,
+        };
+        let (new, old) = (read(new)?, read(old)?);
+        if new.is_none() && old.is_none() {
+            return None;
+        }
+        let on = old == Some(true) && (!new_set || new == Some(true));
+        Some(ExpandableFromEnv {
+            on,
+            container: c.name.clone(),
+            only_new_says_on: !on && new == Some(true),
+        })
+    })
+}
+
+/// What [`expandable_segments_in_env`] read.
+struct ExpandableFromEnv {
+    on: bool,
+    container: String,
+    /// `PYTORCH_ALLOC_CONF` turns it on, but without `PYTORCH_CUDA_ALLOC_CONF` saying so too a
+    /// PyTorch before 2.9 runs without it: counted off, and the pod is told.
+    only_new_says_on: bool,
+}
+
+/// Whether an allocator config picks CUDA's `cudaMallocAsync` backend.
+fn uses_cuda_malloc_async(conf: &str) -> bool {
+    conf.split(',').any(|item| {
+        item.split_once(':')
+            .is_some_and(|(k, v)| k.trim() == "backend" && v.trim() == "cudaMallocAsync")
     })
 }
 
@@ -999,7 +1059,7 @@ mod tests {
         assert!(
             warnings
                 .iter()
-                .any(|w| w.contains("\"train\"") && w.contains("PYTORCH_CUDA_ALLOC_CONF")),
+                .any(|w| w.contains("\"train\"") && w.contains("allocator env")),
             "{warnings:?}"
         );
         assert_eq!(added(d), Some(json!("true")));
@@ -1013,8 +1073,63 @@ mod tests {
             OptIn::Annotation,
         );
         assert_eq!(added(d), Some(json!("false")));
-        // Not set, from a ConfigMap, or stated by the pod: nothing added.
+        // Only the new name: PyTorch before 2.9 would not read it; counted off, and said.
+        let d = decide(
+            &pod(
+                &model,
+                &conf(json!([{"name": "PYTORCH_ALLOC_CONF", "value": "expandable_segments:True"}])),
+            ),
+            OptIn::Annotation,
+        );
+        let Decision::Mutate { warnings, .. } = &d else {
+            panic!("expected a patch, got {d:?}")
+        };
+        assert!(
+            warnings.iter().any(|w| w.contains("before 2.9")),
+            "{warnings:?}"
+        );
+        assert_eq!(added(d), Some(json!("false")));
+        // The new name set, without the setting: PyTorch 2.9 on does not read the old one.
+        let d = decide(
+            &pod(
+                &model,
+                &conf(json!([
+                    {"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"},
+                    {"name": "PYTORCH_ALLOC_CONF", "value": "max_split_size_mb:64"}])),
+            ),
+            OptIn::Annotation,
+        );
+        assert_eq!(added(d), Some(json!("false")));
+        // The last of two entries of one name is the one the kubelet sets.
+        let d = decide(
+            &pod(
+                &model,
+                &conf(json!([
+                    {"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:False"},
+                    {"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"}])),
+            ),
+            OptIn::Annotation,
+        );
+        assert_eq!(added(d), Some(json!("true")));
+        // Not set, from a ConfigMap (the new name's hides the old one's literal, as in
+        // PyTorch), CUDA's own allocator, stated by the pod, or a pod the model does not size:
+        // nothing added.
         for (annotations, vars) in [
+            (
+                model.clone(),
+                json!([
+                {"name": "PYTORCH_ALLOC_CONF", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}},
+                {"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"}]),
+            ),
+            (
+                model.clone(),
+                json!([{"name": "PYTORCH_CUDA_ALLOC_CONF",
+                "value": "backend:cudaMallocAsync,expandable_segments:True"}]),
+            ),
+            (
+                json!({"peakfit.io/vram": "20Gi"}),
+                json!([{"name": "PYTORCH_CUDA_ALLOC_CONF", "value": "expandable_segments:True"}]),
+            ),
             (
                 model.clone(),
                 json!([{"name": "PYTORCH_ALLOC_CONF", "value": "max_split_size_mb:64"}]),

@@ -296,7 +296,8 @@ pub fn size_pod(
 /// peak may fill a GPU ([`Demand::fills_gpu`]) and that was seen above its prediction has its
 /// floor (the tensors and process a GPU must hold once the cache is freed) raised by the same
 /// ratio: the model was low on it, and a smaller GPU is not chosen on a floor the pod was seen
-/// to outgrow. Seen at or below the prediction, the floor stays.
+/// to outgrow. Seen below the prediction, the floor stays, capped at the new size. (A reading
+/// of a pod that filled its GPU is never below the prediction: `Index::observations`.)
 pub fn resized(demand: Demand, bytes: u64) -> Demand {
     let predicted = demand.fixed_bytes;
     let mut out = Demand {
@@ -305,8 +306,10 @@ pub fn resized(demand: Demand, bytes: u64) -> Demand {
     };
     if demand.fills_gpu && bytes > predicted && predicted > 0 {
         let floor = demand.min_gpu_total_bytes as f64 * bytes as f64 / predicted as f64;
-        out.min_gpu_total_bytes = f64_to_u64(floor.ceil()).min(bytes);
+        out.min_gpu_total_bytes = f64_to_u64(floor.ceil());
     }
+    // Never a floor above the size itself.
+    out.min_gpu_total_bytes = out.min_gpu_total_bytes.min(bytes);
     out
 }
 

@@ -318,7 +318,8 @@ fn hold_on<'a>(
 /// a GPU of that size.
 fn reserve_for(gpu: &mut GpuLedger, key: &str, pod: &PodEntry, a: &Assignment) {
     let predicted = a.reserved_bytes.unwrap_or_else(|| match &pod.request {
-        Ok(Some(r)) => r.demand.bytes_on(gpu.total_bytes),
+        // What bind reserves there: a whole GPU's usable bytes, else the share.
+        Ok(Some(r)) => crate::placement::fit::need_on(&r.demand, gpu, 0).0,
         _ => 0,
     });
     gpu.reserve(key, predicted);

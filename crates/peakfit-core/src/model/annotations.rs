@@ -1188,7 +1188,7 @@ impl Spec {
 
     /// Whether the model side says enough to estimate: a preset, a parameter count, or an engine
     /// whose budget is a fraction of the GPU anyway.
-    fn describes_model(&self) -> bool {
+    pub fn describes_model(&self) -> bool {
         self.model.is_some()
             || self.params.is_some()
             || (self.layers.is_some() && self.hidden_size.is_some())

@@ -59,10 +59,15 @@ impl Demand {
     }
 
     /// Whether the pod takes all of a GPU with `usable` bytes (its size less the driver's
-    /// reserve) when it needs `need` there with the safety margin: a whole-GPU pod always, a
-    /// [`Self::fills_gpu`] pod where its cached peak does not fit but the rest does.
-    pub fn whole_on(&self, usable: u64, need: u64) -> bool {
-        self.is_whole_gpu() || (self.fills_gpu && need > usable && self.runs_on(usable))
+    /// reserve): a whole-GPU pod always; a [`Self::fills_gpu`] pod where its cached peak does
+    /// not fit the GPU at all but its floor does with the safety `margin` (a peak within the
+    /// margin of the GPU is refused there, as any pod's).
+    pub fn whole_on(&self, usable: u64, margin: u64) -> bool {
+        self.is_whole_gpu()
+            || (self.fills_gpu
+                && self.gpu_fraction <= 0.0
+                && self.fixed_bytes > usable
+                && self.min_gpu_total_bytes.saturating_add(margin) <= usable)
     }
 
     /// Whether a GPU of this size can host the pod at all.
@@ -186,24 +191,24 @@ mod tests {
             fills_gpu: true,
         };
         assert_eq!(d.bytes_on(80 * GI), 80 * GI);
-        assert!(d.whole_on(79 * GI, 251 * GI));
-        assert!(
-            !d.whole_on(18 * GI, 251 * GI),
-            "below the floor it does not run"
-        );
+        assert!(d.whole_on(79 * GI, GI));
+        assert!(!d.whole_on(19 * GI, GI), "the floor needs its margin too");
+        assert!(!d.whole_on(18 * GI, 0), "below the floor it does not run");
         let fits = Demand {
             fixed_bytes: 40 * GI,
             ..d
         };
         assert_eq!(fits.bytes_on(80 * GI), 40 * GI);
-        assert!(!fits.whole_on(79 * GI, 41 * GI));
+        assert!(!fits.whole_on(79 * GI, GI));
+        // Within the margin of the GPU: refused there as any pod is, not taken whole.
+        assert!(!fits.whole_on(40 * GI, GI));
         // Without the flag the cached peak is the need, as for any fixed demand.
         let plain = Demand {
             fills_gpu: false,
             ..d
         };
         assert_eq!(plain.bytes_on(80 * GI), 250 * GI);
-        assert!(!plain.whole_on(79 * GI, 251 * GI));
+        assert!(!plain.whole_on(79 * GI, GI));
     }
 
     #[test]

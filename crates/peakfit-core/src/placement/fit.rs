@@ -244,12 +244,11 @@ pub fn need_on(demand: &Demand, gpu: &GpuLedger, margin_bytes: u64) -> (u64, u64
     if demand.is_whole_gpu() {
         return (whole, whole);
     }
-    let share = demand.bytes_on(gpu.total_bytes);
-    let need = share.saturating_add(margin_bytes);
-    if demand.whole_on(whole, need) {
+    if demand.whole_on(whole, margin_bytes) {
         return (whole, whole);
     }
-    (share, need)
+    let share = demand.bytes_on(gpu.total_bytes);
+    (share, share.saturating_add(margin_bytes))
 }
 
 /// The bytes one share of `class` takes on `gpu`, if the GPU can take it now (accepted model,

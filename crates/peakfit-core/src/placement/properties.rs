@@ -19,6 +19,12 @@ fn cfg() -> FitConfig {
 fn arb_demand() -> impl Strategy<Value = Demand> {
     prop_oneof![
         (1u64..40).prop_map(|g| Demand::fixed(g * GI / 2)),
+        // A PyTorch pod whose cached peak may outgrow the GPU and take it whole.
+        (1u64..200, 1u64..40).prop_map(|(peak, floor)| Demand {
+            min_gpu_total_bytes: floor.min(peak) * GI / 2,
+            fills_gpu: true,
+            ..Demand::fixed(peak * GI / 2)
+        }),
         (1u32..=1000).prop_map(|m| Demand::fraction(f64::from(m) / 1000.0)),
         (
             0u64..8,
@@ -169,7 +175,8 @@ proptest! {
                     for &i in &p.gpu_indices {
                         let g = &node.gpus[i];
                         // No margin beside a whole-GPU pod: nobody else is there.
-                        let margin = if class.shape.demand.is_whole_gpu() { 0 } else { cfg.safety_margin_bytes };
+                        let usable = g.total_bytes - g.driver_reserved_bytes;
+                        let margin = if class.shape.demand.whole_on(usable, cfg.safety_margin_bytes) { 0 } else { cfg.safety_margin_bytes };
                         prop_assert!(
                             g.committed_bytes() + margin <= g.total_bytes,
                             "GPU {} over-committed: {} of {}", i, g.committed_bytes(), g.total_bytes

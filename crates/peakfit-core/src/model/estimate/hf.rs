@@ -1249,7 +1249,8 @@ pub(super) fn unstated_generation(inp: &Inputs) -> Option<String> {
          it, the decode one step); a shorter prompt and a longer generation can reserve more, \
          each further {:.0} generated tokens growing every cache copy past another 2 MiB \
          segment size: state prompt-tokens, or run with \
-         PYTORCH_ALLOC_CONF=expandable_segments:True (and peakfit.io/expandable-segments: true)",
+         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the webhook then sets \
+         peakfit.io/expandable-segments)",
         inp.context,
         tokens_per_level(inp)
     ))
