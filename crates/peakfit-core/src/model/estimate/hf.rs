@@ -1326,6 +1326,13 @@ fn largest_state_tensor(inp: &Inputs, block: &Block, grads: f64, state: f64) -> 
     if params <= 0.0 {
         return 0.0;
     }
+    widest * state_bytes_per_element(inp, params, grads, state)
+}
+
+/// Bytes per parameter element of the larger of a gradient and one optimizer moment over the
+/// `params` trainable elements (`grads` and `state` their bytes): the element size of the
+/// blocks the optimizer step makes and frees.
+fn state_bytes_per_element(inp: &Inputs, params: f64, grads: f64, state: f64) -> f64 {
     let moments = match inp.optimizer {
         Optimizer::Adam | Optimizer::Adam8bit => 2.0,
         Optimizer::Momentum => 1.0,
@@ -1337,7 +1344,7 @@ fn largest_state_tensor(inp: &Inputs, block: &Block, grads: f64, state: f64) -> 
     } else {
         0.0
     };
-    widest * grad_bytes.max(moment_bytes)
+    grad_bytes.max(moment_bytes)
 }
 
 /// Where a later step's forward without checkpointing puts the `spill` bytes the state
@@ -1409,7 +1416,14 @@ fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
     // when its loss allocates, in the blocks the first step's forward had, and the state now
     // sits in them: the whole state, not what the layers' blocks did not hold, lands in the
     // loss's segments before the loss takes its own ([`displaced_by_state`]).
-    let uncheckpointed = inp.checkpointing == Checkpointing::None;
+    // (Full fine-tunes: an adapter's state is a few MiB, and its rows were not traced so.)
+    let uncheckpointed = inp.checkpointing == Checkpointing::None && !inp.workload.is_adapter();
+    // The displaced activations take segments of their own only where they are larger than the
+    // blocks the optimizer step freed (each parameter's gradient and foreach temporaries, `d·h`
+    // elements, against a layer's `T·d` activations); smaller, they fill those blocks.
+    let outgrow_step_blocks = uncheckpointed
+        && inp.params > 0.0
+        && prec.c() * tokens > state_bytes_per_element(inp, inp.params, grads, state) * block.h;
     let spill = if uncheckpointed {
         spill.max(state)
     } else {
@@ -1442,7 +1456,7 @@ fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
             inp.optimizer_step_temporary()
         };
         let step = inp.weights() + grads + state + temporary;
-        let overflow = if uncheckpointed {
+        let overflow = if outgrow_step_blocks {
             displaced_by_state(spill, logits, fp32, one)
         } else {
             0.0
