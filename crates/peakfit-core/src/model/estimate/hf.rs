@@ -48,7 +48,7 @@
 //! | training, the end of the forward under autocast | a moment of its own: every trainable linear weight's 16-bit copy is still in autocast's cache while `cross_entropy` runs, checkpointing or not, beside the 16-bit logits, their fp32 copy and `log_softmax`'s output, `(c+8)·T·V`; with checkpointing in full fine-tuning it can beat backward's start (SGD's one state tensor: SmolLM2-1.7B b4 × 2k peaks there, 21.47 GiB, oracle and H100 alike) | `autocast_mode.cpp` `cached_cast`; `torch.autocast.__exit__` (`torch.clear_autocast_cache()`); `ForCausalLMLoss` (`logits.float()`, `cross_entropy`) |
 //! | reserved, a training step's loss segments | the first step's loss takes a segment per tensor: the 16-bit logits (`c·T·V`; Gemma-2 also `logits / cap`), their fp32 copy, `log_softmax`'s output and in backward `_log_softmax_backward_data`'s (`nll_loss_backward`'s takes the copy's block); the logits' segments stay free beside the fp32 ones (none in fp32, where `logits.float()` is the logits) ([`logits_segments`], [`training_slack`]) | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`), `Gemma2ForCausalLM.forward` (`final_logit_softcapping`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
 //! | reserved, a training step's layers | `HF_SLACK_INFERENCE_TENSORS` blocks of the forward's stranding tensor, or, LoRA on 16-bit weights, one of each of PEFT's three fp32 tensors at the widest adapted linear (`lora_B`'s output, `* scaling`, the promoted sum: `3·4·T·out`) ([`training_stranded`]) | `peft/tuners/lora/layer.py` `Linear.forward` (`_cast_input_dtype`, `result + lora_B(lora_A(dropout(x))) * scaling`, `.to(torch_result_dtype)`); `torch.utils.checkpoint` (each layer recomputed in backward); `CUDACachingAllocator.cpp` `should_split` |
-//! | reserved, the optimizer state in the loss's segments | the first `optimizer.step()` makes the state beside the gradients, each tensor in the smallest free block that holds it: the layers' freed blocks (kept inputs or saved tensors, the head's, one layer's forward, the stranded blocks), then the logits' segments, then the fp32 `4·T·V` ones (the embedding's and an untied head's `V·h` tensors straight there when no layer block holds them). Each fp32 segment holding state, or each `4·T·V` the state lacks in the first step's reserve, the later steps' loss takes fresh (`ceil`, at most 3; all 3: the logits' too), on top of the first step's reserve or the optimizer step's peak (weights, gradients, state, foreach AdamW's `_foreach_sqrt` list). Without checkpointing the later steps' forward holds every layer's saved tensors again before its loss, in the blocks the state now fills: the whole state goes to the loss's segments (best fit, the logits' first), and what they cannot hold to segments of its own where a layer's `T·d` activations outgrow the `d·h` blocks the optimizer step freed (full fine-tunes) ([`training_slack`], [`displaced_by_state`]) | `torch/optim/adamw.py` `_init_group` (`zeros_like` per parameter at the first step), `_multi_tensor_adamw` (`_foreach_sqrt`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` (segments never merge); the oracle's replay of the H200 rows (docs/oracle.md, "A training step's segments", "Training without checkpointing") |
+//! | reserved, the optimizer state in the loss's segments | the first `optimizer.step()` makes the state beside the gradients, each tensor in the smallest free block that holds it: the layers' freed blocks (kept inputs or saved tensors, the head's, one layer's forward, the stranded blocks), then the logits' segments, then the fp32 `4·T·V` ones (the embedding's and an untied head's `V·h` tensors straight there when no layer block holds them). Each fp32 segment holding state, or each `4·T·V` the state lacks in the first step's reserve, the later steps' loss takes fresh (`ceil`, at most 3; all 3: the logits' too), on top of the first step's reserve or the optimizer step's peak (weights, gradients, state, foreach AdamW's `_foreach_sqrt` list) ([`training_slack`]) | `torch/optim/adamw.py` `_init_group` (`zeros_like` per parameter at the first step), `_multi_tensor_adamw` (`_foreach_sqrt`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` (segments never merge); the oracle's replay of the H200 rows (docs/oracle.md, "A training step's segments") |
 
 use super::framework::Framework;
 use super::{
@@ -1327,13 +1327,6 @@ fn largest_state_tensor(inp: &Inputs, block: &Block, grads: f64, state: f64) -> 
     if params <= 0.0 {
         return 0.0;
     }
-    widest * state_bytes_per_element(inp, params, grads, state)
-}
-
-/// Bytes per parameter element of the larger of a gradient and one optimizer moment over the
-/// `params` trainable elements (`grads` and `state` their bytes): the element size of the
-/// blocks the optimizer step makes and frees.
-fn state_bytes_per_element(inp: &Inputs, params: f64, grads: f64, state: f64) -> f64 {
     let moments = match inp.optimizer {
         Optimizer::Adam | Optimizer::Adam8bit => 2.0,
         Optimizer::Momentum => 1.0,
@@ -1345,21 +1338,7 @@ fn state_bytes_per_element(inp: &Inputs, params: f64, grads: f64, state: f64) ->
     } else {
         0.0
     };
-    grad_bytes.max(moment_bytes)
-}
-
-/// Where a later step's forward without checkpointing puts the `spill` bytes the state
-/// displaced (the whole state, [`training_slack`]), before its loss allocates: best fit
-/// (`get_free_block`) into the first step's loss segments, the 16-bit logits' first (the
-/// smallest), then the three fp32 `4·T·V` ones, each filled to its size less the largest state
-/// tensor `one`. Returns the bytes beyond those segments, which take segments of their own
-/// (`alloc_block`) before the loss takes its own fresh. The oracle's replay of Qwen2.5-1.5B
-/// bf16 at 2 × 1k (5.75 GiB of state, 4.06 GiB of loss segments) finds every loss segment full
-/// when step 2's logits allocate and 1.6 GiB of fresh layer segments made before them
-/// (docs/oracle.md, "Training without checkpointing").
-fn displaced_by_state(spill: f64, logits: f64, fp32: f64, one: f64) -> f64 {
-    let room = (logits - one).max(0.0) + 3.0 * (fp32 - one).max(0.0);
-    (spill - room).max(0.0)
+    widest * grad_bytes.max(moment_bytes)
 }
 
 /// What a training step reserves beyond its allocated peak `allocated`, from the caching
@@ -1383,15 +1362,6 @@ fn displaced_by_state(spill: f64, logits: f64, fp32: f64, one: f64) -> f64 {
 ///    three; with all three taken, the logits' too), on top of the first step's reserve or of
 ///    the optimizer step's own peak (weights, gradients, state and foreach AdamW's temporary
 ///    list), whichever is larger.
-/// 3. Without checkpointing the later steps' forward holds every layer's saved tensors again
-///    when the loss allocates, in the first step's blocks, which the state now partly fills:
-///    the activations it displaces, the whole state's worth, go to the loss's segments before
-///    the loss does, and what those cannot hold to segments of its own
-///    ([`displaced_by_state`]) where a layer's `T·d` activations are larger than the `d·h`
-///    blocks the optimizer step freed (gradients, foreach temporaries; smaller, they fill
-///    those). With checkpointing only the layers' inputs come back before the loss; the
-///    recompute's blocks the state took are wanted after it. Full fine-tunes only: LoRA's
-///    rows were not traced so.
 fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
     let prec = inp.precision();
     let pass = inp.pass(inp.batch, inp.context);
@@ -1416,23 +1386,6 @@ fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
         (grads + state) * inp.embedding_params() / inp.params
     };
     let spill = (grads + state - room).max(vocab_share);
-    // Without checkpointing the later steps' forward holds every layer's saved tensors again
-    // when its loss allocates, in the blocks the first step's forward had, and the state now
-    // sits in them: the whole state, not what the layers' blocks did not hold, lands in the
-    // loss's segments before the loss takes its own ([`displaced_by_state`]).
-    // (Full fine-tunes: an adapter's state is a few MiB, and its rows were not traced so.)
-    let uncheckpointed = inp.checkpointing == Checkpointing::None && !inp.workload.is_adapter();
-    // The displaced activations take segments of their own only where they are larger than the
-    // blocks the optimizer step freed (each parameter's gradient and foreach temporaries, `d·h`
-    // elements, against a layer's `T·d` activations); smaller, they fill those blocks.
-    let outgrow_step_blocks = uncheckpointed
-        && inp.params > 0.0
-        && prec.c() * tokens > state_bytes_per_element(inp, inp.params, grads, state) * block.h;
-    let spill = if uncheckpointed {
-        spill.max(state)
-    } else {
-        spill
-    };
     // Fp32 segments the state takes, or, where the first step's reserve is short of the later
     // steps' peak, the loss's tensors (the last it allocates) take fresh in `4·T·V` blocks.
     // The state comes tensor by tensor, each into the smallest free block that holds it
@@ -1460,13 +1413,8 @@ fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
             inp.optimizer_step_temporary()
         };
         let step = inp.weights() + grads + state + temporary;
-        let overflow = if outgrow_step_blocks {
-            displaced_by_state(spill, logits, fp32, one)
-        } else {
-            0.0
-        };
         let logits_again = if taken >= 3.0 { logits } else { 0.0 };
-        (first.max(step) + overflow + taken * fp32 + logits_again).max(allocated + stranded)
+        (first.max(step) + taken * fp32 + logits_again).max(allocated + stranded)
     } else {
         // The state fits before the fp32 segments: the logits' segments hold the part of it
         // the layers' blocks did not, and stay free for the rest.
@@ -3151,83 +3099,6 @@ mod tests {
             "{} {}",
             allocated + slack,
             step + 14.0 * tv
-        );
-    }
-
-    /// Qwen2.5-1.5B as `tests/data/oracle-configs/qwen2.5-1.5b.json` builds it, fully
-    /// fine-tuned in bf16 without checkpointing, foreach AdamW.
-    fn qwen25_15b_uncheckpointed(batch: &'static str) -> Vec<(&'static str, &'static str)> {
-        vec![
-            ("layers", "28"),
-            ("hidden-size", "1536"),
-            ("attention-heads", "12"),
-            ("kv-heads", "2"),
-            ("head-dim", "128"),
-            ("intermediate-size", "8960"),
-            ("vocab-size", "151936"),
-            ("tied-embeddings", "true"),
-            ("params", "1543714304"),
-            ("dtype", "bf16"),
-            ("model-type", "qwen2"),
-            ("engine", "hf"),
-            ("workload", "training"),
-            ("optimizer", "adamw"),
-            ("gradient-checkpointing", "none"),
-            ("batch", batch),
-            ("context-tokens", "1024"),
-        ]
-    }
-
-    /// Without checkpointing the second step's forward needs every layer's saved tensors back
-    /// before its loss, and the first optimizer step put the state in their blocks, so the
-    /// whole state (5.75 GiB) goes to the loss's segments first: the 16-bit logits' (1.16 GiB)
-    /// and all three fp32 ones (2.32 GiB each) hold some, and the loss takes three fp32
-    /// segments fresh. The oracle's replay (`tools/oracle/train_events.py --grid
-    /// qwen2.5-1.5b-training-bf16-b4-t1024-gcnone-adamw`, docs/oracle.md "Training without
-    /// checkpointing"): step 2 makes 3 × 2,374 MiB, reserved 29.514 GiB. Counting only the
-    /// state the layers' freed blocks did not hold at the optimizer step, two fresh segments,
-    /// read 27.23 GiB. (With all three taken the count adds the logits' segment too, as the
-    /// checkpointed rows' replays make it; here the step's logits find room in the last fp32
-    /// segment, so the model reads the replay +4 %.)
-    #[test]
-    fn without_checkpointing_the_whole_state_displaces_the_loss() {
-        let (inp, allocated, slack) = training_case(&qwen25_15b_uncheckpointed("4"));
-        let (_, _, state) = inp.trainable_state();
-        let t = 4.0 * 1024.0;
-        let fp32 = 4.0 * t * 151_936.0;
-        let logits = 2.0 * t * 151_936.0;
-        let stranded = training_stranded(&inp, &inp.block(), &inp.pass(inp.batch, inp.context));
-        let first = allocated - state + logits + stranded;
-        let reserved = allocated + slack;
-        assert!(
-            (reserved - (first + 3.0 * fp32 + logits)).abs() < 2.0,
-            "{reserved} {}",
-            first + 3.0 * fp32 + logits
-        );
-        assert!(reserved > 29.514 * 1_073_741_824.0, "{reserved}");
-    }
-
-    /// The displaced state fills the loss's segments best fit, each to its size less the
-    /// largest state tensor; what they cannot hold takes segments of its own before the loss
-    /// takes its own fresh (Qwen2.5-1.5B at 2 × 1k: 5.75 GiB of state against 4.06 GiB of loss
-    /// segments; the replay's step 2 makes 1.6 GiB of layer segments before its loss, then the
-    /// logits' and three fp32 ones, reserved 22.445 GiB; the count without it read 18.43).
-    #[test]
-    fn the_displaced_state_past_the_loss_segments_takes_its_own() {
-        assert!((displaced_by_state(10.0, 1.0, 2.0, 0.0) - 3.0).abs() < 1e-9);
-        assert!(displaced_by_state(5.0, 1.0, 2.0, 0.0).abs() < 1e-9);
-        assert!((displaced_by_state(7.0, 1.0, 2.0, 0.5) - 2.0).abs() < 1e-9);
-        // Each of the four loss segments holds its size less one state tensor, so the step
-        // reserves its optimizer step's peak, the whole state and those four tensors.
-        let (inp, allocated, slack) = training_case(&qwen25_15b_uncheckpointed("2"));
-        let (grads, _, state) = inp.trainable_state();
-        let one = largest_state_tensor(&inp, &inp.block(), grads, state);
-        let step = inp.weights() + grads + state + state / 2.0;
-        let reserved = allocated + slack;
-        assert!(
-            (reserved - (step + state + 4.0 * one)).abs() < 2.0,
-            "{reserved} {}",
-            step + state + 4.0 * one
         );
     }
 
