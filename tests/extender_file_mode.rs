@@ -133,6 +133,24 @@ async fn the_example_cluster_loads_and_answers() {
     assert_eq!(l.gpus[0].free_bytes(), 40 * GIB - GIB / 2 - 36 * GIB);
 }
 
+/// Binds pod `name` (UID `uid-NAME`, namespace `ml`) to `a100-0` and returns the annotations the
+/// Binding carried.
+async fn bind_to_a100(h: &Harness, name: &str) -> std::collections::BTreeMap<String, String> {
+    let body = serde_json::json!({
+        "PodName": name, "PodNamespace": "ml", "PodUID": format!("uid-{name}"), "Node": "a100-0",
+    });
+    let (_, r) = call(
+        &h.router,
+        "POST",
+        "/bind",
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await;
+    assert_eq!(json(&r)["Error"], "", "{}", String::from_utf8_lossy(&r));
+    let bindings = h.binder.bindings.lock().clone();
+    bindings.last().unwrap().1.clone()
+}
+
 /// vLLM given `vram` instead of a model would otherwise take its default 0.9 of the card while
 /// peakfit reserved only `vram`: bind tells it the share it was given.
 #[tokio::test]
@@ -146,17 +164,7 @@ async fn a_fraction_engine_with_explicit_vram_is_told_its_share() {
     .unwrap();
     index.apply_pod(&pod);
     let h = file_mode_harness(index.clone());
-    let (_, r) = call(
-        &h.router,
-        "POST",
-        "/bind",
-        br#"{"PodName":"small-vllm","PodNamespace":"ml","PodUID":"uid-small-vllm","Node":"a100-0"}"#
-            .to_vec(),
-    )
-    .await;
-    assert_eq!(json(&r)["Error"], "", "{}", String::from_utf8_lossy(&r));
-    let bindings = h.binder.bindings.lock().clone();
-    let ann = &bindings.last().unwrap().1;
+    let ann = &bind_to_a100(&h, "small-vllm").await;
     assert_eq!(ann[RESERVED_BYTES], (8 * GIB).to_string());
     // a100-0's GPUs are 40 GiB cards: 8 / 40 = 0.2, never rounded up past the reservation.
     let total = index.node("a100-0").unwrap().read().ledger.gpus[0].total_bytes;
@@ -199,17 +207,7 @@ async fn a_pod_whose_cache_outgrows_the_gpus_gets_an_empty_one_whole() {
         serde_json::json!(["h100-0", "a100-0"]),
         "{v}"
     );
-    let (_, r) = call(
-        &h.router,
-        "POST",
-        "/bind",
-        br#"{"PodName":"long-gen","PodNamespace":"ml","PodUID":"uid-long-gen","Node":"a100-0"}"#
-            .to_vec(),
-    )
-    .await;
-    assert_eq!(json(&r)["Error"], "", "{}", String::from_utf8_lossy(&r));
-    let bindings = h.binder.bindings.lock().clone();
-    let ann = &bindings.last().unwrap().1;
+    let ann = &bind_to_a100(&h, "long-gen").await;
     let l = index.node("a100-0").unwrap().read().ledger.clone();
     let gpu = l
         .gpus

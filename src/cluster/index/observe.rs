@@ -99,9 +99,8 @@ mod tests {
     use crate::cluster::index::{ASSIGNED_GPUS, Index};
     use crate::cluster::test_support::{GIB, mk_pod, mk_report};
 
-    #[test]
-    fn a_bound_pods_peak_is_seen_under_its_workload() {
-        let index = Index::new();
+    /// Node `n1`'s report: one empty 80 GiB GPU, `GPU-a`, on which pod `u1` peaked at `peak`.
+    fn report_with_peak(peak: u64) -> crate::cluster::NodeGpuReport {
         let mut report = mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]);
         report
             .status
@@ -111,10 +110,16 @@ mod tests {
             .push(crate::inventory::PodPeak {
                 pod_uid: "u1".into(),
                 gpu_uuid: "GPU-a".into(),
-                peak_bytes: 13 * GIB,
+                peak_bytes: peak,
                 at: "2027-01-15T08:00:00Z".into(),
             });
-        index.apply_report(&report);
+        report
+    }
+
+    #[test]
+    fn a_bound_pods_peak_is_seen_under_its_workload() {
+        let index = Index::new();
+        index.apply_report(&report_with_peak(13 * GIB));
         let ann = [("peakfit.io/vram", "10Gi"), (ASSIGNED_GPUS, "GPU-a")];
         index.apply_pod(&mk_pod("u1", Some("n1"), &ann));
         // Bound, but no peak published yet; and a pod peakfit does not place.
@@ -137,19 +142,7 @@ mod tests {
     fn a_pod_that_filled_its_gpu_is_seen_at_no_less_than_its_prediction() {
         let seen_at = |peak: u64| {
             let index = Index::new();
-            let mut report = mk_report("n1", &[("GPU-a", 80 * GIB, 0, &[])]);
-            report
-                .status
-                .as_mut()
-                .unwrap()
-                .pod_peaks
-                .push(crate::inventory::PodPeak {
-                    pod_uid: "u1".into(),
-                    gpu_uuid: "GPU-a".into(),
-                    peak_bytes: peak,
-                    at: "2027-01-15T08:00:00Z".into(),
-                });
-            index.apply_report(&report);
+            index.apply_report(&report_with_peak(peak));
             // Qwen3-0.6B generating 64 x (1,024 + 1,024): its cache outgrows any GPU.
             let ann = [
                 ("peakfit.io/model", "qwen3-0.6b"),

@@ -823,18 +823,22 @@ mod tests {
         assert_eq!(e.demand.gpu_fraction, 0.0);
     }
 
+    /// The measured long generation (`tests/data/h200b`, `h200b-qwen3-0.6b-b64-2k-n1024` and
+    /// its `-expandable` twin): Qwen3-0.6B, 64 × (1,024 + 1,024) tokens.
+    const LONG_GENERATION: [(&str, &str); 5] = [
+        ("model", "qwen3-0.6b"),
+        ("workload", "inference"),
+        ("batch", "64"),
+        ("context-tokens", "2048"),
+        ("prompt-tokens", "1024"),
+    ];
+
     /// `expandable-segments: true` bounds the segment-stranding slack by the generic ratio:
     /// the measured row reserved 15.79 GiB for 15.43 allocated with the setting, and filled an
     /// H200 without it (`h200b-qwen3-0.6b-b64-2k-n1024-expandable`).
     #[test]
     fn expandable_segments_bound_the_slack_by_the_generic_ratio() {
-        let pairs = [
-            ("model", "qwen3-0.6b"),
-            ("workload", "inference"),
-            ("batch", "64"),
-            ("context-tokens", "2048"),
-            ("prompt-tokens", "1024"),
-        ];
+        let pairs = LONG_GENERATION;
         let cached = est(&pairs);
         let mut with = pairs.to_vec();
         with.push(("expandable-segments", "true"));
@@ -874,13 +878,7 @@ mod tests {
     /// process, above what the GPU showed allocated plus the context, and far below the card.
     #[test]
     fn a_cache_that_outgrows_the_gpu_makes_a_whole_gpu_pod_with_a_floor() {
-        let pairs = [
-            ("model", "qwen3-0.6b"),
-            ("workload", "inference"),
-            ("batch", "64"),
-            ("context-tokens", "2048"),
-            ("prompt-tokens", "1024"),
-        ];
+        let pairs = LONG_GENERATION;
         let e = est(&pairs);
         let gib = |b: u64| b as f64 / GIB;
         assert!(e.demand.fills_gpu);
