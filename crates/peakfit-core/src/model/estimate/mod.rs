@@ -650,11 +650,11 @@ fn finish(
     // neighbours wherever they were allocated, and a request no free block holds maps pages
     // at the end rather than a new segment, so nothing is stranded in segments of an old size
     // (what `hf::slack` counts). What is left is the range's own fragmentation: holes between
-    // live blocks stay mapped, taken as the generic ratio at most. Measured: Qwen3-0.6B generating 64 × (1,024 +
-    // 1,024) tokens reserved 15.79 GiB for 15.43 allocated with it, and filled an H200 without
-    // it (`tests/data/h200b`).
-    // Only where it was measured: a decoder's generation. A training step and an
-    // encoder-decoder keep their slack (it holds tensors in flight as well as stranded blocks).
+    // live blocks stay mapped, taken as the generic ratio at most. Measured: Qwen3-0.6B
+    // generating 64 × (1,024 + 1,024) tokens reserved 15.79 GiB for 15.43 allocated with it,
+    // and filled an H200 without it (`tests/data/h200b`). Only where it was measured: a
+    // decoder's generation. A training step and an encoder-decoder keep their slack (it holds
+    // tensors in flight as well as stranded blocks).
     let expandable =
         inp.expandable_segments && inp.kind == Kind::Decoder && !inp.workload.is_training();
     let slack_bytes = round(match hf_slack {
