@@ -266,8 +266,9 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     } else {
         req.demand.fixed_bytes
     };
-    // The cached peak outgrows this GPU, and the pod runs there anyway, filling it.
-    let fills = runs && req.demand.fills_gpu && req.demand.fixed_bytes > per_gpu;
+    // The cached peak outgrows this GPU, and the pod runs there anyway, filling it (the
+    // extender's rule, without a driver reserve or margin, which the estimate does not know).
+    let fills = req.demand.fills_gpu && req.demand.whole_on(gpu_total, 0);
     let learned = match &args.profile {
         Some(path) => {
             let profile = read_profile(path)?;

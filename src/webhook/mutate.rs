@@ -671,37 +671,36 @@ struct ExpandableFromEnv {
 
 /// Whether an allocator config picks CUDA's `cudaMallocAsync` backend.
 fn uses_cuda_malloc_async(conf: &str) -> bool {
-    conf.split(',').any(|item| {
-        item.split_once(':')
-            .is_some_and(|(k, v)| k.trim() == "backend" && v.trim() == "cudaMallocAsync")
-    })
+    alloc_conf_items(conf).any(|(k, v)| k == "backend" && v == "cudaMallocAsync")
 }
 
-/// `expandable_segments` in an allocator config string (`key:value` items separated by commas;
-/// `roundup_power2_divisions` may hold a bracketed list with commas of its own), if it is set
-/// to `True` or `False`, the only values PyTorch takes.
+/// `expandable_segments` in an allocator config, if it is set to `True` or `False`, the only
+/// values PyTorch takes (the last one given wins, as in PyTorch's parser).
 fn expandable_segments_of(conf: &str) -> Option<bool> {
+    alloc_conf_items(conf)
+        .filter(|(k, _)| *k == "expandable_segments")
+        .filter_map(|(_, v)| match v {
+            "True" => Some(true),
+            "False" => Some(false),
+            _ => None,
+        })
+        .last()
+}
+
+/// The `key:value` items of an allocator config string, trimmed: separated by commas, except
+/// inside `roundup_power2_divisions`' bracketed list, which has commas of its own.
+fn alloc_conf_items(conf: &str) -> impl Iterator<Item = (&str, &str)> {
     let mut depth = 0i32;
-    let mut found = None;
-    for item in conf.split(|c: char| {
+    conf.split(move |c: char| {
         match c {
             '[' => depth += 1,
             ']' => depth -= 1,
             _ => {}
         }
         c == ',' && depth == 0
-    }) {
-        if let Some((key, value)) = item.split_once(':')
-            && key.trim() == "expandable_segments"
-        {
-            found = match value.trim() {
-                "True" => Some(true),
-                "False" => Some(false),
-                _ => found,
-            };
-        }
-    }
-    found
+    })
+    .filter_map(|item| item.split_once(':'))
+    .map(|(k, v)| (k.trim(), v.trim()))
 }
 
 /// The annotations bind writes, in the order they are reported.

@@ -23,7 +23,7 @@ pub struct Observed {
 /// Whether a peak of `peak` bytes filled a GPU of `usable` bytes (its size less the driver's
 /// reserve): within [`FILLED_GPU_BYTES`] of it, what the caching allocator leaves when
 /// `cudaMalloc` fails and it frees its cache.
-fn fills_gpu(peak: u64, usable: u64) -> bool {
+fn filled_the_gpu(peak: u64, usable: u64) -> bool {
     peak.saturating_add(FILLED_GPU_BYTES) >= usable
 }
 
@@ -60,7 +60,7 @@ impl Index {
                 for g in &report.gpus {
                     for &(_, b) in g.peak_by_pod.iter().filter(|(u, _)| u == uid) {
                         peak = peak.max(Some(b));
-                        filled |= fills_gpu(b, g.total.saturating_sub(g.driver_reserved));
+                        filled |= filled_the_gpu(b, g.total.saturating_sub(g.driver_reserved));
                     }
                 }
                 let Some(mut peak_bytes) = peak else {

@@ -860,15 +860,14 @@ mod tests {
         let mut train_with = train.to_vec();
         train_with.push(("expandable-segments", "true"));
         assert_eq!(est(&train).reserved_bytes, est(&train_with).reserved_bytes);
-        // A slack already below the ratio stays as it is.
+        // A slack already below the ratio stays as it is (Llama-3.1-8B at batch 1: 1.4 %).
         let small = [("model", "llama-3.1-8b"), ("workload", "inference")];
         let mut small_with = small.to_vec();
         small_with.push(("expandable-segments", "true"));
         let (a, b) = (est(&small), est(&small_with));
         let ratio = part(&a, "allocator-slack") / a.allocated_bytes as f64;
-        if ratio < SLACK_INFERENCE - 1.0 {
-            assert_eq!(a.reserved_bytes, b.reserved_bytes);
-        }
+        assert!(ratio < SLACK_INFERENCE - 1.0, "{ratio}");
+        assert_eq!(a.reserved_bytes, b.reserved_bytes);
     }
 
     /// The measured case behind [`Demand::fills_gpu`]: Qwen3-0.6B generating 64 × (1,024 +
