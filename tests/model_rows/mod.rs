@@ -107,6 +107,12 @@ pub fn h200b_allocated() -> Vec<H200Row> {
     real_gpu("h200b", "h200b-2026-11.csv")
 }
 
+/// The fourth lease's rows (`tests/data/h200c`, one H200, measured by `tools/measure/measure.py`
+/// and scored before the model changes they led to), all with the three counters.
+pub fn h200c() -> Vec<H200Row> {
+    real_gpu("h200c", "h200c-2026-11.csv")
+}
+
 /// A case that ran out of memory alone on the GPU (`tests/data/h100/h100-2026-11-oom.csv`):
 /// what was allocated when the failing request came, plus the request, bounds its peak below.
 pub struct OomRow {

@@ -23,7 +23,8 @@ def annotations(c):
     if c.get("ckpt"):
         a["gradient_checkpointing"] = c["ckpt"]
     if c.get("optim"):
-        a["optimizer"] = c["optim"]
+        # measure.py's foreach AdamW is the model's `adamw` (torch's CUDA default).
+        a["optimizer"] = {"adamw-foreach": "adamw"}.get(c["optim"], c["optim"])
     if c.get("rank"):
         a["lora_rank"] = c["rank"]
     if c.get("attn") == "eager":

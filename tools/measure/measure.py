@@ -147,7 +147,80 @@ LEASE3C = [
     case("h200b-llama32-1b-ft-bf16-b4-4864-gc", "llama-3.2-1b", "training", "bf16", 4, 4864, ckpt="full", optim="adamw", gib=56),
 ]
 
-CASES = LEASE3 + LEASE3B + LEASE3C + NEXT + EXTRA + [
+# The fourth lease (one H200, `tests/data/h200c`), most informative first:
+# - which AdamW ran: every "adamw" row here and in ../shared ran the per-tensor loop (the note at
+#   the optimizer below), while the model's `optimizer: adamw` is torch's CUDA default, foreach
+#   (`_foreach_sqrt` makes a list the size of the second moment). The two rows the model reads
+#   +14.4 % and +10.7 % (h200b qwen3-1.7b, llama32-3b) again with foreach, and Qwen2.5-1.5B
+#   without checkpointing at 1 / 2 / 4 x 1k both ways: the oracle (foreach) reads the model
+#   -13.3 / -17.9 / -7.7 % there (docs/oracle.md, "Training without checkpointing");
+# - the allocator history (`trace=True`) of Falcon-7B's LoRA, whose allocated the model and the
+#   oracle read 9.7 % and 13.3 % low (one fp32 score block more on the GPU), and of Mistral-7B's
+#   LoRA under autocast, reserved -6.0 % with allocated exact;
+# - `expandable_segments` on training (the model keeps training's slack under it: unmeasured);
+# - full fine-tunes and LoRA without checkpointing no row has (the model's known weak kind).
+LEASE4 = [
+    case("h200c-qwen3-1.7b-ft-amp-b4-2k-gc-foreach", "qwen3-1.7b", "training", "fp16-amp", 4, 2048, ckpt="full", optim="adamw-foreach", gib=64),
+    case("h200c-falcon-7b-lora16-b4-2k-gc-trace", "falcon-7b", "lora", "bf16", 4, 2048, ckpt="full", optim="adamw", rank=16, gib=45, trace=True, timeout=240),
+    case("h200c-qwen25-1.5b-ft-bf16-b1-1k", "qwen2.5-1.5b", "training", "bf16", 1, 1024, ckpt="none", optim="adamw", gib=23),
+    case("h200c-qwen25-1.5b-ft-bf16-b1-1k-foreach", "qwen2.5-1.5b", "training", "bf16", 1, 1024, ckpt="none", optim="adamw-foreach", gib=23),
+    case("h200c-qwen25-1.5b-ft-bf16-b2-1k", "qwen2.5-1.5b", "training", "bf16", 2, 1024, ckpt="none", optim="adamw", gib=25),
+    case("h200c-qwen25-1.5b-ft-bf16-b2-1k-foreach", "qwen2.5-1.5b", "training", "bf16", 2, 1024, ckpt="none", optim="adamw-foreach", gib=25),
+    case("h200c-qwen25-1.5b-ft-bf16-b4-1k", "qwen2.5-1.5b", "training", "bf16", 4, 1024, ckpt="none", optim="adamw", gib=37),
+    case("h200c-qwen25-1.5b-ft-bf16-b4-1k-foreach", "qwen2.5-1.5b", "training", "bf16", 4, 1024, ckpt="none", optim="adamw-foreach", gib=37),
+    case("h200c-llama32-3b-ft-bf16-b4-2k-gc-foreach", "llama-3.2-3b", "training", "bf16", 4, 2048, ckpt="full", optim="adamw-foreach", gib=58),
+    case("h200c-mistral-7b-lora8-amp-b4-2k-gc-trace", "mistral-7b-v0.3", "lora", "fp16-amp", 4, 2048, ckpt="full", optim="adamw", rank=8, gib=48, trace=True, timeout=240),
+    case("h200c-smollm2-135m-ft-amp-b4-1k", "smollm2-135m", "training", "fp16-amp", 4, 1024, ckpt="none", optim="adamw", gib=12),
+    case("h200c-smollm2-135m-ft-amp-b4-1k-foreach", "smollm2-135m", "training", "fp16-amp", 4, 1024, ckpt="none", optim="adamw-foreach", gib=12),
+    case("h200c-qwen3-1.7b-ft-amp-b4-2k-gc-expandable", "qwen3-1.7b", "training", "fp16-amp", 4, 2048, ckpt="full", optim="adamw", gib=64,
+         alloc_conf="expandable_segments:True"),
+    case("h200c-llama32-1b-ft-bf16-b2-2k", "llama-3.2-1b", "training", "bf16", 2, 2048, ckpt="none", optim="adamw", gib=28),
+    case("h200c-qwen3-0.6b-lora16-b4-2k", "qwen3-0.6b", "lora", "bf16", 4, 2048, ckpt="none", optim="adamw", rank=16, gib=50),
+    case("h200c-gemma2-2b-lora16-b1-4k", "gemma-2-2b", "lora", "bf16", 1, 4096, ckpt="none", optim="adamw", rank=16, gib=57),
+    case("h200c-qwen25-7b-lora16-b1-4k", "qwen2.5-7b", "lora", "bf16", 1, 4096, ckpt="none", optim="adamw", rank=16, gib=77),
+    case("h200c-qwen3-4b-ft-bf16-b2-2k-gc", "qwen3-4b", "training", "bf16", 2, 2048, ckpt="full", optim="adamw", gib=61),
+    case("h200c-llama32-1b-ft-bf16-b8-2k-gc-expandable", "llama-3.2-1b", "training", "bf16", 8, 2048, ckpt="full", optim="adamw", gib=53,
+         alloc_conf="expandable_segments:True"),
+    # Foreach beside rows measured with the loop or fused, then ordinary work no row has.
+    case("h200c-llama32-1b-ft-bf16-b8-2k-gc-foreach", "llama-3.2-1b", "training", "bf16", 8, 2048, ckpt="full", optim="adamw-foreach", gib=53),
+    case("h200c-qwen25-1.5b-ft-amp-b4-2k-gc-foreach", "qwen2.5-1.5b", "training", "fp16-amp", 4, 2048, ckpt="full", optim="adamw-foreach", gib=60),
+    case("h200c-llama31-8b-lora16-b2-2k", "llama-3.1-8b", "lora", "bf16", 2, 2048, ckpt="none", optim="adamw", rank=16, gib=78),
+    case("h200c-qwen3-1.7b-lora16-b4-2k", "qwen3-1.7b", "lora", "bf16", 4, 2048, ckpt="none", optim="adamw", rank=16, gib=70),
+    case("h200c-phi2-ft-bf16-b4-2k-gc", "phi-2", "training", "bf16", 4, 2048, ckpt="full", optim="adamw", gib=42),
+    case("h200c-llama32-3b-b32-2k", "llama-3.2-3b", "inference", "bf16", 32, 2048, new=64, gib=27),
+    case("h200c-qwen3-8b-b32-2k", "qwen3-8b", "inference", "bf16", 32, 2048, new=64, gib=45),
+    case("h200c-bert-large-fp16-b256-512", "bert-large", "inference", "fp16", 256, 512, kind="encoder", gib=8),
+    case("h200c-whisper-small-bf16-b32", "whisper-small", "inference", "bf16", 32, 128, kind="whisper", gib=5),
+    case("h200c-qwen3-4b-lora16-b4-4k-gc", "qwen3-4b", "lora", "bf16", 4, 4096, ckpt="full", optim="adamw", rank=16, gib=60),
+]
+
+# The same lease's second call: the allocator history of the rows the first call found the
+# model low on (full fine-tunes without checkpointing, the per-tensor AdamW loop the rows run)
+# and high on (Phi-2 and Qwen3-4B checkpointed), then rows no version of the model has seen to
+# judge what the histories explain: more full fine-tunes without checkpointing, and attention
+# backward where the scores are materialised (eager Mistral-7B and Phi-2 LoRA, Falcon-7B's math
+# kernel at 2 x 4k), where the first call's history showed `softmax_backward_cuda_out`'s
+# `grad * output` temporary.
+LEASE4B = [
+    case("h200c-qwen25-1.5b-ft-bf16-b2-1k-trace", "qwen2.5-1.5b", "training", "bf16", 2, 1024, ckpt="none", optim="adamw", gib=25, trace=True, timeout=240),
+    case("h200c-qwen25-1.5b-ft-bf16-b4-1k-trace", "qwen2.5-1.5b", "training", "bf16", 4, 1024, ckpt="none", optim="adamw", gib=37, trace=True, timeout=240),
+    case("h200c-smollm2-135m-ft-amp-b4-1k-trace", "smollm2-135m", "training", "fp16-amp", 4, 1024, ckpt="none", optim="adamw", gib=12, trace=True, timeout=240),
+    case("h200c-phi2-ft-bf16-b4-2k-gc-trace", "phi-2", "training", "bf16", 4, 2048, ckpt="full", optim="adamw", gib=42, trace=True, timeout=240),
+    case("h200c-qwen3-4b-ft-bf16-b2-2k-gc-trace", "qwen3-4b", "training", "bf16", 2, 2048, ckpt="full", optim="adamw", gib=61, trace=True, timeout=240),
+    case("h200c-mistral-7b-v03-lora8-eager-b2-4k-gc", "mistral-7b-v0.3", "lora", "bf16", 2, 4096, ckpt="full", optim="adamw", rank=8, attn="eager", gib=60),
+    case("h200c-falcon-7b-lora16-b2-4k-gc", "falcon-7b", "lora", "bf16", 2, 4096, ckpt="full", optim="adamw", rank=16, gib=60),
+    case("h200c-phi2-lora16-eager-b4-2k-gc", "phi-2", "lora", "bf16", 4, 2048, ckpt="full", optim="adamw", rank=16, attn="eager", gib=30),
+    case("h200c-qwen3-0.6b-ft-bf16-b2-1k", "qwen3-0.6b", "training", "bf16", 2, 1024, ckpt="none", optim="adamw", gib=20),
+    case("h200c-qwen3-1.7b-ft-bf16-b2-1k", "qwen3-1.7b", "training", "bf16", 2, 1024, ckpt="none", optim="adamw", gib=30),
+    case("h200c-qwen25-0.5b-ft-bf16-b2-1k", "qwen2.5-0.5b", "training", "bf16", 2, 1024, ckpt="none", optim="adamw", gib=15),
+    case("h200c-llama32-1b-ft-bf16-b1-1k", "llama-3.2-1b", "training", "bf16", 1, 1024, ckpt="none", optim="adamw", gib=18),
+    case("h200c-smollm2-1.7b-ft-bf16-b2-1k", "smollm2-1.7b", "training", "bf16", 2, 1024, ckpt="none", optim="adamw", gib=30),
+    case("h200c-qwen25-1.5b-ft-amp-b2-1k", "qwen2.5-1.5b", "training", "fp16-amp", 2, 1024, ckpt="none", optim="adamw", gib=40),
+    case("h200c-gemma2-2b-ft-bf16-b1-1k", "gemma-2-2b", "training", "bf16", 1, 1024, ckpt="none", optim="adamw", gib=40),
+    case("h200c-qwen25-1.5b-ft-bf16-b3-1k", "qwen2.5-1.5b", "training", "bf16", 3, 1024, ckpt="none", optim="adamw", gib=33),
+]
+
+CASES = LEASE4B + LEASE4 + LEASE3 + LEASE3B + LEASE3C + NEXT + EXTRA + [
     case("h100-qwen3-0.6b-b32-8k", "qwen3-0.6b", "inference", "bf16", 32, 8192, new=64, gib=53),
     case("h100-qwen3-4b-b16-4k", "qwen3-4b", "inference", "bf16", 16, 4096, new=64, gib=25),
     case("h100-gemma2-2b-b4-8k", "gemma-2-2b", "inference", "bf16", 4, 8192, new=64, gib=15),
@@ -246,6 +319,13 @@ def child(cid):
     torch.cuda.reset_peak_memory_stats()
     peak[0] = nvml_used(h, pid)
     weights = torch.cuda.memory_allocated()
+    trace_dir = os.environ.get("MEASURE_TRACE_DIR") if c.get("trace") else None
+    if trace_dir:
+        # Every alloc, free and segment from here on, with the Python frames that asked
+        # (tools/measure/peak_live.py reads it); host memory only, the GPU's counters are unchanged.
+        trace_base = dict(allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved())
+        torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
+                                                 max_entries=1_000_000)
     nparams = sum(p.numel() for p in model.parameters())
     attn = getattr(model.config, "_attn_implementation", None)
     path = None
@@ -297,9 +377,16 @@ def child(cid):
         params = [p for p in model.parameters() if p.requires_grad]
         if c["optim"] == "sgd":
             opt = torch.optim.SGD(params, lr=1e-5, momentum=0.9)
+        elif c["optim"] == "adamw-foreach":
+            opt = torch.optim.AdamW(params, lr=1e-5, foreach=True)
         else:
+            # As the shared script: `fused=False` is not torch's default. With `foreach` left None
+            # beside a False `fused`, torch 2.11's `adam()` never asks `_default_to_fused_or_foreach`
+            # and runs the per-tensor loop (`_single_tensor_adam`), so an "adamw" row is the loop;
+            # `optim_impl` below records what ran.
             opt = torch.optim.AdamW(params, lr=1e-5, fused=(c["optim"] == "adamw-fused"))
         x = torch.randint(0, cfg.vocab_size, (b, ctx), device="cuda")
+        optim_impl = watch_optimizer_paths()
         for _ in range(3):
             if c["dtype"] == "fp16-amp":
                 with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -309,7 +396,7 @@ def child(cid):
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-        path = "train-3-steps"
+        path = "train-3-steps (" + ",".join(sorted(optim_impl)) + ")"
     torch.cuda.synchronize()
     stats = torch.cuda.memory_stats()
     nvml_end = nvml_used(h, pid)
@@ -328,7 +415,51 @@ def child(cid):
                torch=torch.__version__, transformers=transformers.__version__,
                gpu=pynvml.nvmlDeviceGetName(h), driver=pynvml.nvmlSystemGetDriverVersion(),
                gpu_total=pynvml.nvmlDeviceGetMemoryInfo(h).total, config=cfg_dump)
+    if trace_dir:
+        res["trace"] = write_trace(trace_dir, cid, trace_base, torch)
     print("RESULT " + json.dumps(res, default=str), flush=True)
+
+
+def write_trace(trace_dir, cid, base, torch):
+    """The allocator history as a gzipped pickle (frames cut to 8 per event to bound its size)
+    and peak_live.py's summary of it beside; returns the summary's headline numbers."""
+    import gzip, pickle
+    sys.path.insert(0, HERE)
+    import peak_live
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    snap["peakfit_base"] = base
+    for e in snap["device_traces"][0]:
+        e["frames"] = e.get("frames", [])[:8]
+    for seg in snap.get("segments", []):
+        for blk in seg.get("blocks", []):
+            blk["frames"] = blk.get("frames", [])[:8]
+    os.makedirs(trace_dir, exist_ok=True)
+    with gzip.open(os.path.join(trace_dir, cid + ".pickle.gz"), "wb") as f:
+        pickle.dump(snap, f)
+    summary = peak_live.summarize(snap)
+    with open(os.path.join(trace_dir, cid + ".peak.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return {k: summary[k] for k in ("events", "peak_allocated", "peak_reserved", "segments_count")}
+
+
+def watch_optimizer_paths():
+    """The names of torch's optimizer implementations that run (`_single_tensor_adam`,
+    `_multi_tensor_adam`, `_fused_adam`, and SGD's), read by wrapping the module functions that
+    `torch.optim.adam.adam` and `torch.optim.sgd.sgd` pick from at each step."""
+    import torch.optim.adam as adam_mod, torch.optim.sgd as sgd_mod
+    seen = set()
+    for mod, names in ((adam_mod, ("_single_tensor_adam", "_multi_tensor_adam", "_fused_adam")),
+                       (sgd_mod, ("_single_tensor_sgd", "_multi_tensor_sgd", "_fused_sgd"))):
+        for name in names:
+            f = getattr(mod, name, None)
+            if f is None:
+                continue
+            def wrapped(*a, _f=f, _n=name, **k):
+                seen.add(_n)
+                return _f(*a, **k)
+            setattr(mod, name, wrapped)
+    return seen
 
 def summary_line(r, secs):
     gib = 2 ** 30

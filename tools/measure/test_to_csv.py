@@ -3,6 +3,7 @@ rerun it into a scratch folder and compare every file byte for byte. Plain pytho
 
 Run: python3 -m unittest discover -s tools/measure -p 'test_*.py'
 """
+import csv
 import filecmp
 import os
 import sys
@@ -40,6 +41,17 @@ class ToCsv(unittest.TestCase):
 
     def test_the_third_leases_rows_are_its_raw_lines_converted(self):
         self.check_folder("h200b", ["h200b-run1.jsonl", "h200b-run2.jsonl", "h200b-run3.jsonl"])
+
+    def test_the_fourth_leases_rows_are_its_raw_lines_converted(self):
+        """h200c: the traced reruns are not rows, and foreach AdamW is scored as `adamw`."""
+        self.check_folder("h200c", ["h200c-run1.jsonl", "h200c-run2.jsonl"])
+        rows = {r["id"]: r for r in csv.DictReader(open(os.path.join(HERE, "..", "..", "tests", "data", "h200c",
+                                                                       "h200c-2026-11.csv")))}
+        self.assertFalse([i for i in rows if i.endswith("-trace")])
+        foreach = rows["h200c-qwen3-1.7b-ft-amp-b4-2k-gc-foreach"]
+        self.assertEqual(foreach["optimizer"], "adamw")
+        self.assertIn("_multi_tensor_adam", foreach["notes"])
+        self.assertIn("_single_tensor_adam", rows["h200c-qwen25-1.5b-ft-bf16-b2-1k"]["notes"])
 
     def test_a_row_whose_allocator_retried_keeps_only_its_allocated_counter(self):
         import csv
