@@ -230,9 +230,9 @@ const P90_BAR: f64 = 20.0;
 const P90_BAR_ALL: f64 = 25.0;
 
 /// Real-GPU rows measured for peakfit (`tests/data/h200`, `tests/data/h100`,
-/// `tests/data/h200b`), scored on their NVML counter (the one that decides an OOM;
-/// `tests/estimate_h200.rs`, `tests/estimate_h100.rs` and `tests/estimate_h200b.rs` check all
-/// three counters).
+/// `tests/data/h200b`, `tests/data/h200c`), scored on their NVML counter (the one that decides
+/// an OOM; `tests/estimate_h200.rs`, `tests/estimate_h100.rs`, `tests/estimate_h200b.rs` and
+/// `tests/estimate_h200c.rs` check all three counters).
 fn real_gpu(rows: Vec<model_rows::H200Row>) -> Vec<Row> {
     rows.into_iter()
         .map(|r| Row {
@@ -265,8 +265,8 @@ fn estimate_matches_project_measurements() {
     assert_bars(&scored, P90_BAR);
 }
 
-/// Every real-GPU row together (the shared file, the project's, the H200, H100 and third-lease
-/// H200 rows): the bars over all of them, and the bands `peakfit estimate` prints.
+/// Every real-GPU row together (the shared file, the project's, the H200, H100 and third- and
+/// fourth-lease H200 rows): the bars over all of them, and the bands `peakfit estimate` prints.
 #[test]
 #[ignore = "needs ../shared/data"]
 fn estimate_matches_public_measurements() {
@@ -293,7 +293,16 @@ fn estimate_matches_public_measurements() {
     let d = report("tests/data/h100 (NVML)", &h100_rows, &[]);
     let h200b_rows = real_gpu(model_rows::h200b());
     let e = report("tests/data/h200b (NVML)", &h200b_rows, &[]);
-    let both: Vec<&Row> = a.into_iter().chain(b).chain(c).chain(d).chain(e).collect();
+    let h200c_rows = real_gpu(model_rows::h200c());
+    let f = report("tests/data/h200c (NVML)", &h200c_rows, &[]);
+    let both: Vec<&Row> = a
+        .into_iter()
+        .chain(b)
+        .chain(c)
+        .chain(d)
+        .chain(e)
+        .chain(f)
+        .collect();
     println!("\n== every real-GPU row");
     print_table(&both);
     assert_bars(&both, P90_BAR_ALL);

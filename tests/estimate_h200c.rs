@@ -1,5 +1,5 @@
-//! The peak-memory model against the fourth lease's rows (`tests/data/h200c/`: 38 runs measured
-//! for peakfit by `tools/measure/measure.py` on one NVIDIA H200, two calls of one lease; its
+//! The peak-memory model against the fourth lease's rows (`tests/data/h200c/`: 39 runs measured
+//! for peakfit by `tools/measure/measure.py` on one NVIDIA H200, three calls of one lease; its
 //! `SOURCES.md` says how and why these). No version of the model had seen them when they were
 //! first scored (the commit that added them gives that scoring).
 //!
@@ -15,7 +15,24 @@ mod model_rows;
 use model_rows::scoring::{Annotations, COUNTERS, error, report, score};
 
 /// Rows with all three counters.
-const ROWS: usize = 38;
+const ROWS: usize = 39;
+
+/// NVML median |error| over the rows.
+const NVML_MEDIAN_BAR: f64 = 5.0;
+
+/// The rows read more than 10 % low on reserved and NVML, each the same mechanism: a full
+/// fine-tune of Qwen2.5-1.5B without checkpointing, whose second step's forward cannot reuse the
+/// activation blocks step 1's optimizer state took (`tests/data/h200c/SOURCES.md`; the
+/// allocator histories of the 2 × 1k and 4 × 1k rows). The count in `hf::training_slack` does not
+/// follow that placement yet; the test fails when a row outside this list reads low, and when one
+/// in it no longer does (so the list says what is true).
+const KNOWN_LOW: &[&str] = &[
+    "h200c-qwen25-1.5b-ft-bf16-b1-1k-foreach",
+    "h200c-qwen25-1.5b-ft-bf16-b2-1k",
+    "h200c-qwen25-1.5b-ft-bf16-b2-1k-foreach",
+    "h200c-qwen25-1.5b-ft-bf16-b4-1k",
+    "h200c-qwen25-1.5b-ft-bf16-b4-1k-foreach",
+];
 
 #[test]
 fn estimate_matches_the_h200c_rows() {
@@ -23,16 +40,30 @@ fn estimate_matches_the_h200c_rows() {
     assert_eq!(rows.len(), ROWS);
     let summaries = report("H200c, with the stated prompt", &rows);
     for (name, (_, _, signed, _)) in COUNTERS.iter().zip(&summaries) {
-        println!("{name}: signed median {signed:+.1}%");
+        assert!(*signed >= 0.0, "{name} signed median {signed:+.1}%");
     }
+    let (nvml_median, ..) = summaries[2];
+    assert!(
+        nvml_median <= NVML_MEDIAN_BAR,
+        "NVML median |error| {nvml_median:.1}% > {NVML_MEDIAN_BAR}%"
+    );
     let mut low = Vec::new();
     for r in &rows {
-        for (i, name) in COUNTERS.iter().enumerate() {
-            let e = error(r.counters[i]);
-            if e < -10.0 {
-                low.push(format!("{} {name} {e:+.1}%", r.id));
-            }
+        let allocated = error(r.counters[0]);
+        assert!(
+            allocated >= -10.0,
+            "{}: allocated {allocated:+.1}% low",
+            r.id
+        );
+        if COUNTERS
+            .iter()
+            .enumerate()
+            .skip(1)
+            .any(|(i, _)| error(r.counters[i]) < -10.0)
+        {
+            low.push(r.id.as_str());
         }
     }
-    println!("low by more than 10 %: {low:?}");
+    println!("low by more than 10 % on reserved or NVML: {low:?}");
+    assert_eq!(low, KNOWN_LOW, "the rows read more than 10 % low");
 }

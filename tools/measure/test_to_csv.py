@@ -44,10 +44,11 @@ class ToCsv(unittest.TestCase):
 
     def test_the_fourth_leases_rows_are_its_raw_lines_converted(self):
         """h200c: the traced reruns are not rows, and foreach AdamW is scored as `adamw`."""
-        self.check_folder("h200c", ["h200c-run1.jsonl", "h200c-run2.jsonl"])
+        self.check_folder("h200c", ["h200c-run1.jsonl", "h200c-run2.jsonl", "h200c-run3.jsonl"])
         rows = {r["id"]: r for r in csv.DictReader(open(os.path.join(HERE, "..", "..", "tests", "data", "h200c",
                                                                        "h200c-2026-11.csv")))}
-        self.assertFalse([i for i in rows if i.endswith("-trace")])
+        self.assertEqual([i for i in rows if i.endswith("-trace")],
+                         ["h200c-mistral-7b-v03-lora8-eager-fp16-b2-4k-gc-trace"])  # not a rerun
         foreach = rows["h200c-qwen3-1.7b-ft-amp-b4-2k-gc-foreach"]
         self.assertEqual(foreach["optimizer"], "adamw")
         self.assertIn("_multi_tensor_adam", foreach["notes"])

@@ -66,9 +66,10 @@ def main(out_dir, files, date=None):
         for line in open(f):
             r = json.loads(line)
             results[r["id"]] = r
-    # A case run with the allocator's history recorded (`trace`) repeats a measured case for its
-    # history (the counters came out the same to the MiB): its history is the product, not a row.
-    ok = [r for r in results.values() if r.get("ok") and "trace" not in r]
+    # A case that repeats a measured one to record the allocator's history (`rerun_of`; the
+    # counters came out the same to the MiB) is not a row: its history is the product.
+    reruns = {c["id"] for c in measure.CASES if c.get("rerun_of")}
+    ok = [r for r in results.values() if r.get("ok") and r["id"] not in reruns]
     gpu_total = max(r["gpu_total"] for r in ok) / GIB
     failed = [r for r in results.values() if not r.get("ok")]
     for r in results.values():

@@ -40,7 +40,7 @@
 //! | training, LoRA on a mixture of experts | each adapted layer's folded expert weights, `E·3·I·h` at the frozen weights' width, saved until its backward | PEFT `ParamWrapper` (`parametrize`; `_LoraFactorsProxy.forward`: `baddbmm(W, lhs, rhs)`), the experts' `grouped_mm` saving its weight |
 //! | training, Gemma-2's eager scores | `tanh`'s output, `c·b·heads·s²` per layer, beside the softmax | `Gemma2`'s `eager_attention_forward` (`softcap`: `tanh(w / softcap) * softcap`) |
 //! | training, the score `bmm`s' saved inputs | q, k and v in the compute dtype (`3·T·q·c`), or in SDPA's math kernel the scaled fp32 q and fp32 k and v per head (`12·T·q`, any precision) ([`score_inputs_saved`]) | `BmmBackward` saving `self` and `mat2`; `_scaled_dot_product_attention_math` |
-//! | training, attention backward | where scores exist (eager, fp32 math kernel), the scores' gradient and softmax's input gradient, `(c+4)·b·heads·s²` | `MatmulBackward`, `_softmax_backward_data` |
+//! | training, attention backward | where scores exist (eager, the math kernel), the probabilities' gradient, CUDA's `grad * output` temporary and softmax's input gradient: 12 B per score in the math kernel and in fp32, `12 − c` under an fp32 softmax of 16-bit scores (whose 16-bit probabilities are freed by then; 8 for `Half`, whose input gradient is 16-bit), `3c` where softmax keeps the compute dtype ([`backward_transient`]) | `MatmulBackward`, `_softmax_backward_data` (`softmax_backward_cuda_out` in `aten/src/ATen/native/cuda/SoftMax.cu`: `Tensor tmp = grad * output`); the allocator history of Falcon-7B's LoRA on an H200 (`tests/data/h200c/traces`) |
 //! | training, loss | `12·T·V`: the saved `log_softmax` output, the NLL gradient and `log_softmax`'s input gradient, all fp32, at the start of backward; Gemma-2 also saves its soft-capped logits' `tanh` output, `c·T·V` | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`); `Gemma2ForCausalLM.forward` (`final_logit_softcapping`: `tanh(logits / cap) * cap`, default 30.0) |
 //! | training, Gemma norms | the fp32 normed input a trained weight's `mul` saves, 4 B instead of the stream's width | `Gemma2RMSNorm.forward`, `Gemma3RMSNorm.forward` (`output * (1.0 + self.weight.float())` in fp32, then `type_as(x)`) |
 //! | training, GPT-2's GELU under autocast | `pow` is on CUDA autocast's fp32 list: its input is copied to fp32 and every later op of `NewGELUActivation` promotes to fp32, so `pow`'s input, `tanh`'s output and `1 + tanh` are saved at 4 B | `NewGELUActivation.forward`; `autocast_mode.cpp` (`pow` in `CastPolicy::fp32`) |
@@ -795,22 +795,41 @@ pub(super) fn loss_tensor(block: &Block, tokens: f64) -> f64 {
 
 /// Bytes a layer's backward allocates beside its saved tensors: the gradients of the MLP's
 /// product, `act(gate)` and `up` alive together (`MulBackward0`), or, where attention
-/// materialised its scores (eager, the math kernel), the scores' gradient beside
-/// `softmax`'s input gradient (`_softmax_backward_data`) at the attention's backward: `c` and
-/// 4 B per score (the fp32 softmax's gradient; `2c` where softmax keeps the dtype; 8 in the
-/// math kernel, whose scores are fp32 in every precision). (An adapter's fp32 input gradient
-/// comes when that input's saved copy is released.)
+/// materialised its scores (eager, the math kernel), what the softmax's backward holds beside
+/// the saved probabilities. On CUDA `_softmax_backward_data` (`softmax_backward_cuda_out`,
+/// `aten/src/ATen/native/cuda/SoftMax.cu`) first makes `Tensor tmp = grad * output`, a
+/// temporary the size of the probabilities, then writes the input gradient: the probabilities'
+/// gradient, `tmp` and the input gradient are alive together. Per score:
+/// - SDPA's math kernel (fp32 scores in every precision): 4 + 4 + 4;
+/// - a softmax that keeps the compute dtype (GPT-2, BERT, Whisper, Falcon eager; not under
+///   autocast, whose fp32 list takes `softmax`): `3c`;
+/// - `softmax(dtype=float32)` (the Llama code, Phi): the fp32 gradient (`ToCopyBackward` of the
+///   cast back to `q`'s dtype; the 16-bit gradient and the saved 16-bit probabilities are freed
+///   by then, with that node and the `matmul`'s), `tmp` and the input gradient, fp32, or for
+///   `Half` in 16 bits (its `half_to_float` kernel writes it in the input's dtype): `12 − c` in
+///   16 bits (10 for bf16, 8 for fp16), 12 in fp32.
+///
+/// The allocator histories on an H200 (`tests/data/h200c/traces`) show each: Falcon-7B's LoRA
+/// holds four fp32 score blocks at its peak with the saved probabilities (the oracle's CPU run has
+/// no `tmp` and holds three); eager Mistral-7B and Phi-2 in bf16 hold the saved fp32
+/// probabilities, their fp32 gradient, the fp32 input gradient (the structured kernel's output,
+/// allocated first) and `tmp`, 16 B per score, with the 16-bit probabilities freed; in fp16 the
+/// input gradient is 16-bit, 14. (An adapter's fp32 input gradient comes when that input's saved
+/// copy is released.)
 pub(super) fn backward_transient(block: &Block, p: &Pass, prec: Precision) -> f64 {
     let mlp = 3.0 * prec.c() * p.t() * block.ffn;
     if !p.scores(block) {
         return mlp;
     }
     let per_score = if p.math_kernel(block) {
-        8.0
-    } else if block.layer_norm() {
-        2.0 * p.c
+        12.0
+    } else if block.softmax_keeps_dtype() && prec != Precision::Autocast {
+        3.0 * p.c
+    } else if p.c < 4.0 {
+        let input_gradient = if p.half { p.c } else { 4.0 };
+        8.0 + input_gradient - p.c
     } else {
-        p.c + 4.0
+        12.0
     };
     mlp.max(per_score * p.b * block.heads * p.s * p.s)
 }
@@ -2582,16 +2601,61 @@ mod tests {
     }
 
     #[test]
-    fn attention_backward_holds_two_score_gradients_where_scores_exist() {
+    fn attention_backward_holds_the_score_gradients_and_cudas_product_where_scores_exist() {
         let block = llama_1b();
+        let scores = 32.0 * 4096.0 * 4096.0;
         let p = Pass {
             c: 4.0,
             ..pass(1.0, 4096.0)
         };
-        // fp32 on grouped-query attention: the math kernel's scores and their gradients.
+        // fp32 on grouped-query attention: the math kernel's probabilities' gradient, CUDA's
+        // `grad * output` and the scores' gradient, fp32 each.
         assert_eq!(
             backward_transient(&block, &p, Precision::Fp32),
-            8.0 * 32.0 * 4096.0 * 4096.0
+            12.0 * scores
+        );
+        // Eager attention with an fp32 softmax: the same three in fp32 for bf16, less the saved
+        // 16-bit probabilities freed by then; for fp16 the input gradient is 16-bit
+        // (`half_to_float`).
+        let eager = Pass {
+            sdpa: false,
+            ..pass(1.0, 4096.0)
+        };
+        assert_eq!(
+            backward_transient(&block, &eager, Precision::Pure16),
+            10.0 * scores
+        );
+        let half = Pass {
+            half: true,
+            ..eager
+        };
+        assert_eq!(
+            backward_transient(&block, &half, Precision::Pure16),
+            8.0 * scores
+        );
+        let fp32_eager = Pass { c: 4.0, ..eager };
+        assert_eq!(
+            backward_transient(&block, &fp32_eager, Precision::Fp32),
+            12.0 * scores
+        );
+        // Phi passes `dtype=float32` too, though its blocks use LayerNorm.
+        let mut phi = llama_1b();
+        phi.family = ModelType::Phi;
+        assert_eq!(
+            backward_transient(&phi, &eager, Precision::Pure16),
+            10.0 * scores
+        );
+        // GPT-2's softmax keeps the compute dtype: three 16-bit tensors, unless autocast runs
+        // the softmax in fp32 (its fp32 list), which then goes as Llama's does.
+        let mut gpt2 = llama_1b();
+        gpt2.family = ModelType::Gpt2;
+        assert_eq!(
+            backward_transient(&gpt2, &eager, Precision::Pure16),
+            6.0 * scores
+        );
+        assert_eq!(
+            backward_transient(&gpt2, &eager, Precision::Autocast),
+            10.0 * scores
         );
         // SDPA's fused kernels keep no scores: the MLP's three gradients.
         let bf16 = pass(1.0, 4096.0);
