@@ -44,7 +44,7 @@ class ToCsv(unittest.TestCase):
 
     def test_the_fourth_leases_rows_are_its_raw_lines_converted(self):
         """h200c: the traced reruns are not rows, and foreach AdamW is scored as `adamw`."""
-        self.check_folder("h200c", ["h200c-run1.jsonl", "h200c-run2.jsonl", "h200c-run3.jsonl"])
+        self.check_folder("h200c", ["h200c-run1.jsonl", "h200c-run2.jsonl", "h200c-run3.jsonl", "h200c-run4.jsonl"])
         rows = {r["id"]: r for r in csv.DictReader(open(os.path.join(HERE, "..", "..", "tests", "data", "h200c",
                                                                        "h200c-2026-11.csv")))}
         self.assertEqual([i for i in rows if i.endswith("-trace")],
