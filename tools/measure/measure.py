@@ -445,7 +445,10 @@ def child(cid):
                gpu=pynvml.nvmlDeviceGetName(h), driver=pynvml.nvmlSystemGetDriverVersion(),
                gpu_total=pynvml.nvmlDeviceGetMemoryInfo(h).total, config=cfg_dump)
     if trace_dir:
-        res["trace"] = write_trace(trace_dir, cid, trace_base, torch)
+        try:
+            res["trace"] = write_trace(trace_dir, cid, trace_base, torch)
+        except Exception as e:  # the counters stand without the history; say why it is missing
+            res["trace"] = dict(error=f"{type(e).__name__}: {str(e)[:300]}")
     print("RESULT " + json.dumps(res, default=str), flush=True)
 
 

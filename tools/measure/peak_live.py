@@ -15,6 +15,22 @@ these, not a number fitted to them.
 """
 import gzip, json, pickle, sys
 
+# The history's `alloc` and `free_completed` sizes are what was asked; the allocated counter counts
+# the block, rounded up to 512 B (`CUDACachingAllocator.cpp` `round_size`, `kMinBlockSize`). It also
+# counts the rest of a large free block it does not split (`should_split`: a rest of 1 MiB or less
+# stays in the block), which the history does not show: `max_memory_allocated` can read higher
+# than the walk by that much (0 to 119 MiB on the histories in tests/data/h200c/traces).
+MIN_BLOCK = 512
+# measure.py records at most this many events; a history that long may have lost its start.
+MAX_ENTRIES = 1_000_000
+GROWS = ("segment_alloc", "segment_map")      # `segment_map`: expandable segments growing
+SHRINKS = ("segment_free", "segment_unmap")
+
+
+def block(size):
+    """The bytes the allocated counter adds for a request of `size`."""
+    return max(MIN_BLOCK, -(-size // MIN_BLOCK) * MIN_BLOCK)
+
 
 def short(frames, n=6):
     out = []
@@ -36,12 +52,12 @@ def walk(events, base_alloc, base_resv):
     for i, e in enumerate(events):
         a = e["action"]
         if a == "alloc":
-            cur += e["size"]
+            cur += block(e["size"])
         elif a == "free_completed":
-            cur -= e["size"]
-        elif a == "segment_alloc":
+            cur -= block(e["size"])
+        elif a in GROWS:
             resv += e["size"]
-        elif a == "segment_free":
+        elif a in SHRINKS:
             resv -= e["size"]
         if cur > best:
             best, best_i = cur, i
@@ -59,12 +75,12 @@ def state_at(events, upto):
             live[e["addr"]] = i
         elif a == "free_completed":
             live.pop(e["addr"], None)
-        elif a == "segment_alloc":
+        elif a in GROWS:
             # The allocation that asked for the segment is the next one (`alloc_block` then
             # the block is split off it), possibly after the peak's event.
             asked = next((j for j in range(i + 1, len(events)) if events[j]["action"] == "alloc"), None)
             segs[e["addr"]] = (i, asked)
-        elif a == "segment_free":
+        elif a in SHRINKS:
             segs.pop(e["addr"], None)
     return live, segs
 
@@ -77,7 +93,7 @@ def summarize(snap, top=40):
     groups = {}
     for addr, i in live.items():
         e = events[i]
-        key = (e["size"], tuple(short(e.get("frames"), 4)))
+        key = (block(e["size"]), tuple(short(e.get("frames"), 4)))
         g = groups.setdefault(key, [0, i])
         g[0] += 1
     blocks = sorted(groups.items(), key=lambda kv: -kv[0][0] * kv[1][0])[:top]
@@ -96,7 +112,8 @@ def summarize(snap, top=40):
     return dict(
         events=len(events), base=base,
         peak_allocated=best, peak_event=bi, live_blocks_from_history=len(live),
-        live_bytes_from_history=sum(events[i]["size"] for i in live.values()),
+        live_bytes_from_history=sum(block(events[i]["size"]) for i in live.values()),
+        history_may_have_wrapped=len(events) >= MAX_ENTRIES,
         peak_reserved=best_r, peak_reserved_event=bri,
         blocks=[dict(size=k[0], count=v[0], first_event=v[1], frames=list(k[1])) for k, v in blocks],
         segments_at_reserved_peak=seg_rows[:top], segments_count=len(seg_rows),

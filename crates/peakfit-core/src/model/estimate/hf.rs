@@ -180,8 +180,8 @@ impl Block {
 
     /// BERT's, GPT-2's and Whisper's eager attention call `softmax(w, dim=-1)` with no dtype, so
     /// in 16 bits its output is 16-bit. Under autocast it is fp32: `softmax` is on CUDA
-    /// autocast's fp32 list (`autocast_mode.cpp`, `fp32_set_opt_dtype`: inputs cast to fp32
-    /// unless a dtype is given), and GPT-2's `attn_weights.type(value.dtype)` then casts it
+    /// autocast's fp32 list (`autocast_mode.h`, `fp32_set_opt_dtype`: the call gets
+    /// `dtype=float` unless it names one), and GPT-2's `attn_weights.type(value.dtype)` then casts it
     /// back for the `matmul` with v, which saves that cast too. Falcon's passes
     /// `dtype=hidden_states.dtype`, the residual stream's: 16-bit, fp32 under autocast. Llama's
     /// (and Phi's) pass `dtype=float32` in every precision.
@@ -806,8 +806,9 @@ pub(super) fn loss_tensor(block: &Block, tokens: f64) -> f64 {
 /// - `softmax(dtype=float32)` (the Llama code, Phi): the fp32 gradient (`ToCopyBackward` of the
 ///   cast back to `q`'s dtype; the 16-bit gradient and the saved 16-bit probabilities are freed
 ///   by then, with that node and the `matmul`'s), `tmp` and the input gradient, fp32, or for
-///   `Half` in 16 bits (its `half_to_float` kernel writes it in the input's dtype): `12 − c` in
-///   16 bits (10 for bf16, 8 for fp16), 12 in fp32.
+///   `Half` in 16 bits (its `half_to_float` kernel writes it in the input's dtype; not under
+///   autocast, whose scores reach softmax in fp32): `12 − c` in 16 bits (10 for bf16 and
+///   autocast, 8 for fp16), 12 in fp32.
 ///
 /// The allocator histories on an H200 (`tests/data/h200c/traces`) show each: Falcon-7B's LoRA
 /// holds four fp32 score blocks at its peak with the saved probabilities (the oracle's CPU run has
@@ -826,7 +827,14 @@ pub(super) fn backward_transient(block: &Block, p: &Pass, prec: Precision) -> f6
     } else if block.softmax_keeps_dtype() && prec != Precision::Autocast {
         3.0 * p.c
     } else if p.c < 4.0 {
-        let input_gradient = if p.half { p.c } else { 4.0 };
+        // `half_to_float` takes a `Half` input only; under autocast the scores reach softmax in
+        // fp32 (their add with the mask, which `masking_utils` builds in the fp32 embeddings'
+        // dtype, promotes them), so the input gradient is fp32 there whatever the 16-bit type.
+        let input_gradient = if p.half && prec == Precision::Pure16 {
+            p.c
+        } else {
+            4.0
+        };
         8.0 + input_gradient - p.c
     } else {
         12.0
@@ -2656,6 +2664,37 @@ mod tests {
         assert_eq!(
             backward_transient(&gpt2, &eager, Precision::Autocast),
             10.0 * scores
+        );
+        // Under fp16 autocast the scores reach softmax in fp32 (the fp32 mask's add promotes
+        // them): no `half_to_float`, an fp32 input gradient.
+        assert_eq!(
+            backward_transient(&block, &half, Precision::Autocast),
+            10.0 * scores
+        );
+        assert_eq!(
+            backward_transient(&gpt2, &half, Precision::Autocast),
+            10.0 * scores
+        );
+        // GPT-2 in fp32 keeps fp32: three fp32 tensors.
+        assert_eq!(
+            backward_transient(&gpt2, &fp32_eager, Precision::Fp32),
+            12.0 * scores
+        );
+        // Falcon-7B's multi-query SDPA runs the math kernel in 16 bits too: 12 B in bf16.
+        let mut falcon = llama_1b();
+        falcon.family = ModelType::Falcon;
+        falcon.kv = falcon.h / falcon.heads;
+        assert!(falcon.unequal_heads_without_gqa());
+        let falcon_scores = falcon.heads * 4096.0 * 4096.0;
+        let sdpa16 = pass(1.0, 4096.0);
+        assert_eq!(
+            backward_transient(&falcon, &sdpa16, Precision::Pure16),
+            12.0 * falcon_scores
+        );
+        // Falcon eager passes the residual stream's dtype: it keeps 16 bits, `3c`.
+        assert_eq!(
+            backward_transient(&falcon, &eager, Precision::Pure16),
+            6.0 * falcon_scores
         );
         // SDPA's fused kernels keep no scores: the MLP's three gradients.
         let bf16 = pass(1.0, 4096.0);
