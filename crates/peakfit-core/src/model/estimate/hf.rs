@@ -2610,96 +2610,68 @@ mod tests {
 
     #[test]
     fn attention_backward_holds_the_score_gradients_and_cudas_product_where_scores_exist() {
-        let block = llama_1b();
-        let scores = 32.0 * 4096.0 * 4096.0;
-        let p = Pass {
-            c: 4.0,
-            ..pass(1.0, 4096.0)
-        };
-        // fp32 on grouped-query attention: the math kernel's probabilities' gradient, CUDA's
-        // `grad * output` and the scores' gradient, fp32 each.
-        assert_eq!(
-            backward_transient(&block, &p, Precision::Fp32),
-            12.0 * scores
-        );
-        // Eager attention with an fp32 softmax: the same three in fp32 for bf16, less the saved
-        // 16-bit probabilities freed by then; for fp16 the input gradient is 16-bit
-        // (`half_to_float`).
-        let eager = Pass {
-            sdpa: false,
-            ..pass(1.0, 4096.0)
-        };
-        assert_eq!(
-            backward_transient(&block, &eager, Precision::Pure16),
-            10.0 * scores
-        );
-        let half = Pass {
-            half: true,
-            ..eager
-        };
-        assert_eq!(
-            backward_transient(&block, &half, Precision::Pure16),
-            8.0 * scores
-        );
-        let fp32_eager = Pass { c: 4.0, ..eager };
-        assert_eq!(
-            backward_transient(&block, &fp32_eager, Precision::Fp32),
-            12.0 * scores
-        );
-        // Phi passes `dtype=float32` too, though its blocks use LayerNorm.
+        let llama = llama_1b();
         let mut phi = llama_1b();
         phi.family = ModelType::Phi;
-        assert_eq!(
-            backward_transient(&phi, &eager, Precision::Pure16),
-            10.0 * scores
-        );
-        // GPT-2's softmax keeps the compute dtype: three 16-bit tensors, unless autocast runs
-        // the softmax in fp32 (its fp32 list), which then goes as Llama's does.
         let mut gpt2 = llama_1b();
         gpt2.family = ModelType::Gpt2;
-        assert_eq!(
-            backward_transient(&gpt2, &eager, Precision::Pure16),
-            6.0 * scores
-        );
-        assert_eq!(
-            backward_transient(&gpt2, &eager, Precision::Autocast),
-            10.0 * scores
-        );
-        // Under fp16 autocast the scores reach softmax in fp32 (the fp32 mask's add promotes
-        // them): no `half_to_float`, an fp32 input gradient.
-        assert_eq!(
-            backward_transient(&block, &half, Precision::Autocast),
-            10.0 * scores
-        );
-        assert_eq!(
-            backward_transient(&gpt2, &half, Precision::Autocast),
-            10.0 * scores
-        );
-        // GPT-2 in fp32 keeps fp32: three fp32 tensors.
-        assert_eq!(
-            backward_transient(&gpt2, &fp32_eager, Precision::Fp32),
-            12.0 * scores
-        );
-        // Falcon-7B's multi-query SDPA runs the math kernel in 16 bits too: 12 B in bf16.
         let mut falcon = llama_1b();
         falcon.family = ModelType::Falcon;
         falcon.kv = falcon.h / falcon.heads;
         assert!(falcon.unequal_heads_without_gqa());
-        let falcon_scores = falcon.heads * 4096.0 * 4096.0;
         let sdpa16 = pass(1.0, 4096.0);
-        assert_eq!(
-            backward_transient(&falcon, &sdpa16, Precision::Pure16),
-            12.0 * falcon_scores
-        );
-        // Falcon eager passes the residual stream's dtype: it keeps 16 bits, `3c`.
-        assert_eq!(
-            backward_transient(&falcon, &eager, Precision::Pure16),
-            6.0 * falcon_scores
-        );
+        let sdpa32 = Pass { c: 4.0, ..sdpa16 };
+        let eager = Pass {
+            sdpa: false,
+            ..sdpa16
+        };
+        let half = Pass {
+            half: true,
+            ..eager
+        };
+        let eager32 = Pass { c: 4.0, ..eager };
+        // (what, block, pass, precision, bytes per score beside the saved tensors)
+        let cases = [
+            // The math kernel: the probabilities' gradient, CUDA's `grad * output` and the
+            // scores' gradient, fp32 each, in fp32 on grouped-query attention and in 16 bits for
+            // Falcon's multi-query heads handed over without `enable_gqa`.
+            ("math fp32", &llama, sdpa32, Precision::Fp32, 12.0),
+            ("math falcon bf16", &falcon, sdpa16, Precision::Pure16, 12.0),
+            // An fp32 softmax: the same three, less the saved 16-bit probabilities freed by
+            // then; for fp16 the input gradient is 16-bit (`half_to_float`), not under autocast,
+            // whose scores reach softmax in fp32.
+            ("eager bf16", &llama, eager, Precision::Pure16, 10.0),
+            ("eager fp16", &llama, half, Precision::Pure16, 8.0),
+            (
+                "eager fp16 autocast",
+                &llama,
+                half,
+                Precision::Autocast,
+                10.0,
+            ),
+            ("eager fp32", &llama, eager32, Precision::Fp32, 12.0),
+            // Phi passes `dtype=float32` too, though its blocks use LayerNorm.
+            ("phi bf16", &phi, eager, Precision::Pure16, 10.0),
+            // A softmax that keeps the compute dtype: three tensors of it; under autocast its
+            // fp32 list runs the softmax in fp32, which then goes as Llama's does.
+            ("gpt2 bf16", &gpt2, eager, Precision::Pure16, 6.0),
+            ("gpt2 fp32", &gpt2, eager32, Precision::Fp32, 12.0),
+            ("gpt2 autocast", &gpt2, eager, Precision::Autocast, 10.0),
+            ("gpt2 fp16 autocast", &gpt2, half, Precision::Autocast, 10.0),
+            // Falcon eager passes the residual stream's dtype: it keeps 16 bits.
+            ("falcon eager bf16", &falcon, eager, Precision::Pure16, 6.0),
+        ];
+        for (what, block, p, prec, per_score) in cases {
+            let scores = block.heads * 4096.0 * 4096.0;
+            assert_eq!(
+                backward_transient(block, &p, prec),
+                per_score * scores,
+                "{what}"
+            );
+        }
         // SDPA's fused kernels keep no scores: the MLP's three gradients.
-        let bf16 = pass(1.0, 4096.0);
         assert_eq!(
-            backward_transient(&block, &bf16, Precision::Pure16),
+            backward_transient(&llama, &sdpa16, Precision::Pure16),
             3.0 * 2.0 * 4096.0 * 8192.0
         );
     }
