@@ -14,7 +14,7 @@ place and why.
 usage:
   oracle.py case --config F.json --workload inference|training|lora --dtype bf16|fp16|fp32|fp16-amp
                  --batch B --context-tokens T [--new-tokens N] [--gradient-checkpointing none|full]
-                 [--optimizer adamw|adamw-fused|sgd] [--lora-rank R] [--attention sdpa|eager] [--no-reserved]
+                 [--optimizer adamw|adamw-loop|adamw-fused|sgd] [--lora-rank R] [--attention sdpa|eager] [--no-reserved]
   oracle.py batch CASES.jsonl          (one JSON case per line; one JSON result per line on stdout)
 """
 import argparse
@@ -845,6 +845,11 @@ def run_training(model, cfg, c, b, ctx, dtype, tr):
         opt = torch.optim.SGD(params, lr=1e-5, momentum=0.9, foreach=True)
     elif opt_name == "adamw-fused":
         opt = torch.optim.AdamW(params, lr=1e-5, fused=True)
+    elif opt_name == "adamw-loop":
+        # The per-tensor loop (`_single_tensor_adam`): what `AdamW(params, fused=False)` runs, as
+        # tools/measure/measure.py (and the shared rows' script) build it: `adam()` asks
+        # `_default_to_fused_or_foreach` only when both `fused` and `foreach` are None.
+        opt = torch.optim.AdamW(params, lr=1e-5, foreach=False)
     else:
         opt = torch.optim.AdamW(params, lr=1e-5, foreach=True)
     x = torch.randint(0, cfg.vocab_size, (b, ctx))
@@ -877,6 +882,15 @@ def run_training(model, cfg, c, b, ctx, dtype, tr):
         opt.zero_grad(set_to_none=True)
 
 
+def optimizer_run(r):
+    """The optimizer a measured row ran: its `optimizer` column, or `adamw-loop` where the notes' `path`
+    names torch's per-tensor loop (`_single_tensor_adam`: `AdamW(params, fused=False)`, tests/data/h200c
+    SOURCES.md); older folders' notes do not say, and are read as the column says."""
+    if r["optimizer"] == "adamw" and "_single_tensor_adam" in r["notes"]:
+        return "adamw-loop"
+    return r["optimizer"] or None
+
+
 def visible_cases(d):
     import csv
     import re
@@ -891,7 +905,7 @@ def visible_cases(d):
         c = dict(id=r["id"], config=f"{d}/configs/{r['id']}.json", workload=r["workload"], dtype=r["dtype"],
                  batch=int(r["batch"]), context_tokens=int(r["context_tokens"]),
                  new_tokens=int(m.group(2)) if m else None,
-                 gradient_checkpointing=r["gradient_checkpointing"] or "none", optimizer=r["optimizer"] or None,
+                 gradient_checkpointing=r["gradient_checkpointing"] or "none", optimizer=optimizer_run(r),
                  lora_rank=int(r["lora_rank"]) if r["lora_rank"] else None, attention=r["attention"] or "sdpa",
                  measured_gib=float(r["max_allocated_gib"]),
                  measured_reserved_gib=float(r["max_reserved_gib"] or "nan"),
@@ -952,7 +966,7 @@ def main(argv=None):
     p.add_argument("--context-tokens", type=int, required=True)
     p.add_argument("--new-tokens", type=int, default=None)
     p.add_argument("--gradient-checkpointing", choices=["none", "full"], default="none")
-    p.add_argument("--optimizer", choices=["adamw", "adamw-fused", "sgd"], default="adamw")
+    p.add_argument("--optimizer", choices=["adamw", "adamw-loop", "adamw-fused", "sgd"], default="adamw")
     p.add_argument("--lora-rank", type=int, default=None)
     p.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa")
     p.add_argument("--kind", choices=["causal", "encoder", "whisper"], default=None)

@@ -18,7 +18,7 @@ def grid_case(i):
     """An oracle-reserved.csv training id (`qwen2.5-0.5b-training-fp16-amp-b4-t1024-gcnone-adamw-fused`) as a
     case of the oracle; its measured columns NaN."""
     import re
-    m = re.match(r"(.+)-(training|lora)-(bf16|fp16-amp|fp16|fp32)-b(\d+)-t(\d+)-gc(none|full)-(adamw-fused|adamw|sgd)"
+    m = re.match(r"(.+)-(training|lora)-(bf16|fp16-amp|fp16|fp32)-b(\d+)-t(\d+)-gc(none|full)-(adamw-fused|adamw-loop|adamw|sgd)"
                  r"(?:-r(\d+))?$", i)
     name, workload, dtype, b, t, gc, opt, r = m.groups()
     here = os.path.dirname(os.path.abspath(__file__))
