@@ -237,6 +237,59 @@ async fn a_pod_whose_cache_outgrows_the_gpus_gets_an_empty_one_whole() {
             .contains(&"a100-0".into()),
         "{v}"
     );
+
+    // A GPU whose size holds the pod's floor (its tensors and process) but whose usable memory
+    // (less the driver's reserve) with the margin does not: refused naming the floor, not the
+    // cached peak it never needs there.
+    let annotation_map = annotations
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+        .collect();
+    let floor = peakfit::model::pod_request(&annotation_map)
+        .unwrap()
+        .unwrap()
+        .demand
+        .min_gpu_total_bytes;
+    let mut gpu = mk_gpu(0, "GPU-tight", floor + (256 << 20), 0);
+    gpu.memory_reserved_bytes = 512 << 20;
+    gpu.memory_free_bytes -= gpu.memory_reserved_bytes;
+    index.apply_report(&mk_report("tight-0", "2026-11-21T12:00:00Z", vec![gpu]));
+    let body = serde_json::json!({
+        "Pod": {"metadata": {"name": "long-gen-3", "namespace": "ml", "annotations": annotations}},
+        "Nodes": null,
+        "NodeNames": ["tight-0"],
+    });
+    let (_, r) = call(
+        &h.router,
+        "POST",
+        "/filter",
+        serde_json::to_vec(&body).unwrap(),
+    )
+    .await;
+    let v = json(&r);
+    let words = v["FailedAndUnresolvableNodes"]["tight-0"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    let gib = peakfit::placement::gib;
+    assert!(
+        words.starts_with(&format!(
+            "needs a GPU with {} usable: its tensors and process, with the allocator's cache \
+             freed, take {} (+ 256 MiB safety margin)",
+            gib(floor + (256 << 20)),
+            gib(floor)
+        )),
+        "{words}"
+    );
+    assert!(
+        words.contains(&format!(
+            "largest GPU here has {} usable of {}",
+            gib(floor - (256 << 20)),
+            gib(floor + (256 << 20))
+        )),
+        "{words}"
+    );
 }
 
 /// A cluster of `nodes` nodes with 8 GPUs each, as a multi-document YAML or as one `List`.

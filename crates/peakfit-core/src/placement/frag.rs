@@ -544,7 +544,7 @@ fn same_kind(a: &GpuLedger, b: &GpuLedger) -> bool {
 
 fn share_need(class: &PodClass, gpu: &GpuLedger, margin: u64) -> u64 {
     let d = &class.shape.demand;
-    if class.shape.gpus == 0 || !d.runs_on(gpu.total_bytes) || !class.accepts_model(&gpu.model) {
+    if class.shape.gpus == 0 || !d.runs_in(gpu.room(margin)) || !class.accepts_model(&gpu.model) {
         return u64::MAX;
     }
     super::fit::need_on(d, gpu, margin).1
