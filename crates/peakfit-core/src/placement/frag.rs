@@ -170,14 +170,12 @@ impl ShapeMix {
         &self.shapes
     }
 
-    /// The fill patterns of this mix's sharing pods on a GPU of this size and model.
-    pub fn fill_patterns(&self, gpu: &GpuLedger) -> PatternsRef<'_> {
-        self.patterns.get_or_solve(gpu.total_bytes, &gpu.model, || {
-            FillPatterns::solve(&super::patterns::mix_items(
-                &self.shapes,
-                gpu.total_bytes,
-                &gpu.model,
-            ))
+    /// The fill patterns of this mix's sharing pods on a GPU of this room and model, a pod's
+    /// peak kept `margin_bytes` from the rest (`FitConfig::safety_margin_bytes`).
+    pub fn fill_patterns(&self, gpu: &GpuLedger, margin_bytes: u64) -> PatternsRef<'_> {
+        let room = gpu.room(margin_bytes);
+        self.patterns.get_or_solve(room, &gpu.model, || {
+            FillPatterns::solve(&super::patterns::mix_items(&self.shapes, room, &gpu.model))
         })
     }
 
