@@ -85,7 +85,7 @@ impl Demand {
     /// any pod's: the margin alone never makes a pod whose peak fits take a tight GPU whole.
     pub fn whole_on(&self, gpu: GpuRoom) -> bool {
         self.is_whole_gpu()
-            || (self.takes_cache_floor()
+            || (self.cache_floor().is_some()
                 && self.fixed_bytes > gpu.usable_bytes
                 && self.runs_in(gpu))
     }
@@ -100,10 +100,9 @@ impl Demand {
     /// between the two passed this check and was then refused as "not enough memory" naming a
     /// peak no GPU could hold, where the floor was what did not fit.
     pub fn runs_in(&self, gpu: GpuRoom) -> bool {
-        if self.takes_cache_floor() {
-            self.min_gpu_total_bytes.saturating_add(gpu.margin_bytes) <= gpu.usable_bytes
-        } else {
-            gpu.total_bytes >= self.min_gpu_total_bytes
+        match self.cache_floor() {
+            Some(floor) => floor.saturating_add(gpu.margin_bytes) <= gpu.usable_bytes,
+            None => gpu.total_bytes >= self.min_gpu_total_bytes,
         }
     }
 
@@ -114,9 +113,11 @@ impl Demand {
         self.runs_in(GpuRoom::bare(gpu_total))
     }
 
-    /// A [`Self::fills_gpu`] pod sized in bytes: its floor is memory, not a GPU size.
-    fn takes_cache_floor(&self) -> bool {
-        self.fills_gpu && self.gpu_fraction <= 0.0
+    /// The memory a [`Self::fills_gpu`] pod sized in bytes needs once its allocator has freed
+    /// its cache (`min_gpu_total_bytes`, memory rather than a GPU size); `None` for any other
+    /// pod, whose need is its peak.
+    pub fn cache_floor(&self) -> Option<u64> {
+        (self.fills_gpu && self.gpu_fraction <= 0.0).then_some(self.min_gpu_total_bytes)
     }
 
     /// Bytes this demand takes on a GPU of `gpu_total` bytes.
