@@ -46,10 +46,15 @@ fn file_mode_harness_with(
 }
 
 fn filter_body(name: &str, annotations: &serde_json::Value) -> Vec<u8> {
+    filter_body_on(name, annotations, &["h100-0", "a100-0", "l4-0"])
+}
+
+/// A filter request for pod `name` in namespace `ml` over these nodes.
+fn filter_body_on(name: &str, annotations: &serde_json::Value, nodes: &[&str]) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "Pod": {"metadata": {"name": name, "namespace": "ml", "annotations": annotations}},
         "Nodes": null,
-        "NodeNames": ["h100-0", "a100-0", "l4-0"],
+        "NodeNames": nodes,
     }))
     .unwrap()
 }
@@ -256,18 +261,8 @@ async fn a_pod_whose_cache_outgrows_the_gpus_gets_an_empty_one_whole() {
     gpu.memory_reserved_bytes = 512 << 20;
     gpu.memory_free_bytes -= gpu.memory_reserved_bytes;
     index.apply_report(&mk_report("tight-0", "2026-11-21T12:00:00Z", vec![gpu]));
-    let body = serde_json::json!({
-        "Pod": {"metadata": {"name": "long-gen-3", "namespace": "ml", "annotations": annotations}},
-        "Nodes": null,
-        "NodeNames": ["tight-0"],
-    });
-    let (_, r) = call(
-        &h.router,
-        "POST",
-        "/filter",
-        serde_json::to_vec(&body).unwrap(),
-    )
-    .await;
+    let body = filter_body_on("long-gen-3", &annotations, &["tight-0"]);
+    let (_, r) = call(&h.router, "POST", "/filter", body).await;
     let v = json(&r);
     let words = v["FailedAndUnresolvableNodes"]["tight-0"]
         .as_str()

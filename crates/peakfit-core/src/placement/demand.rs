@@ -234,17 +234,23 @@ mod tests {
         }
     }
 
+    /// A PyTorch pod whose cache would reach 250 GiB, on 19 GiB of tensors and process.
+    fn outgrowing() -> Demand {
+        const GI: u64 = 1 << 30;
+        Demand {
+            fixed_bytes: 250 * GI,
+            gpu_fraction: 0.0,
+            min_gpu_total_bytes: 19 * GI,
+            fills_gpu: true,
+        }
+    }
+
     /// A pod whose cached peak outgrows a GPU but whose tensors fit it takes that GPU whole;
     /// on a GPU its cached peak fits, it takes that peak; below its floor it does not run.
     #[test]
     fn a_cache_that_outgrows_the_gpu_takes_it_whole() {
         const GI: u64 = 1 << 30;
-        let d = Demand {
-            fixed_bytes: 250 * GI,
-            gpu_fraction: 0.0,
-            min_gpu_total_bytes: 19 * GI,
-            fills_gpu: true,
-        };
+        let d = outgrowing();
         assert_eq!(d.bytes_on(80 * GI), 80 * GI);
         assert!(d.whole_on(room(80, 1, 1)));
         assert!(
@@ -278,13 +284,7 @@ mod tests {
     #[test]
     fn a_floor_runs_where_the_gpu_is_taken_whole() {
         const GI: u64 = 1 << 30;
-        let d = Demand {
-            fixed_bytes: 250 * GI,
-            gpu_fraction: 0.0,
-            min_gpu_total_bytes: 19 * GI,
-            fills_gpu: true,
-        };
-        // 20 GiB, 1 reserved, 1 margin: the floor fits the total, not the usable with margin.
+        let d = outgrowing();
         for gpu in [
             room(20, 1, 1),
             room(19, 0, 1),
@@ -294,6 +294,7 @@ mod tests {
         ] {
             assert_eq!(d.runs_in(gpu), d.whole_on(gpu), "{gpu:?}");
         }
+        // 20 GiB, 1 reserved, 1 margin: the floor fits the total, not the usable with margin.
         assert!(!d.runs_in(room(20, 1, 1)));
         assert!(d.runs_in(room(20, 1, 0)));
         assert!(
