@@ -73,7 +73,13 @@ pub enum Rejection {
         /// The models the pod accepts; empty = any.
         models: Vec<String>,
     },
-    #[error("{}", too_small(*min_gpu_total_bytes, *largest_gpu_total_bytes, *fills_gpu, *largest_gpu_usable_bytes, *margin_bytes))]
+    #[error(
+        "{}",
+        too_small(
+            *min_gpu_total_bytes, *largest_gpu_total_bytes, *fills_gpu,
+            *largest_gpu_usable_bytes, *margin_bytes
+        )
+    )]
     GpuTooSmall {
         min_gpu_total_bytes: u64,
         largest_gpu_total_bytes: u64,
@@ -361,10 +367,11 @@ pub fn check_class(
     if !accepted().any(|g| demand.runs_in(g.room(margin))) {
         // The largest by what the floor is checked against: usable memory for a PyTorch
         // floor, the size for an engine's.
+        let floor_is_memory = demand.cache_floor().is_some();
         let largest = accepted()
             .map(|g| g.room(margin))
             .max_by_key(|r| {
-                if demand.fills_gpu {
+                if floor_is_memory {
                     (r.usable_bytes, r.total_bytes)
                 } else {
                     (r.total_bytes, r.usable_bytes)
@@ -374,7 +381,7 @@ pub fn check_class(
         return Err(Rejection::GpuTooSmall {
             min_gpu_total_bytes: demand.min_gpu_total_bytes,
             largest_gpu_total_bytes: largest.total_bytes,
-            fills_gpu: demand.fills_gpu,
+            fills_gpu: floor_is_memory,
             largest_gpu_usable_bytes: largest.usable_bytes,
             margin_bytes: margin,
         });
