@@ -16,6 +16,7 @@ use crate::learn::{LearnMode, LearnPolicy, size_pod};
 use crate::model::annotations::{PREFIX, Spec, request_on};
 use crate::model::estimate::{Counter, Platform, estimate_on};
 use crate::model::quantity::{GIB, parse_bytes};
+use crate::placement::GpuRoom;
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct EstimateArgs {
@@ -268,7 +269,7 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     };
     // The cached peak outgrows this GPU, and the pod runs there anyway, filling it (the
     // extender's rule, without a driver reserve or margin, which the estimate does not know).
-    let fills = req.demand.fills_gpu && req.demand.whole_on(gpu_total, 0);
+    let fills = req.demand.fills_gpu && req.demand.whole_on(GpuRoom::bare(gpu_total));
     let learned = match &args.profile {
         Some(path) => {
             let profile = read_profile(path)?;

@@ -46,10 +46,15 @@ fn file_mode_harness_with(
 }
 
 fn filter_body(name: &str, annotations: &serde_json::Value) -> Vec<u8> {
+    filter_body_on(name, annotations, &["h100-0", "a100-0", "l4-0"])
+}
+
+/// A filter request for pod `name` in namespace `ml` over these nodes.
+fn filter_body_on(name: &str, annotations: &serde_json::Value, nodes: &[&str]) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "Pod": {"metadata": {"name": name, "namespace": "ml", "annotations": annotations}},
         "Nodes": null,
-        "NodeNames": ["h100-0", "a100-0", "l4-0"],
+        "NodeNames": nodes,
     }))
     .unwrap()
 }
@@ -236,6 +241,49 @@ async fn a_pod_whose_cache_outgrows_the_gpus_gets_an_empty_one_whole() {
             .unwrap()
             .contains(&"a100-0".into()),
         "{v}"
+    );
+
+    // A GPU whose size holds the pod's floor (its tensors and process) but whose usable memory
+    // (less the driver's reserve) with the margin does not: refused naming the floor, not the
+    // cached peak it never needs there.
+    let annotation_map = annotations
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+        .collect();
+    let floor = peakfit::model::pod_request(&annotation_map)
+        .unwrap()
+        .unwrap()
+        .demand
+        .min_gpu_total_bytes;
+    let mut gpu = mk_gpu(0, "GPU-tight", floor + (256 << 20), 0);
+    gpu.memory_reserved_bytes = 512 << 20;
+    gpu.memory_free_bytes -= gpu.memory_reserved_bytes;
+    index.apply_report(&mk_report("tight-0", "2026-11-21T12:00:00Z", vec![gpu]));
+    let body = filter_body_on("long-gen-3", &annotations, &["tight-0"]);
+    let (_, r) = call(&h.router, "POST", "/filter", body).await;
+    let v = json(&r);
+    let words = v["FailedAndUnresolvableNodes"]["tight-0"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    let gib = peakfit::placement::gib;
+    assert!(
+        words.starts_with(&format!(
+            "needs a GPU with {} usable: its tensors and process, with the allocator's cache \
+             freed, take {} (+ 256 MiB safety margin)",
+            gib(floor + (256 << 20)),
+            gib(floor)
+        )),
+        "{words}"
+    );
+    assert!(
+        words.contains(&format!(
+            "largest GPU here has {} usable of {}",
+            gib(floor - (256 << 20)),
+            gib(floor + (256 << 20))
+        )),
+        "{words}"
     );
 }
 

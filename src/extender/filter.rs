@@ -121,7 +121,8 @@ pub fn resolvable_by_preemption(
                 .iter()
                 .filter(|g| {
                     let (_, need) = need_on(&shape.demand, g, cfg.safety_margin_bytes);
-                    shape.demand.runs_on(g.total_bytes) && g.room_without_pods() >= need
+                    shape.demand.runs_in(g.room(cfg.safety_margin_bytes))
+                        && g.room_without_pods() >= need
                 })
                 .count();
             crate::convert::usize_to_u32(could) >= shape.gpus.max(1)

@@ -12,6 +12,8 @@
 //! seen so far, fed to `ShapeStats` as the extender does) on a `NodeLedger`; only what the
 //! ledger holds, and the demand it is asked for, differ. A GPU whose pods' real use exceeds its
 //! memory at a sample is an OOM event: the youngest pod on it is killed and queued again. A pod
+//! whose allocator frees its cache (`Demand::cache_floor`) alone on its GPU is the exception: it
+//! runs in the whole GPU, and only its floor can exceed it. A pod
 //! started on a GPU too small to hold it at all (`Demand::runs_on` false: a fraction-budget
 //! engine whose share of that GPU cannot hold its weights) fails at once and is queued again;
 //! only accountings that do not ask the model can put it there.
@@ -303,6 +305,10 @@ struct Running {
     start_min: u64,
     /// Real peak bytes per GPU on the GPUs it runs on.
     peak_bytes: u64,
+    /// For a pod whose allocator frees its cache and retries a failed `cudaMalloc`
+    /// (`Demand::cache_floor`): the real memory per GPU it cannot do without, its predicted
+    /// floor off by the same `true_peak_fraction` as its peak.
+    floor_bytes: Option<u64>,
     key: String,
     /// Its entry in what the agent has seen of each run.
     seen: usize,
@@ -506,15 +512,23 @@ pub fn simulate(
                         continue;
                     }
                     let predicted = pod.predicted.bytes_on(gpu_total);
-                    let reserve_bytes = match accounting {
-                        Accounting::Declared => pod.declared_bytes,
-                        Accounting::LiveFree => 0,
-                        Accounting::Peakfit | Accounting::Learned => demand.bytes_on(gpu_total),
+                    // The ledgers reserve what placement chose (`fit::need_on`: all of a GPU's
+                    // usable memory for a pod that takes it whole), as bind does.
+                    let per_gpu = match accounting {
+                        Accounting::Declared => {
+                            vec![pod.declared_bytes; placement.gpu_indices.len()]
+                        }
+                        Accounting::LiveFree => vec![0; placement.gpu_indices.len()],
+                        Accounting::Peakfit | Accounting::Learned => {
+                            placement.per_gpu_bytes.clone()
+                        }
                     };
-                    let per_gpu = vec![reserve_bytes; placement.gpu_indices.len()];
+                    let reserve_bytes = per_gpu.iter().copied().max().unwrap_or(0);
                     ledgers[n].reserve(&key, &placement.gpu_indices, &per_gpu);
-                    let peak_bytes =
-                        crate::convert::f64_to_u64(predicted as f64 * pod.true_peak_fraction);
+                    let truly = |bytes: u64| {
+                        crate::convert::f64_to_u64(bytes as f64 * pod.true_peak_fraction)
+                    };
+                    let peak_bytes = truly(predicted);
                     out.starts.push(Start {
                         pod: p,
                         minute,
@@ -549,6 +563,7 @@ pub fn simulate(
                         gpus: placement.gpu_indices,
                         start_min: minute,
                         peak_bytes,
+                        floor_bytes: pod.predicted.cache_floor().map(truly),
                         key,
                         seen: seen.len() - 1,
                     });
@@ -594,17 +609,48 @@ pub fn simulate(
             .iter()
             .map(|n| vec![Vec::new(); n.gpu_bytes.len()])
             .collect();
+        let profile_now = |r: &Running| {
+            pods[r.pod]
+                .profile
+                .at(crate::convert::u64_to_usize(minute - r.start_min))
+        };
         for r in &running {
-            let pod = &pods[r.pod];
-            let now = crate::convert::f64_to_u64(
-                r.peak_bytes as f64
-                    * pod
-                        .profile
-                        .at(crate::convert::u64_to_usize(minute - r.start_min)),
-            );
+            let now = crate::convert::f64_to_u64(r.peak_bytes as f64 * profile_now(r));
             for &g in &r.gpus {
                 use_per_gpu[r.node][g].push((r.key.as_str(), now));
             }
+        }
+        // Alone on a GPU its cache outgrows, a pod whose allocator frees its cache runs in the
+        // whole GPU: its failed `cudaMalloc` releases the cache and is retried, and only its
+        // floor can run it out of memory. Beside other pods its cache still counts in full: a
+        // neighbour's failed allocation does not make it release anything.
+        for r in &running {
+            let Some(floor) = r.floor_bytes else {
+                continue;
+            };
+            let floor_now = crate::convert::f64_to_u64(floor as f64 * profile_now(r));
+            for &g in &r.gpus {
+                let size = nodes[r.node].gpu_bytes[g];
+                if let [(_, used)] = use_per_gpu[r.node][g].as_mut_slice()
+                    && *used > size
+                    && floor_now <= size
+                {
+                    *used = size;
+                }
+            }
+        }
+        // What the agent sees of each run: its use as its GPUs hold it.
+        for r in &running {
+            let now = r
+                .gpus
+                .iter()
+                .flat_map(|&g| &use_per_gpu[r.node][g])
+                .filter(|(key, _)| *key == r.key)
+                .map(|e| e.1)
+                .max()
+                .unwrap_or_else(|| {
+                    crate::convert::f64_to_u64(r.peak_bytes as f64 * profile_now(r))
+                });
             let s = &mut seen[r.seen];
             s.peak_bytes = s.peak_bytes.max(now);
             s.samples += 1;
@@ -1117,5 +1163,50 @@ mod tests {
         );
         assert_eq!(peak.start_failures, 0, "{peak:?}");
         assert_eq!(peak.pods_completed_without_kill, 2, "{peak:?}");
+    }
+
+    /// A PyTorch pod whose cache outgrows its GPU (`Demand::fills_gpu`) and whose real peak is
+    /// above its prediction runs in the whole GPU: the allocator frees its cache and retries,
+    /// so only a floor the GPU cannot hold runs it out of memory. The ledger reserves what
+    /// placement chose for it, the GPU's usable memory.
+    #[test]
+    fn a_pod_whose_cache_outgrows_its_gpu_fails_only_on_its_floor() {
+        let nodes = vec![DynNode {
+            name: "n".into(),
+            gpu_bytes: vec![40 * GI],
+        }];
+        let fills = |floor_gib: u64| {
+            let mut pod = growing_pod(0);
+            pod.predicted = Demand {
+                min_gpu_total_bytes: floor_gib * GI,
+                fills_gpu: true,
+                ..Demand::fixed(100 * GI)
+            };
+            pod.true_peak_fraction = 1.1;
+            pod.profile = Profile {
+                minutes: vec![1.0; 60],
+            };
+            pod
+        };
+        let run = |pod: DynPod| {
+            simulate(
+                &nodes,
+                &[pod],
+                Accounting::Peakfit,
+                120,
+                1,
+                None,
+                &LearnPolicy::default(),
+            )
+        };
+        // Tensors and process 20 GiB, 22 really: the GPU holds them, the cache gives way.
+        let ran = run(fills(20));
+        assert_eq!(ran.oom_events, 0, "{ran:?}");
+        assert_eq!(ran.pods_completed_without_kill, 1, "{ran:?}");
+        assert_eq!(ran.starts[0].sized_bytes, 40 * GI);
+        // 38 GiB predicted, 41.8 really: more than the GPU, whatever the cache does.
+        let died = run(fills(38));
+        assert!(died.oom_events > 0, "{died:?}");
+        assert_eq!(died.pods_oom_killed, 1, "{died:?}");
     }
 }

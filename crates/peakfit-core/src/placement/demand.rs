@@ -31,6 +31,27 @@ pub struct Demand {
     pub fills_gpu: bool,
 }
 
+/// A GPU as the fit sizes a pod on it: its size, what the driver leaves of it, and the safety
+/// margin kept free beside a pod's peak (`FitConfig::safety_margin_bytes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GpuRoom {
+    pub total_bytes: u64,
+    /// `total_bytes` less the driver's reserve.
+    pub usable_bytes: u64,
+    pub margin_bytes: u64,
+}
+
+impl GpuRoom {
+    /// A GPU known only by its size: no driver reserve, no margin.
+    pub const fn bare(total_bytes: u64) -> Self {
+        Self {
+            total_bytes,
+            usable_bytes: total_bytes,
+            margin_bytes: 0,
+        }
+    }
+}
+
 impl Demand {
     pub const fn fixed(bytes: u64) -> Self {
         Self {
@@ -58,21 +79,45 @@ impl Demand {
         self.fixed_bytes == 0 && self.gpu_fraction >= 1.0
     }
 
-    /// Whether the pod takes all of a GPU with `usable` bytes (its size less the driver's
-    /// reserve): a whole-GPU pod always; a [`Self::fills_gpu`] pod where its cached peak does
-    /// not fit the GPU at all but its floor does with the safety `margin` (a peak within the
-    /// margin of the GPU is refused there, as any pod's).
-    pub fn whole_on(&self, usable: u64, margin: u64) -> bool {
+    /// Whether the pod takes all of `gpu`: a whole-GPU pod always; a [`Self::fills_gpu`] pod
+    /// where its cached peak does not fit the GPU's usable memory at all and the GPU runs it
+    /// ([`Self::runs_in`]). A peak within the margin of the usable memory is refused there, as
+    /// any pod's: the margin alone never makes a pod whose peak fits take a tight GPU whole.
+    pub fn whole_on(&self, gpu: GpuRoom) -> bool {
         self.is_whole_gpu()
-            || (self.fills_gpu
-                && self.gpu_fraction <= 0.0
-                && self.fixed_bytes > usable
-                && self.min_gpu_total_bytes.saturating_add(margin) <= usable)
+            || (self.cache_floor().is_some()
+                && self.fixed_bytes > gpu.usable_bytes
+                && self.runs_in(gpu))
     }
 
-    /// Whether a GPU of this size can host the pod at all.
+    /// Whether `gpu` can host the pod at all, however empty: the one rule for the floor, which
+    /// filter, bind, the scoring's fill patterns and the simulator all ask.
+    ///
+    /// An engine's floor is a GPU size (its budget is a share of the card's total). A
+    /// [`Self::fills_gpu`] pod's floor is memory its tensors and process take once the cache is
+    /// freed: it has to fit what the driver leaves of the GPU with the safety margin, the room
+    /// a whole GPU gives it ([`Self::whole_on`]). Checked against the total instead, a floor
+    /// between the two passed this check and was then refused as "not enough memory" naming a
+    /// peak no GPU could hold, where the floor was what did not fit.
+    pub fn runs_in(&self, gpu: GpuRoom) -> bool {
+        match self.cache_floor() {
+            Some(floor) => floor.saturating_add(gpu.margin_bytes) <= gpu.usable_bytes,
+            None => gpu.total_bytes >= self.min_gpu_total_bytes,
+        }
+    }
+
+    /// Whether a GPU of this size, all of it usable and no margin kept, can host the pod at
+    /// all ([`Self::runs_in`] on [`GpuRoom::bare`]): what the estimate and the simulator ask of
+    /// a GPU they know only the size of.
     pub fn runs_on(&self, gpu_total: u64) -> bool {
-        gpu_total >= self.min_gpu_total_bytes
+        self.runs_in(GpuRoom::bare(gpu_total))
+    }
+
+    /// The memory a [`Self::fills_gpu`] pod sized in bytes needs once its allocator has freed
+    /// its cache (`min_gpu_total_bytes`, memory rather than a GPU size); `None` for any other
+    /// pod, whose need is its peak.
+    pub fn cache_floor(&self) -> Option<u64> {
+        (self.fills_gpu && self.gpu_fraction <= 0.0).then_some(self.min_gpu_total_bytes)
     }
 
     /// Bytes this demand takes on a GPU of `gpu_total` bytes.
@@ -179,36 +224,90 @@ mod tests {
         assert_eq!(d.bytes_on(40 << 30), 21 << 30);
     }
 
+    /// A GPU of `total` GiB whose driver keeps `reserved` GiB, with a margin of `margin` GiB.
+    fn room(total: u64, reserved: u64, margin: u64) -> GpuRoom {
+        const GI: u64 = 1 << 30;
+        GpuRoom {
+            total_bytes: total * GI,
+            usable_bytes: (total - reserved) * GI,
+            margin_bytes: margin * GI,
+        }
+    }
+
+    /// A PyTorch pod whose cache would reach 250 GiB, on 19 GiB of tensors and process.
+    fn outgrowing() -> Demand {
+        const GI: u64 = 1 << 30;
+        Demand {
+            fixed_bytes: 250 * GI,
+            gpu_fraction: 0.0,
+            min_gpu_total_bytes: 19 * GI,
+            fills_gpu: true,
+        }
+    }
+
     /// A pod whose cached peak outgrows a GPU but whose tensors fit it takes that GPU whole;
     /// on a GPU its cached peak fits, it takes that peak; below its floor it does not run.
     #[test]
     fn a_cache_that_outgrows_the_gpu_takes_it_whole() {
         const GI: u64 = 1 << 30;
-        let d = Demand {
-            fixed_bytes: 250 * GI,
-            gpu_fraction: 0.0,
-            min_gpu_total_bytes: 19 * GI,
-            fills_gpu: true,
-        };
+        let d = outgrowing();
         assert_eq!(d.bytes_on(80 * GI), 80 * GI);
-        assert!(d.whole_on(79 * GI, GI));
-        assert!(!d.whole_on(19 * GI, GI), "the floor needs its margin too");
-        assert!(!d.whole_on(18 * GI, 0), "below the floor it does not run");
+        assert!(d.whole_on(room(80, 1, 1)));
+        assert!(
+            !d.whole_on(room(19, 0, 1)),
+            "the floor needs its margin too"
+        );
+        assert!(
+            !d.whole_on(room(18, 0, 0)),
+            "below the floor it does not run"
+        );
         let fits = Demand {
             fixed_bytes: 40 * GI,
             ..d
         };
         assert_eq!(fits.bytes_on(80 * GI), 40 * GI);
-        assert!(!fits.whole_on(79 * GI, GI));
+        assert!(!fits.whole_on(room(80, 1, 1)));
         // Within the margin of the GPU: refused there as any pod is, not taken whole.
-        assert!(!fits.whole_on(40 * GI, GI));
+        assert!(!fits.whole_on(room(41, 1, 1)));
         // Without the flag the cached peak is the need, as for any fixed demand.
         let plain = Demand {
             fills_gpu: false,
             ..d
         };
         assert_eq!(plain.bytes_on(80 * GI), 250 * GI);
-        assert!(!plain.whole_on(79 * GI, GI));
+        assert!(!plain.whole_on(room(80, 1, 1)));
+    }
+
+    /// One rule for a floor: a PyTorch pod's floor is memory, held against what the driver
+    /// leaves with the margin, both where the GPU is asked whether it runs the pod and where it
+    /// is asked whether the pod takes it whole; an engine's floor is a GPU size.
+    #[test]
+    fn a_floor_runs_where_the_gpu_is_taken_whole() {
+        const GI: u64 = 1 << 30;
+        let d = outgrowing();
+        for gpu in [
+            room(20, 1, 1),
+            room(19, 0, 1),
+            room(20, 2, 0),
+            room(19, 0, 0),
+            room(80, 0, 0),
+        ] {
+            assert_eq!(d.runs_in(gpu), d.whole_on(gpu), "{gpu:?}");
+        }
+        // 20 GiB, 1 reserved, 1 margin: the floor fits the total, not the usable with margin.
+        assert!(!d.runs_in(room(20, 1, 1)));
+        assert!(d.runs_in(room(20, 1, 0)));
+        assert!(
+            d.runs_on(19 * GI),
+            "a bare GPU: all of it usable, no margin"
+        );
+        // An engine's floor is the card's size, whatever the driver keeps.
+        let engine = Demand {
+            min_gpu_total_bytes: 40 * GI,
+            ..Demand::fraction(0.9)
+        };
+        assert!(engine.runs_in(room(40, 1, 1)));
+        assert!(!engine.runs_in(room(39, 0, 0)));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::demand::{Demand, PodClass, PodShape};
+use super::demand::{Demand, GpuRoom, PodClass, PodShape};
 use super::ledger::{Allocators, GpuLedger, NodeCondition, NodeLedger};
 
 /// Tunables of the fit; the same values serve filter and bind so that what filter admits, bind
@@ -74,21 +74,24 @@ pub enum Rejection {
         models: Vec<String>,
     },
     #[error(
-        "needs a GPU of at least {}: {}; largest GPU here has {}",
-        gib(*min_gpu_total_bytes),
-        if *fills_gpu {
-            "its tensors and process, with the allocator's cache freed, do not fit a smaller one"
-        } else {
-            "the engine's share of a smaller one cannot hold its weights, activations and the KV cache of the declared batch x context-tokens"
-        },
-        gib(*largest_gpu_total_bytes)
+        "{}",
+        too_small(
+            *min_gpu_total_bytes, *largest_gpu_total_bytes, *fills_gpu,
+            *largest_gpu_usable_bytes, *margin_bytes
+        )
     )]
     GpuTooSmall {
         min_gpu_total_bytes: u64,
         largest_gpu_total_bytes: u64,
         /// The floor is a PyTorch pod's tensors and process ([`Demand::fills_gpu`]), not an
-        /// engine's budget.
+        /// engine's budget: it is memory, checked against what the driver leaves of a GPU
+        /// with the safety margin (`Demand::runs_in`), and the words say so.
         fills_gpu: bool,
+        /// The largest GPU's size less the driver's reserve.
+        #[serde(default)]
+        largest_gpu_usable_bytes: u64,
+        #[serde(default)]
+        margin_bytes: u64,
     },
     #[error(
         "needs {} free per GPU on {needed_gpus} GPU(s) (peak {} + {} safety margin); {}; best free GPU has {} free of {}",
@@ -178,6 +181,31 @@ fn too_few(needed: u32, have: u32, models: &[String]) -> String {
     }
 }
 
+fn too_small(
+    floor: u64,
+    largest_total: u64,
+    fills_gpu: bool,
+    largest_usable: u64,
+    margin: u64,
+) -> String {
+    if fills_gpu {
+        format!(
+            "needs a GPU with {} usable: its tensors and process, with the allocator's cache freed, take {} (+ {} safety margin) and do not fit a smaller one; largest GPU here has {} usable of {}",
+            gib(floor.saturating_add(margin)),
+            gib(floor),
+            gib(margin),
+            gib(largest_usable),
+            gib(largest_total)
+        )
+    } else {
+        format!(
+            "needs a GPU of at least {}: the engine's share of a smaller one cannot hold its weights, activations and the KV cache of the declared batch x context-tokens; largest GPU here has {}",
+            gib(floor),
+            gib(largest_total)
+        )
+    }
+}
+
 fn fitting(fitting: u32, gpus: u32) -> String {
     match fitting {
         0 => format!("none of its {gpus} GPU(s) has that free"),
@@ -240,12 +268,9 @@ pub fn node_usable(node: &NodeLedger, cfg: &FitConfig, now_unix: i64) -> Result<
 /// whose cached peak outgrows this GPU but whose tensors fit it ([`Demand::fills_gpu`]) takes
 /// it whole the same way: its allocator would fill it.
 pub fn need_on(demand: &Demand, gpu: &GpuLedger, margin_bytes: u64) -> (u64, u64) {
-    let whole = gpu.total_bytes.saturating_sub(gpu.driver_reserved_bytes);
-    if demand.is_whole_gpu() {
-        return (whole, whole);
-    }
-    if demand.whole_on(whole, margin_bytes) {
-        return (whole, whole);
+    let room = gpu.room(margin_bytes);
+    if demand.whole_on(room) {
+        return (room.usable_bytes, room.usable_bytes);
     }
     let share = demand.bytes_on(gpu.total_bytes);
     (share, share.saturating_add(margin_bytes))
@@ -255,7 +280,7 @@ pub fn need_on(demand: &Demand, gpu: &GpuLedger, margin_bytes: u64) -> (u64, u64
 /// big enough, free memory for the share plus the margin).
 pub fn share_on(gpu: &GpuLedger, class: &PodClass, cfg: &FitConfig) -> Option<u64> {
     let demand = &class.shape.demand;
-    if !demand.runs_on(gpu.total_bytes) || !class.accepts_model(&gpu.model) {
+    if !demand.runs_in(gpu.room(cfg.safety_margin_bytes)) || !class.accepts_model(&gpu.model) {
         return None;
     }
     let (share, need) = need_on(demand, gpu, cfg.safety_margin_bytes);
@@ -337,18 +362,28 @@ pub fn check_class(
         });
     }
     let demand = &class.shape.demand;
-    let largest_total = node
-        .gpus
-        .iter()
-        .filter(|g| class.accepts_model(&g.model))
-        .map(|g| g.total_bytes)
-        .max()
-        .unwrap_or(0);
-    if !demand.runs_on(largest_total) {
+    let margin = cfg.safety_margin_bytes;
+    let accepted = || node.gpus.iter().filter(|g| class.accepts_model(&g.model));
+    if !accepted().any(|g| demand.runs_in(g.room(margin))) {
+        // The largest by what the floor is checked against: usable memory for a PyTorch
+        // floor, the size for an engine's.
+        let floor_is_memory = demand.cache_floor().is_some();
+        let largest = accepted()
+            .map(|g| g.room(margin))
+            .max_by_key(|r| {
+                if floor_is_memory {
+                    (r.usable_bytes, r.total_bytes)
+                } else {
+                    (r.total_bytes, r.usable_bytes)
+                }
+            })
+            .unwrap_or(GpuRoom::bare(0));
         return Err(Rejection::GpuTooSmall {
             min_gpu_total_bytes: demand.min_gpu_total_bytes,
-            largest_gpu_total_bytes: largest_total,
-            fills_gpu: demand.fills_gpu,
+            largest_gpu_total_bytes: largest.total_bytes,
+            fills_gpu: floor_is_memory,
+            largest_gpu_usable_bytes: largest.usable_bytes,
+            margin_bytes: margin,
         });
     }
     let fitting = node
@@ -361,13 +396,13 @@ pub fn check_class(
         let usable: Vec<&GpuLedger> = node
             .gpus
             .iter()
-            .filter(|g| class.accepts_model(&g.model) && demand.runs_on(g.total_bytes))
+            .filter(|g| class.accepts_model(&g.model) && demand.runs_in(g.room(margin)))
             .collect();
         let best = usable
             .iter()
             .max_by_key(|g| g.free_bytes())
             .expect("a GPU big enough exists: checked above");
-        let (share, need) = need_on(demand, best, cfg.safety_margin_bytes);
+        let (share, need) = need_on(demand, best, margin);
         return Err(Rejection::NotEnoughMemory {
             needed_per_gpu_bytes: share,
             margin_bytes: need - share,
@@ -709,9 +744,49 @@ mod tests {
         let r = reject(&node(&[16 * GI]), fills(250 * GI));
         assert_eq!(
             r.to_string(),
-            "needs a GPU of at least 19.0 GiB: its tensors and process, with the allocator's \
-             cache freed, do not fit a smaller one; largest GPU here has 16.0 GiB"
+            "needs a GPU with 19.2 GiB usable: its tensors and process, with the allocator's \
+             cache freed, take 19.0 GiB (+ 256 MiB safety margin) and do not fit a smaller one; \
+             largest GPU here has 16.0 GiB usable of 16.0 GiB"
         );
+    }
+
+    /// A floor above what the driver leaves with the margin, though below the GPU's size, is
+    /// refused naming the floor, not as "not enough memory" for a peak no GPU holds; a GPU
+    /// that holds it is taken whole.
+    #[test]
+    fn a_floor_between_usable_and_total_is_refused_naming_it() {
+        let fills = PodShape {
+            gpus: 1,
+            demand: Demand {
+                min_gpu_total_bytes: 19 * GI,
+                fills_gpu: true,
+                ..Demand::fixed(250 * GI)
+            },
+        };
+        let mut n = node(&[19 * GI + GI / 2, 19 * GI + GI / 2]);
+        n.gpus[0].driver_reserved_bytes = GI;
+        n.gpus[1].driver_reserved_bytes = GI / 2;
+        let r = reject(&n, fills);
+        assert_eq!(r.reason(), "not_enough_memory");
+        assert!(!r.is_node_wide());
+        assert_eq!(
+            r.to_string(),
+            "needs a GPU with 19.2 GiB usable: its tensors and process, with the allocator's \
+             cache freed, take 19.0 GiB (+ 256 MiB safety margin) and do not fit a smaller one; \
+             largest GPU here has 19.0 GiB usable of 19.5 GiB"
+        );
+        assert!(matches!(
+            r,
+            Rejection::GpuTooSmall {
+                largest_gpu_usable_bytes,
+                ..
+            } if largest_gpu_usable_bytes == 19 * GI
+        ));
+        // A smaller reserve: the floor and its margin fit, and the pod takes the GPU whole.
+        n.gpus[1].driver_reserved_bytes = 200 << 20;
+        let p = fit(&n, &fills, &FitConfig::default(), NOW).unwrap();
+        assert_eq!(p.gpu_indices, [1]);
+        assert_eq!(p.per_gpu_bytes, [19 * GI + GI / 2 - (200 << 20)]);
     }
 
     #[test]

@@ -170,14 +170,12 @@ impl ShapeMix {
         &self.shapes
     }
 
-    /// The fill patterns of this mix's sharing pods on a GPU of this size and model.
-    pub fn fill_patterns(&self, gpu: &GpuLedger) -> PatternsRef<'_> {
-        self.patterns.get_or_solve(gpu.total_bytes, &gpu.model, || {
-            FillPatterns::solve(&super::patterns::mix_items(
-                &self.shapes,
-                gpu.total_bytes,
-                &gpu.model,
-            ))
+    /// The fill patterns of this mix's sharing pods on a GPU of this room and model, a pod's
+    /// peak kept `margin_bytes` from the rest (`FitConfig::safety_margin_bytes`).
+    pub fn fill_patterns(&self, gpu: &GpuLedger, margin_bytes: u64) -> PatternsRef<'_> {
+        let room = gpu.room(margin_bytes);
+        self.patterns.get_or_solve(room, &gpu.model, || {
+            FillPatterns::solve(&super::patterns::mix_items(&self.shapes, room, &gpu.model))
         })
     }
 
@@ -544,7 +542,7 @@ fn same_kind(a: &GpuLedger, b: &GpuLedger) -> bool {
 
 fn share_need(class: &PodClass, gpu: &GpuLedger, margin: u64) -> u64 {
     let d = &class.shape.demand;
-    if class.shape.gpus == 0 || !d.runs_on(gpu.total_bytes) || !class.accepts_model(&gpu.model) {
+    if class.shape.gpus == 0 || !d.runs_in(gpu.room(margin)) || !class.accepts_model(&gpu.model) {
         return u64::MAX;
     }
     super::fit::need_on(d, gpu, margin).1

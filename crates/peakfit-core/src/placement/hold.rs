@@ -220,7 +220,7 @@ pub fn choose_hold(
             .filter(|(_, g)| {
                 g.hold().is_none_or(|h| h.pod == pod)
                     && class.accepts_model(&g.model)
-                    && demand.runs_on(g.total_bytes)
+                    && demand.runs_in(g.room(fit.safety_margin_bytes))
             })
             .filter_map(|(i, g)| {
                 let (share, need) =

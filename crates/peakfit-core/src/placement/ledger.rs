@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::inventory::{DeviceHolder, NodeGpuReportStatus};
 
-use super::demand::PodClass;
+use super::demand::{GpuRoom, PodClass};
 use super::fit::Placement;
 
 /// How the index names a pod: its UID when it has one (stable across renames, unique across
@@ -312,6 +312,15 @@ impl GpuLedger {
 
     pub fn free_bytes(&self) -> u64 {
         self.total_bytes.saturating_sub(self.committed_bytes())
+    }
+
+    /// This GPU as the fit sizes a pod on it, keeping `margin_bytes` beside the pod's peak.
+    pub fn room(&self, margin_bytes: u64) -> GpuRoom {
+        GpuRoom {
+            total_bytes: self.total_bytes,
+            usable_bytes: self.total_bytes.saturating_sub(self.driver_reserved_bytes),
+            margin_bytes,
+        }
     }
 
     /// What is actually in use now (pods' processes plus unattributed; without the driver's

@@ -12,7 +12,7 @@ pub mod patterns;
 pub mod score;
 pub mod signature;
 
-pub use demand::{Demand, PodClass, PodShape};
+pub use demand::{Demand, GpuRoom, PodClass, PodShape};
 pub use fit::{FitConfig, Placement, Rejection, check, check_class, fit, fit_class, gib};
 pub use frag::{
     FragState, FragUnit, ShapeMix, ShapeStats, ShapeStatsConfig, fragmentation_ratio,

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use smallvec::SmallVec;
 
-use super::demand::PodClass;
+use super::demand::{GpuRoom, PodClass};
 
 /// Shares are compared in thousandths of a GPU, the trace's own unit.
 pub const UNITS_PER_GPU: u16 = 1000;
@@ -155,13 +155,18 @@ pub fn units(bytes: u64, total: u64) -> u16 {
     u16::try_from(u.min(u128::from(UNITS_PER_GPU))).unwrap_or(UNITS_PER_GPU)
 }
 
-/// The sharing shares of a mix on a GPU of `total` bytes and this model: single-GPU classes that
-/// run there and take less than the whole GPU, in thousandths, with their weights.
-pub fn mix_items(shapes: &[(PodClass, f64)], total: u64, model: &str) -> Vec<(u16, f64)> {
+/// The sharing shares of a mix on a GPU of this room and model: single-GPU classes that run
+/// there and take less than the whole GPU, in thousandths, with their weights. A pod placement
+/// gives the whole GPU ([`crate::placement::Demand::whole_on`]: a PyTorch pod whose cached
+/// peak outgrows what the driver leaves of it) is no share, however close its peak is to the
+/// GPU's size: counted as one, it made room in the patterns for a share nobody places.
+pub fn mix_items(shapes: &[(PodClass, f64)], gpu: GpuRoom, model: &str) -> Vec<(u16, f64)> {
+    let total = gpu.total_bytes;
     shapes
         .iter()
         .filter(|(c, _)| {
-            c.shape.gpus == 1 && c.shape.demand.runs_on(total) && c.accepts_model(model)
+            let d = &c.shape.demand;
+            c.shape.gpus == 1 && c.accepts_model(model) && d.runs_in(gpu) && !d.whole_on(gpu)
         })
         .filter_map(|(c, w)| {
             let bytes = c.shape.demand.bytes_on(total);
@@ -170,7 +175,7 @@ pub fn mix_items(shapes: &[(PodClass, f64)], total: u64, model: &str) -> Vec<(u1
         .collect()
 }
 
-/// Per GPU kind (size and model), the patterns of one mix, solved the first time a GPU of that
+/// Per GPU kind (its room, [`GpuRoom`], and model), the patterns of one mix, solved the first time a GPU of that
 /// kind is scored. Shared by every reader of the mix; a new mix starts empty. A list, not a
 /// map: a cluster has a handful of GPU kinds, and a scan compares the shared model strings by
 /// pointer without allocating a key.
@@ -181,7 +186,7 @@ pub fn mix_items(shapes: &[(PodClass, f64)], total: u64, model: &str) -> Vec<(u1
 /// them. Slots fill in order, under `filling`, so a reader may stop at the first empty one.
 #[derive(Debug)]
 pub struct PatternCache {
-    kinds: [OnceLock<(u64, Arc<str>, FillPatterns)>; INLINE_KINDS],
+    kinds: [OnceLock<(GpuRoom, Arc<str>, FillPatterns)>; INLINE_KINDS],
     filling: Mutex<()>,
     /// Kinds beyond the inline ones, behind a lock as before.
     more: RwLock<Vec<KindPatterns>>,
@@ -200,8 +205,8 @@ impl Default for PatternCache {
     }
 }
 
-/// A GPU size in bytes, its model, and the patterns for that kind.
-type KindPatterns = (u64, Arc<str>, Arc<FillPatterns>);
+/// A GPU's room, its model, and the patterns for that kind.
+type KindPatterns = (GpuRoom, Arc<str>, Arc<FillPatterns>);
 
 /// The patterns of one GPU kind: lent from the cache's inline slots, or shared beyond them.
 #[derive(Clone, Debug)]
@@ -224,11 +229,11 @@ impl std::ops::Deref for PatternsRef<'_> {
 impl PatternCache {
     pub fn get_or_solve(
         &self,
-        total: u64,
+        room: GpuRoom,
         model: &Arc<str>,
         solve: impl FnOnce() -> FillPatterns,
     ) -> PatternsRef<'_> {
-        let same = |t: u64, m: &Arc<str>| t == total && (Arc::ptr_eq(m, model) || m == model);
+        let same = |r: GpuRoom, m: &Arc<str>| r == room && (Arc::ptr_eq(m, model) || m == model);
         let inline = || {
             self.kinds
                 .iter()
@@ -257,7 +262,8 @@ impl PatternCache {
         let solved = solve();
         // Operators asking why two pods share a GPU (`--log info,peakfit::placement=debug`).
         tracing::debug!(
-            gpu_total_bytes = total,
+            gpu_total_bytes = room.total_bytes,
+            gpu_usable_bytes = room.usable_bytes,
             model = %model,
             patterns = ?solved
                 .used()
@@ -274,14 +280,14 @@ impl PatternCache {
             return p;
         }
         if let Some(slot) = self.kinds.iter().find(|k| k.get().is_none()) {
-            let (_, _, p) = slot.get_or_init(|| (total, model.clone(), solved));
+            let (_, _, p) = slot.get_or_init(|| (room, model.clone(), solved));
             return PatternsRef::Lent(p);
         }
         let solved = Arc::new(solved);
         self.more
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((total, model.clone(), solved.clone()));
+            .push((room, model.clone(), solved.clone()));
         PatternsRef::Shared(solved)
     }
 }
@@ -490,7 +496,7 @@ mod tests {
                 } else {
                     (**name).into()
                 };
-                let got = cache.get_or_solve(k + 1, &model, || {
+                let got = cache.get_or_solve(GpuRoom::bare(k + 1), &model, || {
                     solves += 1;
                     solve_for(k)
                 });
@@ -555,6 +561,34 @@ mod tests {
         assert_eq!(none.fit(&[], 500), PatternFit::Off);
         // Whole GPUs and specks are not shares the patterns consider.
         assert!(FillPatterns::solve(&[(1000, 1.0), (5, 1.0)]).is_empty());
+    }
+
+    /// A PyTorch pod whose cached peak outgrows what the driver leaves of a GPU is placed
+    /// there whole ([`crate::placement::Demand::whole_on`]), however close the peak is to the
+    /// GPU's size: the patterns count it as no share, as placement does. On a GPU its peak
+    /// fits, it shares.
+    #[test]
+    fn a_pod_that_takes_the_gpu_whole_is_no_share() {
+        use crate::placement::{Demand, PodShape};
+        const GI: u64 = 1 << 30;
+        let class = |demand| (PodClass::from(PodShape { gpus: 1, demand }), 1.0);
+        let fills = Demand {
+            min_gpu_total_bytes: 19 * GI,
+            fills_gpu: true,
+            ..Demand::fixed(80 * GI - GI / 4)
+        };
+        let shapes = [class(fills), class(Demand::fixed(40 * GI))];
+        let h100 = GpuRoom {
+            total_bytes: 80 * GI,
+            usable_bytes: 80 * GI - GI / 2,
+            margin_bytes: 256 << 20,
+        };
+        assert!(fills.whole_on(h100));
+        assert_eq!(mix_items(&shapes, h100, "H100"), [(500, 1.0)]);
+        assert_eq!(
+            mix_items(&shapes, GpuRoom::bare(80 * GI), "H100"),
+            [(997, 1.0), (500, 1.0)]
+        );
     }
 
     #[test]

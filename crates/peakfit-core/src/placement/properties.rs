@@ -164,7 +164,7 @@ proptest! {
                     for (&i, &b) in p.gpu_indices.iter().zip(&p.per_gpu_bytes) {
                         let g = &node.gpus[i];
                         prop_assert!(class.accepts_model(&g.model));
-                        prop_assert!(class.shape.demand.runs_on(g.total_bytes));
+                        prop_assert!(class.shape.demand.runs_in(g.room(cfg.safety_margin_bytes)));
                         // A whole GPU takes what the empty GPU offers; any other share its bytes.
                         let (share, _) = crate::placement::fit::need_on(&class.shape.demand, g, cfg.safety_margin_bytes);
                         prop_assert_eq!(b, share);
@@ -175,8 +175,8 @@ proptest! {
                     for &i in &p.gpu_indices {
                         let g = &node.gpus[i];
                         // No margin beside a whole-GPU pod: nobody else is there.
-                        let usable = g.total_bytes - g.driver_reserved_bytes;
-                        let margin = if class.shape.demand.whole_on(usable, cfg.safety_margin_bytes) { 0 } else { cfg.safety_margin_bytes };
+                        let whole = class.shape.demand.whole_on(g.room(cfg.safety_margin_bytes));
+                        let margin = if whole { 0 } else { cfg.safety_margin_bytes };
                         prop_assert!(
                             g.committed_bytes() + margin <= g.total_bytes,
                             "GPU {} over-committed: {} of {}", i, g.committed_bytes(), g.total_bytes

@@ -254,7 +254,7 @@ fn peakfit(
             .iter()
             .any(|&(i, need)| need < node.gpus[i].total_bytes);
     let patterns = (sharing && tuning.pattern_weight != 0.0)
-        .then(|| PatternLookup::new(node, mix))
+        .then(|| PatternLookup::new(node, mix, cfg.safety_margin_bytes))
         .flatten();
     let fit_of = |i: usize, need: u64| {
         patterns
@@ -361,19 +361,19 @@ struct PatternLookup<'m> {
 
 impl<'m> PatternLookup<'m> {
     /// `None` when no GPU of the node has patterns to follow.
-    fn new(node: &NodeLedger, mix: &'m ShapeMix) -> Option<Self> {
+    fn new(node: &NodeLedger, mix: &'m ShapeMix, margin: u64) -> Option<Self> {
         let mut reps: SmallVec<[usize; 2]> = SmallVec::new();
         let mut row_of: SmallVec<[u8; 8]> = SmallVec::new();
         let mut rows: SmallVec<[PatternsRef<'m>; 2]> = SmallVec::new();
         for (i, g) in node.gpus.iter().enumerate() {
             let row = reps.iter().position(|&r| {
                 let k = &node.gpus[r];
-                k.total_bytes == g.total_bytes
+                k.room(margin) == g.room(margin)
                     && (Arc::ptr_eq(&k.model, &g.model) || k.model == g.model)
             });
             let row = row.unwrap_or_else(|| {
                 reps.push(i);
-                rows.push(mix.fill_patterns(g));
+                rows.push(mix.fill_patterns(g, margin));
                 rows.len() - 1
             });
             row_of.push(u8::try_from(row).unwrap_or(u8::MAX));
