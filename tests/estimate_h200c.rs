@@ -20,16 +20,20 @@ const ROWS: usize = 51;
 /// NVML median |error| over the rows.
 const NVML_MEDIAN_BAR: f64 = 5.0;
 
-/// The rows read more than 10 % low on reserved and NVML: Qwen2.5-1.5B's full fine-tune without
-/// checkpointing at 1 × 1k and 2 × 1k with foreach AdamW (the same runs with the per-tensor loop read
-/// −3.5 and −2.8 %). `hf::moments_in_activation_blocks` counts the rest the MLP moments leave in the
-/// layers' freed activation blocks (`tests/data/h200c/SOURCES.md`; the 2 × 1k and 4 × 1k histories);
-/// what foreach's own step adds at these shapes (its `_foreach_sqrt` list and the gradient
-/// segments left empty at step 2's peak, `docs/oracle.md`) is not counted. The test fails when a row
+/// The rows read more than 10 % low on reserved and NVML, each the same kind: a full fine-tune of
+/// Qwen2.5-1.5B without checkpointing, whose second step's forward takes fresh segments for
+/// activations whose freed blocks step 1's gradients and optimizer state pinned
+/// (`tests/data/h200c/SOURCES.md`; the 2 × 1k and 4 × 1k histories). `hf::training_slack` counts
+/// the state's displacement of the loss's segments, not that pinning. The test fails when a row
 /// outside this list reads low, and when one in it no longer does (so the list says what is true).
 const KNOWN_LOW: &[&str] = &[
     "h200c-qwen25-1.5b-ft-bf16-b1-1k-foreach",
+    "h200c-qwen25-1.5b-ft-bf16-b2-1k",
     "h200c-qwen25-1.5b-ft-bf16-b2-1k-foreach",
+    "h200c-qwen25-1.5b-ft-bf16-b2-1k-fused",
+    "h200c-qwen25-1.5b-ft-bf16-b2-2k",
+    "h200c-qwen25-1.5b-ft-bf16-b4-1k",
+    "h200c-qwen25-1.5b-ft-bf16-b4-1k-foreach",
 ];
 
 #[test]

@@ -36,8 +36,7 @@ const KNOWN_GAPS: &[(&str, f64, &str)] = &[
         -8.0,
         "without checkpointing the AdamW state takes blocks the second step's activations need \
          again; the model counts the displaced bytes less the logits' segment (4.59 GiB) in \
-         2.32 GiB fp32 segments, two, where the replay's imperfect packing breaks three (the \
-         MLP moments' rest in the layers' blocks, 0.72 GiB, is counted beside them)",
+         2.32 GiB fp32 segments, two, where the replay's imperfect packing breaks three",
     ),
     (
         "smollm2-135m-training-fp16-amp-b4-t1024-gcnone-adamw",

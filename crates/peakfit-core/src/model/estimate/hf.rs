@@ -49,7 +49,6 @@
 //! | reserved, a training step's loss segments | the first step's loss takes a segment per tensor: the 16-bit logits (`c·T·V`; Gemma-2 also `logits / cap`), their fp32 copy, `log_softmax`'s output and in backward `_log_softmax_backward_data`'s (`nll_loss_backward`'s takes the copy's block); the logits' segments stay free beside the fp32 ones (none in fp32, where `logits.float()` is the logits) ([`logits_segments`], [`training_slack`]) | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`), `Gemma2ForCausalLM.forward` (`final_logit_softcapping`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
 //! | reserved, a training step's layers | `HF_SLACK_INFERENCE_TENSORS` blocks of the forward's stranding tensor, or, LoRA on 16-bit weights, one of each of PEFT's three fp32 tensors at the widest adapted linear (`lora_B`'s output, `* scaling`, the promoted sum: `3·4·T·out`) ([`training_stranded`]) | `peft/tuners/lora/layer.py` `Linear.forward` (`_cast_input_dtype`, `result + lora_B(lora_A(dropout(x))) * scaling`, `.to(torch_result_dtype)`); `torch.utils.checkpoint` (each layer recomputed in backward); `CUDACachingAllocator.cpp` `should_split` |
 //! | reserved, the optimizer state in the loss's segments | the first `optimizer.step()` makes the state beside the gradients, each tensor in the smallest free block that holds it: the layers' freed blocks (kept inputs or saved tensors, the head's, one layer's forward, the stranded blocks), then the logits' segments, then the fp32 `4·T·V` ones (the embedding's and an untied head's `V·h` tensors straight there when no layer block holds them). Each fp32 segment holding state, or each `4·T·V` the state lacks in the first step's reserve, the later steps' loss takes fresh (`ceil`, at most 3; all 3: the logits' too), on top of the first step's reserve or the optimizer step's peak (weights, gradients, state, foreach AdamW's `_foreach_sqrt` list) ([`training_slack`]) | `torch/optim/adamw.py` `_init_group` (`zeros_like` per parameter at the first step), `_multi_tensor_adamw` (`_foreach_sqrt`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` (segments never merge); the oracle's replay of the H200 rows (docs/oracle.md, "A training step's segments") |
-//! | reserved, the MLP moments in the layers' blocks (full fine-tune without checkpointing) | the first `optimizer.step()` makes each MLP moment (`ffn·h`) in a freed `T·ffn` activation block, `floor(block / moment)` to a block (the 2 MiB-rounded segment from 10 MiB); the later steps' forward takes fresh segments for those tensors and each held block strands its rest, counted up to half a moment and back down to nothing at a whole one (a ramp where the allocator's count falls at once), on top of the count above ([`moments_in_activation_blocks`]) | `LlamaMLP.forward` / `Qwen2MLP.forward` (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`); `torch/optim/adamw.py` `_init_group` (`zeros_like`, the loop and foreach alike); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size`; the GPU's history of h200c-qwen25-1.5b-ft-bf16-b2-1k (docs/oracle.md, "Training without checkpointing: the MLP moments' rest in the layers' blocks") |
 
 use super::framework::Framework;
 use super::{
@@ -1355,85 +1354,18 @@ fn largest_state_tensor(inp: &Inputs, block: &Block, grads: f64, state: f64) -> 
     if params <= 0.0 {
         return 0.0;
     }
-    widest * (grads / params).max(moment_bytes(inp, params, state))
-}
-
-/// The bytes per element of one optimizer-state tensor the first step makes per parameter
-/// (`AdamW._init_group`'s `exp_avg` and `exp_avg_sq`, SGD's `momentum_buffer`): the state over
-/// its `params` elements and the moments per parameter. None for Adafactor's factored rows
-/// and columns, or a paged optimizer's state, which is outside the caching allocator.
-fn moment_bytes(inp: &Inputs, params: f64, state: f64) -> f64 {
-    let moments = moments_per_parameter(inp);
-    if moments > 0.0 && params > 0.0 && !inp.optimizer_paged {
-        state / params / moments
-    } else {
-        0.0
-    }
-}
-
-/// The state tensors the first step makes per parameter: AdamW's two moments, SGD's momentum
-/// buffer; Adafactor's factored rows and columns are not parameter-sized.
-fn moments_per_parameter(inp: &Inputs) -> f64 {
-    match inp.optimizer {
+    let moments = match inp.optimizer {
         Optimizer::Adam | Optimizer::Adam8bit => 2.0,
         Optimizer::Momentum => 1.0,
         Optimizer::Adafactor => 0.0,
-    }
-}
-
-/// What the MLP's optimizer moments strand in the layers' freed `T·ffn` blocks at a later
-/// step's peak, in a full fine-tune without checkpointing.
-///
-/// Backward frees each layer's saved tensors; the largest are the MLP's `T·ffn` outputs
-/// (`gate_proj`, `up_proj`, `act_fn`'s and the product `down_proj` reads, `LlamaMLP.forward`
-/// / `Qwen2MLP.forward`; `fc1`'s and the activation's in a plain MLP). The first
-/// `optimizer.step()` then makes each parameter's moments (`AdamW._init_group`: `zeros_like`,
-/// the loop and foreach alike) while those blocks are free, each in the smallest free block that
-/// holds it (`get_free_block`): a `ffn·h` moment (26.25 MiB for Qwen2.5-1.5B in bf16) takes a
-/// `T·ffn` block (35 MiB at 2 × 1k, in a 36 MiB segment) ahead of the loss's larger segments,
-/// `floor(block / moment)` moments a block. From the second step the forward finds those
-/// blocks held and takes fresh segments for its `T·ffn` tensors, and each held block keeps the
-/// rest its moments leave free, smaller than any tensor that comes to it (the other
-/// activations find their own freed blocks first): the GPU's history of Qwen2.5-1.5B at 2 × 1k
-/// (tests/data/h200c `traces/`) holds 1.65 GiB free in the layers' 36 MiB segments at step 2's
-/// reserved peak, about 9.75 MiB in each. The count takes every MLP moment as placed so, as
-/// that history shows.
-///
-/// The rest is counted while it is at most half a moment; past that it falls to nothing at a
-/// whole moment, where one more moment fits the block. The allocator's count falls at once
-/// there (the same moments in fewer blocks), so a model that followed it would move by the
-/// whole MLP state between neighbouring shapes; this one moves by at most a 2 MiB segment
-/// rounding per block, and reads the falling half of each band low by up to half a moment a
-/// block. Blocks under 10 MiB share 20 MiB segments with their neighbours
-/// (`get_allocation_size`), and the block is the unit there rather than its segment.
-fn moments_in_activation_blocks(inp: &Inputs, block: &Block, pass: &Pass, state: f64) -> f64 {
-    if block.experts > 0.0 {
-        return 0.0;
-    }
-    let bytes = moment_bytes(inp, inp.params, state);
-    if bytes <= 0.0 {
-        return 0.0;
-    }
-    // The MLP matrices of `ffn·h` elements: gate, up and down; a plain MLP's two; a fused
-    // `gate_up_proj` is twice that, so only `down_proj` is.
-    let matrices = match block.mlp {
-        Mlp::Gated => 3.0,
-        Mlp::Plain => 2.0,
-        Mlp::FusedGated => 1.0,
     };
-    let moment = allocator::block(block.ffn * block.h * bytes);
-    let activation = allocator::block(pass.t() * block.ffn * pass.c);
-    let held = if allocator::rounded_alone(activation) {
-        allocator::segment(activation)
+    let grad_bytes = grads / params;
+    let moment_bytes = if moments > 0.0 && !inp.optimizer_paged {
+        state / params / moments
     } else {
-        activation
+        0.0
     };
-    let per_block = allocator::fits(held, moment);
-    if per_block < 1.0 {
-        return 0.0;
-    }
-    let rest = held - per_block * moment;
-    matrices * moments_per_parameter(inp) * block.layers / per_block * rest.min(moment - rest)
+    widest * grad_bytes.max(moment_bytes)
 }
 
 /// What a training step reserves beyond its allocated peak `allocated`, from the caching
@@ -1457,9 +1389,6 @@ fn moments_in_activation_blocks(inp: &Inputs, block: &Block, pass: &Pass, state:
 ///    three; with all three taken, the logits' too), on top of the first step's reserve or of
 ///    the optimizer step's own peak (weights, gradients, state and foreach AdamW's temporary
 ///    list), whichever is larger.
-/// 3. Without checkpointing the state does not pack whole into the layers' freed blocks: the MLP
-///    moments each `T·ffn` block holds leave a rest free at the later steps' peak
-///    ([`moments_in_activation_blocks`]), on top.
 fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
     let prec = inp.precision();
     let pass = inp.pass(inp.batch, inp.context);
@@ -1517,14 +1446,6 @@ fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
         // The state fits before the fp32 segments: the logits' segments hold the part of it
         // the layers' blocks did not, and stay free for the rest.
         first.max(allocated + logits + stranded - spill.max(0.0))
-    };
-    // Without checkpointing the count above takes the state as packed whole into the layers'
-    // freed blocks; the MLP's moments leave a rest in each `T·ffn` block they take, which the
-    // later steps' peak holds free on top.
-    let reserved = if inp.checkpointing == Checkpointing::None && !inp.workload.is_adapter() {
-        reserved + moments_in_activation_blocks(inp, block, &pass, state)
-    } else {
-        reserved
     };
     (reserved - allocated).max(0.0)
 }
@@ -3253,85 +3174,6 @@ mod tests {
             "{} {}",
             allocated + slack,
             step + 14.0 * tv
-        );
-    }
-
-    /// Qwen2.5-1.5B as `tests/data/h200c`'s config builds it, fully fine-tuned in bf16 without
-    /// checkpointing, AdamW, `batch` × 1,024 tokens.
-    fn qwen25_15b_uncheckpointed(batch: &'static str) -> Vec<(&'static str, &'static str)> {
-        vec![
-            ("layers", "28"),
-            ("hidden-size", "1536"),
-            ("attention-heads", "12"),
-            ("kv-heads", "2"),
-            ("head-dim", "128"),
-            ("intermediate-size", "8960"),
-            ("vocab-size", "151936"),
-            ("tied-embeddings", "true"),
-            ("params", "1543714304"),
-            ("dtype", "bf16"),
-            ("model-type", "qwen2"),
-            ("engine", "hf"),
-            ("workload", "training"),
-            ("optimizer", "adamw"),
-            ("gradient-checkpointing", "none"),
-            ("batch", batch),
-            ("context-tokens", "1024"),
-        ]
-    }
-
-    /// The moments' stranded rest for a Qwen2.5-1.5B step of `tokens` tokens.
-    fn qwen25_15b_rest(tokens: f64) -> f64 {
-        let (inp, _, _) = training_case(&qwen25_15b_uncheckpointed("1"));
-        let (_, _, state) = inp.trainable_state();
-        moments_in_activation_blocks(&inp, &inp.block(), &inp.pass(1.0, tokens), state)
-    }
-
-    /// h200c-qwen25-1.5b-ft-bf16-b2-1k: each `ffn·h` moment (26.25 MiB) takes a 35 MiB `T·ffn`
-    /// block (a 36 MiB segment) and strands its 9.75 MiB rest: 168 MLP moments, 1.6 GiB, what
-    /// the GPU's history holds free in those segments at step 2's peak. At 4 × 1k two moments
-    /// share each 70 MiB block and leave 17.5 MiB, more than half a moment, counted from the
-    /// whole moment down (8.75); at 1 × 1k the 17.5 MiB blocks hold no moment.
-    #[test]
-    fn the_mlp_moments_strand_the_rest_of_the_layers_ffn_blocks() {
-        let mib = 1_048_576.0;
-        assert!((qwen25_15b_rest(2048.0) - 168.0 * 9.75 * mib).abs() < 1.0);
-        assert!((qwen25_15b_rest(4096.0) - 84.0 * 8.75 * mib).abs() < 1.0);
-        assert!(qwen25_15b_rest(1024.0).abs() < 1.0);
-    }
-
-    /// The stranded rest ramps with the shape: between neighbouring token counts it moves by at
-    /// most one 2 MiB segment rounding per block that holds moments (168 blocks at most here)
-    /// and what a token's `ffn` activations add to each, never by a band's worth of moments.
-    #[test]
-    fn the_stranded_rest_moves_little_between_neighbouring_shapes() {
-        let mib = 1_048_576.0;
-        let mut last = qwen25_15b_rest(512.0);
-        for t in 513..=8192 {
-            let now = qwen25_15b_rest(f64::from(t));
-            assert!(
-                (now - last).abs() <= 168.0 * 2.1 * mib,
-                "{t}: {last} -> {now}"
-            );
-            last = now;
-        }
-    }
-
-    /// h200c-qwen25-1.5b-ft-bf16-b2-1k: the state breaks all three fp32 segments, so the
-    /// second step takes the loss again on top of the optimizer step's peak (18.43 GiB), and
-    /// the moments' rest in the layers' `T·ffn` blocks comes on top of that (measured 20.61).
-    #[test]
-    fn an_uncheckpointed_step_adds_the_moments_rest_to_the_loss_it_takes_again() {
-        let (inp, allocated, slack) = training_case(&qwen25_15b_uncheckpointed("2"));
-        let (grads, _, state) = inp.trainable_state();
-        let tv = 2048.0 * 151_936.0;
-        let step = inp.weights() + grads + state + state / 2.0;
-        let rest = 168.0 * 9.75 * 1_048_576.0;
-        assert!(
-            (allocated + slack - (step + 3.0 * 4.0 * tv + 2.0 * tv + rest)).abs() < 2.0,
-            "{} {}",
-            allocated + slack,
-            step + 14.0 * tv + rest
         );
     }
 
