@@ -639,7 +639,10 @@ pub fn simulate(
                 }
             }
         }
-        // What the agent sees of each run: its use as its GPUs hold it.
+        // What the agent sees of each run: its use as its GPUs hold it. A run that filled its
+        // GPU is a bound the GPU set, not its size: learning takes it as no less than the
+        // prediction, as the extender's `Index::observations` does, so a workload is never sized
+        // down onto a share of a larger GPU its cache would then fill.
         for r in &running {
             let now = r
                 .gpus
@@ -651,6 +654,13 @@ pub fn simulate(
                 .unwrap_or_else(|| {
                     crate::convert::f64_to_u64(r.peak_bytes as f64 * profile_now(r))
                 });
+            let filled = pods[r.pod].predicted.fills_gpu
+                && r.gpus.iter().any(|&g| now >= nodes[r.node].gpu_bytes[g]);
+            let now = if filled {
+                now.max(pods[r.pod].predicted.fixed_bytes)
+            } else {
+                now
+            };
             let s = &mut seen[r.seen];
             s.peak_bytes = s.peak_bytes.max(now);
             s.samples += 1;
@@ -1208,5 +1218,68 @@ mod tests {
         let died = run(fills(38));
         assert!(died.oom_events > 0, "{died:?}");
         assert_eq!(died.pods_oom_killed, 1, "{died:?}");
+    }
+
+    /// A run that filled its GPU alone reads at the GPU's size, a bound the GPU set: learning
+    /// must not size its workload down to it. Fills pods predicted at 100 GiB (floor 20 GiB) run
+    /// on a 40 GiB GPU while an 80 GiB one is busy; sized down to what those GPUs held, the next
+    /// would share the 80 GiB GPU with a 30 GiB pod and its cache would fill it. Peakfit's
+    /// accounting and the learned one both keep it whole, with no OOM.
+    #[test]
+    fn learning_reads_a_run_that_filled_its_gpu_as_no_less_than_its_prediction() {
+        let nodes = vec![
+            DynNode {
+                name: "n40".into(),
+                gpu_bytes: vec![40 * GI],
+            },
+            DynNode {
+                name: "n80".into(),
+                gpu_bytes: vec![80 * GI],
+            },
+        ];
+        let pod = |kind: &str, predicted: Demand, arrival: u64, duration: u64| DynPod {
+            kind: kind.into(),
+            arrival_min: arrival,
+            duration_min: duration,
+            gpus: 1,
+            declared_bytes: predicted.fixed_bytes.min(40 * GI),
+            predicted,
+            true_peak_fraction: 1.0,
+            profile: Profile {
+                minutes: (0..duration)
+                    .map(|m| if m < 10 { 0.3 } else { 1.0 })
+                    .collect(),
+            },
+            explicit: false,
+        };
+        let fills = Demand {
+            min_gpu_total_bytes: 20 * GI,
+            fills_gpu: true,
+            ..Demand::fixed(100 * GI)
+        };
+        let pods = vec![
+            pod("busy", Demand::fixed(50 * GI), 0, 230),
+            pod("fills", fills, 1, 70),
+            pod("fills", fills, 80, 70),
+            pod("fills", fills, 160, 300),
+            pod("fills", fills, 240, 100),
+            pod("small", Demand::fixed(30 * GI), 243, 100),
+        ];
+        let policy = LearnPolicy {
+            mode: learn::LearnMode::Predicted,
+            margin: 0.05,
+            min_runtime_secs: 3600,
+            min_pods_down: 2,
+        };
+        for accounting in [Accounting::Peakfit, Accounting::Learned] {
+            let r = simulate(&nodes, &pods, accounting, 600, 1, None, &policy);
+            assert_eq!(r.oom_events, 0, "{accounting:?}: {r:?}");
+            let fourth = r
+                .starts
+                .iter()
+                .find(|s| s.pod == 4)
+                .expect("the fourth fills pod");
+            assert!(fourth.sized_bytes >= 80 * GI, "{accounting:?}: {fourth:?}");
+        }
     }
 }
