@@ -249,7 +249,15 @@ LEASE4D = [
     case("h200c-qwen25-1.5b-ft-bf16-b2-1k-fused", "qwen2.5-1.5b", "training", "bf16", 2, 1024, ckpt="none", optim="adamw-fused", gib=28),
 ]
 
-CASES = LEASE4D + LEASE4C + LEASE4B + LEASE4 + LEASE3 + LEASE3B + LEASE3C + NEXT + EXTRA + [
+# For the next lease (the fourth's fifth call was refused: no machine was lent): the one branch of
+# the softmax backward's count no history has shown, a softmax that keeps the compute dtype (Falcon
+# eager passes `dtype=hidden_states.dtype`): the probabilities' gradient, `grad * output` and the
+# input gradient, 16-bit each (`3c`).
+LEASE4E = [
+    case("h200c-falcon-7b-lora16-eager-b2-2k-gc-trace", "falcon-7b", "lora", "bf16", 2, 2048, ckpt="full", optim="adamw", rank=16, attn="eager", gib=40, trace=True, timeout=200),
+]
+
+CASES = LEASE4E + LEASE4D + LEASE4C + LEASE4B + LEASE4 + LEASE3 + LEASE3B + LEASE3C + NEXT + EXTRA + [
     case("h100-qwen3-0.6b-b32-8k", "qwen3-0.6b", "inference", "bf16", 32, 8192, new=64, gib=53),
     case("h100-qwen3-4b-b16-4k", "qwen3-4b", "inference", "bf16", 16, 4096, new=64, gib=25),
     case("h100-gemma2-2b-b4-8k", "gemma-2-2b", "inference", "bf16", 4, 8192, new=64, gib=15),
