@@ -31,9 +31,11 @@ const NVML_MEDIAN_BAR: f64 = 5.0;
 /// NVML p90 |error| with each prompt stated, over the rows with all three counters: 16.2 % on
 /// the first 41 when they were first scored, 8.8 % after the decode's outgrowth, Phi-3's fp16
 /// replay and a training step's segments (`docs/oracle.md`, "The third lease"), and 10.7 % with
-/// the two rows measured after those changes: Qwen3-1.7B's autocast fine-tune with foreach
-/// AdamW reads +14.4 %, the model's optimizer step adding `_foreach_sqrt`'s fp32 list on top of
-/// the loss's segments where the GPU reserved what the fused optimizer does (42.12 GiB both).
+/// the two rows measured after those changes: Qwen3-1.7B's autocast fine-tune with AdamW
+/// reads +14.4 %, the model's optimizer step adding foreach's `_foreach_sqrt` fp32 list on top of
+/// the loss's segments where the GPU, running the per-tensor loop (`fused=False`; the fourth
+/// lease found it), reserved what the fused optimizer does (42.12 GiB both; 46.23 with foreach,
+/// `tests/data/h200c`).
 /// Over-prediction only; issue 20's goal is 10 %. 12.5 % with the `expandable_segments` row
 /// scored on all three counters (`peakfit.io/expandable-segments`, 2026-11-27): it reads +12.5 %
 /// (16.56 GiB measured, 18.63 predicted; 252.6 GiB without the annotation), +10.7 % of it its

@@ -12,6 +12,7 @@ import json, math, os, subprocess, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure  # noqa: E402
+from to_csv import annotation_optimizer  # noqa: E402
 
 GIB = 2 ** 30
 
@@ -23,8 +24,7 @@ def annotations(c):
     if c.get("ckpt"):
         a["gradient_checkpointing"] = c["ckpt"]
     if c.get("optim"):
-        # measure.py's foreach AdamW is the model's `adamw` (torch's CUDA default).
-        a["optimizer"] = {"adamw-foreach": "adamw"}.get(c["optim"], c["optim"])
+        a["optimizer"] = annotation_optimizer(c["optim"])
     if c.get("rank"):
         a["lora_rank"] = c["rank"]
     if c.get("attn") == "eager":

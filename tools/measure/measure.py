@@ -139,8 +139,9 @@ LEASE3B = [
 ]
 
 # The same lease's last minutes (a third call): the built-in simulate fine-tune as the
-# scheduler sizes it (foreach AdamW, which no measured row had: the training step's segments
-# moved it 41.34 -> 49.01 GiB), and Llama-3.2-1B's full fine-tune at 4 x 4,864, where a review
+# scheduler sizes it (meant as foreach AdamW, which no measured row had: the training step's
+# segments moved it 41.34 -> 49.01 GiB; it ran the per-tensor loop, as every "adamw" case here
+# does, see LEASE4), and Llama-3.2-1B's full fine-tune at 4 x 4,864, where a review
 # found the count of the loss segments the optimizer state displaces at a boundary.
 LEASE3C = [
     case("h200b-qwen3-1.7b-ft-amp-b4-2k-gc", "qwen3-1.7b", "training", "fp16-amp", 4, 2048, ckpt="full", optim="adamw", gib=64),
