@@ -36,6 +36,7 @@
 //! | [`framework`] | what each named framework changes in the terms above |
 //! | [`hf`] | what transformers' own modules keep alive (generate's prefill and decode, encoders, Whisper, training's saved tensors and loss) and their allocator slack, for HF engines on one GPU; replaces `activations`, `logits` and the slack ratio there |
 //! | [`prefill_replay`] | a Llama-code decoder's `generate` (weights, prefill, first decode steps; SDPA's fused kernels or eager attention) replayed request by request through the caching allocator, for [`hf`]'s reserved |
+//! | [`train_replay`] | a Llama-code (Qwen3 included) full fine-tune without checkpointing in 16 bits, SDPA's fused kernels and AdamW: weights and two training steps replayed request by request through [`prefill_replay`]'s heap, for [`hf`]'s reserved (the segments the first step's optimizer state pins) |
 //! | [`allocator`] | the CUDA caching allocator's block rounding, pools, segment sizes and splitting, which [`hf`]'s slack terms apply |
 //! | this module | resolution of the spec, the parallel layout every term reads, workspace, allocator slack, CUDA context, NCCL, headroom |
 //!
@@ -43,7 +44,8 @@
 //! module's layout (shards, ZeRO stage, tokens) and [`Framework`]'s rules, and one another only
 //! downwards: [`training_state`], [`diffusion`] and [`fraction`] read [`weights`] (the weights'
 //! width and size), [`diffusion`] reads [`activations`]' per-layer bytes and [`fraction`] the
-//! [`kv_cache`], [`hf`] reads [`prefill_replay`] and [`allocator`], [`prefill_replay`] reads
+//! [`kv_cache`], [`hf`] reads [`prefill_replay`], [`train_replay`] and [`allocator`],
+//! [`train_replay`] reads [`prefill_replay`]'s heap and decoder shape, [`prefill_replay`] reads
 //! [`allocator`] (and this module asks it which `model_type`s it follows); [`weights`], [`activations`], [`kv_cache`] and [`allocator`] read no other
 //! term.
 
@@ -55,6 +57,7 @@ mod framework;
 mod hf;
 mod kv_cache;
 mod prefill_replay;
+mod train_replay;
 mod training_state;
 mod weights;
 
@@ -242,6 +245,10 @@ struct Inputs {
     /// The `model_type` is one whose modeling code [`prefill_replay`] replays request by
     /// request ([`prefill_replay::follows`]).
     replayed_code: bool,
+    /// The q, k and v projections carry biases (`Qwen2Attention`: `bias=True`), so their
+    /// backward is `addmm`'s, which makes the input's gradient before the weight's
+    /// ([`train_replay`]).
+    qkv_bias: bool,
     /// A mixture of experts' experts per token (0: dense).
     experts_per_token: f64,
     /// A mixture of experts' experts per layer (0: dense).
@@ -432,6 +439,11 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
             .as_deref()
             .or_else(|| spec.model.and_then(|p| p.hf_model_type))
             .is_some_and(prefill_replay::follows),
+        qkv_bias: spec
+            .model_type_name
+            .as_deref()
+            .or_else(|| spec.model.and_then(|p| p.hf_model_type))
+            == Some("qwen2"),
         // The pod's `model-type` first (from `--model-config`), then its preset's own.
         family: spec
             .model_type

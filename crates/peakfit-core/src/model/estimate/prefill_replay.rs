@@ -415,7 +415,7 @@ pub(super) struct Heap<P: FreeBlocks = SizeClasses> {
     /// Every request's block size (> 0) and every free (< 0), for the tests' comparisons with
     /// the oracle's event log.
     #[cfg(test)]
-    log: Vec<i64>,
+    pub(super) log: Vec<i64>,
 }
 
 /// A live request: the piece it holds, or nothing for an empty tensor.
