@@ -265,8 +265,9 @@ pub fn node_usable(node: &NodeLedger, cfg: &FitConfig, now_unix: i64) -> Result<
 /// the margin, or for a whole GPU ([`Demand::is_whole_gpu`]) what an empty GPU offers, no
 /// margin, so that a whole-GPU pod fits exactly an empty GPU (before, `gpu-share: 1` asked the
 /// GPU's size plus the margin and fitted nowhere with a margin or a driver reserve). A pod
-/// whose cached peak outgrows this GPU but whose tensors fit it ([`Demand::fills_gpu`]) takes
-/// it whole the same way: its allocator would fill it.
+/// whose cached peak with the margin outgrows this GPU but whose tensors fit it
+/// ([`Demand::fills_gpu`], [`Demand::whole_on`]) takes it whole the same way: it cannot share
+/// the GPU, and its allocator would fill it.
 pub fn need_on(demand: &Demand, gpu: &GpuLedger, margin_bytes: u64) -> (u64, u64) {
     let room = gpu.room(margin_bytes);
     if demand.whole_on(room) {
