@@ -141,8 +141,18 @@ async fn the_example_cluster_loads_and_answers() {
 /// Binds pod `name` (UID `uid-NAME`, namespace `ml`) to `a100-0` and returns the annotations the
 /// Binding carried.
 async fn bind_to_a100(h: &Harness, name: &str) -> std::collections::BTreeMap<String, String> {
+    bind_to(h, name, "a100-0").await
+}
+
+/// Binds pod `name` (UID `uid-NAME`, namespace `ml`) to `node` and returns the annotations the
+/// Binding carried.
+async fn bind_to(
+    h: &Harness,
+    name: &str,
+    node: &str,
+) -> std::collections::BTreeMap<String, String> {
     let body = serde_json::json!({
-        "PodName": name, "PodNamespace": "ml", "PodUID": format!("uid-{name}"), "Node": "a100-0",
+        "PodName": name, "PodNamespace": "ml", "PodUID": format!("uid-{name}"), "Node": node,
     });
     let (_, r) = call(
         &h.router,
@@ -185,18 +195,7 @@ async fn a_fraction_engine_with_explicit_vram_is_told_its_share() {
 #[tokio::test]
 async fn a_pod_whose_cache_outgrows_the_gpus_gets_an_empty_one_whole() {
     let (index, _) = example();
-    let annotations = serde_json::json!({
-        "peakfit.io/model": "qwen3-0.6b", "peakfit.io/workload": "inference",
-        "peakfit.io/batch": "64", "peakfit.io/context-tokens": "2048",
-        "peakfit.io/prompt-tokens": "1024",
-    });
-    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "long-gen", "namespace": "ml", "uid": "uid-long-gen",
-                     "annotations": annotations},
-        "spec": {"containers": [{"name": "c", "image": "i"}]},
-    }))
-    .unwrap();
-    index.apply_pod(&pod);
+    let annotations = long_generation(&index);
     let h = file_mode_harness(index.clone());
     let (_, r) = call(
         &h.router,
@@ -246,17 +245,7 @@ async fn a_pod_whose_cache_outgrows_the_gpus_gets_an_empty_one_whole() {
     // A GPU whose size holds the pod's floor (its tensors and process) but whose usable memory
     // (less the driver's reserve) with the margin does not: refused naming the floor, not the
     // cached peak it never needs there.
-    let annotation_map = annotations
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
-        .collect();
-    let floor = peakfit::model::pod_request(&annotation_map)
-        .unwrap()
-        .unwrap()
-        .demand
-        .min_gpu_total_bytes;
+    let floor = demand_of(&annotations).min_gpu_total_bytes;
     let mut gpu = mk_gpu(0, "GPU-tight", floor + (256 << 20), 0);
     gpu.memory_reserved_bytes = 512 << 20;
     gpu.memory_free_bytes -= gpu.memory_reserved_bytes;
@@ -285,6 +274,70 @@ async fn a_pod_whose_cache_outgrows_the_gpus_gets_an_empty_one_whole() {
         )),
         "{words}"
     );
+}
+
+/// The annotations of a generation whose cache outgrows every GPU (Qwen3-0.6B, 64 × (1,024 +
+/// 1,024) tokens), its pod `long-gen` applied to the index.
+fn long_generation(index: &Index) -> serde_json::Value {
+    let annotations = serde_json::json!({
+        "peakfit.io/model": "qwen3-0.6b", "peakfit.io/workload": "inference",
+        "peakfit.io/batch": "64", "peakfit.io/context-tokens": "2048",
+        "peakfit.io/prompt-tokens": "1024",
+    });
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "long-gen", "namespace": "ml", "uid": "uid-long-gen",
+                     "annotations": annotations},
+        "spec": {"containers": [{"name": "c", "image": "i"}]},
+    }))
+    .unwrap();
+    index.apply_pod(&pod);
+    annotations
+}
+
+/// The model's demand for these annotations.
+fn demand_of(annotations: &serde_json::Value) -> peakfit::placement::Demand {
+    let annotation_map = annotations
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+        .collect();
+    peakfit::model::pod_request(&annotation_map)
+        .unwrap()
+        .unwrap()
+        .demand
+}
+
+/// A GPU whose usable memory (its size less the driver's reserve) holds the pod's cached peak
+/// but not the safety margin beside it: the pod cannot share it, so filter offers it and bind
+/// takes it whole, as for a GPU the peak outgrows. The old rule (whole only above the usable
+/// memory) refused this node while it took any GPU the peak outgrew.
+#[tokio::test]
+async fn a_cached_peak_within_the_margin_of_a_gpu_takes_it_whole() {
+    let (index, _) = example();
+    let annotations = long_generation(&index);
+    let peak = demand_of(&annotations).fixed_bytes;
+    let reserve = 512 << 20;
+    let usable = peak + (128 << 20);
+    let mut gpu = mk_gpu(0, "GPU-edge", usable + reserve, 0);
+    gpu.memory_reserved_bytes = reserve;
+    gpu.memory_free_bytes -= reserve;
+    index.apply_report(&mk_report("edge-0", "2026-11-21T12:00:00Z", vec![gpu]));
+    let h = file_mode_harness(index.clone());
+    let (_, r) = call(
+        &h.router,
+        "POST",
+        "/filter",
+        filter_body_on("long-gen", &annotations, &["edge-0"]),
+    )
+    .await;
+    let v = json(&r);
+    assert_eq!(v["NodeNames"], serde_json::json!(["edge-0"]), "{v}");
+    let ann = bind_to(&h, "long-gen", "edge-0").await;
+    assert_eq!(ann[ASSIGNED_GPUS], "GPU-edge");
+    assert_eq!(ann[RESERVED_BYTES], usable.to_string());
+    let l = index.node("edge-0").unwrap().read().ledger.clone();
+    assert_eq!(l.gpus[0].free_bytes(), 0);
 }
 
 /// A cluster of `nodes` nodes with 8 GPUs each, as a multi-document YAML or as one `List`.

@@ -1220,6 +1220,42 @@ mod tests {
         assert_eq!(died.pods_oom_killed, 1, "{died:?}");
     }
 
+    /// The ledgers reserve what placement chose, not the pod's bytes on the GPU: a fills pod
+    /// whose peak is within the safety margin (256 MiB here) of its GPU cannot share it and is
+    /// taken whole (`Demand::whole_on`), so it reserves the whole 40 GiB, not its 39.875 GiB
+    /// peak. The only case the two differ in: simulated GPUs have no driver reserve, so a GPU
+    /// a larger peak outgrows is reserved at its size by either rule.
+    #[test]
+    fn a_fills_pod_taken_whole_reserves_the_gpu_not_its_peak() {
+        let nodes = vec![DynNode {
+            name: "n".into(),
+            gpu_bytes: vec![40 * GI],
+        }];
+        let peak = 40 * GI - (128 << 20);
+        let mut pod = growing_pod(0);
+        pod.predicted = Demand {
+            min_gpu_total_bytes: 20 * GI,
+            fills_gpu: true,
+            ..Demand::fixed(peak)
+        };
+        pod.true_peak_fraction = 1.0;
+        assert_eq!(pod.predicted.bytes_on(40 * GI), peak);
+        for accounting in [Accounting::Peakfit, Accounting::Learned] {
+            let r = simulate(
+                &nodes,
+                std::slice::from_ref(&pod),
+                accounting,
+                120,
+                1,
+                None,
+                &LearnPolicy::default(),
+            );
+            assert_eq!(r.starts.len(), 1, "{accounting:?}: {r:?}");
+            assert_eq!(r.starts[0].sized_bytes, 40 * GI, "{accounting:?}");
+            assert_eq!(r.oom_events, 0, "{accounting:?}: {r:?}");
+        }
+    }
+
     /// A run that filled its GPU alone reads at the GPU's size, a bound the GPU set: learning
     /// must not size its workload down to it. Fills pods predicted at 100 GiB (floor 20 GiB) run
     /// on a 40 GiB GPU while an 80 GiB one is busy; sized down to what those GPUs held, the next

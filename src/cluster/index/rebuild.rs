@@ -318,7 +318,11 @@ fn hold_on<'a>(
 /// a GPU of that size.
 fn reserve_for(gpu: &mut GpuLedger, key: &str, pod: &PodEntry, a: &Assignment) {
     let predicted = a.reserved_bytes.unwrap_or_else(|| match &pod.request {
-        // What bind reserves there: a whole GPU's usable bytes, else the share.
+        // What bind reserves there, a whole GPU's bytes or else the share, as near as the
+        // index knows: it keeps no safety margin (nor, yet, the driver's reserve), so a PyTorch
+        // pod bind took whole because its peak fits the GPU only without the margin
+        // (`Demand::whole_on`) is charged its peak, which leaves less than a margin free: room
+        // no share with its margin, nor a whole-GPU pod, fits.
         Ok(Some(r)) => crate::placement::fit::need_on(&r.demand, gpu, 0).0,
         _ => 0,
     });

@@ -80,13 +80,20 @@ impl Demand {
     }
 
     /// Whether the pod takes all of `gpu`: a whole-GPU pod always; a [`Self::fills_gpu`] pod
-    /// where its cached peak does not fit the GPU's usable memory at all and the GPU runs it
-    /// ([`Self::runs_in`]). A peak within the margin of the usable memory is refused there, as
-    /// any pod's: the margin alone never makes a pod whose peak fits take a tight GPU whole.
+    /// where its cached peak and the safety margin do not fit the GPU's usable memory and the
+    /// GPU runs it ([`Self::runs_in`]).
+    ///
+    /// The margin counts here because a pod that shares needs its peak plus the margin
+    /// (`fit::need_on`): a peak that fits only without it cannot share the GPU, so it takes the
+    /// GPU whole as a larger peak does. Before, only a peak above the usable memory was taken
+    /// whole, and a peak within the margin of it was refused by a GPU that took any larger
+    /// peak; the refusal protected nobody (the margin is kept for neighbours, and a pod alone
+    /// on its GPU has none), and whether the cache stops at its peak or fills the rest, the
+    /// GPU is the pod's either way.
     pub fn whole_on(&self, gpu: GpuRoom) -> bool {
         self.is_whole_gpu()
             || (self.cache_floor().is_some()
-                && self.fixed_bytes > gpu.usable_bytes
+                && self.fixed_bytes.saturating_add(gpu.margin_bytes) > gpu.usable_bytes
                 && self.runs_in(gpu))
     }
 
@@ -267,8 +274,8 @@ mod tests {
         };
         assert_eq!(fits.bytes_on(80 * GI), 40 * GI);
         assert!(!fits.whole_on(room(80, 1, 1)));
-        // Within the margin of the GPU: refused there as any pod is, not taken whole.
-        assert!(!fits.whole_on(room(41, 1, 1)));
+        // Its peak and margin fit exactly: it shares.
+        assert!(!fits.whole_on(room(42, 1, 1)));
         // Without the flag the cached peak is the need, as for any fixed demand.
         let plain = Demand {
             fills_gpu: false,
@@ -276,6 +283,43 @@ mod tests {
         };
         assert_eq!(plain.bytes_on(80 * GI), 250 * GI);
         assert!(!plain.whole_on(room(80, 1, 1)));
+    }
+
+    /// Whole or shared, never refused for a peak smaller than one the GPU takes whole: a peak
+    /// within the margin of the usable memory cannot share the GPU (it needs the margin beside
+    /// it), so it takes the GPU whole as a peak above the usable memory does. The old rule
+    /// (`fixed_bytes > usable_bytes`) left it neither whole nor fitting.
+    #[test]
+    fn a_peak_within_the_margin_takes_the_gpu_whole() {
+        const GI: u64 = 1 << 30;
+        const MI: u64 = 1 << 20;
+        let gpu = room(80, 1, 1);
+        let with_peak = |fixed| Demand {
+            fixed_bytes: fixed,
+            ..outgrowing()
+        };
+        let usable = gpu.usable_bytes;
+        for fixed in [
+            usable - GI + 1,
+            usable - 512 * MI,
+            usable,
+            usable + 1,
+            250 * GI,
+        ] {
+            let d = with_peak(fixed);
+            assert!(d.whole_on(gpu), "{fixed}");
+        }
+        for fixed in [usable - GI, usable - 2 * GI, 40 * GI] {
+            let d = with_peak(fixed);
+            assert!(!d.whole_on(gpu), "{fixed}");
+            assert!(d.bytes_on(gpu.total_bytes) + gpu.margin_bytes <= usable);
+        }
+        // Without a margin the boundary is the usable memory itself.
+        let bare = GpuRoom::bare(80 * GI);
+        assert!(!with_peak(80 * GI).whole_on(bare));
+        assert!(with_peak(80 * GI + 1).whole_on(bare));
+        // Below its floor a GPU is not taken, however the peak stands.
+        assert!(!with_peak(18 * GI + 1).whole_on(room(19, 0, 1)));
     }
 
     /// One rule for a floor: a PyTorch pod's floor is memory, held against what the driver

@@ -265,8 +265,9 @@ pub fn node_usable(node: &NodeLedger, cfg: &FitConfig, now_unix: i64) -> Result<
 /// the margin, or for a whole GPU ([`Demand::is_whole_gpu`]) what an empty GPU offers, no
 /// margin, so that a whole-GPU pod fits exactly an empty GPU (before, `gpu-share: 1` asked the
 /// GPU's size plus the margin and fitted nowhere with a margin or a driver reserve). A pod
-/// whose cached peak outgrows this GPU but whose tensors fit it ([`Demand::fills_gpu`]) takes
-/// it whole the same way: its allocator would fill it.
+/// whose cached peak with the margin outgrows this GPU but whose tensors fit it
+/// ([`Demand::fills_gpu`], [`Demand::whole_on`]) takes it whole the same way: it cannot share
+/// the GPU, and its allocator would fill it.
 pub fn need_on(demand: &Demand, gpu: &GpuLedger, margin_bytes: u64) -> (u64, u64) {
     let room = gpu.room(margin_bytes);
     if demand.whole_on(room) {
@@ -476,6 +477,19 @@ mod tests {
         PodShape {
             gpus,
             demand: Demand::fixed(bytes),
+        }
+    }
+
+    /// A PyTorch pod whose cache fills its GPU, with a cached peak of `fixed` bytes on 19 GiB
+    /// of tensors and process.
+    fn fills(fixed: u64) -> PodShape {
+        PodShape {
+            gpus: 1,
+            demand: Demand {
+                min_gpu_total_bytes: 19 * GI,
+                fills_gpu: true,
+                ..Demand::fixed(fixed)
+            },
         }
     }
 
@@ -720,14 +734,6 @@ mod tests {
             g.driver_reserved_bytes = 400 << 20;
         }
         n.reserve("small", &[0], &[2 * GI]);
-        let fills = |fixed| PodShape {
-            gpus: 1,
-            demand: Demand {
-                min_gpu_total_bytes: 19 * GI,
-                fills_gpu: true,
-                ..Demand::fixed(fixed)
-            },
-        };
         let cfg = FitConfig::default();
         let p = fit(&n, &fills(250 * GI), &cfg, NOW).unwrap();
         assert_eq!(p.gpu_indices, [1]);
@@ -750,19 +756,46 @@ mod tests {
         );
     }
 
+    /// A peak that fits what the driver leaves of a GPU only without the margin cannot share
+    /// it, so the GPU is taken whole, as for any larger peak; under the old rule (whole only
+    /// above the usable memory) the node refused it while it took a pod with a larger peak.
+    #[test]
+    fn a_peak_within_the_margin_of_an_empty_gpu_takes_it_whole() {
+        const MI: u64 = 1 << 20;
+        let reserve = 400 * MI;
+        let usable = 80 * GI - reserve;
+        let mut n = node(&[80 * GI]);
+        n.gpus[0].driver_reserved_bytes = reserve;
+        let cfg = FitConfig::default();
+        for fixed in [usable - 128 * MI, usable, usable + 128 * MI, 250 * GI] {
+            let p = fit(&n, &fills(fixed), &cfg, NOW).unwrap();
+            assert_eq!(p.per_gpu_bytes, [usable], "{fixed}");
+            assert!(check(&n, &fills(fixed), &cfg, NOW).is_ok(), "{fixed}");
+        }
+        // A peak with its margin fits: it shares, at its peak.
+        let p = fit(&n, &fills(usable - 256 * MI), &cfg, NOW).unwrap();
+        assert_eq!(p.per_gpu_bytes, [usable - 256 * MI]);
+        // Taken whole only while nobody else is there.
+        n.reserve("small", &[0], &[MI]);
+        let r = fit(&n, &fills(usable - 128 * MI), &cfg, NOW).unwrap_err();
+        assert!(
+            matches!(
+                r,
+                Rejection::NotEnoughMemory {
+                    margin_bytes: 0,
+                    ..
+                }
+            ),
+            "{r:?}"
+        );
+    }
+
     /// A floor above what the driver leaves with the margin, though below the GPU's size, is
     /// refused naming the floor, not as "not enough memory" for a peak no GPU holds; a GPU
     /// that holds it is taken whole.
     #[test]
     fn a_floor_between_usable_and_total_is_refused_naming_it() {
-        let fills = PodShape {
-            gpus: 1,
-            demand: Demand {
-                min_gpu_total_bytes: 19 * GI,
-                fills_gpu: true,
-                ..Demand::fixed(250 * GI)
-            },
-        };
+        let fills = fills(250 * GI);
         let mut n = node(&[19 * GI + GI / 2, 19 * GI + GI / 2]);
         n.gpus[0].driver_reserved_bytes = GI;
         n.gpus[1].driver_reserved_bytes = GI / 2;

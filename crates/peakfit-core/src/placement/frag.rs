@@ -12,7 +12,6 @@
 //! rescan of the node.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
@@ -516,8 +515,10 @@ pub struct FragState<'a> {
     all: f64,
     cpu_free: Option<u64>,
     shapes: SmallVec<[ShapeAgg; 16]>,
-    /// Per GPU of the node, its row in `needs`: GPUs of one size and model share a row, so a
-    /// node of identical GPUs computes each shape's need once.
+    /// Per GPU of the node, its row in `needs`: GPUs of one kind (`GpuLedger::same_kind`: room
+    /// and model) share a row, so a node of identical GPUs computes each shape's need once. By
+    /// size alone, a GPU whose driver keeps more than its group's first was judged by that
+    /// GPU's need (a whole GPU's usable memory), unlike the fill patterns, keyed by the room.
     group_of: SmallVec<[u32; 8]>,
     /// Row-major, one row of `mix.shapes.len()` per group: the free bytes a GPU of the group
     /// needs to take one share of the shape (margin included); `u64::MAX` = never.
@@ -532,12 +533,6 @@ pub struct GpuChange {
     pub gpu: usize,
     pub free_before: u64,
     pub free_after: u64,
-}
-
-/// Same size and model. The models of one node's GPUs are usually one shared string, so the
-/// pointer compare answers without reading it.
-fn same_kind(a: &GpuLedger, b: &GpuLedger) -> bool {
-    a.total_bytes == b.total_bytes && (Arc::ptr_eq(&a.model, &b.model) || a.model == b.model)
 }
 
 fn share_need(class: &PodClass, gpu: &GpuLedger, margin: u64) -> u64 {
@@ -559,7 +554,7 @@ impl<'a> FragState<'a> {
         let mut weights: SmallVec<[f64; 2]> = SmallVec::new();
         let mut group_of: SmallVec<[u32; 8]> = SmallVec::new();
         for (i, gpu) in node.gpus.iter().enumerate() {
-            let found = reps.iter().position(|&r| same_kind(&node.gpus[r], gpu));
+            let found = reps.iter().position(|&r| node.gpus[r].same_kind(gpu));
             let g = found.unwrap_or_else(|| {
                 reps.push(i);
                 weights.push(unit.weight(gpu));
@@ -611,7 +606,8 @@ impl<'a> FragState<'a> {
             .sum()
     }
 
-    /// Which kind (size and model) GPU `gpu` is: equal kinds are interchangeable.
+    /// Which kind (room and model, `GpuLedger::same_kind`) GPU `gpu` is: equal kinds are
+    /// interchangeable.
     pub fn kind_of(&self, gpu: usize) -> u32 {
         self.group_of[gpu]
     }
@@ -704,6 +700,8 @@ pub fn fragmentation_ratio(node: &NodeLedger, mix: &ShapeMix, cfg: &FitConfig) -
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::placement::demand::{Demand, PodShape};
     use crate::placement::test_support::{node, share};
@@ -728,6 +726,34 @@ mod tests {
         let want = 0.5 * 0.3 + 0.25 * 0.9 + 0.25 * 0.9;
         assert!((f - want).abs() < 1e-9, "{f} vs {want}");
         assert!((fragmentation_ratio(&n, &mix, &cfg) - want / 0.9).abs() < 1e-9);
+    }
+
+    /// Two GPUs of one size whose drivers keep different amounts are two kinds, as they are to
+    /// the fill patterns (keyed by the room): a whole-GPU pod needs each one's own usable
+    /// memory. Grouped by size, the second GPU was judged by the first's need (990 bytes here)
+    /// and its 950 free counted as stranded for a pod the fit places there.
+    #[test]
+    fn same_size_gpus_with_different_driver_reserves_are_two_kinds() {
+        let cfg = FitConfig::simulation();
+        let whole = share(1000, 1);
+        let mix = ShapeMix::new([(whole.clone(), 1.0)]);
+        for reserves in [[10, 50], [50, 10]] {
+            let mut n = node(&[1000, 1000]);
+            for (g, r) in n.gpus.iter_mut().zip(reserves) {
+                g.driver_reserved_bytes = r;
+            }
+            for g in &n.gpus {
+                assert!(crate::placement::fit::share_on(g, &whole, &cfg).is_some());
+            }
+            let state = FragState::new(&n, &mix, &cfg, FragUnit::Gpus);
+            let f = state.value();
+            assert!(f.abs() < 1e-12, "{reserves:?}: {f}");
+            assert_ne!(state.kind_of(0), state.kind_of(1), "{reserves:?}");
+        }
+        // The same reserve: one kind.
+        let n = node(&[1000, 1000]);
+        let state = FragState::new(&n, &mix, &cfg, FragUnit::Gpus);
+        assert_eq!(state.kind_of(0), state.kind_of(1));
     }
 
     #[test]

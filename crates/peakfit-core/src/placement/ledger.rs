@@ -323,6 +323,17 @@ impl GpuLedger {
         }
     }
 
+    /// Whether placement sizes every pod alike on this GPU and `other`: the same room (size and
+    /// what the driver leaves of it: usable memory decides whether a pod shares a GPU or takes
+    /// it whole, `fit::need_on`) and model. The one key of a GPU kind: fragmentation's groups
+    /// (`FragState`) and the fill patterns (`PatternCache`, per room and model) both follow it,
+    /// so two GPUs are never one kind to one and two to the other. The models of one node's
+    /// GPUs are usually one shared string, so the pointer compare answers without reading it.
+    pub fn same_kind(&self, other: &GpuLedger) -> bool {
+        self.room(0) == other.room(0)
+            && (Arc::ptr_eq(&self.model, &other.model) || self.model == other.model)
+    }
+
     /// What is actually in use now (pods' processes plus unattributed; without the driver's
     /// reserve), to compare with what is committed.
     pub fn observed_bytes(&self) -> u64 {

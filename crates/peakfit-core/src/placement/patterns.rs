@@ -158,8 +158,9 @@ pub fn units(bytes: u64, total: u64) -> u16 {
 /// The sharing shares of a mix on a GPU of this room and model: single-GPU classes that run
 /// there and take less than the whole GPU, in thousandths, with their weights. A pod placement
 /// gives the whole GPU ([`crate::placement::Demand::whole_on`]: a PyTorch pod whose cached
-/// peak outgrows what the driver leaves of it) is no share, however close its peak is to the
-/// GPU's size: counted as one, it made room in the patterns for a share nobody places.
+/// peak and the safety margin outgrow what the driver leaves of it) is no share, however close
+/// its peak is to the GPU's size: counted as one, it made room in the patterns for a share
+/// nobody places.
 pub fn mix_items(shapes: &[(PodClass, f64)], gpu: GpuRoom, model: &str) -> Vec<(u16, f64)> {
     let total = gpu.total_bytes;
     shapes
@@ -563,10 +564,10 @@ mod tests {
         assert!(FillPatterns::solve(&[(1000, 1.0), (5, 1.0)]).is_empty());
     }
 
-    /// A PyTorch pod whose cached peak outgrows what the driver leaves of a GPU is placed
-    /// there whole ([`crate::placement::Demand::whole_on`]), however close the peak is to the
-    /// GPU's size: the patterns count it as no share, as placement does. On a GPU its peak
-    /// fits, it shares.
+    /// A PyTorch pod whose cached peak and margin outgrow what the driver leaves of a GPU is
+    /// placed there whole ([`crate::placement::Demand::whole_on`]), however close the peak is
+    /// to the GPU's size: the patterns count it as no share, as placement does. On a GPU its
+    /// peak fits, it shares.
     #[test]
     fn a_pod_that_takes_the_gpu_whole_is_no_share() {
         use crate::placement::{Demand, PodShape};
@@ -589,6 +590,13 @@ mod tests {
             mix_items(&shapes, GpuRoom::bare(80 * GI), "H100"),
             [(997, 1.0), (500, 1.0)]
         );
+        // A peak within the margin of the usable memory: whole too, so no share either.
+        let tight = Demand {
+            fixed_bytes: h100.usable_bytes - (128 << 20),
+            ..fills
+        };
+        let shapes = [class(tight), class(Demand::fixed(40 * GI))];
+        assert_eq!(mix_items(&shapes, h100, "H100"), [(500, 1.0)]);
     }
 
     #[test]

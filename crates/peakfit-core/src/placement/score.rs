@@ -5,8 +5,6 @@
 //! nodes; kube-scheduler only takes integers 0..=10 from an extender, so `scores_0_to_10` maps a
 //! batch of nodes onto that range with the best node(s), and only those, at 10.
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
@@ -271,7 +269,7 @@ fn peakfit(
     for _ in 0..class.shape.gpus {
         // (pattern fit, F after, free left, position)
         let mut best: Option<(PatternFit, f64, f64, usize)> = None;
-        // GPUs of one kind (size and model: one group of `FragState`) with the same free memory
+        // GPUs of one kind (room and model: one group of `FragState`) with the same free memory
         // are interchangeable: try one (the first; a scan of the few earlier candidates is
         // cheaper than a list of tried kinds per node).
         for (pos, (&(i, need), &(fit, free, kind))) in candidates.iter().zip(&facts).enumerate() {
@@ -366,11 +364,7 @@ impl<'m> PatternLookup<'m> {
         let mut row_of: SmallVec<[u8; 8]> = SmallVec::new();
         let mut rows: SmallVec<[PatternsRef<'m>; 2]> = SmallVec::new();
         for (i, g) in node.gpus.iter().enumerate() {
-            let row = reps.iter().position(|&r| {
-                let k = &node.gpus[r];
-                k.room(margin) == g.room(margin)
-                    && (Arc::ptr_eq(&k.model, &g.model) || k.model == g.model)
-            });
+            let row = reps.iter().position(|&r| node.gpus[r].same_kind(g));
             let row = row.unwrap_or_else(|| {
                 reps.push(i);
                 rows.push(mix.fill_patterns(g, margin));

@@ -4,8 +4,6 @@
 //! score. Never edit this to follow a change of the scores: change the scores in `score.rs` and
 //! the reference together, in one commit that says why.
 
-use std::sync::Arc;
-
 use smallvec::SmallVec;
 
 use super::demand::PodClass;
@@ -118,7 +116,7 @@ fn peakfit(
     for _ in 0..class.shape.gpus {
         // (pattern fit, F after, free left, position)
         let mut best: Option<(PatternFit, f64, f64, usize)> = None;
-        // GPUs of one kind (size and model: one group of `FragState`) with the same free memory
+        // GPUs of one kind (room and model: one group of `FragState`) with the same free memory
         // are interchangeable: try one (the first; a scan of the few earlier candidates is
         // cheaper than a list of tried kinds per node).
         for (pos, &(i, need)) in candidates.iter().enumerate() {
@@ -217,11 +215,7 @@ impl<'m> PatternLookup<'m> {
         let mut row_of: SmallVec<[u8; 8]> = SmallVec::new();
         let mut rows: SmallVec<[PatternsRef<'m>; 2]> = SmallVec::new();
         for (i, g) in node.gpus.iter().enumerate() {
-            let row = reps.iter().position(|&r| {
-                let k = &node.gpus[r];
-                k.room(margin) == g.room(margin)
-                    && (Arc::ptr_eq(&k.model, &g.model) || k.model == g.model)
-            });
+            let row = reps.iter().position(|&r| node.gpus[r].same_kind(g));
             let row = row.unwrap_or_else(|| {
                 reps.push(i);
                 rows.push(mix.fill_patterns(g, margin));
