@@ -618,6 +618,30 @@ mod tests {
         );
     }
 
+    /// An untied head (Mistral-7B v0.3, two layers, bf16, 1 × 1,024): the embedding's and the
+    /// head's gradients and state are two tensors each, the head's last in `parameters()`.
+    #[test]
+    fn untied_two_steps_request_what_the_oracles_log_requests() {
+        let d = Decoder {
+            h: 4096.0,
+            q: 4096.0,
+            kv: 1024.0,
+            heads: 32.0,
+            head_dim: 128.0,
+            ffn: 14_336.0,
+            vocab: 32_768.0,
+            tied: false,
+            ..qwen25_15b(2, 1.0, 1024.0)
+        };
+        same_log(
+            include_str!("train_replay/oracle-mistral-7b-2-layers-b1-1k.txt"),
+            &d,
+            false,
+        );
+        // `peak_reserved_bytes` of the oracle's run, less one 2 MiB small-pool segment.
+        assert_eq!(replay(&d, Adam::Foreach, false), 7_532_969_984.0 - 2_097_152.0);
+    }
+
     /// Qwen3's per-head `q_norm` and `k_norm` (Qwen3-1.7B, two layers, bf16, 2 × 1,024).
     #[test]
     fn qwen3_two_steps_request_what_the_oracles_log_requests() {
