@@ -5,7 +5,8 @@
   grid.py generate --root R --add [--resume]         run only the cases of hunt() missing from the file, keep
                                                      the other rows and their header, note the addition
   grid.py check --root R N [--seed S]                rerun N sampled rows, compare with the committed file
-  grid.py rerun --root R math-kernel                 rerun the rows a change of the oracle touches, in both
+  grid.py rerun --root R SELECTOR                    rerun the rows a change of the oracle touches (RERUN:
+                                                     math-kernel, softmax-backward), in both
                                                      files, keep the rest, note the rerun in each header
 """
 import argparse
@@ -572,6 +573,13 @@ RERUN = {
         (cfg.get("model_type") == "falcon" and cfg.get("multi_query") and not cfg.get("new_decoder_architecture"))
         or (row["dtype"] == "fp32" and kv_heads(cfg) < heads(cfg))),
         "cuDNN's head rule and the math kernel's _safe_softmax temporaries (issue 20)"),
+    # Training rows whose backward runs aten._softmax_backward_data, where CUDA's kernel makes `grad * output`
+    # (Tracker.softmax_backward_temporary): eager attention's softmax, the math kernel's _safe_softmax (the rows
+    # of "math-kernel" above) and the MoE routers' softmax (Mixtral's, Qwen3-MoE's: tokens x experts).
+    "softmax-backward": (lambda cfg, row: row["workload"] != "inference" and (
+        row["attention"] == "eager" or RERUN["math-kernel"][0](cfg, row)
+        or bool(cfg.get("num_local_experts") or cfg.get("num_experts"))),
+        "CUDA's softmax backward temporary `grad * output` (softmax_backward_cuda_out)"),
 }
 
 
@@ -601,6 +609,9 @@ def rerun(a):
         old_header = [l.rstrip("\n") for l in open(path) if l.startswith("#")]
         rows = read_grid(path)
         todo = [r for r in rows if pick(json.load(open(f"{root}/tests/data/oracle-configs/{r['config']}")), r)]
+        if not todo:        # no row of this file runs what changed: leave it and its header as they are
+            print(f"{path}: no row selected", flush=True)
+            continue
         seconds = 0.0
         dropped = []
         for i, row in enumerate(todo):

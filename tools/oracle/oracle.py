@@ -201,6 +201,8 @@ class Tracker(TorchDispatchMode):
                 self.track(t)
         if func is torch.ops.aten._safe_softmax.default:
             self.safe_softmax_temporaries(out, *args, **(kwargs or {}))
+        elif func is torch.ops.aten._softmax_backward_data.default:
+            self.softmax_backward_temporary(*args, **(kwargs or {}))
         return out
 
     def safe_softmax_temporaries(self, out, x, dim, dtype=None):
@@ -223,6 +225,27 @@ class Tracker(TorchDispatchMode):
             zero = torch.ops.aten.scalar_tensor.default(0.0, dtype=out.dtype, device=out.device)
             self.track(zero)
             del zero, rows, masked
+
+    def softmax_backward_temporary(self, grad, output, _dim, _input_dtype):
+        """The product CUDA's softmax backward makes before its kernel runs.
+
+        `_softmax_backward_data` is a structured kernel (native_functions.yaml: `_softmax_backward_data.out`,
+        CPU `softmax_backward_cpu_out`, CUDA `softmax_backward_cuda_out`): its meta function allocates the
+        input gradient (`input_dtype`: 16-bit under `half_to_float`), then the backend's body runs. CUDA's
+        (`aten/src/ATen/native/cuda/SoftMax.cu`, `TORCH_IMPL_FUNC(softmax_backward_cuda_out)`) begins
+        `Tensor tmp = grad * output;` and hands `tmp` to `host_softmax_backward`, whose
+        `SoftMaxBackwardEpilogue` reads it as "gradOutput * output"; `tmp` dies at return. It has the
+        probabilities' shape and `grad * output`'s promoted dtype: fp32 under `half_to_float` too (an fp16
+        input's fp32 probabilities and their fp32 gradient; only the input gradient is 16-bit). The CPU
+        kernel the fake run stands for has no such product (and fake tensors run only the meta function),
+        so it is made here after the output, tracked and freed: output allocated, tmp allocated, tmp freed,
+        as the GPU's allocator histories show it (tests/data/h200c/traces; docs/oracle.md, "Falcon-7B
+        LoRA: the GPU holds one more fp32 score block"). Eager attention's `softmax`, the math SDPA kernel's
+        `_safe_softmax` and the MoE routers' softmax all take their gradient through this op."""
+        with torch.no_grad():
+            tmp = torch.ops.aten.mul.Tensor(grad, output)
+            self.track(tmp)
+            del tmp
 
     def breakdown(self):
         if self.dirty:
