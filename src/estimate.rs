@@ -269,6 +269,9 @@ pub fn run(args: &EstimateArgs) -> anyhow::Result<()> {
     };
     // The cached peak outgrows this GPU, and the pod runs there anyway, filling it (the
     // extender's rule, without a driver reserve or margin, which the estimate does not know).
+    // So it reads a GPU only by its size: the extender keeps its safety margin (256 MiB by
+    // default) on top, so a peak or a floor within that margin of `--gpu-memory` is taken whole
+    // or refused there where this says it shares or runs (`Demand::whole_on`, `runs_in`).
     let fills = req.demand.fills_gpu && req.demand.whole_on(GpuRoom::bare(gpu_total));
     let learned = match &args.profile {
         Some(path) => {

@@ -121,7 +121,8 @@ pub struct Scored {
 /// prioritize and bind all call this; on an unchanged ledger and mix it answers the same.
 ///
 /// Cost: O(GPUs × shapes) for the node's fragmentation, plus O(distinct candidate GPUs × shapes)
-/// per GPU chosen (GPUs of the same size, model and free memory are tried once).
+/// per GPU chosen (GPUs of the same kind, `GpuLedger::same_kind`: room and model, and free
+/// memory are tried once).
 pub fn place(
     node: &NodeLedger,
     class: &PodClass,
