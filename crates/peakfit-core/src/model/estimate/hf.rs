@@ -1393,9 +1393,10 @@ fn largest_state_tensor(inp: &Inputs, block: &Block, grads: f64, state: f64) -> 
 ///
 /// Where [`train_replay`] follows the run ([`replayed_training`]), its replay of the first two
 /// steps replaces that count for the `model_type`s whose code it is
-/// ([`prefill_replay::follows`]: the replay matches the oracle's allocator replay of the same
-/// steps to the byte, and the count misses which segments the first step's state pins); types
-/// that only share the layout get the larger of the two, as their prefills do.
+/// ([`prefill_replay::follows`]: the replay's large pool matches the oracle's allocator replay
+/// of the same steps request for request, its reserve to within the small pool's few 2 MiB
+/// segments, and the count misses which segments the first step's state pins); types that only
+/// share the layout get the larger of the two, as their prefills do.
 fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
     match replayed_training(inp, block) {
         Some(reserved) if inp.replayed_code => (reserved - allocated).max(0.0),
@@ -1412,6 +1413,11 @@ fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
 /// or 8-bit).
 fn replayed_training(inp: &Inputs, block: &Block) -> Option<f64> {
     let pass = inp.pass(inp.batch, inp.context);
+    let head_dim = if block.heads > 0.0 {
+        block.q / block.heads
+    } else {
+        0.0
+    };
     let applies = inp.workload.is_training()
         && !inp.workload.is_adapter()
         && inp.checkpointing == Checkpointing::None
@@ -1424,7 +1430,17 @@ fn replayed_training(inp: &Inputs, block: &Block) -> Option<f64> {
         && pass.sdpa
         && !pass.math_kernel(block)
         && !block.sdpa_mask(&pass)
-        && !block.windowed(inp.context)
+        // transformers skips the sliding-window mask only while the keys are fewer than the
+        // window (`masking_utils.sliding_window_causal_mask`'s `kv_length <
+        // local_attention_size`): at a context equal to it the mask is made, which the replay
+        // does not follow.
+        && !(block.sliding_window > 0.0 && inp.context >= block.sliding_window)
+        // cuDNN's and flash's kernels take head dims that are multiples of 8 up to 256; past
+        // that SDPA runs another kernel, whose requests the replay does not follow.
+        && head_dim <= 256.0
+        && head_dim % 8.0 == 0.0
+        // Expandable segments map pages instead of stranding segments of an old size.
+        && !inp.expandable_segments
         && inp.optimizer == Optimizer::Adam
         && !inp.optimizer_paged
         && block.heads > 0.0;
@@ -3058,7 +3074,7 @@ mod tests {
     /// and the second step's forward takes fresh segments for them. One H200 reserved 18.92,
     /// 22.94 and 30.68 GiB at 1, 2 and 4 × 1,024 under foreach AdamW (`tests/data/h200c`);
     /// the segment count alone read 16.40, 18.43 and 27.23; the replay reads 18.92, 22.45 and
-    /// 29.51 (the oracle's allocator replay of the same steps, to the byte). With the fused
+    /// 29.51 (the oracle's allocator replay of the same steps, less its small pool). With the fused
     /// kernel (no `_foreach_sqrt` list) 2 × 1,024 reserved 20.58; the replay reads 20.09.
     #[test]
     fn a_full_fine_tune_without_checkpointing_reserves_what_its_two_steps_replay() {
