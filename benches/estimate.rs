@@ -18,7 +18,8 @@
 //! rows (`tests/data/h200`, `tests/data/h100`), the oracle grid (`tests/data/oracle-grid.csv`) and the oracle's reserved
 //! samples (`tests/data/oracle-reserved*.csv`, the long generations among them): each a
 //! `config.json` read into annotations plus a workload, parsed once; each round calls `estimate`
-//! on every spec and times each call. Prints the median and p99 per call over all calls, and
+//! on every spec and times each call. Prints the median and p99 per call over all calls, the
+//! same over the first round alone (the replays' memos empty: a shape's first estimate), and
 //! the specs whose own median is slowest (the replayed `generate` rows: their cost grows with
 //! layers, batch and context, so a p99 over a grid says little about which workload pays it).
 
@@ -77,6 +78,11 @@ fn main() {
             times.push(start.elapsed().as_nanos());
         }
     }
+    // The first round runs with the replays' memos empty (no other call came before it unless
+    // `PEAKFIT_BENCH_DUMP` ran): every replay is paid there, as for a shape the extender has
+    // not seen.
+    let mut first: Vec<u128> = per_spec.iter().filter_map(|t| t.first().copied()).collect();
+    first.sort_unstable();
     let mut all: Vec<u128> = per_spec.iter().flatten().copied().collect();
     all.sort_unstable();
     let at = |sorted: &[u128], p: f64| {
@@ -90,6 +96,12 @@ fn main() {
         at(&all, 0.5),
         at(&all, 0.99),
         at(&all, 1.0),
+    );
+    println!(
+        "first round (the replays' memos empty): median {:.1} µs, p99 {:.1} µs, max {:.1} µs",
+        at(&first, 0.5),
+        at(&first, 0.99),
+        at(&first, 1.0),
     );
     let mut medians: Vec<(f64, f64, &str)> = per_spec
         .iter_mut()

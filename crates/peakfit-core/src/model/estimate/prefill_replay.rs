@@ -57,6 +57,8 @@
 //! booleans, and a cache that keeps `window - 1` tokens, so a decode step's copies stop growing
 //! at `window` tokens.
 
+use std::sync::Mutex;
+
 use super::allocator;
 use crate::convert::f64_to_u64;
 
@@ -561,7 +563,7 @@ impl<P: FreeBlocks> Heap<P> {
 }
 
 /// A decoder-only model's prefill as transformers' Llama code runs it with SDPA's fused kernels.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Decoder {
     /// Sequences of the batch.
     pub b: f64,
@@ -948,7 +950,40 @@ impl<'a, P: FreeBlocks> Run<'a, P> {
 /// rounding of step 1's (`get_allocation_size`, `kRoundLarge`): the crossings after that are a
 /// term of their own.
 pub(super) fn replay(d: &Decoder) -> Replayed {
-    replay_with::<SizeClasses>(d)
+    static REPLAYS: Memo<Decoder, Replayed> = Mutex::new(Vec::new());
+    memoized(&REPLAYS, *d, || replay_with::<SizeClasses>(d))
+}
+
+/// A replay's answers by shape ([`memoized`]).
+pub(super) type Memo<K, V> = Mutex<Vec<(K, V)>>;
+
+/// Shapes a replay's memo keeps before it starts again ([`memoized`]).
+const MEMO_SHAPES: usize = 256;
+
+/// `run()`'s answer for `key`, from `memo` when that key was run before. A replay is a pure
+/// function of its shape and costs about a millisecond for a 28-layer model (`cargo bench
+/// --bench estimate`), while the extender estimates every pod it indexes and a cluster's pods
+/// repeat a few shapes: the answer is the same with or without the memo. Bounded: emptied when
+/// it holds [`MEMO_SHAPES`] keys. A poisoned lock (a panic elsewhere while it was held) only
+/// loses the memo. Keys compare by `==`, so a NaN field is never found and only re-runs.
+pub(super) fn memoized<K: PartialEq, V: Clone>(
+    memo: &Memo<K, V>,
+    key: K,
+    run: impl FnOnce() -> V,
+) -> V {
+    if let Ok(m) = memo.lock()
+        && let Some((_, v)) = m.iter().find(|(k, _)| *k == key)
+    {
+        return v.clone();
+    }
+    let v = run();
+    if let Ok(mut m) = memo.lock() {
+        if m.len() >= MEMO_SHAPES {
+            m.clear();
+        }
+        m.push((key, v.clone()));
+    }
+    v
 }
 
 /// [`replay`] of `d` and of the same model and batch at `s` prompt tokens: what `hf` takes the
@@ -958,7 +993,8 @@ pub(super) fn replay(d: &Decoder) -> Replayed {
 /// requests in the same order on the same heap, bit for bit what two [`replay`]s return (a
 /// test compares them).
 pub(super) fn replay_pair(d: &Decoder, s: f64) -> (Replayed, Replayed) {
-    replay_pair_with::<SizeClasses>(d, s)
+    static PAIRS: Memo<(Decoder, f64), (Replayed, Replayed)> = Mutex::new(Vec::new());
+    memoized(&PAIRS, (*d, s), || replay_pair_with::<SizeClasses>(d, s))
 }
 
 fn replay_pair_with<P: FreeBlocks>(d: &Decoder, s: f64) -> (Replayed, Replayed) {
@@ -1318,6 +1354,18 @@ mod tests {
     /// The size classes (and the scanned pools before them) change no result by a bit: every
     /// shape of the oracle's decoders below, at batches and prompts around powers of two and odd
     /// ones, replays to the same prefill slack, decode segments and room as the B-tree heap.
+    #[test]
+    fn the_memo_answers_what_the_replay_computes() {
+        for s in [512.0, 1024.0, 512.0, 2048.0, 1024.0] {
+            let d = qwen25_05b(2.0, s);
+            assert_eq!(replay(&d), replay_with::<SizeClasses>(&d));
+            assert_eq!(
+                replay_pair(&d, s - 1.0),
+                replay_pair_with::<SizeClasses>(&d, s - 1.0)
+            );
+        }
+    }
+
     #[test]
     fn the_size_classes_replay_exactly_what_the_btree_replays() {
         let mut compared = 0;

@@ -40,7 +40,9 @@
 //! models checked). The norms' per-row scalars (`4·T`, or `4·T·heads` for Qwen3's per-head
 //! norms) are replayed: at long contexts they reach the large pool.
 
-use super::prefill_replay::{Decoder, Heap};
+use std::sync::Mutex;
+
+use super::prefill_replay::{self, Decoder, Heap, Memo};
 
 /// Which AdamW implementation runs the step: the foreach one makes one `exp_avg_sq`-sized
 /// list of square roots; the fused kernel makes none.
@@ -557,51 +559,15 @@ impl Run<'_> {
     }
 }
 
-/// The shapes [`replay`] has run, with what they reserved: the extender estimates every pod it
-/// indexes, and a cluster's pods repeat a few shapes, while one replay of a 28-layer model takes
-/// about a millisecond (`cargo bench --bench estimate`). A pure function's cache: the answer is
-/// the same with or without it. Bounded: emptied when it reaches [`MEMO_SHAPES`].
-static MEMO: std::sync::Mutex<Vec<(MemoKey, f64)>> = std::sync::Mutex::new(Vec::new());
-
-/// Shapes [`MEMO`] keeps before it starts again.
-const MEMO_SHAPES: usize = 256;
-
-/// What a replay reads: the shape's numbers as bits, its flags, the optimizer and the biases.
-type MemoKey = ([u64; 10], usize, bool, bool, Adam, bool);
-
-fn memo_key(d: &Decoder, adam: Adam, qkv_bias: bool) -> MemoKey {
-    (
-        [
-            d.b, d.s, d.c, d.h, d.q, d.kv, d.heads, d.head_dim, d.ffn, d.vocab,
-        ]
-        .map(f64::to_bits),
-        d.layers,
-        d.qk_norm,
-        d.tied,
-        adam,
-        qkv_bias,
-    )
-}
-
 /// Replays `d`'s weights and two training steps (`d.b` sequences of `d.s` tokens): the bytes
 /// of segments they make (`max_memory_reserved`; nothing is released inside a run). Answered
-/// from [`MEMO`] for a shape already replayed.
+/// from a memo for a shape already replayed ([`prefill_replay::memoized`]: one replay of a
+/// 28-layer model is about a millisecond).
 pub(super) fn replay(d: &Decoder, adam: Adam, qkv_bias: bool) -> f64 {
-    let key = memo_key(d, adam, qkv_bias);
-    // A poisoned lock (a panic elsewhere while it was held) only loses the cache.
-    if let Ok(m) = MEMO.lock()
-        && let Some(&(_, r)) = m.iter().find(|(k, _)| *k == key)
-    {
-        return r;
-    }
-    let reserved = replay_uncached(d, adam, qkv_bias);
-    if let Ok(mut m) = MEMO.lock() {
-        if m.len() >= MEMO_SHAPES {
-            m.clear();
-        }
-        m.push((key, reserved));
-    }
-    reserved
+    static REPLAYS: Memo<(Decoder, Adam, bool), f64> = Mutex::new(Vec::new());
+    prefill_replay::memoized(&REPLAYS, (*d, adam, qkv_bias), || {
+        replay_uncached(d, adam, qkv_bias)
+    })
 }
 
 fn replay_uncached(d: &Decoder, adam: Adam, qkv_bias: bool) -> f64 {
