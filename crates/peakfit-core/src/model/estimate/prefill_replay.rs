@@ -117,7 +117,7 @@ fn two_token_log(d: &Decoder) -> Vec<i64> {
 /// An oracle event log as the tests keep it: comma-separated 512-byte blocks, allocations
 /// positive and frees negative.
 #[cfg(test)]
-fn oracle_log(text: &str) -> Vec<i64> {
+pub(super) fn oracle_log(text: &str) -> Vec<i64> {
     text.trim()
         .split(',')
         .map(|x| x.parse().expect("an integer"))
@@ -421,7 +421,7 @@ pub(super) struct Heap<P: FreeBlocks = SizeClasses> {
 }
 
 /// A live request: the piece it holds, or nothing for an empty tensor.
-type Handle = Option<usize>;
+pub(super) type Handle = Option<usize>;
 
 impl<P: FreeBlocks> Heap<P> {
     fn pool(small: bool) -> usize {
@@ -627,7 +627,7 @@ pub(super) struct Replayed {
 
 /// cuBLAS's workspace per handle on sm90 (`CublasHandlePool.cpp`), taken from the caching
 /// allocator at the first matmul and kept.
-const CUBLAS_WORKSPACE: f64 = 32.0 * 1_048_576.0;
+pub(super) const CUBLAS_WORKSPACE: f64 = 32.0 * 1_048_576.0;
 
 /// Decode steps replayed at most: the copies grow one token a step, and a step that makes no
 /// segment leaves the free blocks one token's worth larger for the next (see [`replay`]).

@@ -42,7 +42,7 @@
 
 use std::sync::Mutex;
 
-use super::prefill_replay::{self, Decoder, Heap, Memo};
+use super::prefill_replay::{self, CUBLAS_WORKSPACE, Decoder, Handle, Heap, Memo};
 
 /// Which AdamW implementation runs the step: the foreach one makes one `exp_avg_sq`-sized
 /// list of square roots; the fused kernel makes none.
@@ -51,8 +51,6 @@ pub(super) enum Adam {
     Foreach,
     Fused,
 }
-
-type Handle = Option<usize>;
 
 /// What an `RMSNorm` keeps for backward.
 #[derive(Clone, Copy, Debug, Default)]
@@ -113,14 +111,24 @@ struct Run<'a> {
     /// The rotary tables in the compute dtype (`cos`, `sin`: `s·head_dim·c` each), kept from
     /// the forward until the first layer's `RoPE` backward.
     tables: (Handle, Handle),
-    /// `exp_avg` and `exp_avg_sq` of every large parameter, in `parameters()` order.
-    state: Vec<(Handle, Handle)>,
+    /// The first `optimizer.step()` has made the state (never freed inside a run).
+    stepped: bool,
 }
 
-/// cuBLAS's workspace a handle takes at its first matmul (`CublasHandlePool.cpp`, Hopper).
-const CUBLAS_WORKSPACE: f64 = 32.0 * 1_048_576.0;
+impl<'a> Run<'a> {
+    /// An empty heap for `d`'s run.
+    fn new(d: &'a Decoder, adam: Adam, qkv_bias: bool) -> Self {
+        Run {
+            heap: Heap::default(),
+            d,
+            adam,
+            qkv_bias,
+            workspaces: [None, None],
+            tables: (None, None),
+            stepped: false,
+        }
+    }
 
-impl Run<'_> {
     fn t(&self) -> f64 {
         self.d.b * self.d.s
     }
@@ -530,11 +538,12 @@ impl Run<'_> {
 
     /// `optimizer.step()`: the state on the first call, foreach's square roots.
     fn step(&mut self) {
-        if self.state.is_empty() {
+        if !self.stepped {
+            self.stepped = true;
             for n in self.parameters() {
-                let exp_avg = self.a(n * self.d.c);
-                let exp_avg_sq = self.a(n * self.d.c);
-                self.state.push((exp_avg, exp_avg_sq));
+                // `exp_avg`, then `exp_avg_sq`.
+                self.a(n * self.d.c);
+                self.a(n * self.d.c);
             }
         }
         if self.adam == Adam::Foreach {
@@ -571,15 +580,7 @@ pub(super) fn replay(d: &Decoder, adam: Adam, qkv_bias: bool) -> f64 {
 }
 
 fn replay_uncached(d: &Decoder, adam: Adam, qkv_bias: bool) -> f64 {
-    let mut run = Run {
-        heap: Heap::default(),
-        d,
-        adam,
-        qkv_bias,
-        workspaces: [None, None],
-        tables: (None, None),
-        state: Vec::new(),
-    };
+    let mut run = Run::new(d, adam, qkv_bias);
     run.weights();
     run.train_step();
     run.train_step();
@@ -589,7 +590,7 @@ fn replay_uncached(d: &Decoder, adam: Adam, qkv_bias: bool) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::estimate::prefill_replay::Layer;
+    use crate::model::estimate::prefill_replay::{Layer, oracle_log};
 
     fn qwen25_15b(layers: usize, b: f64, s: f64) -> Decoder {
         Decoder {
@@ -614,28 +615,13 @@ mod tests {
 
     /// The large pool's log after the weights, as the oracle's fixtures keep it.
     fn large_log(d: &Decoder, adam: Adam, qkv_bias: bool) -> Vec<i64> {
-        let mut run = Run {
-            heap: Heap::default(),
-            d,
-            adam,
-            qkv_bias,
-            workspaces: [None, None],
-            tables: (None, None),
-            state: Vec::new(),
-        };
+        let mut run = Run::new(d, adam, qkv_bias);
         run.weights();
         let from = run.heap.log.len();
         run.train_step();
         run.train_step();
         let large = |x: &&i64| x.unsigned_abs() > 1_048_576;
         run.heap.log[from..].iter().filter(large).copied().collect()
-    }
-
-    fn oracle_log(text: &str) -> Vec<i64> {
-        text.trim()
-            .split(',')
-            .map(|x| x.parse().expect("an integer"))
-            .collect()
     }
 
     fn same_log(oracle: &str, d: &Decoder, qkv_bias: bool) {
@@ -824,28 +810,28 @@ mod tests {
     #[test]
     fn whole_models_reserve_what_the_oracles_replays_reserve() {
         let cases = [
-            (qwen25_15b(28, 1.0, 1024.0), 20_315_111_424.0),
-            (qwen25_15b(28, 2.0, 1024.0), 24_100_470_784.0),
-            (qwen25_15b(28, 3.0, 1024.0), 25_836_912_640.0),
-            (qwen25_15b(28, 4.0, 1024.0), 31_690_063_872.0),
-            (qwen25_15b(28, 5.0, 1024.0), 35_787_898_880.0),
-            (qwen25_15b(28, 6.0, 1024.0), 42_194_698_240.0),
-            (qwen25_15b(28, 8.0, 1024.0), 49_937_383_424.0),
-            (qwen25_05b(1.0), 7_056_916_480.0),
-            (qwen25_05b(2.0), 11_041_505_280.0),
-            (qwen25_05b(4.0), 18_190_696_448.0),
-            (llama32_1b(1.0), 13_126_074_368.0),
-            (llama32_1b(2.0), 15_804_137_472.0),
-            (llama32_1b(4.0), 21_355_298_816.0),
-            (qwen3_17b(1.0), 18_161_336_320.0),
-            (qwen3_17b(2.0), 21_997_027_328.0),
-            (qwen3_17b(4.0), 32_816_234_496.0),
+            (qwen25_15b(28, 1.0, 1024.0), true, 20_315_111_424.0),
+            (qwen25_15b(28, 2.0, 1024.0), true, 24_100_470_784.0),
+            (qwen25_15b(28, 3.0, 1024.0), true, 25_836_912_640.0),
+            (qwen25_15b(28, 4.0, 1024.0), true, 31_690_063_872.0),
+            (qwen25_15b(28, 5.0, 1024.0), true, 35_787_898_880.0),
+            (qwen25_15b(28, 6.0, 1024.0), true, 42_194_698_240.0),
+            (qwen25_15b(28, 8.0, 1024.0), true, 49_937_383_424.0),
+            (qwen25_05b(1.0), true, 7_056_916_480.0),
+            (qwen25_05b(2.0), true, 11_041_505_280.0),
+            (qwen25_05b(4.0), true, 18_190_696_448.0),
+            (llama32_1b(1.0), false, 13_126_074_368.0),
+            (llama32_1b(2.0), false, 15_804_137_472.0),
+            (llama32_1b(4.0), false, 21_355_298_816.0),
+            (qwen3_17b(1.0), false, 18_161_336_320.0),
+            (qwen3_17b(2.0), false, 21_997_027_328.0),
+            (qwen3_17b(4.0), false, 32_816_234_496.0),
         ];
+        // Qwen2's q, k and v carry biases; Llama's and Qwen3's do not.
         let short: Vec<f64> = cases
             .iter()
-            .map(|(d, oracle)| {
-                let qwen2 = (d.vocab - 151_936.0).abs() < 1.0 && !d.qk_norm;
-                (oracle - replay(d, Adam::Foreach, qwen2)) / 1_048_576.0
+            .map(|(d, qkv_bias, oracle)| {
+                (oracle - replay(d, Adam::Foreach, *qkv_bias)) / 1_048_576.0
             })
             .collect();
         assert!(short.iter().all(|&s| (0.0..=2.0).contains(&s)), "{short:?}");
