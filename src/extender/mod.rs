@@ -135,10 +135,12 @@ pub struct ExtenderArgs {
     /// Filter answers with only this many of the nodes a peakfit pod fits, the ones prioritize
     /// scores highest (`0`: every node that fits). kube-scheduler's scheduling cycle is serial
     /// and runs its score plugins, prioritize and both JSON payloads over every node filter
-    /// passes; cutting ~420 nodes (1,000-node cluster) to a few shortens each pod's cycle.
-    /// Pods that fit nowhere, pods without peakfit annotations, and pods with a preferred node
-    /// affinity, pod affinity or anti-affinity term or a `ScheduleAnyway` spread constraint
-    /// (kube-scheduler's score plugins weigh those) get every node that fits.
+    /// passes (~420 of a 1,000-node cluster); with one node left it skips all three. Pods
+    /// that fit nowhere, pods without peakfit annotations, pods with a preferred node
+    /// affinity, pod affinity or anti-affinity term or a `ScheduleAnyway` spread constraint,
+    /// and pods of a ReplicaSet, StatefulSet or ReplicationController without spread
+    /// constraints of their own (kube-scheduler's default spread) get every node that fits:
+    /// kube-scheduler's score plugins weigh those.
     #[arg(long, env = "PEAKFIT_FILTER_KEEP_BEST", default_value_t = DEFAULT_FILTER_KEEP_BEST)]
     pub filter_keep_best: usize,
     #[command(flatten)]
@@ -295,13 +297,19 @@ fn gpu_models_of<'a>(
 pub const PREEMPTIBLE_NODES_KEPT: usize = 64;
 
 /// `--filter-keep-best`'s default (the chart's `extender.filterKeepBest` must equal it;
-/// tests/chart.rs checks): off. Measured with the cut at N = 32 and without it
-/// (`benches/scheduler_throughput.rs`, README "`--filter-keep-best N`"), it bought no clear
-/// throughput on the 2-core machine (b/a 0.65 -> 0.69 at 1,000 nodes; at 5,000 nodes peakfit's
-/// own rate rose 117 -> 142 pods/s, inside the default profile's run-to-run spread), while it
-/// changes what kube-scheduler's score plugins choose among and stretches prioritize's 0-10
-/// scale over the N nodes kept. An operator who wants the trade opts in.
-pub const DEFAULT_FILTER_KEEP_BEST: usize = 0;
+/// tests/chart.rs checks): one node. kube-scheduler takes a lone feasible node without scoring
+/// (`schedulePod`, "When only one node after predicate, just use it"), so its serial cycle
+/// skips its score plugins over ~420-500 nodes and the prioritize call with both JSON
+/// payloads; with the chart's profile (the resource score plugins off) the node it then gets
+/// is the one prioritize gives 10, which its scores would have chosen for a pod no other
+/// plugin weighs, and the pods other plugins do weigh (`index::soft_preference`, kube-
+/// scheduler's default spread of a controller's pods among them) get every node. Measured
+/// (`benches/scheduler_throughput.rs`, README "One node: the default"), with refusals that
+/// group (`filter::NODE_FIGURES_UP_TO`): peakfit's rate over the default profile's, b/a, 0.84-0.87
+/// at 1,000 nodes and a median of 0.91 at 5,000 (spread), 0.95 and 2.48-2.56 under contention,
+/// where the cut off gave 0.57-0.79; N = 8-32 left the scoring and the prioritize call in the
+/// cycle and bought no clear throughput.
+pub const DEFAULT_FILTER_KEEP_BEST: usize = 1;
 
 /// Everything a request needs; shared by every handler.
 pub struct Extender {

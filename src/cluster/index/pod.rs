@@ -140,7 +140,21 @@ pub enum SoftPreference {
     /// `PodTopologySpread` plugin scores nodes by the skew they would leave (`DoNotSchedule`
     /// entries are its Filter, decided before the extender, and do not count here).
     TopologySpread,
+    /// No spread constraints of its own, and a controller owner that kube-scheduler's system
+    /// default spread covers: `PodTopologySpread` (`defaultingType: System`, which the chart's
+    /// profile keeps) then scores nodes by `ScheduleAnyway` constraints it builds itself
+    /// (hostname, max skew 3; zone, max skew 5), selecting the pods that the ReplicaSets,
+    /// StatefulSets, ReplicationControllers and Services selecting this one select
+    /// (`buildDefaultConstraints`, `helper.DefaultSelector`). The owner reference stands in for
+    /// "selected by": a pod a controller of those kinds made is selected by it. A bare pod that
+    /// only a Service selects is not seen (documented).
+    DefaultSpread,
 }
+
+/// The owner kinds whose pods kube-scheduler's system default spread covers (`DefaultSelector`
+/// reads ReplicaSets, StatefulSets and ReplicationControllers; Deployments act through their
+/// ReplicaSets, LeaderWorkerSets through their StatefulSets).
+const DEFAULT_SPREAD_OWNERS: [&str; 3] = ["ReplicaSet", "StatefulSet", "ReplicationController"];
 
 impl SoftPreference {
     pub fn label(self) -> &'static str {
@@ -149,17 +163,20 @@ impl SoftPreference {
             Self::PodAffinity => "pod_affinity",
             Self::PodAntiAffinity => "pod_anti_affinity",
             Self::TopologySpread => "topology_spread",
+            Self::DefaultSpread => "default_spread",
         }
     }
 }
 
-/// The first preference of the pod's own spec that kube-scheduler scores (in the order of
-/// [`SoftPreference`]); `None` when its placement among fitting nodes is peakfit's alone to
-/// rank as far as the pod is concerned. Required terms and `DoNotSchedule` spread are filters,
-/// already applied to the candidates kube-scheduler sends, so they do not count. Not read:
-/// preferences that come from elsewhere (other pods' preferred terms toward this one, the
-/// scheduler profile's default spread constraints), which are documented as what the cut can
-/// still narrow.
+/// The first preference kube-scheduler scores for this pod (in the order of
+/// [`SoftPreference`]): its own spec's, then the system default spread its owner brings;
+/// `None` when its placement among fitting nodes is peakfit's alone to rank as far as the pod
+/// is concerned. Required terms and `DoNotSchedule` spread are filters, already applied to
+/// the candidates kube-scheduler sends, so they do not count (and a pod with spread
+/// constraints of its own gets no default ones). Not read: preferences that come from
+/// elsewhere (other pods' preferred terms toward this one, a Service selecting a bare pod,
+/// `PreferNoSchedule` taints, images already on a node), which are documented as what the cut
+/// can still narrow.
 pub fn soft_preference(pod: &Pod) -> Option<SoftPreference> {
     fn any<T>(terms: Option<&Vec<T>>) -> bool {
         terms.is_some_and(|t| !t.is_empty())
@@ -188,11 +205,19 @@ pub fn soft_preference(pod: &Pod) -> Option<SoftPreference> {
             return Some(SoftPreference::PodAntiAffinity);
         }
     }
-    spec.topology_spread_constraints
-        .iter()
-        .flatten()
-        .any(|c| c.when_unsatisfiable == "ScheduleAnyway")
-        .then_some(SoftPreference::TopologySpread)
+    match spec.topology_spread_constraints.as_deref() {
+        Some(own) if !own.is_empty() => own
+            .iter()
+            .any(|c| c.when_unsatisfiable == "ScheduleAnyway")
+            .then_some(SoftPreference::TopologySpread),
+        _ => pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| DEFAULT_SPREAD_OWNERS.contains(&o.kind.as_str()))
+            .then_some(SoftPreference::DefaultSpread),
+    }
 }
 
 impl PodEntry {
@@ -423,6 +448,7 @@ mod tests {
             SoftPreference::PodAffinity,
             SoftPreference::PodAntiAffinity,
             SoftPreference::TopologySpread,
+            SoftPreference::DefaultSpread,
         ]
         .map(SoftPreference::label)
         .to_vec();
@@ -432,9 +458,80 @@ mod tests {
                 "node_affinity",
                 "pod_affinity",
                 "pod_anti_affinity",
-                "topology_spread"
+                "topology_spread",
+                "default_spread"
             ]
         );
+    }
+
+    /// kube-scheduler spreads a pod by its system default constraints when the pod has no
+    /// constraints of its own and a ReplicaSet, StatefulSet or ReplicationController selects
+    /// it; a Job's pod, a bare pod and a pod with its own `DoNotSchedule` spread get none.
+    #[test]
+    fn a_controllers_pod_without_own_spread_has_the_default_spread() {
+        let pod = |owner: Option<&str>, spec: serde_json::Value| -> Pod {
+            let owners: Vec<serde_json::Value> = owner
+                .map(|kind| {
+                    serde_json::json!({"apiVersion": "apps/v1", "kind": kind,
+                        "name": "chat-7d9f", "uid": "u1", "controller": true})
+                })
+                .into_iter()
+                .collect();
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "ownerReferences": owners},
+                "spec": spec,
+            }))
+            .unwrap()
+        };
+        let own_spread = |when: &str| {
+            serde_json::json!({"topologySpreadConstraints": [{"maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": when,
+                "labelSelector": {"matchLabels": {"app": "chat"}}}]})
+        };
+        let none = serde_json::json!({});
+        let cases = [
+            ("bare", None, none.clone(), None),
+            (
+                "ReplicaSet",
+                Some("ReplicaSet"),
+                none.clone(),
+                Some(SoftPreference::DefaultSpread),
+            ),
+            (
+                "StatefulSet",
+                Some("StatefulSet"),
+                none.clone(),
+                Some(SoftPreference::DefaultSpread),
+            ),
+            (
+                "ReplicationController",
+                Some("ReplicationController"),
+                none.clone(),
+                Some(SoftPreference::DefaultSpread),
+            ),
+            ("Job", Some("Job"), none.clone(), None),
+            (
+                "ReplicaSet, own DoNotSchedule spread",
+                Some("ReplicaSet"),
+                own_spread("DoNotSchedule"),
+                None,
+            ),
+            (
+                "ReplicaSet, own ScheduleAnyway spread",
+                Some("ReplicaSet"),
+                own_spread("ScheduleAnyway"),
+                Some(SoftPreference::TopologySpread),
+            ),
+            (
+                "ReplicaSet, empty constraint list",
+                Some("ReplicaSet"),
+                serde_json::json!({"topologySpreadConstraints": []}),
+                Some(SoftPreference::DefaultSpread),
+            ),
+        ];
+        for (what, owner, spec, want) in cases {
+            assert_eq!(soft_preference(&pod(owner, spec)), want, "{what}");
+        }
     }
 
     #[test]

@@ -137,6 +137,37 @@ impl Rejection {
         }
     }
 
+    /// The words without the figures that differ from node to node (the best free GPU's
+    /// memory, the free CPU), for a refusal among many: kube-scheduler's `FitError` message
+    /// (the pod's `PodScheduled` condition and its `FailedScheduling` event) lists each
+    /// distinct reason once with the count of nodes that gave it, so per-node figures make one
+    /// entry per node (~420 on a 1,000-node cluster, tens of KiB written to the pod's status on
+    /// every retry) where these make one per cause and node shape. Other refusals are their
+    /// own words: they differ by node shape or are rare.
+    pub fn grouped_words(&self) -> String {
+        match self {
+            Rejection::NotEnoughMemory {
+                needed_per_gpu_bytes,
+                margin_bytes,
+                needed_gpus,
+                fitting_gpus,
+                gpus,
+                ..
+            } => format!(
+                "needs {} free per GPU on {needed_gpus} GPU(s) (peak {} + {} safety margin); {}",
+                gib(needed_per_gpu_bytes.saturating_add(*margin_bytes)),
+                gib(*needed_per_gpu_bytes),
+                gib(*margin_bytes),
+                fitting(*fitting_gpus, *gpus)
+            ),
+            Rejection::NotEnoughCpu { needed_milli, .. } => format!(
+                "needs {:.1} CPU cores, more than the node has free",
+                *needed_milli as f64 / 1000.0
+            ),
+            other => other.to_string(),
+        }
+    }
+
     /// Whether the node cannot take any pod now, whatever its size (the report is missing,
     /// stale or blind): worth telling apart from "this pod is too big here".
     pub fn is_node_wide(&self) -> bool {
@@ -645,6 +676,47 @@ mod tests {
             "needs 15.2 GiB free per GPU on 2 GPU(s) (peak 15.0 GiB + 256 MiB safety margin); \
              only 1 of its 2 GPU(s) have that free; best free GPU has 20.0 GiB free of 80.0 GiB"
         );
+    }
+
+    /// Among many nodes, two that refuse a pod for the same cause and have the same shape give
+    /// the same words, whatever each has free, so kube-scheduler's message counts them as one
+    /// reason; what differs by shape (how many of its GPUs fit) stays.
+    #[test]
+    fn grouped_words_drop_only_the_per_node_figures() {
+        let mut a = node(&[80 * GI, 80 * GI]);
+        a.reserve("a", &[0], &[70 * GI]);
+        a.reserve("b", &[1], &[60 * GI]);
+        let mut b = node(&[80 * GI, 80 * GI]);
+        b.reserve("c", &[0], &[55 * GI]);
+        b.reserve("d", &[1], &[75 * GI]);
+        let (ra, rb) = (reject(&a, shape(1, 30 * GI)), reject(&b, shape(1, 30 * GI)));
+        assert_ne!(ra.to_string(), rb.to_string());
+        assert_eq!(ra.grouped_words(), rb.grouped_words());
+        assert_eq!(
+            ra.grouped_words(),
+            "needs 30.2 GiB free per GPU on 1 GPU(s) (peak 30.0 GiB + 256 MiB safety margin); \
+             none of its 2 GPU(s) has that free"
+        );
+        assert_eq!(
+            reject(&a, shape(2, 15 * GI)).grouped_words(),
+            "needs 15.2 GiB free per GPU on 2 GPU(s) (peak 15.0 GiB + 256 MiB safety margin); \
+             only 1 of its 2 GPU(s) have that free"
+        );
+        let cpu = Rejection::NotEnoughCpu {
+            needed_milli: 4_000,
+            free_milli: 1_500,
+        };
+        assert_eq!(
+            cpu.grouped_words(),
+            "needs 4.0 CPU cores, more than the node has free"
+        );
+        // Refusals that differ by node shape, or are rare, keep every word.
+        let few = Rejection::TooFewGpus {
+            needed: 4,
+            have: 2,
+            models: Vec::new(),
+        };
+        assert_eq!(few.grouped_words(), few.to_string());
     }
 
     #[test]
