@@ -146,6 +146,8 @@ fn agent_reports_drive_the_extenders_filter_and_bind() {
     let _extender = Running(
         Command::new(env!("CARGO_BIN_EXE_peakfit"))
             .args(["extender", "--listen", &format!("127.0.0.1:{port}")])
+            // Every node that fits, not only the best: the test reads each node's verdict.
+            .args(["--filter-keep-best", "0"])
             .arg("--from-file")
             .arg(&cluster)
             .env_remove("KUBECONFIG")

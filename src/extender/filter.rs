@@ -145,6 +145,7 @@ pub fn resolvable_by_preemption(
 fn held_words(
     ledger: &NodeLedger,
     r: &Rejection,
+    figures: bool,
     fits: impl Fn(&NodeLedger) -> bool,
 ) -> Option<(String, bool)> {
     if !matches!(
@@ -165,11 +166,15 @@ fn held_words(
     for g in &mut freed.gpus {
         g.set_granted(None);
     }
+    // Among many nodes, the holders' names would make one message entry per node
+    // (`NODE_FIGURES_UP_TO`); the node's `peakfit_ledger_gpu_held` says which.
+    let who = if figures {
+        held.join("; ")
+    } else {
+        "GPUs here are held by pods peakfit did not place".to_owned()
+    };
     Some((
-        format!(
-            "{} (peakfit shares no GPU the kubelet gave to a pod it did not place)",
-            held.join("; ")
-        ),
+        format!("{who} (peakfit shares no GPU the kubelet gave to a pod it did not place)"),
         fits(&freed),
     ))
 }
@@ -181,8 +186,10 @@ fn held_words(
 /// distinct reason once with its count of nodes: with per-node figures a 1,000-node cluster
 /// gave ~420 entries, rewritten into the pod's status on every retry, which the operator cannot
 /// read and which cost kube-scheduler's throughput under contention (README, "One node: the
-/// default": at 1,000 nodes b/a 0.75-0.90, median 0.79, with them, 0.88-0.99 with one entry
-/// per cause, and kube-scheduler retried fewer pods). Sixteen entries still read as a list.
+/// default": at 1,000 nodes b/a 0.75-0.90, median 0.79, with them; 0.88-0.99 with a static
+/// word per cause in a trial, 0.95 and 0.95 with these; kube-scheduler retried fewer pods).
+/// Sixteen entries still read as a list. A hold's words still name its pod: holds are few
+/// (`--reserve-max`).
 pub const NODE_FIGURES_UP_TO: usize = 16;
 
 impl Extender {
@@ -263,7 +270,7 @@ impl Extender {
                     |st: &NodeState, ledger: &NodeLedger, r: &Rejection, words: String| {
                         let words = if figures { words } else { r.grouped_words() };
                         let fits = |l: &NodeLedger| check_class(l, &class, &self.fit, now).is_ok();
-                        let held = held_words(ledger, r, fits);
+                        let held = held_words(ledger, r, figures, fits);
                         let kept =
                             super::holds::hold_words(st, ledger, (&key, priority), r, now, fits);
                         let words = match held.as_ref() {
@@ -559,7 +566,7 @@ mod tests {
                 GpuLedger::new("GPU-b", 24 * GI),
             ],
         );
-        assert_eq!(held_words(&node, &rejection(), |_| true), None);
+        assert_eq!(held_words(&node, &rejection(), true, |_| true), None);
         node.gpus[1].set_granted(Some(Grant {
             index: 1,
             holders: vec![DeviceHolder {
@@ -570,16 +577,24 @@ mod tests {
             }],
         }));
         let fits_freed = |l: &NodeLedger| l.gpus.iter().all(|g| g.free_bytes() == 24 * GI);
-        let (words, why) = held_words(&node, &rejection(), fits_freed).unwrap();
+        let (words, why) = held_words(&node, &rejection(), true, fits_freed).unwrap();
         assert!(
             words.starts_with("GPU 1 (GPU-b) is held by ml/trainer-0 through nvidia.com/gpu"),
             "{words}"
         );
         assert!(why);
-        let (_, why) = held_words(&node, &rejection(), |_| false).unwrap();
+        let (_, why) = held_words(&node, &rejection(), true, |_| false).unwrap();
         assert!(!why);
+        // Among many nodes: no holder named, so every such node reads alike.
+        let (words, why) = held_words(&node, &rejection(), false, fits_freed).unwrap();
         assert_eq!(
-            held_words(&node, &Rejection::NoReport, |_| true),
+            words,
+            "GPUs here are held by pods peakfit did not place (peakfit shares no GPU the \
+             kubelet gave to a pod it did not place)"
+        );
+        assert!(why);
+        assert_eq!(
+            held_words(&node, &Rejection::NoReport, true, |_| true),
             None,
             "a node-wide refusal is not about GPUs"
         );
@@ -657,7 +672,7 @@ mod tests {
             f
         };
 
-        // Off (the default): every node that fits, and prioritize's scores over them.
+        // Off: every node that fits, and prioritize's scores over them.
         let off = ext(0);
         let all = off.filter(args("p0", "10Gi", &names));
         let fitting = all.node_names.clone().unwrap();
@@ -791,7 +806,7 @@ mod tests {
     /// give 10, so kube-scheduler, with one feasible node, takes it without scoring
     /// (`schedulePod`: "When only one node after predicate, just use it") and never calls
     /// prioritize; with the chart's profile that is the node its scores would have chosen
-    /// for a pod no other score plugin weighs. A ReplicaSet's pod, which kube-scheduler's
+    /// for a pod no other score plugin weighs. A `ReplicaSet`'s pod, which kube-scheduler's
     /// system default spread weighs, gets every node it fits, and the skip is counted.
     #[test]
     fn keep_best_one_answers_prioritizes_top_node_and_spares_a_replica() {
@@ -825,13 +840,13 @@ mod tests {
         // What prioritize would have answered over every fitting node (n00-n12).
         let scores = e.prioritize(args("p1", None, &names[..13]));
         let top = &scores.iter().find(|h| h.score == 10).unwrap().host;
-        assert_eq!(&one, &[top.clone()]);
+        assert_eq!(&one, std::slice::from_ref(top));
         // A Job's pod is not spread by default: cut like a bare one.
         let job = e
             .filter(args("p2", Some("Job"), &names))
             .node_names
             .unwrap();
-        assert_eq!(&job, &[top.clone()]);
+        assert_eq!(&job, std::slice::from_ref(top));
         let replica = e
             .filter(args("p3", Some("ReplicaSet"), &names))
             .node_names

@@ -138,7 +138,7 @@ pub struct ExtenderArgs {
     /// passes (~420 of a 1,000-node cluster); with one node left it skips all three. Pods
     /// that fit nowhere, pods without peakfit annotations, pods with a preferred node
     /// affinity, pod affinity or anti-affinity term or a `ScheduleAnyway` spread constraint,
-    /// and pods of a ReplicaSet, StatefulSet or ReplicationController without spread
+    /// and pods of a `ReplicaSet`, `StatefulSet` or `ReplicationController` without spread
     /// constraints of their own (kube-scheduler's default spread) get every node that fits:
     /// kube-scheduler's score plugins weigh those.
     #[arg(long, env = "PEAKFIT_FILTER_KEEP_BEST", default_value_t = DEFAULT_FILTER_KEEP_BEST)]

@@ -143,18 +143,25 @@ pub enum SoftPreference {
     /// No spread constraints of its own, and a controller owner that kube-scheduler's system
     /// default spread covers: `PodTopologySpread` (`defaultingType: System`, which the chart's
     /// profile keeps) then scores nodes by `ScheduleAnyway` constraints it builds itself
-    /// (hostname, max skew 3; zone, max skew 5), selecting the pods that the ReplicaSets,
-    /// StatefulSets, ReplicationControllers and Services selecting this one select
+    /// (hostname, max skew 3; zone, max skew 5), selecting the pods that the `ReplicaSets`,
+    /// `StatefulSets`, `ReplicationControllers` and Services selecting this one select
     /// (`buildDefaultConstraints`, `helper.DefaultSelector`). The owner reference stands in for
     /// "selected by": a pod a controller of those kinds made is selected by it. A bare pod that
     /// only a Service selects is not seen (documented).
     DefaultSpread,
 }
 
-/// The owner kinds whose pods kube-scheduler's system default spread covers (`DefaultSelector`
-/// reads ReplicaSets, StatefulSets and ReplicationControllers; Deployments act through their
-/// ReplicaSets, LeaderWorkerSets through their StatefulSets).
-const DEFAULT_SPREAD_OWNERS: [&str; 3] = ["ReplicaSet", "StatefulSet", "ReplicationController"];
+/// The controller owners (API version, kind) whose pods kube-scheduler's system default spread
+/// covers: `DefaultSelector` looks each up by the pod's controller reference, in these groups
+/// only, so another group's `StatefulSet` (`OpenKruise`'s) or a non-controller reference does
+/// not count (`DefaultSelector`
+/// reads `ReplicaSets`, `StatefulSets` and `ReplicationControllers`; Deployments act through their
+/// `ReplicaSets`, `LeaderWorkerSets` through their `StatefulSets`).
+const DEFAULT_SPREAD_OWNERS: [(&str, &str); 3] = [
+    ("apps/v1", "ReplicaSet"),
+    ("apps/v1", "StatefulSet"),
+    ("v1", "ReplicationController"),
+];
 
 impl SoftPreference {
     pub fn label(self) -> &'static str {
@@ -215,7 +222,10 @@ pub fn soft_preference(pod: &Pod) -> Option<SoftPreference> {
             .owner_references
             .iter()
             .flatten()
-            .any(|o| DEFAULT_SPREAD_OWNERS.contains(&o.kind.as_str()))
+            .any(|o| {
+                o.controller == Some(true)
+                    && DEFAULT_SPREAD_OWNERS.contains(&(o.api_version.as_str(), o.kind.as_str()))
+            })
             .then_some(SoftPreference::DefaultSpread),
     }
 }
@@ -465,15 +475,21 @@ mod tests {
     }
 
     /// kube-scheduler spreads a pod by its system default constraints when the pod has no
-    /// constraints of its own and a ReplicaSet, StatefulSet or ReplicationController selects
+    /// constraints of its own and a `ReplicaSet`, `StatefulSet` or `ReplicationController` selects
     /// it; a Job's pod, a bare pod and a pod with its own `DoNotSchedule` spread get none.
     #[test]
     fn a_controllers_pod_without_own_spread_has_the_default_spread() {
         let pod = |owner: Option<&str>, spec: serde_json::Value| -> Pod {
             let owners: Vec<serde_json::Value> = owner
                 .map(|kind| {
-                    serde_json::json!({"apiVersion": "apps/v1", "kind": kind,
-                        "name": "chat-7d9f", "uid": "u1", "controller": true})
+                    // "group/version kind", "~kind" for a reference that is not the controller.
+                    let (controller, kind) = match kind.strip_prefix('~') {
+                        Some(k) => (false, k),
+                        None => (true, kind),
+                    };
+                    let (api_version, kind) = kind.rsplit_once(' ').unwrap_or(("apps/v1", kind));
+                    serde_json::json!({"apiVersion": api_version, "kind": kind,
+                        "name": "chat-7d9f", "uid": "u1", "controller": controller})
                 })
                 .into_iter()
                 .collect();
@@ -505,9 +521,21 @@ mod tests {
             ),
             (
                 "ReplicationController",
-                Some("ReplicationController"),
+                Some("v1 ReplicationController"),
                 none.clone(),
                 Some(SoftPreference::DefaultSpread),
+            ),
+            (
+                "a ReplicaSet that is not the controller",
+                Some("~ReplicaSet"),
+                none.clone(),
+                None,
+            ),
+            (
+                "another group's StatefulSet",
+                Some("apps.kruise.io/v1beta1 StatefulSet"),
+                none.clone(),
+                None,
             ),
             ("Job", Some("Job"), none.clone(), None),
             (

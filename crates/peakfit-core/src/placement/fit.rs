@@ -142,8 +142,9 @@ impl Rejection {
     /// (the pod's `PodScheduled` condition and its `FailedScheduling` event) lists each
     /// distinct reason once with the count of nodes that gave it, so per-node figures make one
     /// entry per node (~420 on a 1,000-node cluster, tens of KiB written to the pod's status on
-    /// every retry) where these make one per cause and node shape. Other refusals are their
-    /// own words: they differ by node shape or are rare.
+    /// every retry) where these make one per cause and a few per node shape (how many of its
+    /// GPUs have the room still varies, within a node's GPU count). A stale report leaves out
+    /// its age. Other refusals are their own words: they differ only by node shape.
     pub fn grouped_words(&self) -> String {
         match self {
             Rejection::NotEnoughMemory {
@@ -163,6 +164,19 @@ impl Rejection {
             Rejection::NotEnoughCpu { needed_milli, .. } => format!(
                 "needs {:.1} CPU cores, more than the node has free",
                 *needed_milli as f64 / 1000.0
+            ),
+            // The age differs on every node of a cluster-wide agent outage.
+            Rejection::StaleReport {
+                age_secs: Some(age),
+                ..
+            } if *age < 0 => format!(
+                "GPU report is dated in the future (more clock skew than {MAX_CLOCK_SKEW_SECS}s allows): treating it as stale until the node's clock and the extender's agree"
+            ),
+            Rejection::StaleReport {
+                age_secs: Some(_),
+                limit_secs,
+            } => format!(
+                "GPU report is older than the {limit_secs}s limit: the peakfit agent on this node has stopped reporting"
             ),
             other => other.to_string(),
         }
@@ -710,7 +724,19 @@ mod tests {
             cpu.grouped_words(),
             "needs 4.0 CPU cores, more than the node has free"
         );
-        // Refusals that differ by node shape, or are rare, keep every word.
+        // Stale reports lose their age, which differs on every node of an agent outage.
+        let stale = |age| Rejection::StaleReport {
+            age_secs: Some(age),
+            limit_secs: 120,
+        };
+        assert_eq!(stale(301).grouped_words(), stale(457).grouped_words());
+        assert_eq!(
+            stale(301).grouped_words(),
+            "GPU report is older than the 120s limit: the peakfit agent on this node has stopped \
+             reporting"
+        );
+        assert_eq!(stale(-90).grouped_words(), stale(-300).grouped_words());
+        // Refusals that differ only by node shape keep every word.
         let few = Rejection::TooFewGpus {
             needed: 4,
             have: 2,
