@@ -1,6 +1,8 @@
 //! A burst of 200 GPU pods created at once over 20 nodes, behind the real kube-scheduler: every
 //! pod that fits binds, no GPU is over-committed, and every pod left waiting is one no GPU has
-//! room for. Prints the refused binds (conflicts) and the time to drain; asserts no timings.
+//! room for, and kube-scheduler's message for it counts the nodes under one reason (refusals
+//! among more than 16 nodes leave out each node's figures). Prints the refused binds
+//! (conflicts) and the time to drain; asserts no timings.
 //!
 //! Needs `../shared/tools/k8s` and the fake NVML library; fails, never skips, without them.
 
@@ -97,6 +99,25 @@ async fn a_burst_of_200_pods_over_20_nodes_binds_all_that_fit_and_overcommits_no
             *waiting.entry(size_of(i)).or_default() += 1;
         }
     }
+    // Over more than 16 candidate nodes the refusals leave out each node's figures, so
+    // kube-scheduler's message counts the 20 nodes under one reason instead of listing each.
+    let waiting_pod = all
+        .iter()
+        .find(|p| node_of(p).is_empty())
+        .expect("4,000 GiB asked of 3,200: some pod waits");
+    let message = waiting_pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
+        .and_then(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.starts_with(&format!("0/{NODES} nodes are available: {NODES} needs ")),
+        "{message}"
+    );
+    assert_eq!(message.matches("needs ").count(), 1, "{message}");
+    assert!(!message.contains("best free GPU"), "{message}");
     let conflicts = c.metric(&ext, "peakfit_extender_bind_conflicts_total", "");
     let errors = c.metric(&ext, "peakfit_extender_errors_total", r#"verb="bind""#);
     let binds = c.metric(
