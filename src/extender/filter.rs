@@ -265,10 +265,15 @@ impl Extender {
                 // A pod sized from its workload's profile says so in every refusal: the number
                 // refused is not the one its annotations predict.
                 let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+                // The node's own words (`known`: from the memo) only where they are used.
                 let figures = names.len() <= NODE_FIGURES_UP_TO;
                 let refusal =
-                    |st: &NodeState, ledger: &NodeLedger, r: &Rejection, words: String| {
-                        let words = if figures { words } else { r.grouped_words() };
+                    |st: &NodeState, ledger: &NodeLedger, r: &Rejection, known: Option<&str>| {
+                        let words = if figures {
+                            known.map_or_else(|| r.to_string(), str::to_owned)
+                        } else {
+                            r.grouped_words()
+                        };
                         let fits = |l: &NodeLedger| check_class(l, &class, &self.fit, now).is_ok();
                         let held = held_words(ledger, r, figures, fits);
                         let kept =
@@ -303,16 +308,17 @@ impl Extender {
                 let verdicts: Vec<Option<Option<Refusal>>> = self.index.map_slots(&names, |slot| {
                     let st = slot?.read();
                     if let Err(r) = node_usable(&st.ledger, &self.fit, now) {
-                        return Some(Some(refusal(&st, &st.ledger, &r, r.to_string())));
+                        return Some(Some(refusal(&st, &st.ledger, &r, None)));
                     }
                     // Holds that do not bind this pod (its own, lower priority, past their
                     // deadline) make its view of the node its own: decided without the memo.
                     let view = st.seen_by(Some(&key), priority, now);
                     if let Cow::Owned(own) = &view {
-                        return Some(check_class(own, &class, &self.fit, now).err().map(|r| {
-                            let words = r.to_string();
-                            refusal(&st, own, &r, words)
-                        }));
+                        return Some(
+                            check_class(own, &class, &self.fit, now)
+                                .err()
+                                .map(|r| refusal(&st, own, &r, None)),
+                        );
                     }
                     let known = st.scores().verdict.lock().get(class_id).cloned();
                     let verdict = known.unwrap_or_else(|| {
@@ -330,7 +336,7 @@ impl Extender {
                         }
                         v
                     });
-                    Some(verdict.map(|v| refusal(&st, &st.ledger, &v.0, v.1.clone())))
+                    Some(verdict.map(|v| refusal(&st, &st.ledger, &v.0, Some(&v.1))))
                 });
                 let (mut resolvable, mut not_resolvable) = (Vec::new(), Vec::new());
                 let mut refused_whole = Vec::new();

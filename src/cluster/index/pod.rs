@@ -145,18 +145,17 @@ pub enum SoftPreference {
     /// profile keeps) then scores nodes by `ScheduleAnyway` constraints it builds itself
     /// (hostname, max skew 3; zone, max skew 5), selecting the pods that the `ReplicaSets`,
     /// `StatefulSets`, `ReplicationControllers` and Services selecting this one select
-    /// (`buildDefaultConstraints`, `helper.DefaultSelector`). The owner reference stands in for
-    /// "selected by": a pod a controller of those kinds made is selected by it. A bare pod that
-    /// only a Service selects is not seen (documented).
+    /// (`buildDefaultConstraints`, `helper.DefaultSelector`). Read from the pod's controller
+    /// reference (`DEFAULT_SPREAD_OWNERS`); a pod that only a Service selects is not seen
+    /// (documented).
     DefaultSpread,
 }
 
 /// The controller owners (API version, kind) whose pods kube-scheduler's system default spread
-/// covers: `DefaultSelector` looks each up by the pod's controller reference, in these groups
-/// only, so another group's `StatefulSet` (`OpenKruise`'s) or a non-controller reference does
-/// not count (`DefaultSelector`
-/// reads `ReplicaSets`, `StatefulSets` and `ReplicationControllers`; Deployments act through their
-/// `ReplicaSets`, `LeaderWorkerSets` through their `StatefulSets`).
+/// covers: `DefaultSelector` reads `ReplicaSets`, `StatefulSets` and `ReplicationControllers`,
+/// each looked up by the pod's controller reference in these groups only, so another group's
+/// `StatefulSet` (`OpenKruise`'s) or a non-controller reference does not count. Deployments act
+/// through their `ReplicaSets`, `LeaderWorkerSets` through their `StatefulSets`.
 const DEFAULT_SPREAD_OWNERS: [(&str, &str); 3] = [
     ("apps/v1", "ReplicaSet"),
     ("apps/v1", "StatefulSet"),
