@@ -113,6 +113,12 @@ pub fn h200c() -> Vec<H200Row> {
     real_gpu("h200c", "h200c-2026-11.csv")
 }
 
+/// The fifth lease's rows (`tests/data/h200d`, one H200, measured by `tools/measure/measure.py`):
+/// ordinary work on three configs no earlier row had, scored before any change they led to.
+pub fn h200d() -> Vec<H200Row> {
+    real_gpu("h200d", "h200d-2026-11.csv")
+}
+
 /// A case that ran out of memory alone on the GPU (`tests/data/h100/h100-2026-11-oom.csv`):
 /// what was allocated when the failing request came, plus the request, bounds its peak below.
 pub struct OomRow {
