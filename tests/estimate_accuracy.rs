@@ -230,9 +230,9 @@ const P90_BAR: f64 = 20.0;
 const P90_BAR_ALL: f64 = 25.0;
 
 /// Real-GPU rows measured for peakfit (`tests/data/h200`, `tests/data/h100`,
-/// `tests/data/h200b`, `tests/data/h200c`), scored on their NVML counter (the one that decides
+/// `tests/data/h200b`, `tests/data/h200c`, `tests/data/h200d`), scored on their NVML counter (the one that decides
 /// an OOM; `tests/estimate_h200.rs`, `tests/estimate_h100.rs`, `tests/estimate_h200b.rs` and
-/// `tests/estimate_h200c.rs` check all three counters).
+/// `tests/estimate_h200c.rs`, `tests/estimate_h200d.rs` check all three counters).
 fn real_gpu(rows: Vec<model_rows::H200Row>) -> Vec<Row> {
     rows.into_iter()
         .map(|r| Row {
@@ -295,6 +295,8 @@ fn estimate_matches_public_measurements() {
     let e = report("tests/data/h200b (NVML)", &h200b_rows, &[]);
     let h200c_rows = real_gpu(model_rows::h200c());
     let f = report("tests/data/h200c (NVML)", &h200c_rows, &[]);
+    let h200d_rows = real_gpu(model_rows::h200d());
+    let g = report("tests/data/h200d (NVML)", &h200d_rows, &[]);
     let both: Vec<&Row> = a
         .into_iter()
         .chain(b)
@@ -302,6 +304,7 @@ fn estimate_matches_public_measurements() {
         .chain(d)
         .chain(e)
         .chain(f)
+        .chain(g)
         .collect();
     println!("\n== every real-GPU row");
     print_table(&both);

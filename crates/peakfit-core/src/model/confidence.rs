@@ -27,15 +27,15 @@ pub struct Band {
 /// --nocapture` (the "every real-GPU row" table).
 pub const MEASURED: &[Band] = &[
     band("diffusion", 12, 5.3, 29.4, -4.9),
-    band("encoder", 15, 3.1, 6.6, 2.0),
-    band("encoder-decoder", 17, 1.9, 20.4, 1.9),
+    band("encoder", 16, 3.1, 6.6, 2.0),
+    band("encoder-decoder", 18, 1.9, 20.4, 1.8),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
-    band("inference", 116, 3.7, 22.0, 3.2),
-    band("lora", 44, 2.8, 10.3, -1.3),
+    band("inference", 127, 4.2, 20.5, 3.5),
+    band("lora", 53, 2.9, 10.3, -1.3),
     band("offload", 2, 3.9, 4.2, -4.2),
     band("qlora", 14, 12.9, 51.0, -0.5),
     band("sharded-training", 22, 4.9, 16.1, 3.0),
-    band("training", 58, 2.3, 13.7, 0.0),
+    band("training", 80, 2.7, 9.5, 0.3),
 ];
 
 const fn band(kind: &'static str, rows: usize, median: f64, p90: f64, signed: f64) -> Band {
