@@ -16,7 +16,7 @@ mod model_rows;
 use model_rows::scoring::{Annotations, COUNTERS, error, report, score};
 
 /// Rows with all three counters.
-const ROWS: usize = 44;
+const ROWS: usize = 51;
 
 /// NVML median |error| over the rows.
 const NVML_MEDIAN_BAR: f64 = 5.0;
@@ -26,11 +26,32 @@ const NVML_MEDIAN_BAR: f64 = 5.0;
 /// read −23.3 % reserved. The test fails when a row reads low (so the list says what is true).
 const KNOWN_LOW: &[&str] = &[];
 
+/// The rows the second and third calls measured after the first call's Gemma-2-2B rows read low:
+/// fine-tunes of Gemma-2 chosen to find and then to judge the soft-capped logits' count, so not
+/// ordinary work drawn blind. The other 39 (the first call's 29, `LEASE4E`'s Falcon history among
+/// them, the second call's three checkpointed fine-tunes of other vocabularies and the fourth
+/// call's seven) were chosen before they were scored, and no term was built from them.
+fn planned_from_the_histories(id: &str) -> bool {
+    id.starts_with("h200d-gemma2-2b-ft-") && id != "h200d-gemma2-2b-ft-bf16-b4-2k-gc"
+        || id == "h200d-gemma2-9b-ft-bf16-b2-2k-gc"
+}
+
 #[test]
 fn estimate_matches_the_h200d_rows() {
     let rows = score(model_rows::h200d(), Annotations::WithPrompt);
     assert_eq!(rows.len(), ROWS);
     let summaries = report("H200d, with the stated prompt", &rows);
+    let blind: Vec<_> = rows
+        .iter()
+        .filter(|r| !planned_from_the_histories(&r.id))
+        .cloned()
+        .collect();
+    let blind_summaries = report("H200d, the rows chosen before any was scored", &blind);
+    assert_eq!(blind.len(), 39);
+    assert_eq!(
+        blind_summaries[2].3, 0,
+        "an ordinary row reads NVML low by > 10 %"
+    );
     // The allocated peak is exact to a tenth of a percent either way on most rows, so its
     // signed median may sit a hair under zero; the counters that decide an OOM may not.
     for (name, (_, _, signed, _)) in COUNTERS.iter().zip(&summaries) {

@@ -13,6 +13,7 @@ use peakfit::model::quantity::GIB;
 use super::{H200Row, percentile};
 
 /// One row's three counters, measured and predicted, in GiB.
+#[derive(Clone)]
 pub struct Scored {
     pub id: String,
     pub workload: String,

@@ -56,10 +56,10 @@ class ToCsv(unittest.TestCase):
 
     def test_the_fifth_leases_rows_are_its_raw_lines_converted(self):
         """h200d: the two traced reruns are not rows (one reruns an h200c case)."""
-        self.check_folder("h200d", ["h200d-run1.jsonl", "h200d-run2.jsonl", "h200d-run3.jsonl"])
+        self.check_folder("h200d", ["h200d-run1.jsonl", "h200d-run2.jsonl", "h200d-run3.jsonl", "h200d-run4.jsonl"])
         rows = {r["id"]: r for r in csv.DictReader(open(os.path.join(HERE, "..", "..", "tests", "data", "h200d",
                                                                        "h200d-2026-11.csv")))}
-        self.assertEqual(len(rows), 44)
+        self.assertEqual(len(rows), 51)
         self.assertNotIn("h200d-gemma2-2b-ft-bf16-b4-2k-gc-trace", rows)
         self.assertIn("_multi_tensor_adam", rows["h200d-qwen3-8b-ft-bf16-b1-4k-gc"]["notes"])
 

@@ -30,12 +30,12 @@ pub const MEASURED: &[Band] = &[
     band("encoder", 16, 3.1, 6.6, 2.0),
     band("encoder-decoder", 18, 1.9, 20.4, 1.8),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
-    band("inference", 127, 4.2, 20.5, 3.5),
-    band("lora", 53, 2.9, 10.3, -1.3),
+    band("inference", 130, 4.2, 20.2, 3.3),
+    band("lora", 54, 2.9, 10.3, -1.5),
     band("offload", 2, 3.9, 4.2, -4.2),
     band("qlora", 14, 12.9, 51.0, -0.5),
     band("sharded-training", 22, 4.9, 16.1, 3.0),
-    band("training", 80, 2.7, 9.5, 0.3),
+    band("training", 83, 2.8, 9.5, 0.6),
 ];
 
 const fn band(kind: &'static str, rows: usize, median: f64, p90: f64, signed: f64) -> Band {
