@@ -48,7 +48,7 @@
 //! | training, the end of the forward under autocast | a moment of its own: every trainable linear weight's 16-bit copy is still in autocast's cache while `cross_entropy` runs, checkpointing or not, beside the 16-bit logits, their fp32 copy and `log_softmax`'s output, `(c+8)·T·V`; with checkpointing in full fine-tuning it can beat backward's start (SGD's one state tensor: SmolLM2-1.7B b4 × 2k peaks there, 21.47 GiB, oracle and H100 alike) | `autocast_mode.cpp` `cached_cast`; `torch.autocast.__exit__` (`torch.clear_autocast_cache()`); `ForCausalLMLoss` (`logits.float()`, `cross_entropy`) |
 //! | reserved, a training step's loss segments | the first step's loss takes a segment per tensor: the 16-bit logits (`c·T·V`; Gemma-2 also `logits / cap`), their fp32 copy, `log_softmax`'s output and in backward `_log_softmax_backward_data`'s (`nll_loss_backward`'s takes the copy's block); the logits' segments stay free beside the fp32 ones (none in fp32, where `logits.float()` is the logits) ([`logits_segments`], [`training_slack`]) | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`), `Gemma2ForCausalLM.forward` (`final_logit_softcapping`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
 //! | reserved, a training step's layers | `HF_SLACK_INFERENCE_TENSORS` blocks of the forward's stranding tensor, or, LoRA on 16-bit weights, one of each of PEFT's three fp32 tensors at the widest adapted linear (`lora_B`'s output, `* scaling`, the promoted sum: `3·4·T·out`) ([`training_stranded`]) | `peft/tuners/lora/layer.py` `Linear.forward` (`_cast_input_dtype`, `result + lora_B(lora_A(dropout(x))) * scaling`, `.to(torch_result_dtype)`); `torch.utils.checkpoint` (each layer recomputed in backward); `CUDACachingAllocator.cpp` `should_split` |
-//! | reserved, the optimizer state in the loss's segments | the first `optimizer.step()` makes the state beside the gradients, each tensor in the smallest free block that holds it: the layers' freed blocks (kept inputs or saved tensors, the head's, one layer's forward, the stranded blocks), then the logits' segments, then the fp32 `4·T·V` ones (the embedding's and an untied head's `V·h` tensors straight there when no layer block holds them). Each fp32 segment holding state, or each `4·T·V` the state lacks in the first step's reserve, the later steps' loss takes fresh (`ceil`, at most 3; all 3: the logits' too); under Gemma-2's soft-capping, whose `tanh` output (`c·T·V`, saved for backward) is alive beside the three fp32 tensors, one more where the state is more than one of its two logits segments holds (both then hold some: step 2's 16-bit logits split a whole fp32 one and the saved block keeps it; an H200's history, `tests/data/h200d/traces`), on top of the first step's reserve or the optimizer step's peak (weights, gradients, state, foreach AdamW's `_foreach_sqrt` list) ([`training_slack`]) | `torch/optim/adamw.py` `_init_group` (`zeros_like` per parameter at the first step), `_multi_tensor_adamw` (`_foreach_sqrt`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` (segments never merge); the oracle's replay of the H200 rows (docs/oracle.md, "A training step's segments") |
+//! | reserved, the optimizer state in the loss's segments | the first `optimizer.step()` makes the state beside the gradients, each tensor in the smallest free block that holds it: the layers' freed blocks (kept inputs or saved tensors, the head's, one layer's forward, the stranded blocks), then the logits' segments, then the fp32 `4·T·V` ones (the embedding's and an untied head's `V·h` tensors straight there when no layer block holds them). Each fp32 segment holding state, or each `4·T·V` the state lacks in the first step's reserve, the later steps' loss takes fresh (`ceil`, at most 3; all 3: the logits' too); under Gemma-2's soft-capping, whose `tanh` output (`c·T·V`, saved for backward) is alive beside the three fp32 tensors, one more where the state is more than one of its two logits segments holds (both then hold some: step 2's 16-bit logits split a whole fp32 one and the saved block keeps it; an H200's history, `tests/data/h200d/traces`), the total still at most 3 and no logits' segments again for it, on top of the first step's reserve or the optimizer step's peak (weights, gradients, state, foreach AdamW's `_foreach_sqrt` list) ([`training_slack`]) | `torch/optim/adamw.py` `_init_group` (`zeros_like` per parameter at the first step), `_multi_tensor_adamw` (`_foreach_sqrt`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` (segments never merge); the oracle's replay of the H200 rows (docs/oracle.md, "A training step's segments") |
 //! | reserved, a Llama-code (Qwen3 included) full fine-tune without checkpointing in 16 bits under SDPA's fused kernels and AdamW | replaced by the replay of its requests: the weights and two training steps (forward, loss, backward, `optimizer.step()`, `zero_grad`) through the caching allocator's rules, where the first step's state pins the activation blocks it lands in and the second step's forward takes fresh segments for them; its reserved − allocated ([`train_replay`], chosen by [`replayed_training`]) instead of the two rows above; for types that only share the layout, the larger | `modeling_llama.py` (`LlamaRMSNorm`, `LlamaAttention`, `LlamaMLP`, `apply_rotary_pos_emb`), `Qwen2Attention` (biased q, k, v: `addmm`'s backward), `Qwen3Attention` (`q_norm`, `k_norm`), `ForCausalLMLoss`, `torch/optim/adam.py` (`_init_group`, `_multi_tensor_adam`), `Optimizer.zero_grad`; `CUDACachingAllocator.cpp`; the oracle's event logs (`tools/oracle/train_events.py`) |
 
 use super::framework::Framework;
@@ -1390,6 +1390,10 @@ fn largest_state_tensor(inp: &Inputs, block: &Block, grads: f64, state: f64) -> 
 ///    three; with all three taken, the logits' too), on top of the first step's reserve or of
 ///    the optimizer step's own peak (weights, gradients, state and foreach AdamW's temporary
 ///    list), whichever is larger.
+/// 3. Under Gemma-2's soft-capping the saved `tanh` output (`c·T·V`) lives through the loss's
+///    backward beside the three fp32 tensors. Where the state is more than one of its two logits
+///    segments holds, neither is whole at step 2, so its logits split a whole fp32 segment and
+///    the loss takes one fresh segment more (still at most three).
 ///
 /// Where [`train_replay`] follows the run ([`replayed_training`]), its replay of the first two
 /// steps replaces that count for the `model_type`s whose code it is
@@ -1507,12 +1511,14 @@ fn counted_training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
     // (`log_softmax`'s output, the NLL gradient and `_log_softmax_backward_data`'s). Where the
     // first step's state is more than one logits segment holds, both hold some, and step 2's
     // forward finds neither whole: its two 16-bit logits split a whole fp32 segment, and the saved one
-    // keeps it through backward, so the loss's fp32 tensors take one more fresh segment. Other
-    // decoders' 16-bit logits are freed before backward, so the block they borrow in forward is
-    // the NLL gradient's again.
+    // keeps it through backward, so the loss's fp32 tensors take one more fresh segment, whether
+    // the others went to the state or to a first step's reserve short of the later peak
+    // (`short`). Never past three: with every fp32 segment taken the logits take fresh ones of
+    // their own (`logits_again`) and this block goes with them. Other decoders' 16-bit logits
+    // are freed before backward, so the block they borrow in forward is the NLL gradient's again.
     let one_logits_segment = logits / 2.0;
     let saved_logits_moved = if block.softcapped_logits()
-        && spill > one_logits_segment - one
+        && spill > (one_logits_segment - one).max(0.0)
         && pinned < 3.0
         && logits > 0.0
     {
@@ -2697,8 +2703,8 @@ mod tests {
 
     /// Gemma-2-2B's full fine-tunes: where step 1's state is more than one logits segment holds,
     /// step 2's `tanh` output (saved for backward) splits a whole fp32 segment and the loss takes
-    /// one fresh segment more. One H200 reserved 53.57 GiB at 4 × 2,048, 8 × 1,024 and 2 × 4,096
-    /// checkpointed (the oracle's replay the same to the byte; the history in
+    /// one fresh segment more. One H200 reserved 53.51–53.57 GiB at 4 × 2,048, 8 × 1,024 and
+    /// 2 × 4,096 checkpointed (the oracle's replay the same to the byte; the history in
     /// `tests/data/h200d/traces`), 86.36 at 2 × 8,192 checkpointed and 51.47 at 4 × 1,024
     /// without checkpointing; without the moved block the count reads 49.25, 78.09 and 47.69.
     /// Llama-3.2-1B's logits, freed before backward, borrow no segment: its 8 × 2,048 keeps one
