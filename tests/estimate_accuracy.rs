@@ -230,9 +230,10 @@ const P90_BAR: f64 = 20.0;
 const P90_BAR_ALL: f64 = 25.0;
 
 /// Real-GPU rows measured for peakfit (`tests/data/h200`, `tests/data/h100`,
-/// `tests/data/h200b`, `tests/data/h200c`, `tests/data/h200d`), scored on their NVML counter (the one that decides
-/// an OOM; `tests/estimate_h200.rs`, `tests/estimate_h100.rs`, `tests/estimate_h200b.rs` and
-/// `tests/estimate_h200c.rs`, `tests/estimate_h200d.rs` check all three counters).
+/// `tests/data/h200b`, `tests/data/h200c`, `tests/data/h200d`), scored on their NVML counter (the
+/// one that decides an OOM; `tests/estimate_h200.rs`, `tests/estimate_h100.rs`,
+/// `tests/estimate_h200b.rs`, `tests/estimate_h200c.rs` and `tests/estimate_h200d.rs` check all
+/// three counters).
 fn real_gpu(rows: Vec<model_rows::H200Row>) -> Vec<Row> {
     rows.into_iter()
         .map(|r| Row {

@@ -11,8 +11,8 @@
 //! Each row is estimated as `peakfit estimate --model-config configs/<id>.json` plus its
 //! workload columns (each generate row's prompt stated), and each counter compared with its like
 //! (`model_rows::scoring`). AdamW rows are scored as `optimizer: adamw` whichever implementation
-//! ran (`foreach` on every training row but Falcon-7B's eager LoRA, which ran the per-tensor loop: the notes'
-//! `path` says which).
+//! ran (`foreach` on every training row but Falcon-7B's eager LoRA, which ran the per-tensor
+//! loop: the notes' `path` says which).
 
 mod model_rows;
 

@@ -114,7 +114,8 @@ pub fn h200c() -> Vec<H200Row> {
 }
 
 /// The fifth lease's rows (`tests/data/h200d`, one H200, measured by `tools/measure/measure.py`):
-/// ordinary work on three configs no earlier row had, scored before any change they led to.
+/// the ordinary work of its first and fourth calls, three more of its second, and the Gemma-2
+/// fine-tunes its histories led to ([`planned_from_the_h200d_histories`]).
 pub fn h200d() -> Vec<H200Row> {
     real_gpu("h200d", "h200d-2026-11.csv")
 }

@@ -1506,16 +1506,16 @@ fn counted_training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
     };
     let short = ((allocated + stranded - first) / fp32).ceil().max(0.0);
     let pinned = displaced.max(short).min(3.0);
-    // Gemma-2's soft-capped logits save `tanh`'s output (`c·T·V`, one of its two logits
-    // segments) for backward, where it is alive beside the loss's three fp32 tensors
-    // (`log_softmax`'s output, the NLL gradient and `_log_softmax_backward_data`'s). Where the
-    // first step's state is more than one logits segment holds, both hold some, and step 2's
-    // forward finds neither whole: its two 16-bit logits split a whole fp32 segment, and the saved one
-    // keeps it through backward, so the loss's fp32 tensors take one more fresh segment, whether
-    // the others went to the state or to a first step's reserve short of the later peak
-    // (`short`). Never past three: with every fp32 segment taken the logits take fresh ones of
-    // their own (`logits_again`) and this block goes with them. Other decoders' 16-bit logits
-    // are freed before backward, so the block they borrow in forward is the NLL gradient's again.
+    // Gemma-2's soft-capped logits save `tanh`'s output (`c·T·V`, one of its two logits segments)
+    // for backward, where it is alive beside the loss's three fp32 tensors (`log_softmax`'s output,
+    // the NLL gradient and `_log_softmax_backward_data`'s). Where the first step's state is more
+    // than one logits segment holds, both hold some, and step 2's forward finds neither whole: its
+    // two 16-bit logits split a whole fp32 segment, and the saved one keeps it through backward, so
+    // the loss's fp32 tensors take one more fresh segment, whether the others went to the state or
+    // to a first step's reserve short of the later peak (`short`). Never past three: with every
+    // fp32 segment taken the logits take fresh ones of their own (`logits_again`) and this block
+    // goes with them. Other decoders' 16-bit logits are freed before backward, so the block they
+    // borrow in forward is the NLL gradient's again.
     let one_logits_segment = logits / 2.0;
     let saved_logits_moved = if block.softcapped_logits()
         && spill > (one_logits_segment - one).max(0.0)
