@@ -108,3 +108,22 @@ pub fn report(label: &str, rows: &[Scored]) -> Vec<(f64, f64, f64, usize)> {
     }
     summaries
 }
+
+/// The ids of the rows that read more than 10 % low on reserved or NVML (printed); panics on a
+/// row whose allocated counter does, which no measured folder's test lets pass.
+pub fn low_rows(rows: &[Scored]) -> Vec<&str> {
+    let mut low = Vec::new();
+    for r in rows {
+        let allocated = error(r.counters[0]);
+        assert!(
+            allocated >= -10.0,
+            "{}: allocated {allocated:+.1}% low",
+            r.id
+        );
+        if (1..COUNTERS.len()).any(|i| error(r.counters[i]) < -10.0) {
+            low.push(r.id.as_str());
+        }
+    }
+    println!("low by more than 10 % on reserved or NVML: {low:?}");
+    low
+}
