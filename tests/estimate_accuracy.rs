@@ -267,8 +267,8 @@ fn estimate_matches_project_measurements() {
 }
 
 /// Every real-GPU row together (the shared file, the project's, the H200, H100 and third- to
-/// fifth-lease H200 rows; of the fifth, the 39 chosen before any was scored, not the Gemma-2
-/// fine-tunes its histories led to: twelve of one model, picked to find and judge one count, are
+/// fifth-lease H200 rows; of the fifth, the 39 not planned from its Gemma-2 histories, not the
+/// Gemma-2 fine-tunes they led to: twelve of one model, picked to find and judge one count, are
 /// no sample of what pods run): the bars over all of them, and the bands `peakfit estimate` prints.
 #[test]
 #[ignore = "needs ../shared/data"]

@@ -39,7 +39,10 @@ fn estimate_matches_the_h200d_rows() {
         .filter(|r| !model_rows::planned_from_the_h200d_histories(&r.id))
         .cloned()
         .collect();
-    let blind_summaries = report("H200d, the 39 rows chosen before any was scored", &blind);
+    let blind_summaries = report(
+        "H200d, the 39 rows not planned from the Gemma-2 histories",
+        &blind,
+    );
     assert_eq!(blind.len(), 39);
     assert_eq!(
         blind_summaries[2].3, 0,

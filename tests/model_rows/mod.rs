@@ -124,15 +124,16 @@ pub fn h200d() -> Vec<H200Row> {
 /// rows read low: Gemma-2 fine-tunes chosen to find and then to judge the soft-capped logits'
 /// count, so no sample of ordinary work. The other 39 (the first call's 29, `LEASE4E`'s Falcon
 /// history and a repeat of an h200b row among them, the second call's three checkpointed
-/// fine-tunes of other vocabularies and the fourth call's seven) were chosen before they were
-/// scored; no term was fitted to them (two of the second call's were used to reject counting the
-/// moved logits for every decoder).
+/// fine-tunes of other vocabularies and the fourth call's seven) were not chosen to find or judge
+/// a count; none was fitted to them (two of the second call's, Qwen2.5-3B and SmolLM2-1.7B at
+/// 8 × 2k, were among the rows that rejected counting the moved logits for every decoder).
 pub fn planned_from_the_h200d_histories(id: &str) -> bool {
     id.starts_with("h200d-gemma2-2b-ft-") && id != "h200d-gemma2-2b-ft-bf16-b4-2k-gc"
         || id == "h200d-gemma2-9b-ft-bf16-b2-2k-gc"
 }
 
-/// The fifth lease's rows chosen before any was scored ([`planned_from_the_h200d_histories`]).
+/// The fifth lease's rows not planned from its Gemma-2 histories
+/// ([`planned_from_the_h200d_histories`]).
 pub fn h200d_blind() -> Vec<H200Row> {
     h200d()
         .into_iter()

@@ -1,4 +1,5 @@
-//! Scoring real-GPU rows counter by counter (`tests/estimate_h200.rs`, `tests/estimate_h100.rs`):
+//! Scoring real-GPU rows counter by counter (`tests/estimate_h200.rs`, `tests/estimate_h100.rs`,
+//! `tests/estimate_h200b.rs`, `tests/estimate_h200c.rs`, `tests/estimate_h200d.rs`):
 //! each row's three counters against the model's like quantity, and the per-counter summary.
 //!
 //! | counter | compared with |

@@ -2,7 +2,7 @@
 //! showed on real-GPU measurements of that kind (`tests/estimate_accuracy.rs` over
 //! `../shared/data/memory-validation.csv`, `tests/data/memory-measurements.csv` and the rows
 //! measured for peakfit in `tests/data/h200`, `h100`, `h200b`, `h200c` and `h200d` (there, the
-//! rows chosen before any was scored), which checks this table against what it measures). The oracle
+//! rows not planned from its Gemma-2 histories), which checks this table against what it measures). The oracle
 //! grid (`tests/data/oracle-grid.csv`) is exact for allocated tensors but is no GPU: it is
 //! reported beside these (README, "Accuracy"), not counted in them.
 
