@@ -1516,7 +1516,9 @@ fn counted_training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
     // fp32 segment taken the logits take fresh ones of their own (`logits_again`) and this block
     // goes with them. Other decoders' 16-bit logits are freed before backward, so the block they
     // borrow in forward is the NLL gradient's again.
-    let one_logits_segment = logits / 2.0;
+    // One of Gemma-2's two logits segments ([`logits_segments`]): `lm_head`'s output or
+    // `logits / cap`, each `c·T·V`.
+    let one_logits_segment = prec.c() * tokens * block.vocab;
     let saved_logits_moved = if block.softcapped_logits()
         && spill > (one_logits_segment - one).max(0.0)
         && pinned < 3.0
