@@ -37,6 +37,7 @@
 //! | [`hf`] | what transformers' own modules keep alive (generate's prefill and decode, encoders, Whisper, training's saved tensors and loss) and their allocator slack, for HF engines on one GPU; replaces `activations`, `logits` and the slack ratio there |
 //! | [`prefill_replay`] | a Llama-code decoder's `generate` (weights, prefill, first decode steps; SDPA's fused kernels or eager attention) replayed request by request through the caching allocator, for [`hf`]'s reserved |
 //! | [`train_replay`] | a Llama-code (Qwen3 included) full fine-tune without checkpointing in 16 bits, SDPA's fused kernels and AdamW: weights and two training steps replayed request by request through [`prefill_replay`]'s heap, for [`hf`]'s reserved (the segments the first step's optimizer state pins) |
+//! | [`lora_replay`] | a Llama-code (Qwen2 and Qwen3 included) LoRA step's checkpointed forward under autocast replayed request by request through [`prefill_replay`]'s heap, for [`hf`]'s reserved (the blocks each layer's kept fp32 output strands) |
 //! | [`allocator`] | the CUDA caching allocator's block rounding, pools, segment sizes and splitting, which [`hf`]'s slack terms apply |
 //! | this module | resolution of the spec, the parallel layout every term reads, workspace, allocator slack, CUDA context, NCCL, headroom |
 //!
@@ -44,8 +45,9 @@
 //! module's layout (shards, ZeRO stage, tokens) and [`Framework`]'s rules, and one another only
 //! downwards: [`training_state`], [`diffusion`] and [`fraction`] read [`weights`] (the weights'
 //! width and size), [`diffusion`] reads [`activations`]' per-layer bytes and [`fraction`] the
-//! [`kv_cache`], [`hf`] reads [`prefill_replay`], [`train_replay`] and [`allocator`],
-//! [`train_replay`] reads [`prefill_replay`]'s heap and decoder shape, [`prefill_replay`] reads
+//! [`kv_cache`], [`hf`] reads [`prefill_replay`], [`train_replay`], [`lora_replay`] and
+//! [`allocator`], [`train_replay`] and [`lora_replay`] read [`prefill_replay`]'s heap and decoder
+//! shape, [`prefill_replay`] reads
 //! [`allocator`] (and this module asks it which `model_type`s it follows); [`weights`], [`activations`], [`kv_cache`] and [`allocator`] read no other
 //! term.
 
@@ -56,6 +58,7 @@ mod fraction;
 mod framework;
 mod hf;
 mod kv_cache;
+mod lora_replay;
 mod prefill_replay;
 mod train_replay;
 mod training_state;

@@ -124,6 +124,30 @@ pub(super) fn oracle_log(text: &str) -> Vec<i64> {
         .collect()
 }
 
+/// Asserts that a replay's log `ours` requests and frees what the oracle's log does, in order,
+/// naming the first difference. The oracle's may go on past it with frees only (a run's end
+/// freeing the model and its state).
+#[cfg(test)]
+pub(super) fn assert_same_log(oracle: &[i64], ours: &[i64]) {
+    let first = oracle
+        .iter()
+        .zip(ours)
+        .position(|(a, b)| a != b)
+        .unwrap_or(oracle.len().min(ours.len()));
+    assert_eq!(
+        first,
+        ours.len(),
+        "first difference at {first}: oracle {:?}, replay {:?}",
+        &oracle[first.saturating_sub(3)..(first + 5).min(oracle.len())],
+        &ours[first.saturating_sub(3)..(first + 5).min(ours.len())]
+    );
+    assert!(
+        oracle[ours.len()..].iter().all(|&x| x < 0),
+        "the replay stops {} requests before the oracle's log ends",
+        oracle[ours.len()..].iter().filter(|&&x| x > 0).count()
+    );
+}
+
 /// Whether a `config.json` `model_type` runs the request sequence above, in transformers 5.17:
 ///
 /// | `model_type` | modeling file | beyond `modeling_llama.py` |
@@ -554,6 +578,11 @@ impl<P: FreeBlocks> Heap<P> {
     /// Bytes of segments made (`max_memory_reserved` of a run that releases none).
     pub(super) fn reserved(&self) -> f64 {
         self.reserved as f64
+    }
+
+    /// Bytes in live blocks now (`memory_allocated`).
+    pub(super) fn allocated(&self) -> f64 {
+        self.allocated as f64
     }
 
     /// The peak of bytes in live blocks (`max_memory_allocated`).

@@ -590,7 +590,7 @@ fn replay_uncached(d: &Decoder, adam: Adam, qkv_bias: bool) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::estimate::prefill_replay::{Layer, oracle_log};
+    use crate::model::estimate::prefill_replay::{Layer, assert_same_log, oracle_log};
 
     fn qwen25_15b(layers: usize, b: f64, s: f64) -> Decoder {
         Decoder {
@@ -629,22 +629,7 @@ mod tests {
     }
 
     fn same_log_with(oracle: &str, d: &Decoder, adam: Adam, qkv_bias: bool) {
-        let oracle = oracle_log(oracle);
-        let ours = large_log(d, adam, qkv_bias);
-        let first = oracle
-            .iter()
-            .zip(&ours)
-            .position(|(a, b)| a != b)
-            .unwrap_or(oracle.len().min(ours.len()));
-        // The oracle's log goes on to free the model and its state at the end.
-        assert!(oracle[ours.len()..].iter().all(|&x| x < 0));
-        assert_eq!(
-            first,
-            ours.len(),
-            "first difference at {first}: oracle {:?}, replay {:?}",
-            &oracle[first.saturating_sub(3)..(first + 5).min(oracle.len())],
-            &ours[first.saturating_sub(3)..(first + 5).min(ours.len())]
-        );
+        assert_same_log(&oracle_log(oracle), &large_log(d, adam, qkv_bias));
     }
 
     #[test]
