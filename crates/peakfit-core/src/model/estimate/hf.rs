@@ -1321,8 +1321,14 @@ fn logits_segments(block: &Block, tokens: f64, prec: Precision) -> f64 {
 /// each layer's fp32 output, kept as the next layer's checkpoint, splits a block the layer's
 /// MLP freed, so the next layer's MLP takes fresh segments, up to a block per layer. Where
 /// [`lora_replay`] follows the code ([`replayed_lora_forward`]) its replay of the forward adds
-/// what it strands (Qwen3-4B at 8 × 2,048: 4.39 GiB, the oracle's 4.39), on top of the count,
-/// which stands for the layers' recompute in backward.
+/// what it strands (Qwen3-4B at 8 × 2,048: 4.39 GiB, the oracle's 4.39) to the count, which
+/// stays for what the replay does not follow: the oracle's walk of those steps makes no large
+/// segment in backward past the loss's, but the small pool's (the adapters' 16-bit casts,
+/// gradients, AdamW state and foreach's square roots, each under 1 MiB: 0.5 GiB of new 2 MiB
+/// segments for Qwen3-4B at rank 16) and the second step's placements are not followed term
+/// by term. With the count the whole step reads −0.6 to +1.9 % of what the GPU or the oracle
+/// reserved on the thirteen workloads of the test
+/// `autocast_loras_checkpointed_layers_strand_what_the_replay_finds`.
 fn training_stranded(inp: &Inputs, block: &Block, pass: &Pass) -> f64 {
     let layers = HF_SLACK_INFERENCE_TENSORS * stranding_tensor(block, pass);
     if let Some(forward) = replayed_lora_forward(inp, block, pass) {
@@ -1347,9 +1353,11 @@ fn training_stranded(inp: &Inputs, block: &Block, pass: &Pass) -> f64 {
 /// What [`lora_replay`] finds a checkpointed LoRA forward under autocast strands, where it
 /// follows the run's code: each layer's fp32 output, kept as the next layer's checkpoint,
 /// splits a block the layer's MLP freed, and the next layer's MLP takes fresh segments. The
-/// same conditions as [`replayed_training`]'s but LoRA (no dropout) under autocast with full
-/// checkpointing. The layers' recompute in backward is not replayed: [`training_stranded`]
-/// counts its blocks as a step's layers', on top.
+/// same layout conditions as [`replayed_training`]'s (not its optimizer's: a forward makes no
+/// state), for LoRA (no dropout) under autocast with full checkpointing. The backward and the
+/// second step are not replayed: [`training_stranded`] keeps its count on top. `model_type`s that only share the Llama layout ([`prefill_replay::follows`]: Gemma v1,
+/// Cohere, Granite, ...) get it too: neither the replay nor the count is their code, and adding
+/// the replay errs on the safe side, as their prefills take the larger of the two.
 fn replayed_lora_forward(inp: &Inputs, block: &Block, pass: &Pass) -> Option<f64> {
     let head_dim = if block.heads > 0.0 {
         block.q / block.heads
@@ -2824,13 +2832,14 @@ mod tests {
     /// LoRA under autocast with checkpointing: the forward's layers strand what
     /// [`lora_replay`] finds (each layer's fp32 output kept in a block its MLP freed). Reserved
     /// peaks measured on an H200 (Qwen3-4B `tests/data/h200d`, Mistral-7B v0.3 rank 32
-    /// `h200d`, Qwen2.5-7B `h200b`) and the oracle's allocator replays of four more
+    /// `h200d`, Qwen2.5-7B `h200b`) and the oracle's allocator replays of ten more
     /// (`scripts/oracle case ... --workload lora --dtype fp16-amp --gradient-checkpointing
-    /// full --lora-rank 16`, `peak_reserved_bytes`): each within [−1 %, +5 %), the three GPU rows
-    /// at or above what they reserved. The recompute in backward and the second step are
-    /// counted, not replayed, so the oracle's Qwen3-4B at 4 × 2,048 reads 0.14 GiB (0.4 %) under
-    /// its 37.87. Without the replay the count read every one low, Qwen3-4B 8 × 2,048 at 54.95
-    /// GiB for the GPU's 59.26.
+    /// full`, `peak_reserved_bytes`; the last six were run after the replay was written, to
+    /// judge it): each within [−1 %, +2.5 %), the three GPU rows at or above what they reserved.
+    /// The backward and the second step are counted, not replayed, so four oracle rows read
+    /// under, by up to 0.6 % (Qwen2.5-14B at 1 × 4,096: 71.39 GiB for 71.83). Without
+    /// the replay the count read the first seven low (the GPU rows by 3.6–7.3 %, Qwen3-4B
+    /// 8 × 2,048 at 54.95 GiB for the GPU's 59.26; the oracle's four by at least 2.4 %).
     #[test]
     fn autocast_loras_checkpointed_layers_strand_what_the_replay_finds() {
         let configs = [
@@ -2858,6 +2867,30 @@ mod tests {
                 "llama-3.2-3b",
                 include_str!("../../../../../tests/data/oracle-configs/llama-3.2-3b.json"),
             ),
+            (
+                "qwen3-8b",
+                include_str!("../../../../../tests/data/oracle-configs/qwen3-8b.json"),
+            ),
+            (
+                "llama-3.1-8b",
+                include_str!("../../../../../tests/data/oracle-configs/llama-3.1-8b.json"),
+            ),
+            (
+                "qwen2.5-3b",
+                include_str!("../../../../../tests/data/oracle-configs/qwen2.5-3b.json"),
+            ),
+            (
+                "mistral-nemo-12b",
+                include_str!("../../../../../tests/data/oracle-configs/mistral-nemo-12b.json"),
+            ),
+            (
+                "smollm2-1.7b",
+                include_str!("../../../../../tests/data/oracle-configs/smollm2-1.7b.json"),
+            ),
+            (
+                "qwen2.5-14b",
+                include_str!("../../../../../tests/data/oracle-configs/qwen2.5-14b.json"),
+            ),
         ];
         // (config, batch, context, rank, reserved GiB, the GPU's (true) or the oracle's replay)
         for (name, batch, context, rank, measured, gpu) in [
@@ -2868,6 +2901,12 @@ mod tests {
             ("qwen2.5-1.5b", "8", "2048", "16", 44.27, false),
             ("llama-3.2-1b", "8", "2048", "16", 36.13, false),
             ("llama-3.2-3b", "4", "4096", "16", 49.43, false),
+            ("qwen3-8b", "2", "4096", "64", 56.33, false),
+            ("llama-3.1-8b", "1", "16384", "16", 73.60, false),
+            ("qwen2.5-3b", "4", "2048", "32", 32.87, false),
+            ("mistral-nemo-12b", "2", "2048", "16", 60.48, false),
+            ("smollm2-1.7b", "16", "1024", "8", 21.89, false),
+            ("qwen2.5-14b", "1", "4096", "16", 71.83, false),
         ] {
             let json = configs.iter().find(|(n, _)| *n == name).unwrap().1;
             let r = hf_reserved_gib(
@@ -2884,7 +2923,7 @@ mod tests {
             );
             let floor = if gpu { measured } else { measured * 0.99 };
             assert!(
-                (floor..measured * 1.05).contains(&r),
+                (floor..measured * 1.025).contains(&r),
                 "{name} {batch} x {context} r{rank}: {r:.2} GiB, measured {measured}"
             );
         }

@@ -27,28 +27,32 @@
 //! | step | requests (`T = b·s`) | code |
 //! |---|---|---|
 //! | embedding | `4·T·h` (the fp32 table's rows; `embedding` is not on autocast's list), kept | `LlamaModel.forward` |
-//! | rotary tables | the positions, cuBLAS's 32 MiB workspace, `inv_freq @ positions`, `cat`, `cos`, `sin` and their scaled copies, `4·s·head_dim` each; the scaled copies are the tables (fp32: `cos.to(x.dtype)` of an fp32 `x`) | `LlamaRotaryEmbedding.forward` |
+//! | rotary tables | the positions (`4·s`), cuBLAS's 32 MiB workspace, `inv_freq @ positions` (`4·s·head_dim/2`), `cat`, `cos`, `sin` and their scaled copies (`4·s·head_dim` each); the scaled copies are the tables (fp32: `cos.to(x.dtype)` of an fp32 `x`) | `LlamaRotaryEmbedding.forward` |
 //! | `RMSNorm` of the fp32 stream | `pow(2)`, the normalised product, the weight's product (fp32: `.to(input_dtype)` is fp32) | `LlamaRMSNorm.forward` |
 //! | a LoRA linear | the weight's 16-bit cast (`out·in·2`, not cached: the base weight needs no grad), the input's cast when it is fp32, the product, both freed; the input's fp32 copy when it is 16-bit; `lora_A`'s cast input and `T·r` output, `lora_B`'s `T·out`, `* scaling`, the sum with the base output (16-bit: autocast's `mm` outputs); the adapters' 16-bit weight casts are cached to the forward's end (they need grad) | `peft` `Linear.forward`, `aten/src/ATen/autocast_mode.cpp` |
 //! | attention | q, k, v; Qwen3's per-head norms of the 16-bit projections (fp32 copy, `pow`, the normalised product, the cast back, the fp32 weight's product); `RoPE` (`q·cos` in fp32, `rotate_half`'s `neg` and `cat` in the input's dtype, `·sin`, the sum); SDPA's casts of q and k to bf16, its output and log-sum-exp (freed: nothing is saved); `o_proj`; the residual sum in fp32 | `LlamaAttention.forward`, `Qwen3Attention.forward` |
 //! | MLP | `gate_proj`, `silu`, `up_proj`, their product, `down_proj`, the residual sum in fp32 (kept) | `LlamaMLP.forward` |
 //!
-//! Requests of a few KiB at any shape (the norms' and the adapters' weights, the position ids)
-//! are left out; the `T·r` adapter outputs and the norms' per-row scalars are replayed, as they
-//! reach the large pool at long contexts.
+//! | head | the final norm; the head's 16-bit weight cast (`2·V·h`, saved: the head is not checkpointed) and its input's cast (`2·T·h`, freed after the logits' `mm`) | `LlamaForCausalLM.forward` |
+//!
+//! The replay stops before the logits, whose segments [`super::hf`] counts. Requests of a few
+//! KiB at any shape (the norms' weights, Qwen2's bias casts, the position ids) are left out; the
+//! adapters' weights and casts (`r·in`, `out·r`), the `T·r` adapter outputs and the norms'
+//! per-row scalars are replayed, as they reach the large pool at high ranks and long contexts.
 
 use std::sync::Mutex;
 
 use super::prefill_replay::{self, CUBLAS_WORKSPACE, Decoder, Handle, Heap, Memo};
 
-/// A checkpointed forward's heap at the end of its layers and final norm, before the head.
+/// A checkpointed forward's heap at the end of its layers, final norm and the head's weight
+/// cast, before the logits.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Forward {
     /// Bytes of segments after the weights (`max_memory_reserved` there).
     pub weights_reserved: f64,
     /// Bytes of blocks the weights hold.
     pub weights_allocated: f64,
-    /// Bytes of segments at the end of the forward's layers.
+    /// Bytes of segments before the logits.
     pub reserved: f64,
     /// Bytes of live blocks there.
     pub allocated: f64,
@@ -289,15 +293,22 @@ impl<'a> Run<'a> {
         r2
     }
 
-    /// The forward's layers and final norm: every layer's input is kept (the checkpoints).
+    /// The forward's layers, final norm and the head's casts: every layer's input is kept (the
+    /// checkpoints), and so is the head's 16-bit weight (`2·V·h`, saved for backward: the head
+    /// is not checkpointed); the normed output's cast (`2·T·h`) is freed once the logits'
+    /// `mm` is made, which is where the replay stops.
     fn forward(&mut self) {
         let d = *self.d;
-        self.a(4.0 * self.t() * d.h);
+        let t = self.t();
+        self.a(4.0 * t * d.h);
         self.rotary_tables();
         for _ in 0..d.layers {
             self.layer();
         }
         self.norm(d.h);
+        self.a(2.0 * d.vocab * d.h);
+        let cast = self.a(2.0 * t * d.h);
+        self.f(cast);
     }
 }
 
@@ -374,13 +385,17 @@ mod tests {
     }
 
     fn same_log(oracle: &str, d: &Decoder, r: f64) {
-        assert_same_log(&oracle_log(oracle), &large_log(d, r));
+        let mut ours = large_log(d, r);
+        // The head's input cast is freed after the logits' `mm`, before which the oracle's log
+        // is cut.
+        assert!(ours.pop().is_some_and(|x| x < 0));
+        assert_same_log(&oracle_log(oracle), &ours);
     }
 
     /// The oracle's event log of a two-layer Llama-3.2-1B, LoRA rank 16 on every linear,
     /// `fp16-amp` (fp32 weights under bf16 autocast), 1 × 1,024, checkpointed
     /// (`tools/oracle/train_events.py --grid --steps 2`, the config cut to two layers; the large
-    /// pool's blocks after the weights, up to the head's weight cast): every request and free.
+    /// pool's blocks after the weights, up to the logits' `mm`): every request and free.
     #[test]
     fn llama_forward_requests_what_the_oracles_log_requests() {
         same_log(
@@ -426,8 +441,10 @@ mod tests {
     }
 
     /// The oracle's allocator replays of whole models, rank 16 under `fp16-amp`, checkpointed
-    /// (`tools/oracle/train_events.py --grid --steps 2 ID`, its allocator walked to the head's
-    /// weight cast): the replay reserves what the oracle reserves there, less at most two 2 MiB
+    /// (`tools/oracle/train_events.py --grid --steps 2 ID`, its allocator walked to the logits'
+    /// `mm`, the head's input cast counted free; the head's weight cast takes a block the layers
+    /// left free on three of them, a fresh segment on the others): the replay reserves what the
+    /// oracle reserves there, less at most two 2 MiB
     /// small-pool segments (the requests of a few KiB it leaves out), and leaves free what the
     /// oracle leaves free to 0.1 %. Qwen3-4B at 8 × 2,048 is the H200 row
     /// `h200d-qwen3-4b-lora16-amp-b8-2k-gc` (`tests/data/h200d`), whose GPU reserved the
@@ -453,29 +470,29 @@ mod tests {
             head_dim: 128.0,
             ..llama32_1b(28, b, s)
         };
-        // (shape, the oracle's reserved and allocated bytes at the head's weight cast)
+        // (shape, the oracle's reserved and allocated bytes before the logits' `mm`)
         let cases = [
             (
                 qwen3_4b(36, 8.0, 2048.0),
-                27_531_411_456.0,
-                22_812_769_280.0,
+                28_309_454_848.0,
+                23_590_812_672.0,
             ),
             (
                 qwen3_4b(36, 4.0, 2048.0),
-                21_986_541_568.0,
-                19_624_999_936.0,
+                22_764_584_960.0,
+                20_403_043_328.0,
             ),
-            (mistral_7b(4.0, 2048.0), 36_796_628_992.0, 33_842_922_496.0),
+            (mistral_7b(4.0, 2048.0), 36_796_628_992.0, 34_111_357_952.0),
             (
                 llama32_1b(16, 8.0, 2048.0),
                 9_221_177_344.0,
-                7_461_626_880.0,
+                7_986_963_456.0,
             ),
-            (llama32_3b(4.0, 4096.0), 22_519_218_176.0, 19_075_707_904.0),
+            (llama32_3b(4.0, 4096.0), 23_307_747_328.0, 19_864_237_056.0),
             (
                 qwen25_15b(28, 8.0, 2048.0),
                 12_419_334_144.0,
-                9_342_196_736.0,
+                9_808_944_128.0,
             ),
         ];
         for (d, reserved, allocated) in cases {

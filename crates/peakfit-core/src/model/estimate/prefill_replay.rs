@@ -512,7 +512,7 @@ impl<P: FreeBlocks> Heap<P> {
         if allocator::splits(rest, small) {
             let p = self.pieces[i];
             let r = self.add(Piece {
-                addr: p.addr + size,
+                addr: p.addr.saturating_add(size),
                 size: rest,
                 small,
                 free: true,
@@ -534,7 +534,7 @@ impl<P: FreeBlocks> Heap<P> {
             self.log.push(i64::try_from(size).unwrap_or(i64::MAX));
             self.pieces[i].asked = size;
         }
-        self.allocated += self.pieces[i].size;
+        self.allocated = self.allocated.saturating_add(self.pieces[i].size);
         self.peak_allocated = self.peak_allocated.max(self.allocated);
         Some(i)
     }
@@ -546,7 +546,7 @@ impl<P: FreeBlocks> Heap<P> {
         #[cfg(test)]
         self.log
             .push(-i64::try_from(self.pieces[i].asked).unwrap_or(i64::MAX));
-        self.allocated -= self.pieces[i].size;
+        self.allocated = self.allocated.saturating_sub(self.pieces[i].size);
         self.pieces[i].free = true;
         if let Some(p) = self.pieces[i].prev.get().filter(|&p| self.pieces[p].free) {
             self.remove(p);
