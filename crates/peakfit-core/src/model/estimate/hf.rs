@@ -48,6 +48,8 @@
 //! | training, the end of the forward under autocast | a moment of its own: every trainable linear weight's 16-bit copy is still in autocast's cache while `cross_entropy` runs, checkpointing or not, beside the 16-bit logits, their fp32 copy and `log_softmax`'s output, `(c+8)·T·V`; with checkpointing in full fine-tuning it can beat backward's start (SGD's one state tensor: SmolLM2-1.7B b4 × 2k peaks there, 21.47 GiB, oracle and H100 alike) | `autocast_mode.cpp` `cached_cast`; `torch.autocast.__exit__` (`torch.clear_autocast_cache()`); `ForCausalLMLoss` (`logits.float()`, `cross_entropy`) |
 //! | reserved, a training step's loss segments | the first step's loss takes a segment per tensor: the 16-bit logits (`c·T·V`; Gemma-2 also `logits / cap`), their fp32 copy, `log_softmax`'s output and in backward `_log_softmax_backward_data`'s (`nll_loss_backward`'s takes the copy's block); the logits' segments stay free beside the fp32 ones (none in fp32, where `logits.float()` is the logits) ([`logits_segments`], [`training_slack`]) | `ForCausalLMLoss` (`logits.float()`, `cross_entropy`), `Gemma2ForCausalLM.forward` (`final_logit_softcapping`); `CUDACachingAllocator.cpp` `get_free_block`, `get_allocation_size` |
 //! | reserved, a training step's layers | `HF_SLACK_INFERENCE_TENSORS` blocks of the forward's stranding tensor, or, LoRA on 16-bit weights, one of each of PEFT's three fp32 tensors at the widest adapted linear (`lora_B`'s output, `* scaling`, the promoted sum: `3·4·T·out`) ([`training_stranded`]) | `peft/tuners/lora/layer.py` `Linear.forward` (`_cast_input_dtype`, `result + lora_B(lora_A(dropout(x))) * scaling`, `.to(torch_result_dtype)`); `torch.utils.checkpoint` (each layer recomputed in backward); `CUDACachingAllocator.cpp` `should_split` |
+//! | reserved, a checkpointed LoRA forward under autocast | what [`lora_replay`] leaves free by the logits (each layer's fp32 output, kept as the next checkpoint, splits a block its MLP freed), added to the layers' count ([`training_stranded`], [`replayed_lora_forward`]) | `torch.utils.checkpoint` (`use_reentrant=False`), `peft` `Linear.forward` (`_cast_input_dtype`), `CUDACachingAllocator.cpp` `get_free_block` |
+//! | reserved, a LoRA step's small pool | the adapters' fp32 gradients and foreach AdamW's square roots (tensors of 1 MiB or less) take 2 MiB small-pool segments of their own beside the moments, free at the next step's peak ([`adapter_small_pool_slack`]) | `CUDACachingAllocator.cpp` (`kSmallSize`, `kSmallBuffer`), `torch/optim/adam.py` (`_init_group`, `_multi_tensor_adam`) |
 //! | reserved, the optimizer state in the loss's segments | the first `optimizer.step()` makes the state beside the gradients, each tensor in the smallest free block that holds it: the layers' freed blocks (kept inputs or saved tensors, the head's, one layer's forward, the stranded blocks), then the logits' segments, then the fp32 `4·T·V` ones (the embedding's and an untied head's `V·h` tensors straight there when no layer block holds them). Each fp32 segment holding state, or each `4·T·V` the state lacks in the first step's reserve, the later steps' loss takes fresh (`ceil`, at most 3; all 3: the logits' too); under Gemma-2's soft-capping, whose `tanh` output (`c·T·V`, saved for backward) is alive beside the three fp32 tensors, one more where the state is more than one of its two logits segments holds (both then hold some: step 2's 16-bit logits split a whole fp32 one and the saved block keeps it; an H200's history, `tests/data/h200d/traces`), the total still at most 3 and no logits' segments again for it, on top of the first step's reserve or the optimizer step's peak (weights, gradients, state, foreach AdamW's `_foreach_sqrt` list) ([`training_slack`]) | `torch/optim/adamw.py` `_init_group` (`zeros_like` per parameter at the first step), `_multi_tensor_adamw` (`_foreach_sqrt`); `CUDACachingAllocator.cpp` `get_free_block`, `alloc_block` (segments never merge); the oracle's replay of the H200 rows (docs/oracle.md, "A training step's segments") |
 //! | reserved, a Llama-code (Qwen3 included) full fine-tune without checkpointing in 16 bits under SDPA's fused kernels and AdamW | replaced by the replay of its requests: the weights and two training steps (forward, loss, backward, `optimizer.step()`, `zero_grad`) through the caching allocator's rules, where the first step's state pins the activation blocks it lands in and the second step's forward takes fresh segments for them; its reserved − allocated ([`train_replay`], chosen by [`replayed_training`]) instead of the two rows above; for types that only share the layout, the larger | `modeling_llama.py` (`LlamaRMSNorm`, `LlamaAttention`, `LlamaMLP`, `apply_rotary_pos_emb`), `Qwen2Attention` (biased q, k, v: `addmm`'s backward), `Qwen3Attention` (`q_norm`, `k_norm`), `ForCausalLMLoss`, `torch/optim/adam.py` (`_init_group`, `_multi_tensor_adam`), `Optimizer.zero_grad`; `CUDACachingAllocator.cpp`; the oracle's event logs (`tools/oracle/train_events.py`) |
 
@@ -1321,13 +1323,12 @@ fn logits_segments(block: &Block, tokens: f64, prec: Precision) -> f64 {
 /// each layer's fp32 output, kept as the next layer's checkpoint, splits a block the layer's
 /// MLP freed, so the next layer's MLP takes fresh segments, up to a block per layer. Where
 /// [`lora_replay`] follows the code ([`replayed_lora_forward`]) its replay of the forward adds
-/// what it strands (Qwen3-4B at 8 × 2,048: 4.39 GiB, the oracle's 4.39) to the count, which
-/// stays for what the replay does not follow: the oracle's walk of those steps makes no large
-/// segment in backward past the loss's, but the small pool's (the adapters' 16-bit casts,
-/// gradients, AdamW state and foreach's square roots, each under 1 MiB: 0.5 GiB of new 2 MiB
-/// segments for Qwen3-4B at rank 16) and the second step's placements are not followed term
-/// by term. With the count the whole step reads −0.6 to +1.9 % of what the GPU or the oracle
-/// reserved on the thirteen workloads of the test
+/// what it strands (Qwen3-4B at 8 × 2,048: 4.39 GiB, the oracle's 4.39) to the count. The
+/// oracle's walk of those steps makes no large segment in backward past the loss's; the small
+/// pool's segments are [`adapter_small_pool_slack`]'s. Without the count the steps read up to
+/// 1.5 % under the oracle (Qwen3-4B at 8 × 2,048: 58.4 GiB for 59.26), from placements of the
+/// second step neither follows, so it is kept: with it the whole step reads +0.1 to +2.6 % of
+/// what the GPU or the oracle reserved on the thirteen workloads of the test
 /// `autocast_loras_checkpointed_layers_strand_what_the_replay_finds`.
 fn training_stranded(inp: &Inputs, block: &Block, pass: &Pass) -> f64 {
     let layers = HF_SLACK_INFERENCE_TENSORS * stranding_tensor(block, pass);
@@ -1455,11 +1456,104 @@ fn largest_state_tensor(inp: &Inputs, block: &Block, grads: f64, state: f64) -> 
 /// segments, and the count misses which segments the first step's state pins); types that only
 /// share the layout get the larger of the two, as their prefills do.
 fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
-    match replayed_training(inp, block) {
+    let large = match replayed_training(inp, block) {
         Some(reserved) if inp.replayed_code => (reserved - allocated).max(0.0),
         Some(reserved) => counted_training_slack(inp, block, allocated).max(reserved - allocated),
         None => counted_training_slack(inp, block, allocated),
+    };
+    large + adapter_small_pool_slack(inp, block)
+}
+
+/// One layer's LoRA-adapted linears as (`in`, `out`) with PEFT's `all-linear` targets: the
+/// attention's projections (one fused `qkv_proj` or `query_key_value` where the code fuses
+/// them) and the MLP's (one fused `gate_up_proj` for Phi-3). Empty for a mixture of experts,
+/// whose experts' adapters [`adapter_small_pool_slack`] does not follow.
+fn adapted_linears(block: &Block) -> Vec<(f64, f64)> {
+    if block.experts_per_token > 0.0 {
+        return Vec::new();
     }
+    let (h, q, kv, ffn) = (block.h, block.q, block.kv, block.ffn);
+    let mut linears = if block.fused_qkv() {
+        vec![(h, q + 2.0 * kv), (q, h)]
+    } else {
+        vec![(h, q), (h, kv), (h, kv), (q, h)]
+    };
+    linears.extend(match block.mlp {
+        Mlp::FusedGated => vec![(h, 2.0 * ffn), (ffn, h)],
+        Mlp::Gated => vec![(h, ffn), (h, ffn), (ffn, h)],
+        Mlp::Plain => vec![(h, ffn), (ffn, h)],
+    });
+    linears
+}
+
+/// The small pool's segments a LoRA step leaves free at the next step's peak. PEFT keeps the
+/// adapters in fp32 (`autocast_adapter_dtype`), so at ordinary ranks their `r·in` and `out·r`
+/// matrices, gradients, AdamW moments and foreach's square roots are tensors of 1 MiB or less,
+/// which the caching allocator serves from 2 MiB small-pool segments that no large request
+/// uses and that are never released (`CUDACachingAllocator.cpp`, `kSmallSize`, `kSmallBuffer`).
+/// Each generation comes while the earlier one lives, so each takes segments of its own:
+/// backward's gradients (layers in reverse, `lora_B`'s before `lora_A`'s), the first
+/// `optimizer.step()`'s moments (`exp_avg` then `exp_avg_sq` per parameter, `_init_group`) and,
+/// for foreach AdamW, the list of square roots (`_foreach_sqrt`, freed after the step). At the
+/// next step's peak, the loss's backward, only the moments live there; under autocast the
+/// adapters' 16-bit casts, which autocast caches through each forward, come first and are
+/// freed when the forward's autocast region ends, so the gradients reuse their blocks. The
+/// rest of those segments is slack. The oracle's walk of Llama-3.1-8B
+/// LoRA rank 16 in bf16 at 4 × 2,048: the small pool grows 162 → 326 MiB in backward and to
+/// 802 MiB in the optimizer step (gradients 160 MiB, moments 320, roots 160), none of it in
+/// the count of the large pool's blocks. Replayed on the allocator's small pool
+/// ([`prefill_replay`]'s heap) in that order; tensors over 1 MiB (high ranks on wide layers)
+/// go to the large pool and are left out.
+fn adapter_small_pool_slack(inp: &Inputs, block: &Block) -> f64 {
+    if inp.workload != Workload::Lora || inp.optimizer != Optimizer::Adam || inp.optimizer_paged {
+        return 0.0;
+    }
+    let r = inp.lora_rank;
+    let layers = crate::convert::f64_to_usize(block.layers);
+    let linears = adapted_linears(block);
+    // Every adapter matrix in `parameters()` order, elements: `lora_A` (`r·in`), `lora_B`
+    // (`out·r`).
+    let params: Vec<f64> = (0..layers)
+        .flat_map(|_| linears.iter().flat_map(|&(i, o)| [r * i, o * r]))
+        .collect();
+    let small = |bytes: f64| allocator::small(allocator::block(bytes));
+    let mut heap = prefill_replay::Heap::<prefill_replay::SizeClasses>::default();
+    let mut live = 0.0;
+    if inp.precision() == Precision::Autocast {
+        let casts: Vec<_> = params
+            .iter()
+            .filter(|&&n| small(2.0 * n))
+            .map(|&n| heap.malloc(2.0 * n))
+            .collect();
+        for c in casts {
+            heap.free(c);
+        }
+    }
+    let grads: Vec<_> = params
+        .iter()
+        .rev()
+        .filter(|&&n| small(4.0 * n))
+        .map(|&n| heap.malloc(4.0 * n))
+        .collect();
+    for &n in params.iter().filter(|&&n| small(4.0 * n)) {
+        heap.malloc(4.0 * n);
+        heap.malloc(4.0 * n);
+        live += 8.0 * n;
+    }
+    if !inp.optimizer_fused {
+        let roots: Vec<_> = params
+            .iter()
+            .filter(|&&n| small(4.0 * n))
+            .map(|&n| heap.malloc(4.0 * n))
+            .collect();
+        for h in roots.into_iter().rev() {
+            heap.free(h);
+        }
+    }
+    for g in grads {
+        heap.free(g);
+    }
+    (heap.reserved() - live).max(0.0)
 }
 
 /// What [`train_replay`] reserves over a full fine-tune's first two steps, where it follows the
@@ -2829,17 +2923,68 @@ mod tests {
         );
     }
 
+    /// A LoRA step's small pool: the adapters' gradients, AdamW moments and foreach's square
+    /// roots take 2 MiB segments of their own, and at the next step's peak only the moments
+    /// live there. The oracle's allocator walks (`tools/oracle/train_events.py --grid --steps 2`,
+    /// the small pool's segments from the weights to the end of step 2, less the moments'
+    /// bytes): Llama-3.1-8B rank 16 in bf16 at 4 × 2,048, 802 − 162 MiB of segments, 320 MiB of
+    /// moments; Qwen3-4B rank 16 under autocast at 8 × 2,048, 644 − 128 MiB, 252 MiB of moments
+    /// (its 16-bit casts come first and are freed before the gradients, which reuse them). The
+    /// step's own small tensors (the rotary tables at 2,048 positions, the norms' per-row
+    /// scalars) take a few more segments, which the term leaves out: 8 MiB of Qwen3-4B's.
+    /// Fused AdamW makes no roots; SGD and other optimizers are not followed (nothing counted).
+    #[test]
+    fn lora_adapters_small_pool_segments_outlive_their_gradients_and_roots() {
+        fn slack_mib(json: &str, extra: &[(&str, &str)]) -> f64 {
+            let mut pairs: Vec<(String, String)> = crate::model::hf_config::annotations(json)
+                .unwrap()
+                .annotations
+                .into_iter()
+                .collect();
+            pairs.extend(
+                [
+                    ("engine", "hf"),
+                    ("workload", "lora"),
+                    ("gradient-checkpointing", "full"),
+                    ("lora-rank", "16"),
+                ]
+                .iter()
+                .chain(extra)
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string())),
+            );
+            let pairs: Vec<(&str, &str)> = pairs
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let inp = super::super::resolve(
+                &crate::model::estimate::testing::spec(&pairs),
+                &mut Vec::new(),
+            );
+            adapter_small_pool_slack(&inp, &inp.block()) / 1_048_576.0
+        }
+        let llama = include_str!("../../../../../tests/data/oracle-configs/llama-3.1-8b.json");
+        let qwen3 = include_str!("../../../../../tests/data/oracle-configs/qwen3-4b.json");
+        let bf16 = slack_mib(llama, &[("dtype", "bf16"), ("optimizer", "adamw")]);
+        assert!((bf16 - (802.0 - 162.0 - 320.0)).abs() <= 4.0, "{bf16} MiB");
+        let amp = slack_mib(qwen3, &[("dtype", "fp16-amp"), ("optimizer", "adamw")]);
+        assert!((amp - (644.0 - 128.0 - 252.0)).abs() <= 8.0, "{amp} MiB");
+        // Fused: the gradients' segments only.
+        let fused = slack_mib(llama, &[("dtype", "bf16"), ("optimizer", "adamw-fused")]);
+        assert!((fused - 160.0).abs() <= 4.0, "{fused} MiB");
+        let sgd = slack_mib(llama, &[("dtype", "bf16"), ("optimizer", "sgd")]);
+        assert!(sgd.abs() < 1e-9, "{sgd} MiB");
+    }
+
     /// LoRA under autocast with checkpointing: the forward's layers strand what
     /// [`lora_replay`] finds (each layer's fp32 output kept in a block its MLP freed). Reserved
     /// peaks measured on an H200 (Qwen3-4B `tests/data/h200d`, Mistral-7B v0.3 rank 32
     /// `h200d`, Qwen2.5-7B `h200b`) and the oracle's allocator replays of ten more
     /// (`scripts/oracle case ... --workload lora --dtype fp16-amp --gradient-checkpointing
     /// full`, `peak_reserved_bytes`; the last six were run after the replay was written, to
-    /// judge it): each within [−1 %, +2.5 %), the three GPU rows at or above what they reserved.
-    /// The backward and the second step are counted, not replayed, so four oracle rows read
-    /// under, by up to 0.6 % (Qwen2.5-14B at 1 × 4,096: 71.39 GiB for 71.83). Without
-    /// the replay the count read the first seven low (the GPU rows by 3.6–7.3 %, Qwen3-4B
-    /// 8 × 2,048 at 54.95 GiB for the GPU's 59.26; the oracle's four by at least 2.4 %).
+    /// judge it): each within [measured, +3 %), with the small pool's segments
+    /// ([`adapter_small_pool_slack`]) and the layers' count on top. Without the replay the count
+    /// read the first seven low (the GPU rows by 3.6–7.3 %, Qwen3-4B 8 × 2,048 at 54.95 GiB for
+    /// the GPU's 59.26; the oracle's four by at least 2.4 %).
     #[test]
     fn autocast_loras_checkpointed_layers_strand_what_the_replay_finds() {
         let configs = [
@@ -2892,21 +3037,22 @@ mod tests {
                 include_str!("../../../../../tests/data/oracle-configs/qwen2.5-14b.json"),
             ),
         ];
-        // (config, batch, context, rank, reserved GiB, the GPU's (true) or the oracle's replay)
-        for (name, batch, context, rank, measured, gpu) in [
-            ("qwen3-4b", "8", "2048", "16", 59.26, true),
-            ("mistral-7b-v0.3", "8", "1024", "32", 38.45, true),
-            ("qwen2.5-7b", "2", "4096", "16", 51.73, true),
-            ("qwen3-4b", "4", "2048", "16", 37.87, false),
-            ("qwen2.5-1.5b", "8", "2048", "16", 44.27, false),
-            ("llama-3.2-1b", "8", "2048", "16", 36.13, false),
-            ("llama-3.2-3b", "4", "4096", "16", 49.43, false),
-            ("qwen3-8b", "2", "4096", "64", 56.33, false),
-            ("llama-3.1-8b", "1", "16384", "16", 73.60, false),
-            ("qwen2.5-3b", "4", "2048", "32", 32.87, false),
-            ("mistral-nemo-12b", "2", "2048", "16", 60.48, false),
-            ("smollm2-1.7b", "16", "1024", "8", 21.89, false),
-            ("qwen2.5-14b", "1", "4096", "16", 71.83, false),
+        // (config, batch, context, rank, reserved GiB: the GPU's for the first three, else the
+        // oracle's replay)
+        for (name, batch, context, rank, measured) in [
+            ("qwen3-4b", "8", "2048", "16", 59.26),
+            ("mistral-7b-v0.3", "8", "1024", "32", 38.45),
+            ("qwen2.5-7b", "2", "4096", "16", 51.73),
+            ("qwen3-4b", "4", "2048", "16", 37.87),
+            ("qwen2.5-1.5b", "8", "2048", "16", 44.27),
+            ("llama-3.2-1b", "8", "2048", "16", 36.13),
+            ("llama-3.2-3b", "4", "4096", "16", 49.43),
+            ("qwen3-8b", "2", "4096", "64", 56.33),
+            ("llama-3.1-8b", "1", "16384", "16", 73.60),
+            ("qwen2.5-3b", "4", "2048", "32", 32.87),
+            ("mistral-nemo-12b", "2", "2048", "16", 60.48),
+            ("smollm2-1.7b", "16", "1024", "8", 21.89),
+            ("qwen2.5-14b", "1", "4096", "16", 71.83),
         ] {
             let json = configs.iter().find(|(n, _)| *n == name).unwrap().1;
             let r = hf_reserved_gib(
@@ -2921,9 +3067,8 @@ mod tests {
                     ("lora-rank", rank),
                 ],
             );
-            let floor = if gpu { measured } else { measured * 0.99 };
             assert!(
-                (floor..measured * 1.025).contains(&r),
+                (measured..measured * 1.03).contains(&r),
                 "{name} {batch} x {context} r{rank}: {r:.2} GiB, measured {measured}"
             );
         }
