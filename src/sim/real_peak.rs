@@ -32,7 +32,7 @@ pub const H200_NVML_RATIOS: [(&str, &str, f64); 20] = [
     ("h200-llama32-1b-ft-bf16-b4-2k-gc", "training", 1.0100),
     ("h200-qwen3-1.7b-ft-b4-2k-gc", "training", 1.0055),
     ("h200-llama31-8b-lora16-b4-2k-gc", "lora", 1.0055),
-    ("h200-qwen25-7b-lora16-b2-4k", "lora", 1.0011),
+    ("h200-qwen25-7b-lora16-b2-4k", "lora", 1.0020),
     ("h200-mistral-7b-lora64-b8-1k-gc", "lora", 0.9814),
     ("h200-qwen3-30b-a3b-b2-2k", "inference", 0.9970),
     ("h200-llama32-1b-b128-1k", "inference", 0.9560),

@@ -32,7 +32,7 @@ pub const MEASURED: &[Band] = &[
     band("encoder-decoder", 18, 1.9, 20.4, 1.8),
     band("fraction-engine", 4, 0.0, 1.1, 0.0),
     band("inference", 130, 4.2, 20.2, 3.3),
-    band("lora", 54, 2.0, 10.5, 0.3),
+    band("lora", 54, 2.0, 10.5, 0.2),
     band("offload", 2, 3.9, 4.2, -4.2),
     band("qlora", 14, 12.9, 51.0, -0.5),
     band("sharded-training", 22, 4.9, 16.1, 3.0),

@@ -1356,9 +1356,10 @@ fn training_stranded(inp: &Inputs, block: &Block, pass: &Pass) -> f64 {
 /// splits a block the layer's MLP freed, and the next layer's MLP takes fresh segments. The
 /// same layout conditions as [`replayed_training`]'s (not its optimizer's: a forward makes no
 /// state), for LoRA (no dropout) under autocast with full checkpointing. The backward and the
-/// second step are not replayed: [`training_stranded`] keeps its count on top. `model_type`s that only share the Llama layout ([`prefill_replay::follows`]: Gemma v1,
-/// Cohere, Granite, ...) get it too: neither the replay nor the count is their code, and adding
-/// the replay errs on the safe side, as their prefills take the larger of the two.
+/// second step are not replayed: [`training_stranded`] keeps its count on top. `model_type`s
+/// that only share the Llama layout ([`prefill_replay::follows`]: Gemma v1, Cohere, Granite,
+/// ...) get it too: neither the replay nor the count is their code, and adding the replay errs
+/// on the safe side, as their prefills take the larger of the two.
 fn replayed_lora_forward(inp: &Inputs, block: &Block, pass: &Pass) -> Option<f64> {
     let head_dim = if block.heads > 0.0 {
         block.q / block.heads
@@ -1498,19 +1499,87 @@ fn adapted_linears(block: &Block) -> Vec<(f64, f64)> {
 /// next step's peak, the loss's backward, only the moments live there; under autocast the
 /// adapters' 16-bit casts, which autocast caches through each forward, come first and are
 /// freed when the forward's autocast region ends, so the gradients reuse their blocks. The
-/// rest of those segments is slack. The oracle's walk of Llama-3.1-8B
+/// rest of those segments is slack, less the small tensors a step without checkpointing saves
+/// there ([`small_saved`]). `adamw` is torch's AdamW as it defaults on CUDA (foreach, with its
+/// roots); HF Trainer's own default in transformers 5 is the fused kernel (`adamw_torch_fused`),
+/// which a pod states as `optimizer: adamw-fused`. The oracle's walk of Llama-3.1-8B
 /// LoRA rank 16 in bf16 at 4 × 2,048: the small pool grows 162 → 326 MiB in backward and to
 /// 802 MiB in the optimizer step (gradients 160 MiB, moments 320, roots 160), none of it in
 /// the count of the large pool's blocks. Replayed on the allocator's small pool
 /// ([`prefill_replay`]'s heap) in that order; tensors over 1 MiB (high ranks on wide layers)
 /// go to the large pool and are left out.
 fn adapter_small_pool_slack(inp: &Inputs, block: &Block) -> f64 {
+    static REPLAYS: prefill_replay::Memo<SmallPoolKey, f64> = std::sync::Mutex::new(Vec::new());
     if inp.workload != Workload::Lora || inp.optimizer != Optimizer::Adam || inp.optimizer_paged {
         return 0.0;
     }
-    let r = inp.lora_rank;
-    let layers = crate::convert::f64_to_usize(block.layers);
+    let key = SmallPoolKey {
+        layers: crate::convert::f64_to_usize(block.layers),
+        rank: inp.lora_rank.to_bits(),
+        linears: adapted_linears(block)
+            .into_iter()
+            .map(|(i, o)| (i.to_bits(), o.to_bits()))
+            .collect(),
+        autocast: inp.precision() == Precision::Autocast,
+        roots: !inp.optimizer_fused,
+    };
+    let free = prefill_replay::memoized(&REPLAYS, key.clone(), || small_pool_replay(&key));
+    (free - small_saved(inp, block)).max(0.0)
+}
+
+/// The small tensors the next step's forward saves for backward without checkpointing, alive
+/// at its peak in the gradients' and roots' freed small blocks (already counted as allocated):
+/// each adapted linear's `lora_A` output (`T·r`, fp32 on 16-bit weights, the compute width
+/// under autocast) and, under autocast, the adapters' 16-bit casts, which backward needs too.
+/// With checkpointing the peak, the loss's backward, comes before any layer is recomputed.
+fn small_saved(inp: &Inputs, block: &Block) -> f64 {
+    if inp.checkpointing != Checkpointing::None {
+        return 0.0;
+    }
+    let prec = inp.precision();
+    let width = if prec == Precision::Autocast {
+        prec.c()
+    } else {
+        4.0
+    };
+    let a_out = width * inp.tokens() * inp.lora_rank;
     let linears = adapted_linears(block);
+    let mut saved = 0.0;
+    if allocator::small(allocator::block(a_out)) {
+        saved += a_out * linears.len() as f64 * block.layers;
+    }
+    if prec == Precision::Autocast {
+        let r = inp.lora_rank;
+        let casts: f64 = linears
+            .iter()
+            .flat_map(|&(i, o)| [2.0 * r * i, 2.0 * o * r])
+            .filter(|&b| allocator::small(allocator::block(b)))
+            .sum();
+        saved += casts * block.layers;
+    }
+    saved
+}
+
+/// The shape [`adapter_small_pool_slack`] replays, as its memo's key.
+#[derive(Clone, Debug, PartialEq)]
+struct SmallPoolKey {
+    layers: usize,
+    /// `f64::to_bits` of the rank, and of each adapted linear's `in` and `out`.
+    rank: u64,
+    linears: Vec<(u64, u64)>,
+    autocast: bool,
+    /// Foreach AdamW's square roots (not the fused kernel).
+    roots: bool,
+}
+
+fn small_pool_replay(key: &SmallPoolKey) -> f64 {
+    let r = f64::from_bits(key.rank);
+    let layers = key.layers;
+    let linears: Vec<(f64, f64)> = key
+        .linears
+        .iter()
+        .map(|&(i, o)| (f64::from_bits(i), f64::from_bits(o)))
+        .collect();
     // Every adapter matrix in `parameters()` order, elements: `lora_A` (`r·in`), `lora_B`
     // (`out·r`).
     let params: Vec<f64> = (0..layers)
@@ -1519,7 +1588,7 @@ fn adapter_small_pool_slack(inp: &Inputs, block: &Block) -> f64 {
     let small = |bytes: f64| allocator::small(allocator::block(bytes));
     let mut heap = prefill_replay::Heap::<prefill_replay::SizeClasses>::default();
     let mut live = 0.0;
-    if inp.precision() == Precision::Autocast {
+    if key.autocast {
         let casts: Vec<_> = params
             .iter()
             .filter(|&&n| small(2.0 * n))
@@ -1540,7 +1609,7 @@ fn adapter_small_pool_slack(inp: &Inputs, block: &Block) -> f64 {
         heap.malloc(4.0 * n);
         live += 8.0 * n;
     }
-    if !inp.optimizer_fused {
+    if key.roots {
         let roots: Vec<_> = params
             .iter()
             .filter(|&&n| small(4.0 * n))
@@ -2947,15 +3016,19 @@ mod tests {
                     ("workload", "lora"),
                     ("gradient-checkpointing", "full"),
                     ("lora-rank", "16"),
+                    ("batch", "4"),
+                    ("context-tokens", "2048"),
                 ]
                 .iter()
                 .chain(extra)
                 .map(|(k, v)| ((*k).to_string(), (*v).to_string())),
             );
-            let pairs: Vec<(&str, &str)> = pairs
+            // A later pair of the same key replaces an earlier one.
+            let pairs: std::collections::BTreeMap<&str, &str> = pairs
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
                 .collect();
+            let pairs: Vec<(&str, &str)> = pairs.into_iter().collect();
             let inp = super::super::resolve(
                 &crate::model::estimate::testing::spec(&pairs),
                 &mut Vec::new(),
@@ -2973,6 +3046,17 @@ mod tests {
         assert!((fused - 160.0).abs() <= 4.0, "{fused} MiB");
         let sgd = slack_mib(llama, &[("dtype", "bf16"), ("optimizer", "sgd")]);
         assert!(sgd.abs() < 1e-9, "{sgd} MiB");
+        // Without checkpointing each adapted linear's fp32 `lora_A` output (4 · 8,192 · 16 B,
+        // small) is saved into those blocks: 7 linears × 32 layers × 0.5 MiB fewer.
+        let saved = slack_mib(
+            llama,
+            &[
+                ("dtype", "bf16"),
+                ("optimizer", "adamw"),
+                ("gradient-checkpointing", "none"),
+            ],
+        );
+        assert!((bf16 - saved - 112.0).abs() < 1e-6, "{bf16} {saved} MiB");
     }
 
     /// LoRA under autocast with checkpointing: the forward's layers strand what

@@ -32,7 +32,6 @@
 //! | a LoRA linear | the weight's 16-bit cast (`out·in·2`, not cached: the base weight needs no grad), the input's cast when it is fp32, the product, both freed; the input's fp32 copy when it is 16-bit; `lora_A`'s cast input and `T·r` output, `lora_B`'s `T·out`, `* scaling`, the sum with the base output (16-bit: autocast's `mm` outputs); the adapters' 16-bit weight casts are cached to the forward's end (they need grad) | `peft` `Linear.forward`, `aten/src/ATen/autocast_mode.cpp` |
 //! | attention | q, k, v; Qwen3's per-head norms of the 16-bit projections (fp32 copy, `pow`, the normalised product, the cast back, the fp32 weight's product); `RoPE` (`q·cos` in fp32, `rotate_half`'s `neg` and `cat` in the input's dtype, `·sin`, the sum); SDPA's casts of q and k to bf16, its output and log-sum-exp (freed: nothing is saved); `o_proj`; the residual sum in fp32 | `LlamaAttention.forward`, `Qwen3Attention.forward` |
 //! | MLP | `gate_proj`, `silu`, `up_proj`, their product, `down_proj`, the residual sum in fp32 (kept) | `LlamaMLP.forward` |
-//!
 //! | head | the final norm; the head's 16-bit weight cast (`2·V·h`, saved: the head is not checkpointed) and its input's cast (`2·T·h`, freed after the logits' `mm`) | `LlamaForCausalLM.forward` |
 //!
 //! The replay stops before the logits, whose segments [`super::hf`] counts. Requests of a few
