@@ -71,8 +71,6 @@ struct Run<'a> {
     d: &'a Decoder,
     /// The adapters' rank.
     r: f64,
-    /// The adapters' 16-bit weight casts, cached by autocast to the forward's end.
-    adapter_casts: Vec<Handle>,
 }
 
 impl<'a> Run<'a> {
@@ -81,7 +79,6 @@ impl<'a> Run<'a> {
             heap: Heap::default(),
             d,
             r,
-            adapter_casts: Vec::new(),
         }
     }
 
@@ -204,13 +201,13 @@ impl<'a> Run<'a> {
         } else {
             self.a(4.0 * t * inp)
         };
-        let a_weight = self.a(2.0 * r * inp);
-        self.adapter_casts.push(a_weight);
+        // The adapters' 16-bit weight casts stay in autocast's cache to the forward's end,
+        // past where the replay stops: never freed here.
+        self.a(2.0 * r * inp);
         let a_input = self.a(2.0 * t * inp);
         let a_out = self.a(2.0 * t * r);
         self.f(a_input);
-        let b_weight = self.a(2.0 * out * r);
-        self.adapter_casts.push(b_weight);
+        self.a(2.0 * out * r);
         let b_out = self.a(2.0 * t * out);
         self.f(a_out);
         let scaled = self.a(2.0 * t * out);
@@ -312,7 +309,7 @@ impl<'a> Run<'a> {
 }
 
 /// Replays `d`'s fp32 weights with rank-`r` adapters on every linear and a checkpointed
-/// forward under autocast through its final norm. Answered from a memo for a shape already
+/// forward under autocast up to the logits (the final norm and the head's casts made). Answered from a memo for a shape already
 /// replayed ([`prefill_replay::memoized`]).
 pub(super) fn replay(d: &Decoder, r: f64) -> Forward {
     static REPLAYS: Memo<(Decoder, u64), Forward> = Mutex::new(Vec::new());
