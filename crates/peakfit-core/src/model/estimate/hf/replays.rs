@@ -1,0 +1,350 @@
+//! Which runs the replays follow ([`prefill_replay`], [`train_replay`], [`lora_replay`]) and
+//! the shape they run: one layout predicate and one decoder for all three.
+
+use super::block::{Block, Mlp, Pass};
+use super::training::Precision;
+use crate::model::estimate::{
+    Checkpointing, Dtype, Inputs, Kind, ModelType, Optimizer, Workload, lora_replay,
+    prefill_replay, train_replay,
+};
+
+/// What [`lora_replay`] finds a checkpointed LoRA forward under autocast strands, where it
+/// follows the run's code: each layer's fp32 output, kept as the next layer's checkpoint,
+/// splits a block the layer's MLP freed, and the next layer's MLP takes fresh segments. The
+/// same layout conditions as [`replayed_training`]'s (not its optimizer's: a forward makes no
+/// state), for LoRA (no dropout) under autocast with full checkpointing. The backward and the
+/// second step are not replayed: [`training_stranded`] keeps its count on top. `model_type`s
+/// that only share the Llama layout ([`prefill_replay::follows`]: Gemma v1, Cohere, Granite,
+/// ...) get it too: neither the replay nor the count is their code, and adding the replay errs
+/// on the safe side, as their prefills take the larger of the two.
+///
+/// [`training_stranded`]: super::training_slack
+pub(super) fn replayed_lora_forward(inp: &Inputs, block: &Block, pass: &Pass) -> Option<f64> {
+    let applies = inp.workload == Workload::Lora
+        && inp.checkpointing == Checkpointing::Full
+        && inp.precision() == Precision::Autocast
+        && inp.lora_dropout <= 0.0
+        && replays_llama_layout(inp, block, pass);
+    if !applies {
+        return None;
+    }
+    let d = llama_decoder(inp, block, pass);
+    Some(lora_replay::replay(&d, inp.lora_rank).stranded())
+}
+
+/// The layout [`train_replay`] and [`lora_replay`] follow, as `pass` runs it: a decoder in
+/// transformers' Llama code (Qwen3's per-head norms included) with a gated dense MLP, SDPA's
+/// fused kernels without a mask, and the caching allocator's ordinary segments.
+fn replays_llama_layout(inp: &Inputs, block: &Block, pass: &Pass) -> bool {
+    let head_dim = if block.heads > 0.0 {
+        block.q / block.heads
+    } else {
+        0.0
+    };
+    inp.kind == Kind::Decoder
+        && matches!(block.family, ModelType::Llama | ModelType::QkNorm)
+        && block.mlp == Mlp::Gated
+        && block.experts_per_token <= 0.0
+        && pass.sdpa
+        && !pass.math_kernel(block)
+        && !block.sdpa_mask(pass)
+        // transformers skips the sliding-window mask only while the keys are fewer than the
+        // window (`masking_utils.sliding_window_causal_mask`'s `kv_length <
+        // local_attention_size`): at a context equal to it the mask is made, which the replays
+        // do not follow.
+        && !(block.sliding_window > 0.0 && inp.context >= block.sliding_window)
+        // cuDNN's and flash's kernels take head dims that are multiples of 8 up to 256; past
+        // that SDPA runs another kernel, whose requests the replays do not follow.
+        && head_dim <= 256.0
+        && head_dim % 8.0 == 0.0
+        // Expandable segments map pages instead of stranding segments of an old size.
+        && !inp.expandable_segments
+        && block.heads > 0.0
+}
+
+/// What [`train_replay`] reserves over a full fine-tune's first two steps, where it follows the
+/// run's code: transformers' Llama layout (`modeling_llama.py`; Qwen2 and Mistral run the same,
+/// Qwen3 adds its per-head norms), a gated dense MLP, SDPA's fused kernels, no sliding window
+/// inside the context, weights and state in the compute dtype (`bf16`/`fp16`, no autocast),
+/// no checkpointing, one GPU, and AdamW (foreach or fused, in the caching allocator: not paged
+/// or 8-bit).
+pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<f64> {
+    let pass = inp.pass(inp.batch, inp.context);
+    let applies = inp.workload.is_training()
+        && !inp.workload.is_adapter()
+        && inp.checkpointing == Checkpointing::None
+        && inp.precision() == Precision::Pure16
+        && matches!(inp.dtype, Dtype::Bf16 | Dtype::Fp16)
+        && inp.optimizer == Optimizer::Adam
+        && !inp.optimizer_paged
+        && replays_llama_layout(inp, block, &pass);
+    if !applies {
+        return None;
+    }
+    let d = llama_decoder(inp, block, &pass);
+    let adam = if inp.optimizer_fused {
+        train_replay::Adam::Fused
+    } else {
+        train_replay::Adam::Foreach
+    };
+    Some(train_replay::replay(&d, adam, inp.qkv_bias))
+}
+
+/// The prefill [`prefill_replay`] replays request by request, where its sequence is the one
+/// that module follows: a decoder of Llama's code (Qwen3's q/k norms included) with a dense
+/// gated MLP, run by SDPA's fused kernels without a mask (no score matrix, no window shorter
+/// than the context), one sequence per prompt (beam search reorders the cache with copies of
+/// its own), a `DynamicCache` in the compute dtype; or Falcon-7B's layout under SDPA (one kv
+/// head, so SDPA's math kernel with a mask, `prefill_replay::falcon`); or Phi-3 under bf16 or
+/// fp16 eager attention (`prefill_replay::phi3`; fp16's softmax road is `prefill_replay::eager`'s
+/// half-to-float one, checked on Llama's layer; fp32's keeps the count). Everything else keeps
+/// the count of stranded tensors.
+pub(super) fn replayed_decoder(
+    inp: &Inputs,
+    block: &Block,
+    prefill: &Pass,
+) -> Option<prefill_replay::Decoder> {
+    let llama = matches!(block.family, ModelType::Llama | ModelType::QkNorm)
+        && block.mlp == Mlp::Gated
+        && block.experts_per_token <= 0.0;
+    let fused = prefill.sdpa
+        && !prefill.math_kernel(block)
+        && !block.sdpa_mask(prefill)
+        && !block.windowed(inp.context);
+    // Falcon with one kv head (`multi_query` without `new_decoder_architecture`: the
+    // annotations carry no `parallel_attn` or `alibi`, and every published multi-query Falcon,
+    // falcon-7b and its instruct tune, runs attention beside the MLP with rotary positions) under
+    // SDPA: `prefill_replay::falcon`'s layer.
+    let falcon = block.family == ModelType::Falcon
+        && block.mlp == Mlp::Plain
+        && block.experts_per_token <= 0.0
+        && prefill.sdpa
+        && block.kv < block.q
+        && (block.kv * block.heads - block.q).abs() < f64::EPSILON
+        && (block.h - block.q).abs() < f64::EPSILON;
+    // Phi-3 (Phi-3-mini: a kv head per head) under 16-bit eager attention: its own layer, its
+    // sliding window's mask and cache followed (`prefill_replay::phi3`).
+    let phi3 = block.family == ModelType::Phi3
+        && block.mlp == Mlp::FusedGated
+        && block.experts_per_token <= 0.0;
+    // Eager attention as `prefill_replay::eager` follows it: every head its own kv head (no
+    // `repeat_kv` copies) and no window (`eager_mask` then masks the window too) but Phi-3's.
+    let eager = (!prefill.sdpa
+        && (block.kv - block.q).abs() < f64::EPSILON
+        && (phi3 || !block.windowed(inp.context)))
+    .then_some(if prefill.c >= 4.0 {
+        prefill_replay::Softmax::Fp32
+    } else if prefill.half {
+        prefill_replay::Softmax::HalfToFloat
+    } else {
+        prefill_replay::Softmax::Copy
+    });
+    // Weights stored in the compute dtype: the replay builds them as the run does.
+    let plain = matches!(inp.dtype, Dtype::Bf16 | Dtype::Fp16 | Dtype::Fp32)
+        && inp.kind == Kind::Decoder
+        && inp.beams <= 1.0
+        && !inp.legacy_cache
+        && (inp.kv_bytes - prefill.c).abs() < f64::EPSILON;
+    ((llama && (fused || eager.is_some())
+        || falcon
+        || phi3
+            && matches!(
+                eager,
+                Some(prefill_replay::Softmax::Copy | prefill_replay::Softmax::HalfToFloat)
+            ))
+        && plain
+        && block.heads > 0.0)
+        .then(|| prefill_replay::Decoder {
+            eager: eager.filter(|_| !falcon),
+            layer: if falcon {
+                prefill_replay::Layer::Falcon
+            } else if phi3 {
+                prefill_replay::Layer::Phi3
+            } else {
+                prefill_replay::Layer::Llama
+            },
+            window: (phi3 && block.sliding_window > 0.0).then_some(block.sliding_window),
+            ..llama_decoder(inp, block, prefill)
+        })
+}
+
+/// `block`'s shape as [`prefill_replay`] and [`train_replay`] run it, `pass`'s sequences and
+/// width, under the Llama layout with SDPA's fused kernels and no window.
+fn llama_decoder(inp: &Inputs, block: &Block, pass: &Pass) -> prefill_replay::Decoder {
+    prefill_replay::Decoder {
+        b: pass.b,
+        s: pass.s,
+        c: pass.c,
+        h: block.h,
+        q: block.q,
+        kv: block.kv,
+        heads: block.heads,
+        head_dim: block.q / block.heads,
+        ffn: block.ffn,
+        vocab: block.vocab,
+        layers: crate::convert::f64_to_usize(block.layers),
+        qk_norm: block.qk_norm(),
+        tied: inp.arch.tied_embeddings,
+        eager: None,
+        layer: prefill_replay::Layer::Llama,
+        window: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::phi3_mini_4k;
+    use super::*;
+
+    /// Phi-3 eager in fp16 is replayed too: its softmax takes the half-to-float road
+    /// (`softmax(dtype=float32)` of fp16 scores converts inside the kernel), which
+    /// `prefill_replay::eager` follows for Llama's layer (checked against the oracle on the
+    /// H100's SmolLM2-1.7B fp16 eager row). The H200's Phi-3-mini fp16 eager row at 2 × 4,032 + 64
+    /// (`tests/data/h200b`) reserved 19.36 GiB: the count of stranded tensors said 26.23, the
+    /// replay says 23.47, 3.88 of it the unreplayed score segment (`4·b·heads·s²`). In fp32 the
+    /// softmax road is the plain one Llama's layer was checked on, which Phi-3's was not: it
+    /// keeps the count.
+    #[test]
+    fn phi3_eager_in_fp16_is_replayed_and_fp32_is_not() {
+        for (dtype, replayed) in [("bf16", true), ("fp16", true), ("fp32", false)] {
+            let inp = phi3_mini_4k(&[
+                ("flash-attention", "false"),
+                ("context-tokens", "4096"),
+                ("prompt-tokens", "4032"),
+                ("dtype", dtype),
+            ]);
+            let block = inp.block();
+            let prefill = inp.pass(inp.batch, inp.prompt);
+            assert_eq!(
+                replayed_decoder(&inp, &block, &prefill).is_some(),
+                replayed,
+                "{dtype}"
+            );
+        }
+    }
+
+    /// Only the `model_type`s whose modeling file the replay follows are replayed: the same
+    /// shape under Gemma v1, Cohere, Granite, `InternLM2`, `OLMo` or mllama's code (all
+    /// [`ModelType::Llama`]) keeps the analytic slack.
+    #[test]
+    fn the_replay_runs_only_for_the_modeling_code_it_follows() {
+        use crate::model::estimate::testing::spec;
+        // Whether the replay is taken as exact for a 4 × 4,096 bf16 `generate` of this preset,
+        // with `model-type` stated or not.
+        let exact = |model: &str, model_type: Option<&str>| {
+            let mut pairs = vec![
+                ("model", model),
+                ("engine", "hf"),
+                ("workload", "inference"),
+                ("dtype", "bf16"),
+                ("batch", "4"),
+                ("context-tokens", "4096"),
+            ];
+            pairs.extend(model_type.map(|t| ("model-type", t)));
+            let inp = crate::model::estimate::resolve(&spec(&pairs), &mut Vec::new());
+            let prefill = inp.pass(inp.batch, inp.prompt);
+            inp.replayed_code && replayed_decoder(&inp, &inp.block(), &prefill).is_some()
+        };
+        let chosen = |model_type: &str| exact("llama-3.1-8b", Some(model_type));
+        for t in ["llama", "mistral", "qwen2", "Qwen2", "qwen3"] {
+            assert!(chosen(t), "{t}");
+        }
+        // A Llama-layout type the replay does not follow allocates at least what Llama's code
+        // does for the same shape: the replay is its floor, in the short-prompt long-generation
+        // case too (the review's probe had Gemma 47 % below Llama there without the floor).
+        let reserved = |model_type: &str, prompt: &str| {
+            crate::model::estimate::testing::est(&[
+                ("model", "llama-3.1-8b"),
+                ("model-type", model_type),
+                ("engine", "hf"),
+                ("workload", "inference"),
+                ("dtype", "bf16"),
+                ("batch", "4"),
+                ("context-tokens", "8192"),
+                ("prompt-tokens", prompt),
+            ])
+            .reserved_bytes
+        };
+        for t in ["gemma", "cohere", "granite", "internlm2", "olmo", "mllama"] {
+            for prompt in ["2048", "8000"] {
+                assert!(
+                    reserved(t, prompt) >= reserved("llama", prompt),
+                    "{t} at prompt {prompt}"
+                );
+            }
+        }
+        for t in [
+            "gemma",
+            "cohere",
+            "granite",
+            "internlm2",
+            "olmo",
+            "olmo2",
+            "mllama",
+            "yi",
+            "deepseek_v3",
+        ] {
+            assert!(!chosen(t), "{t}");
+        }
+        // Falcon's code is replayed for Falcon-7B's layout only (one kv head: `multi_query`
+        // without `new_decoder_architecture`), by its own layer; Falcon-40B's eight kv heads and
+        // a multi-head Falcon (`multi_query` false) keep the analytic slack.
+        assert!(exact("falcon-7b", None));
+        assert!(!exact("falcon-40b", None));
+        let inp = crate::model::estimate::resolve(
+            &spec(&[
+                ("model", "falcon-7b"),
+                ("kv-heads", "71"),
+                ("engine", "hf"),
+                ("workload", "inference"),
+                ("batch", "4"),
+            ]),
+            &mut Vec::new(),
+        );
+        assert!(replayed_decoder(&inp, &inp.block(), &inp.pass(inp.batch, inp.prompt)).is_none());
+        // Phi-3-mini's code is replayed under eager attention, past its window too, by its own
+        // layer; under SDPA it keeps the analytic slack.
+        let phi3 = |flash: &str| {
+            let inp = phi3_mini_4k(&[("flash-attention", flash), ("context-tokens", "4096")]);
+            replayed_decoder(&inp, &inp.block(), &inp.pass(inp.batch, inp.prompt))
+                .filter(|_| inp.replayed_code)
+                .map(|d| (d.layer, d.window))
+        };
+        assert_eq!(
+            phi3("false"),
+            Some((prefill_replay::Layer::Phi3, Some(2047.0)))
+        );
+        assert_eq!(phi3("true"), None);
+        // A preset's own `model_type` counts: Qwen3's presets are typed `qwen3`.
+        let s = spec(&[
+            ("model", "qwen3-0.6b"),
+            ("engine", "hf"),
+            ("workload", "inference"),
+            ("batch", "4"),
+        ]);
+        let inp = crate::model::estimate::resolve(&s, &mut Vec::new());
+        assert!(replayed_decoder(&inp, &inp.block(), &inp.pass(inp.batch, inp.prompt)).is_some());
+        // The Llama, Mistral and Qwen2.5 presets carry their `model_type`, so a pod naming
+        // only the preset is replayed; the presets of other code (mllama, `StableLM`,
+        // `StarCoder`, BLOOM) are not.
+        let preset = |model: &str| exact(model, None);
+        for m in [
+            "llama-2-7b",
+            "llama-3.1-8b",
+            "llama-3.1-70b",
+            "mistral-7b",
+            "qwen2.5-7b",
+            "codellama-34b",
+        ] {
+            assert!(preset(m), "{m}");
+        }
+        for m in [
+            "llama-3.2-11b-vision",
+            "stablelm-base-alpha-3b",
+            "starcoder-15.5b",
+            "bloomz-7b1",
+        ] {
+            assert!(!preset(m), "{m}");
+        }
+    }
+}
