@@ -20,7 +20,7 @@
 //! `config.json` read into annotations plus a workload, parsed once; each round calls `estimate`
 //! on every spec and times each call. Prints the median and p99 per call over all calls, the
 //! same over the first round alone (the replays' memos empty: a shape's first estimate), and
-//! the specs whose own median is slowest (the replayed `generate` rows: their cost grows with
+//! the specs whose first call and whose own median are slowest (the replayed rows: their cost grows with
 //! layers, batch and context, so a p99 over a grid says little about which workload pays it).
 
 #[path = "../tests/model_rows/mod.rs"]
@@ -103,6 +103,18 @@ fn main() {
         at(&first, 0.99),
         at(&first, 1.0),
     );
+    // The first round's slowest calls: the shapes whose replays cost most when the extender
+    // meets them first, which the 1 ms target is about.
+    let mut cold: Vec<(u128, &str)> = per_spec
+        .iter()
+        .zip(&specs)
+        .filter_map(|(times, (id, _))| times.first().map(|t| (*t, id.as_str())))
+        .collect();
+    cold.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
+    println!("slowest first calls (µs):");
+    for (t, id) in cold.iter().take(8) {
+        println!("  {:>9.1}  {id}", *t as f64 / 1e3);
+    }
     let mut medians: Vec<(f64, f64, &str)> = per_spec
         .iter_mut()
         .zip(&specs)

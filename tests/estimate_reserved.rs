@@ -25,21 +25,11 @@ const H200_FLOOR: f64 = -5.0;
 /// fit (`get_free_block`, `should_split`), which a number of largest tensors does not follow.
 /// Reported, not hidden (they are in the bands); a row that falls below its floor fails, and so
 /// does one that is no longer more than 5 % low, so the list follows the model.
-const KNOWN_GAPS: &[(&str, f64, &str)] = &[
-    (
-        "bert-base-uncased-inference-fp32-b1-t128",
-        -9.0,
-        "0.04 GiB: free room in the weights' 2 MiB and 20 MiB segments",
-    ),
-    (
-        "smollm2-135m-training-fp16-amp-b4-t1024-gcnone-adamw",
-        -9.0,
-        "without checkpointing the AdamW state takes blocks the second step's activations need \
-         again; under autocast, which `train_replay` does not follow, the model counts the \
-         displaced state less the logits' segment (0.63 GiB) in one 0.75 GiB fp32 segment, \
-         the replay breaks two",
-    ),
-];
+const KNOWN_GAPS: &[(&str, f64, &str)] = &[(
+    "bert-base-uncased-inference-fp32-b1-t128",
+    -9.0,
+    "0.04 GiB: free room in the weights' 2 MiB and 20 MiB segments",
+)];
 
 /// Long generations (`oracle-reserved-long.csv`), with the lowest each may read (today's, rounded
 /// down): every 2 MiB crossing of a layer's key and value after the first decode step makes

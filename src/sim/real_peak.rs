@@ -27,7 +27,7 @@ pub const H200_NVML_RATIOS: [(&str, &str, f64); 20] = [
     ("h200-qwen3-8b-b8-4k", "inference", 0.9911),
     ("h200-bert-large-b256-512", "inference", 0.9433),
     ("h200-whisper-large-v3-b16", "inference", 1.0036),
-    ("h200-qwen25-0.5b-ft-b8-1k", "training", 0.9941),
+    ("h200-qwen25-0.5b-ft-b8-1k", "training", 0.9994),
     ("h200-qwen25-0.5b-ft-b8-1k-gc", "training", 1.0396),
     ("h200-llama32-1b-ft-bf16-b4-2k-gc", "training", 1.0100),
     ("h200-qwen3-1.7b-ft-b4-2k-gc", "training", 1.0055),

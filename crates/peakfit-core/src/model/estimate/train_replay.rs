@@ -20,7 +20,9 @@
 //! Qwen2 and Mistral run the same; Qwen2's biases are a few KiB in the small pool) trained in
 //! 16 bits (`dtype: bf16`/`fp16`, weights in the compute dtype, no autocast) with SDPA's fused
 //! kernels and torch 2.11's AdamW, as the oracle's event log of a two-layer Qwen2.5-1.5B shows
-//! it tensor for tensor (`tools/oracle/train_events.py`; the fixture beside this file):
+//! it tensor for tensor (`tools/oracle/train_events.py`; the fixture beside this file). Under
+//! `torch.autocast` (`fp16-amp`) nearly every request differs, and [`amp`] replays that
+//! sequence on the same heap with the same optimizer step:
 //!
 //! | step | requests (`T = b·s`, `c` the compute width) | code |
 //! |---|---|---|
@@ -43,6 +45,8 @@
 use std::sync::Mutex;
 
 use super::prefill_replay::{self, CUBLAS_WORKSPACE, Decoder, Handle, Heap, Memo};
+
+mod amp;
 
 /// Which AdamW implementation runs the step: the foreach one makes one `exp_avg_sq`-sized
 /// list of square roots; the fused kernel makes none.
@@ -113,6 +117,8 @@ struct Run<'a> {
     tables: (Handle, Handle),
     /// The first `optimizer.step()` has made the state (never freed inside a run).
     stepped: bool,
+    /// Under `torch.autocast` ([`amp`]): fp32 weights, gradients and state.
+    amp: bool,
 }
 
 impl<'a> Run<'a> {
@@ -126,7 +132,14 @@ impl<'a> Run<'a> {
             workspaces: [None, None],
             tables: (None, None),
             stepped: false,
+            amp: false,
         }
+    }
+
+    /// The bytes of a weight, its gradient and each of its AdamW tensors: fp32 under
+    /// autocast, else the compute width.
+    fn weight_width(&self) -> f64 {
+        if self.amp { 4.0 } else { self.d.c }
     }
 
     fn t(&self) -> f64 {
@@ -164,8 +177,9 @@ impl<'a> Run<'a> {
     }
 
     fn weights(&mut self) {
+        let w = self.weight_width();
         for n in self.parameters() {
-            self.a(n * self.d.c);
+            self.a(n * w);
         }
     }
 
@@ -212,8 +226,8 @@ impl<'a> Run<'a> {
     /// nothing here grows with the batch): the positions in fp32, `inv_freq @ positions` (the
     /// forward's first matmul, where cuBLAS takes its workspace), `cat`, `cos` and `sin` each
     /// times `attention_scaling` in fp32 (`4·s·head_dim`), and the two tables cast to the
-    /// compute dtype, which the layers' `RoPE` saves. From 4,096 positions at head dim 128 the
-    /// fp32 tensors are large-pool blocks.
+    /// compute dtype, which the layers' `RoPE` saves (under autocast the scaled fp32 tables
+    /// themselves). From 4,096 positions at head dim 128 the fp32 tensors are large-pool blocks.
     fn rotary_tables(&mut self) {
         let (s, d, c) = (self.d.s, self.d.head_dim, self.d.c);
         let positions = self.a(4.0 * s);
@@ -228,6 +242,14 @@ impl<'a> Run<'a> {
         let sin = self.a(4.0 * s * d);
         let sin_scaled = self.a(4.0 * s * d);
         self.f(sin);
+        if self.amp {
+            // Under autocast `x.dtype` is fp32: the scaled tables are never cast.
+            self.tables = (cos_scaled, sin_scaled);
+            for h in [positions, freqs, emb] {
+                self.f(h);
+            }
+            return;
+        }
         self.tables = (self.a(s * d * c), self.a(s * d * c));
         for h in [positions, freqs, emb, cos_scaled, sin_scaled] {
             self.f(h);
@@ -329,13 +351,34 @@ impl<'a> Run<'a> {
         let sum = self.a(rows);
         self.f(m1);
         self.f(up);
+        let prod = self.mean_square_backward(sum, n.rsqrt, n.fp32, (rows, width));
+        let sum = self.a(4.0 * t * width);
+        self.f(m2);
+        self.f(prod);
+        let back = self.a(t * width * c);
+        self.f(sum);
+        back
+    }
+
+    /// The backward of `RMSNorm`'s `rsqrt(mean(x²) + eps)` from the per-row gradient `sum`
+    /// (`rows` bytes, freed) to the fp32 input `x` of `width` columns (its last use: freed):
+    /// `rsqrt`'s and `mean`'s per-row products, then `pow`'s over the whole input. Returns the
+    /// input's gradient along that path; the 16-bit and the autocast norms share it.
+    fn mean_square_backward(
+        &mut self,
+        sum: Handle,
+        rsqrt: Handle,
+        x: Handle,
+        (rows, width): (f64, f64),
+    ) -> Handle {
+        let t = self.t();
         let pow = self.a(rows);
         let scaled = self.a(rows);
         let prod = self.a(rows);
         self.f(scaled);
         self.f(pow);
         self.f(sum);
-        self.f(n.rsqrt);
+        self.f(rsqrt);
         let div = self.a(4.0 * t * width);
         self.f(prod);
         let pow = self.a(4.0 * t * width);
@@ -344,13 +387,8 @@ impl<'a> Run<'a> {
         self.f(scaled);
         self.f(pow);
         self.f(div);
-        self.f(n.fp32);
-        let sum = self.a(4.0 * t * width);
-        self.f(m2);
-        self.f(prod);
-        let back = self.a(t * width * c);
-        self.f(sum);
-        back
+        self.f(x);
+        prod
     }
 
     /// `RoPE`'s backward for one projection of `width` columns from the kernel's gradient
@@ -538,19 +576,20 @@ impl<'a> Run<'a> {
 
     /// `optimizer.step()`: the state on the first call, foreach's square roots.
     fn step(&mut self) {
+        let w = self.weight_width();
         if !self.stepped {
             self.stepped = true;
             for n in self.parameters() {
                 // `exp_avg`, then `exp_avg_sq`.
-                self.a(n * self.d.c);
-                self.a(n * self.d.c);
+                self.a(n * w);
+                self.a(n * w);
             }
         }
         if self.adam == Adam::Foreach {
             let roots: Vec<Handle> = self
                 .parameters()
                 .into_iter()
-                .map(|n| self.a(n * self.d.c))
+                .map(|n| self.a(n * w))
                 .collect();
             for r in roots.into_iter().rev() {
                 self.f(r);
@@ -568,23 +607,36 @@ impl<'a> Run<'a> {
     }
 }
 
-/// Replays `d`'s weights and two training steps (`d.b` sequences of `d.s` tokens): the bytes
-/// of segments they make (`max_memory_reserved`; nothing is released inside a run). Answered
-/// from a memo for a shape already replayed ([`prefill_replay::memoized`]: one replay of a
-/// 28-layer model is about a millisecond).
-pub(super) fn replay(d: &Decoder, adam: Adam, qkv_bias: bool) -> f64 {
-    static REPLAYS: Memo<(Decoder, Adam, bool), f64> = Mutex::new(Vec::new());
-    prefill_replay::memoized(&REPLAYS, (*d, adam, qkv_bias), || {
-        replay_uncached(d, adam, qkv_bias)
+/// Replays `d`'s weights and two training steps (`d.b` sequences of `d.s` tokens; under
+/// `torch.autocast` with `amp`, [`amp`]): the bytes of segments they make
+/// (`max_memory_reserved`; nothing is released inside a run). Answered from a memo for a shape
+/// already replayed ([`prefill_replay::memoized`]: one replay of a 28-layer model is about a
+/// millisecond).
+pub(super) fn replay(d: &Decoder, adam: Adam, qkv_bias: bool, amp: bool) -> f64 {
+    static REPLAYS: Memo<(Decoder, Adam, bool, bool), f64> = Mutex::new(Vec::new());
+    prefill_replay::memoized(&REPLAYS, (*d, adam, qkv_bias, amp), || {
+        replay_uncached(d, adam, qkv_bias, amp)
     })
 }
 
-fn replay_uncached(d: &Decoder, adam: Adam, qkv_bias: bool) -> f64 {
+fn replay_uncached(d: &Decoder, adam: Adam, qkv_bias: bool, amp: bool) -> f64 {
     let mut run = Run::new(d, adam, qkv_bias);
+    run.amp = amp;
     run.weights();
-    run.train_step();
-    run.train_step();
+    run.two_steps();
     run.heap.reserved()
+}
+
+impl Run<'_> {
+    fn two_steps(&mut self) {
+        for _ in 0..2 {
+            if self.amp {
+                self.train_step_amp();
+            } else {
+                self.train_step();
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -614,12 +666,12 @@ mod tests {
     }
 
     /// The large pool's log after the weights, as the oracle's fixtures keep it.
-    fn large_log(d: &Decoder, adam: Adam, qkv_bias: bool) -> Vec<i64> {
+    fn large_log(d: &Decoder, adam: Adam, qkv_bias: bool, amp: bool) -> Vec<i64> {
         let mut run = Run::new(d, adam, qkv_bias);
+        run.amp = amp;
         run.weights();
         let from = run.heap.log.len();
-        run.train_step();
-        run.train_step();
+        run.two_steps();
         let large = |x: &&i64| x.unsigned_abs() > 1_048_576;
         run.heap.log[from..].iter().filter(large).copied().collect()
     }
@@ -629,7 +681,7 @@ mod tests {
     }
 
     fn same_log_with(oracle: &str, d: &Decoder, adam: Adam, qkv_bias: bool) {
-        assert_same_log(&oracle_log(oracle), &large_log(d, adam, qkv_bias));
+        assert_same_log(&oracle_log(oracle), &large_log(d, adam, qkv_bias, false));
     }
 
     #[test]
@@ -650,12 +702,12 @@ mod tests {
         for b in [1.0, 2.0, 1.0, 3.0, 2.0] {
             let d = qwen25_15b(2, b, 1024.0);
             assert_eq!(
-                replay(&d, Adam::Foreach, true),
-                replay_uncached(&d, Adam::Foreach, true)
+                replay(&d, Adam::Foreach, true, false),
+                replay_uncached(&d, Adam::Foreach, true, false)
             );
             assert_eq!(
-                replay(&d, Adam::Fused, true),
-                replay_uncached(&d, Adam::Fused, true)
+                replay(&d, Adam::Fused, true, false),
+                replay_uncached(&d, Adam::Fused, true, false)
             );
         }
     }
@@ -664,24 +716,14 @@ mod tests {
     /// head's gradients and state are two tensors each, the head's last in `parameters()`.
     #[test]
     fn untied_two_steps_request_what_the_oracles_log_requests() {
-        let d = Decoder {
-            h: 4096.0,
-            q: 4096.0,
-            kv: 1024.0,
-            heads: 32.0,
-            head_dim: 128.0,
-            ffn: 14_336.0,
-            vocab: 32_768.0,
-            tied: false,
-            ..qwen25_15b(2, 1.0, 1024.0)
-        };
+        let d = mistral_7b(2);
         same_log(
             include_str!("train_replay/oracle-mistral-7b-2-layers-b1-1k.txt"),
             &d,
             false,
         );
         // `peak_reserved_bytes` of the oracle's run.
-        assert_eq!(replay(&d, Adam::Foreach, false), 7_532_969_984.0);
+        assert_eq!(replay(&d, Adam::Foreach, false, false), 7_532_969_984.0);
     }
 
     /// The fused AdamW kernel: the same state, no `_foreach_sqrt` list (Qwen2.5-1.5B, two
@@ -741,8 +783,125 @@ mod tests {
             true,
         );
         // `peak_reserved_bytes` of the oracle's run.
-        let r = replay(&qwen25_15b(2, 4.0, 1024.0), Adam::Foreach, true);
+        let r = replay(&qwen25_15b(2, 4.0, 1024.0), Adam::Foreach, true, false);
         assert_eq!(r, 12_886_999_040.0);
+    }
+
+    fn same_amp_log(oracle: &str, d: &Decoder, qkv_bias: bool) {
+        assert_same_log(
+            &oracle_log(oracle),
+            &large_log(d, Adam::Foreach, qkv_bias, true),
+        );
+    }
+
+    /// Mistral-7B v0.3 (an untied head) at 1 × 1,024.
+    fn mistral_7b(layers: usize) -> Decoder {
+        Decoder {
+            h: 4096.0,
+            q: 4096.0,
+            kv: 1024.0,
+            heads: 32.0,
+            head_dim: 128.0,
+            ffn: 14_336.0,
+            vocab: 32_768.0,
+            tied: false,
+            ..qwen25_15b(layers, 1.0, 1024.0)
+        }
+    }
+
+    fn smollm2_135m(layers: usize, b: f64) -> Decoder {
+        Decoder {
+            h: 576.0,
+            q: 576.0,
+            kv: 192.0,
+            heads: 9.0,
+            head_dim: 64.0,
+            ffn: 1536.0,
+            vocab: 49_152.0,
+            layers,
+            ..qwen25_15b(layers, b, 1024.0)
+        }
+    }
+
+    /// Two autocast steps of a two-layer Llama-3.2-1B at 1 × 1,024, foreach AdamW
+    /// (`tools/oracle/train_events.py --grid --steps 2 llama-3.2-1b-2l-training-fp16-amp-b1-t1024-gcnone-adamw`,
+    /// the config cut to two layers; the large pool's blocks after the weights): every
+    /// request and free in order, the fp32 weights' state included.
+    #[test]
+    fn autocast_two_steps_request_what_the_oracles_log_requests() {
+        same_amp_log(
+            include_str!("train_replay/oracle-llama32-1b-2-layers-b1-1k-amp.txt"),
+            &Decoder {
+                layers: 2,
+                ..llama32_1b(1.0)
+            },
+            false,
+        );
+    }
+
+    /// `SmolLM2`-135M (two layers, 4 × 1,024, autocast): a narrow model whose weights' casts
+    /// and moments sit in the small pool while its activations do not.
+    #[test]
+    fn a_narrow_models_autocast_steps_request_what_the_oracles_log_requests() {
+        same_amp_log(
+            include_str!("train_replay/oracle-smollm2-135m-2-layers-b4-1k-amp.txt"),
+            &smollm2_135m(2, 4.0),
+            false,
+        );
+    }
+
+    /// An untied head under autocast (Mistral-7B v0.3, two layers, 1 × 1,024).
+    #[test]
+    fn an_untied_heads_autocast_steps_request_what_the_oracles_log_requests() {
+        same_amp_log(
+            include_str!("train_replay/oracle-mistral-7b-2-layers-b1-1k-amp.txt"),
+            &mistral_7b(2),
+            false,
+        );
+    }
+
+    /// Qwen2's biased q, k and v under autocast (Qwen2.5-1.5B, two layers, 1 × 1,024).
+    #[test]
+    fn biased_projections_autocast_steps_request_what_the_oracles_log_requests() {
+        same_amp_log(
+            include_str!("train_replay/oracle-qwen25-1.5b-2-layers-b1-1k-amp.txt"),
+            &qwen25_15b(2, 1.0, 1024.0),
+            true,
+        );
+    }
+
+    /// The oracle's replays of whole models under autocast, two steps without checkpointing
+    /// (`tools/oracle/train_events.py --grid --steps 2 ID`, `peak_reserved_bytes`, 2026-11-28):
+    /// the replay reserves what they do less at most a few 2 MiB segments of the small pool it
+    /// leaves out. `SmolLM2`-135M at 4 × 1,024 is the H200's row (`tests/data/h200c`: 8.559
+    /// GiB reserved by the loop, 8.572 by foreach), which the count before this replay read 8.8 %
+    /// low: the state packed into the layers' blocks breaks a second fp32 logits segment.
+    #[test]
+    fn whole_models_under_autocast_reserve_what_the_oracles_replays_reserve() {
+        let cases = [
+            (
+                qwen25_15b(28, 2.0, 1024.0),
+                Adam::Foreach,
+                true,
+                41_659_924_480.0,
+            ),
+            (
+                qwen25_15b(28, 4.0, 1024.0),
+                Adam::Foreach,
+                true,
+                48_679_092_224.0,
+            ),
+            (llama32_1b(2.0), Adam::Foreach, false, 28_812_771_328.0),
+            (mistral_7b(32), Adam::Fused, false, 131_078_291_456.0),
+            (smollm2_135m(30, 4.0), Adam::Foreach, false, 9_204_400_128.0),
+        ];
+        let short: Vec<f64> = cases
+            .iter()
+            .map(|(d, adam, qkv_bias, oracle)| {
+                (oracle - replay(d, *adam, *qkv_bias, true)) / 1_048_576.0
+            })
+            .collect();
+        assert!(short.iter().all(|&s| (0.0..=4.0).contains(&s)), "{short:?}");
     }
 
     fn qwen25_05b(b: f64) -> Decoder {
@@ -816,7 +975,7 @@ mod tests {
         let short: Vec<f64> = cases
             .iter()
             .map(|(d, qkv_bias, oracle)| {
-                (oracle - replay(d, Adam::Foreach, *qkv_bias)) / 1_048_576.0
+                (oracle - replay(d, Adam::Foreach, *qkv_bias, false)) / 1_048_576.0
             })
             .collect();
         assert!(short.iter().all(|&s| (0.0..=2.0).contains(&s)), "{short:?}");

@@ -65,16 +65,18 @@ fn replays_llama_layout(inp: &Inputs, block: &Block, pass: &Pass) -> bool {
 /// What [`train_replay`] reserves over a full fine-tune's first two steps, where it follows the
 /// run's code: transformers' Llama layout (`modeling_llama.py`; Qwen2 and Mistral run the same,
 /// Qwen3 adds its per-head norms), a gated dense MLP, SDPA's fused kernels, no sliding window
-/// inside the context, weights and state in the compute dtype (`bf16`/`fp16`, no autocast),
-/// no checkpointing, one GPU, and AdamW (foreach or fused, in the caching allocator: not paged
-/// or 8-bit).
+/// inside the context, weights and state in the compute dtype (`bf16`/`fp16`) or in fp32
+/// under `torch.autocast` (`fp16-amp`; not Qwen3's per-head norms, whose autocast requests no
+/// log has shown), no checkpointing, one GPU, and AdamW (foreach or fused, in the caching
+/// allocator: not paged or 8-bit).
 pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<f64> {
     let pass = inp.pass(inp.batch, inp.context);
+    let amp = inp.precision() == Precision::Autocast;
     let applies = inp.workload.is_training()
         && !inp.workload.is_adapter()
         && inp.checkpointing == Checkpointing::None
-        && inp.precision() == Precision::Pure16
-        && matches!(inp.dtype, Dtype::Bf16 | Dtype::Fp16)
+        && (inp.precision() == Precision::Pure16 && matches!(inp.dtype, Dtype::Bf16 | Dtype::Fp16)
+            || amp && !block.qk_norm())
         && inp.optimizer == Optimizer::Adam
         && !inp.optimizer_paged
         && replays_llama_layout(inp, block, &pass);
@@ -87,7 +89,7 @@ pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<f64> {
     } else {
         train_replay::Adam::Foreach
     };
-    Some(train_replay::replay(&d, adam, inp.qkv_bias))
+    Some(train_replay::replay(&d, adam, inp.qkv_bias, amp))
 }
 
 /// The prefill [`prefill_replay`] replays request by request, where its sequence is the one
@@ -221,6 +223,40 @@ mod tests {
                 "{dtype}"
             );
         }
+    }
+
+    /// A full fine-tune without checkpointing is replayed in 16 bits and under autocast
+    /// (`train_replay`'s `amp`), except Qwen3's per-head norms under autocast, whose requests no
+    /// oracle log has shown, and with checkpointing (its own count).
+    #[test]
+    fn full_fine_tunes_are_replayed_under_autocast_too() {
+        let replayed = |model: &str, dtype: &str, ckpt: &str| {
+            let inp = crate::model::estimate::resolve(
+                &crate::model::estimate::testing::spec(&[
+                    ("model", model),
+                    ("engine", "hf"),
+                    ("workload", "training"),
+                    ("dtype", dtype),
+                    ("batch", "4"),
+                    ("context-tokens", "1024"),
+                    ("gradient-checkpointing", ckpt),
+                ]),
+                &mut Vec::new(),
+            );
+            replayed_training(&inp, &inp.block()).is_some()
+        };
+        for model in ["llama-3.1-8b", "qwen2.5-7b"] {
+            for dtype in ["bf16", "fp16-amp"] {
+                assert!(replayed(model, dtype, "none"), "{model} {dtype}");
+                assert!(
+                    !replayed(model, dtype, "full"),
+                    "{model} {dtype} checkpointed"
+                );
+            }
+        }
+        assert!(replayed("qwen3-1.7b", "bf16", "none"));
+        assert!(!replayed("qwen3-1.7b", "fp16-amp", "none"));
+        assert!(!replayed("llama-3.1-8b", "fp32", "none"));
     }
 
     /// Only the `model_type`s whose modeling file the replay follows are replayed: the same
