@@ -37,9 +37,10 @@
 //! | `zero_grad` | the gradients freed in `parameters()` order | `Optimizer.zero_grad(set_to_none=True)` |
 //!
 //! Requests that stay a few KiB at any shape (biases, norm weights and their gradients,
-//! moments and square roots, the loss's labels) live in the small pool and are left out, so the
-//! replay reserves up to a few 2 MiB small-pool segments less than the oracle (0–4 MiB on the
-//! models checked). The norms' per-row scalars (`4·T`, or `4·T·heads` for Qwen3's per-head
+//! moments and square roots) live in the small pool and are left out, so the replay reserves up
+//! to a few 2 MiB small-pool segments less than the oracle (0–4 MiB on the models checked); so
+//! are the int64 positions and the loss's shifted labels (`8·s` and `8·b·(s+1)` bytes), small
+//! below 131,072 tokens a step, where they would reach the large pool. The norms' per-row scalars (`4·T`, or `4·T·heads` for Qwen3's per-head
 //! norms) are replayed: at long contexts they reach the large pool.
 
 use std::sync::Mutex;
@@ -54,6 +55,15 @@ mod amp;
 pub(super) enum Adam {
     Foreach,
     Fused,
+}
+
+/// What the weights, their gradients and AdamW's state are held in: the compute dtype
+/// (`bf16`/`fp16`), or fp32 under `torch.autocast` (`fp16-amp`, [`amp`]), whose step requests
+/// nearly everything differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Weights {
+    Compute,
+    Autocast,
 }
 
 /// What an `RMSNorm` keeps for backward.
@@ -123,7 +133,7 @@ struct Run<'a> {
 
 impl<'a> Run<'a> {
     /// An empty heap for `d`'s run.
-    fn new(d: &'a Decoder, adam: Adam, qkv_bias: bool) -> Self {
+    fn new(d: &'a Decoder, adam: Adam, qkv_bias: bool, weights: Weights) -> Self {
         Run {
             heap: Heap::default(),
             d,
@@ -132,7 +142,7 @@ impl<'a> Run<'a> {
             workspaces: [None, None],
             tables: (None, None),
             stepped: false,
-            amp: false,
+            amp: weights == Weights::Autocast,
         }
     }
 
@@ -438,7 +448,6 @@ impl<'a> Run<'a> {
 
     /// One layer's backward from the gradient of its output `grad` (`T·h·c`, freed by the
     /// caller once the residual's sum is made): returns its input's gradient and its weights'.
-    #[allow(clippy::similar_names)]
     fn layer_backward(&mut self, grad: Handle, s: &Saved, first: bool) -> (Handle, Grads) {
         let d = *self.d;
         let t = self.t();
@@ -597,6 +606,18 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// The two steps a run's reserved peak needs: the first makes the optimizer's state, the
+    /// second's forward meets the blocks that state pinned.
+    fn two_steps(&mut self) {
+        for _ in 0..2 {
+            if self.amp {
+                self.train_step_amp();
+            } else {
+                self.train_step();
+            }
+        }
+    }
+
     fn train_step(&mut self) {
         let (saved, final_norm, log_probs) = self.forward();
         let grads = self.backward(&saved, final_norm, log_probs);
@@ -608,35 +629,22 @@ impl<'a> Run<'a> {
 }
 
 /// Replays `d`'s weights and two training steps (`d.b` sequences of `d.s` tokens; under
-/// `torch.autocast` with `amp`, [`amp`]): the bytes of segments they make
+/// `torch.autocast` with [`Weights::Autocast`], [`amp`]): the bytes of segments they make
 /// (`max_memory_reserved`; nothing is released inside a run). Answered from a memo for a shape
 /// already replayed ([`prefill_replay::memoized`]: one replay of a 28-layer model is about a
 /// millisecond).
-pub(super) fn replay(d: &Decoder, adam: Adam, qkv_bias: bool, amp: bool) -> f64 {
-    static REPLAYS: Memo<(Decoder, Adam, bool, bool), f64> = Mutex::new(Vec::new());
-    prefill_replay::memoized(&REPLAYS, (*d, adam, qkv_bias, amp), || {
-        replay_uncached(d, adam, qkv_bias, amp)
+pub(super) fn replay(d: &Decoder, adam: Adam, qkv_bias: bool, weights: Weights) -> f64 {
+    static REPLAYS: Memo<(Decoder, Adam, bool, Weights), f64> = Mutex::new(Vec::new());
+    prefill_replay::memoized(&REPLAYS, (*d, adam, qkv_bias, weights), || {
+        replay_uncached(d, adam, qkv_bias, weights)
     })
 }
 
-fn replay_uncached(d: &Decoder, adam: Adam, qkv_bias: bool, amp: bool) -> f64 {
-    let mut run = Run::new(d, adam, qkv_bias);
-    run.amp = amp;
+fn replay_uncached(d: &Decoder, adam: Adam, qkv_bias: bool, weights: Weights) -> f64 {
+    let mut run = Run::new(d, adam, qkv_bias, weights);
     run.weights();
     run.two_steps();
     run.heap.reserved()
-}
-
-impl Run<'_> {
-    fn two_steps(&mut self) {
-        for _ in 0..2 {
-            if self.amp {
-                self.train_step_amp();
-            } else {
-                self.train_step();
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -666,9 +674,8 @@ mod tests {
     }
 
     /// The large pool's log after the weights, as the oracle's fixtures keep it.
-    fn large_log(d: &Decoder, adam: Adam, qkv_bias: bool, amp: bool) -> Vec<i64> {
-        let mut run = Run::new(d, adam, qkv_bias);
-        run.amp = amp;
+    fn large_log(d: &Decoder, adam: Adam, qkv_bias: bool, weights: Weights) -> Vec<i64> {
+        let mut run = Run::new(d, adam, qkv_bias, weights);
         run.weights();
         let from = run.heap.log.len();
         run.two_steps();
@@ -681,7 +688,10 @@ mod tests {
     }
 
     fn same_log_with(oracle: &str, d: &Decoder, adam: Adam, qkv_bias: bool) {
-        assert_same_log(&oracle_log(oracle), &large_log(d, adam, qkv_bias, false));
+        assert_same_log(
+            &oracle_log(oracle),
+            &large_log(d, adam, qkv_bias, Weights::Compute),
+        );
     }
 
     #[test]
@@ -702,12 +712,12 @@ mod tests {
         for b in [1.0, 2.0, 1.0, 3.0, 2.0] {
             let d = qwen25_15b(2, b, 1024.0);
             assert_eq!(
-                replay(&d, Adam::Foreach, true, false),
-                replay_uncached(&d, Adam::Foreach, true, false)
+                replay(&d, Adam::Foreach, true, Weights::Compute),
+                replay_uncached(&d, Adam::Foreach, true, Weights::Compute)
             );
             assert_eq!(
-                replay(&d, Adam::Fused, true, false),
-                replay_uncached(&d, Adam::Fused, true, false)
+                replay(&d, Adam::Fused, true, Weights::Compute),
+                replay_uncached(&d, Adam::Fused, true, Weights::Compute)
             );
         }
     }
@@ -723,7 +733,10 @@ mod tests {
             false,
         );
         // `peak_reserved_bytes` of the oracle's run.
-        assert_eq!(replay(&d, Adam::Foreach, false, false), 7_532_969_984.0);
+        assert_eq!(
+            replay(&d, Adam::Foreach, false, Weights::Compute),
+            7_532_969_984.0
+        );
     }
 
     /// The fused AdamW kernel: the same state, no `_foreach_sqrt` list (Qwen2.5-1.5B, two
@@ -783,14 +796,19 @@ mod tests {
             true,
         );
         // `peak_reserved_bytes` of the oracle's run.
-        let r = replay(&qwen25_15b(2, 4.0, 1024.0), Adam::Foreach, true, false);
+        let r = replay(
+            &qwen25_15b(2, 4.0, 1024.0),
+            Adam::Foreach,
+            true,
+            Weights::Compute,
+        );
         assert_eq!(r, 12_886_999_040.0);
     }
 
     fn same_amp_log(oracle: &str, d: &Decoder, qkv_bias: bool) {
         assert_same_log(
             &oracle_log(oracle),
-            &large_log(d, Adam::Foreach, qkv_bias, true),
+            &large_log(d, Adam::Foreach, qkv_bias, Weights::Autocast),
         );
     }
 
@@ -898,7 +916,7 @@ mod tests {
         let short: Vec<f64> = cases
             .iter()
             .map(|(d, adam, qkv_bias, oracle)| {
-                (oracle - replay(d, *adam, *qkv_bias, true)) / 1_048_576.0
+                (oracle - replay(d, *adam, *qkv_bias, Weights::Autocast)) / 1_048_576.0
             })
             .collect();
         assert!(short.iter().all(|&s| (0.0..=4.0).contains(&s)), "{short:?}");
@@ -975,7 +993,7 @@ mod tests {
         let short: Vec<f64> = cases
             .iter()
             .map(|(d, qkv_bias, oracle)| {
-                (oracle - replay(d, Adam::Foreach, *qkv_bias, false)) / 1_048_576.0
+                (oracle - replay(d, Adam::Foreach, *qkv_bias, Weights::Compute)) / 1_048_576.0
             })
             .collect();
         assert!(short.iter().all(|&s| (0.0..=2.0).contains(&s)), "{short:?}");

@@ -4,7 +4,7 @@
 use super::block::{Block, Mlp, Pass};
 use super::training::Precision;
 use crate::model::estimate::{
-    Checkpointing, Dtype, Inputs, Kind, ModelType, Optimizer, Workload, lora_replay,
+    Checkpointing, Dtype, Framework, Inputs, Kind, ModelType, Optimizer, Workload, lora_replay,
     prefill_replay, train_replay,
 };
 
@@ -66,9 +66,12 @@ fn replays_llama_layout(inp: &Inputs, block: &Block, pass: &Pass) -> bool {
 /// run's code: transformers' Llama layout (`modeling_llama.py`; Qwen2 and Mistral run the same,
 /// Qwen3 adds its per-head norms), a gated dense MLP, SDPA's fused kernels, no sliding window
 /// inside the context, weights and state in the compute dtype (`bf16`/`fp16`) or in fp32
-/// under `torch.autocast` (`fp16-amp`; not Qwen3's per-head norms, whose autocast requests no
-/// log has shown), no checkpointing, one GPU, and AdamW (foreach or fused, in the caching
-/// allocator: not paged or 8-bit).
+/// under `torch.autocast` (`fp16-amp`), no checkpointing, one GPU, and AdamW (foreach or fused,
+/// in the caching allocator: not paged or 8-bit). Under autocast only in transformers' own
+/// loop (`engine: hf`, or none named): not Qwen3's per-head norms, whose autocast requests no
+/// log has shown, and not under a trainer, since accelerate's mixed precision wraps the
+/// model's forward in `convert_outputs_to_fp32` (an fp32 copy of the logits beside the 16-bit
+/// ones), which the oracle's loop does not run.
 pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<f64> {
     let pass = inp.pass(inp.batch, inp.context);
     let amp = inp.precision() == Precision::Autocast;
@@ -76,7 +79,7 @@ pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<f64> {
         && !inp.workload.is_adapter()
         && inp.checkpointing == Checkpointing::None
         && (inp.precision() == Precision::Pure16 && matches!(inp.dtype, Dtype::Bf16 | Dtype::Fp16)
-            || amp && !block.qk_norm())
+            || amp && !block.qk_norm() && inp.framework().is_none_or(|f| *f == Framework::Hf))
         && inp.optimizer == Optimizer::Adam
         && !inp.optimizer_paged
         && replays_llama_layout(inp, block, &pass);
@@ -89,7 +92,12 @@ pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<f64> {
     } else {
         train_replay::Adam::Foreach
     };
-    Some(train_replay::replay(&d, adam, inp.qkv_bias, amp))
+    let weights = if amp {
+        train_replay::Weights::Autocast
+    } else {
+        train_replay::Weights::Compute
+    };
+    Some(train_replay::replay(&d, adam, inp.qkv_bias, weights))
 }
 
 /// The prefill [`prefill_replay`] replays request by request, where its sequence is the one
@@ -225,38 +233,57 @@ mod tests {
         }
     }
 
-    /// A full fine-tune without checkpointing is replayed in 16 bits and under autocast
-    /// (`train_replay`'s `amp`), except Qwen3's per-head norms under autocast, whose requests no
-    /// oracle log has shown, and with checkpointing (its own count).
+    /// A full fine-tune without checkpointing is replayed in 16 bits and, in transformers' own
+    /// loop, under autocast with the autocast sequence (`train_replay`'s `amp`); not Qwen3's
+    /// per-head norms under autocast, not under a trainer's autocast (accelerate's fp32 copy of
+    /// the outputs), not with checkpointing (its own count), not in fp32.
     #[test]
     fn full_fine_tunes_are_replayed_under_autocast_too() {
-        let replayed = |model: &str, dtype: &str, ckpt: &str| {
+        let replayed = |model: &str, engine: &str, dtype: &str, ckpt: &str| {
             let inp = crate::model::estimate::resolve(
                 &crate::model::estimate::testing::spec(&[
                     ("model", model),
-                    ("engine", "hf"),
+                    ("engine", engine),
                     ("workload", "training"),
                     ("dtype", dtype),
-                    ("batch", "4"),
+                    ("batch", "1"),
                     ("context-tokens", "1024"),
                     ("gradient-checkpointing", ckpt),
                 ]),
                 &mut Vec::new(),
             );
-            replayed_training(&inp, &inp.block()).is_some()
+            replayed_training(&inp, &inp.block()).map(|r| (r, inp))
         };
         for model in ["llama-3.1-8b", "qwen2.5-7b"] {
-            for dtype in ["bf16", "fp16-amp"] {
-                assert!(replayed(model, dtype, "none"), "{model} {dtype}");
+            for (dtype, weights) in [
+                ("bf16", train_replay::Weights::Compute),
+                ("fp16-amp", train_replay::Weights::Autocast),
+            ] {
+                let (reserved, inp) = replayed(model, "hf", dtype, "none").expect(model);
+                let pass = inp.pass(inp.batch, inp.context);
+                let d = llama_decoder(&inp, &inp.block(), &pass);
+                assert_eq!(
+                    reserved,
+                    train_replay::replay(&d, train_replay::Adam::Foreach, inp.qkv_bias, weights),
+                    "{model} {dtype}"
+                );
                 assert!(
-                    !replayed(model, dtype, "full"),
-                    "{model} {dtype} checkpointed"
+                    replayed(model, "hf", dtype, "full").is_none(),
+                    "{model} {dtype}"
                 );
             }
+            assert!(
+                replayed(model, "hf-trainer", "bf16", "none").is_some(),
+                "{model}"
+            );
+            assert!(
+                replayed(model, "hf-trainer", "fp16-amp", "none").is_none(),
+                "{model}"
+            );
         }
-        assert!(replayed("qwen3-1.7b", "bf16", "none"));
-        assert!(!replayed("qwen3-1.7b", "fp16-amp", "none"));
-        assert!(!replayed("llama-3.1-8b", "fp32", "none"));
+        assert!(replayed("qwen3-1.7b", "hf", "bf16", "none").is_some());
+        assert!(replayed("qwen3-1.7b", "hf", "fp16-amp", "none").is_none());
+        assert!(replayed("llama-3.1-8b", "hf", "fp32", "none").is_none());
     }
 
     /// Only the `model_type`s whose modeling file the replay follows are replayed: the same

@@ -10,8 +10,8 @@
 //! tables, so the rotated q and k are fp32 and SDPA (on autocast's lower-precision list) casts
 //! them back; backward makes each weight's gradient in 16 bits and then casts it to the fp32
 //! `.grad` (`ToCopyBackward`), and each input's gradient back to fp32 where the input was cast.
-//! As the oracle's event log of two-layer Llama-3.2-1B, `SmolLM2`-135M and Mistral-7B show it
-//! request for request (`tools/oracle/train_events.py --grid --steps 2`, fixtures beside
+//! As the oracle's event logs of two-layer Llama-3.2-1B, `SmolLM2`-135M, Mistral-7B and
+//! Qwen2.5-1.5B (whose biased `addmm` orders its backward) show it request for request (`tools/oracle/train_events.py --grid --steps 2`, fixtures beside
 //! [`super`]; CUDA's autocast op lists applied on the CPU by the oracle's `CudaAutocastPolicy`):
 //!
 //! | step | requests (`T = b·s`, 16-bit products `2·`, fp32 `4·`) | code |
@@ -29,16 +29,16 @@ use super::{CUBLAS_WORKSPACE, Handle, Run};
 
 /// What an autocast `RMSNorm` keeps for backward besides its input.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Norm {
+struct AmpNorm {
     rsqrt: Handle,
     normed: Handle,
 }
 
 /// One layer's tensors that its forward keeps for backward under autocast.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Saved {
+struct AmpSaved {
     input: Handle,
-    norm1: Norm,
+    norm1: AmpNorm,
     /// Each projection's weight cast and input cast.
     q: (Handle, Handle),
     k: (Handle, Handle),
@@ -50,7 +50,7 @@ pub(super) struct Saved {
     lse: Handle,
     o_weight: Handle,
     r1: Handle,
-    norm2: Norm,
+    norm2: AmpNorm,
     gate: (Handle, Handle),
     up: (Handle, Handle),
     gate_out: Handle,
@@ -64,11 +64,13 @@ pub(super) struct Saved {
 type Grads = [Handle; 7];
 
 impl Run<'_> {
-    /// `LlamaRMSNorm.forward` on an fp32 input of `width` columns in groups of `dim`: what it
-    /// saves besides the input, and its output.
-    fn norm_amp(&mut self, width: f64, dim: f64) -> (Norm, Handle) {
+    /// `LlamaRMSNorm.forward` on the fp32 residual stream (`h` columns): what it saves besides
+    /// its input, and its output. (Qwen3's per-head norms of a 16-bit projection would start
+    /// with an fp32 copy; they are not replayed under autocast.)
+    fn norm_amp(&mut self) -> (AmpNorm, Handle) {
         let t = self.t();
-        let rows = 4.0 * t * width / dim;
+        let width = self.d.h;
+        let rows = 4.0 * t;
         let pow = self.a(4.0 * t * width);
         let mean = self.a(rows);
         self.f(pow);
@@ -78,7 +80,7 @@ impl Run<'_> {
         let normed = self.a(4.0 * t * width);
         let out = self.a(4.0 * t * width);
         self.f(mean);
-        (Norm { rsqrt, normed }, out)
+        (AmpNorm { rsqrt, normed }, out)
     }
 
     /// A linear under autocast whose input is fp32: its weight's cast, its input's cast and
@@ -109,15 +111,15 @@ impl Run<'_> {
 
     /// One decoder layer's forward under autocast from its fp32 input `x` (kept: its norm
     /// saves it): its output and what it saved.
-    fn layer_amp(&mut self, x: Handle) -> (Handle, Saved) {
+    fn layer_amp(&mut self, x: Handle) -> (Handle, AmpSaved) {
         let d = *self.d;
         let t = self.t();
-        let mut s = Saved {
+        let mut s = AmpSaved {
             input: x,
-            ..Saved::default()
+            ..AmpSaved::default()
         };
         let out1;
-        (s.norm1, out1) = self.norm_amp(d.h, d.h);
+        (s.norm1, out1) = self.norm_amp();
         let (q, k);
         (s.q, q) = self.linear_amp(d.q, d.h);
         (s.k, k) = self.linear_amp(d.kv, d.h);
@@ -138,7 +140,7 @@ impl Run<'_> {
         s.r1 = self.a(4.0 * t * d.h);
         self.f(o);
         let out2;
-        (s.norm2, out2) = self.norm_amp(d.h, d.h);
+        (s.norm2, out2) = self.norm_amp();
         (s.gate, s.gate_out) = self.linear_amp(d.ffn, d.h);
         s.act = self.a(2.0 * t * d.ffn);
         (s.up, s.up_out) = self.linear_amp(d.ffn, d.h);
@@ -153,7 +155,7 @@ impl Run<'_> {
 
     /// The forward and the loss up to `log_softmax` under autocast: the layers' saved
     /// tensors, the final norm's, its input, the head's casts and the log-probabilities.
-    fn forward_amp(&mut self) -> (Vec<Saved>, (Norm, Handle), (Handle, Handle), Handle) {
+    fn forward_amp(&mut self) -> (Vec<AmpSaved>, (AmpNorm, Handle), (Handle, Handle), Handle) {
         let d = *self.d;
         let t = self.t();
         let embedded = self.a(4.0 * t * d.h);
@@ -165,7 +167,7 @@ impl Run<'_> {
             saved.push(s);
             x = out;
         }
-        let (final_norm, out) = self.norm_amp(d.h, d.h);
+        let (final_norm, out) = self.norm_amp();
         let (head, logits) = self.linear_amp(d.vocab, d.h);
         let upcast = self.a(4.0 * t * d.vocab);
         let log_probs = self.a(4.0 * t * d.vocab);
@@ -175,21 +177,21 @@ impl Run<'_> {
         (saved, (final_norm, x), head, log_probs)
     }
 
-    /// `LlamaRMSNorm`'s backward under autocast from `grad` (fp32, freed) over `width`
-    /// columns in groups of `dim`, its input `x` (freed), and `residual`, the gradient the
-    /// residual branch already gave `x` (freed): `x`'s whole gradient. Autograd sums each
+    /// `LlamaRMSNorm`'s backward under autocast from `grad` (fp32, freed) over the residual
+    /// stream's `h` columns, its input `x` (freed), and `residual`, the gradient the residual
+    /// branch already gave `x` (freed): `x`'s whole gradient. Autograd sums each
     /// branch's gradient of `x` into one buffer as it arrives: the residual's, then
     /// `x · rsqrt`'s, then `pow`'s.
     fn norm_backward_amp(
         &mut self,
         grad: Handle,
-        n: Norm,
+        n: AmpNorm,
         x: Handle,
         residual: Handle,
-        (width, dim): (f64, f64),
     ) -> Handle {
         let t = self.t();
-        let rows = 4.0 * t * width / dim;
+        let width = self.d.h;
+        let rows = 4.0 * t;
         let by_weight = self.a(4.0 * t * width);
         let for_weight = self.a(4.0 * t * width);
         self.f(for_weight);
@@ -301,8 +303,7 @@ impl Run<'_> {
 
     /// One layer's backward under autocast from the fp32 gradient of its output (freed):
     /// its input's gradient and its weights'.
-    #[allow(clippy::similar_names)]
-    fn layer_backward_amp(&mut self, grad: Handle, s: &Saved, first: bool) -> (Handle, Grads) {
+    fn layer_backward_amp(&mut self, grad: Handle, s: &AmpSaved, first: bool) -> (Handle, Grads) {
         let d = *self.d;
         let t = self.t();
         let tf = 2.0 * t * d.ffn;
@@ -327,7 +328,7 @@ impl Run<'_> {
         self.f(s.gate_out);
         let (mlp_in, gate) =
             self.linear_backward_amp(g_silu, (d.ffn, d.h), s.gate, true, gi_up, false);
-        let g_r1 = self.norm_backward_amp(mlp_in, s.norm2, s.r1, grad, (d.h, d.h));
+        let g_r1 = self.norm_backward_amp(mlp_in, s.norm2, s.r1, grad);
         // Attention: `o_proj`'s output was added to the fp32 stream.
         let g16 = self.a(2.0 * t * d.h);
         let weight16 = self.a(d.h * d.q * 2.0);
@@ -357,7 +358,7 @@ impl Run<'_> {
         self.f(gq);
         let (attn_in, q) =
             self.linear_backward_amp(q_contiguous, (d.q, d.h), s.q, true, gi_k, bias);
-        let g_input = self.norm_backward_amp(attn_in, s.norm1, s.input, g_r1, (d.h, d.h));
+        let g_input = self.norm_backward_amp(attn_in, s.norm1, s.input, g_r1);
         (g_input, [q, k, v, o, gate, up, down])
     }
 
@@ -365,8 +366,8 @@ impl Run<'_> {
     /// `parameters()` order.
     fn backward_amp(
         &mut self,
-        saved: &[Saved],
-        (final_norm, x): (Norm, Handle),
+        saved: &[AmpSaved],
+        (final_norm, x): (AmpNorm, Handle),
         head: (Handle, Handle),
         log_probs: Handle,
     ) -> Vec<Handle> {
@@ -383,7 +384,7 @@ impl Run<'_> {
         }
         let (g_hidden, head) =
             self.linear_backward_amp(g_logits, (d.vocab, d.h), head, true, None, false);
-        let mut grad = self.norm_backward_amp(g_hidden, final_norm, x, None, (d.h, d.h));
+        let mut grad = self.norm_backward_amp(g_hidden, final_norm, x, None);
         let mut layers = Vec::with_capacity(d.layers);
         for (i, s) in saved.iter().enumerate().rev() {
             let (g_input, g) = self.layer_backward_amp(grad, s, i == 0);
@@ -414,6 +415,10 @@ impl Run<'_> {
     /// One training step under autocast: forward, backward, `optimizer.step()` on the fp32
     /// weights, `zero_grad`.
     pub(super) fn train_step_amp(&mut self) {
+        debug_assert!(
+            !self.d.qk_norm,
+            "per-head norms are not replayed under autocast"
+        );
         let (saved, final_norm, head, log_probs) = self.forward_amp();
         let grads = self.backward_amp(&saved, final_norm, head, log_probs);
         self.step();
