@@ -133,7 +133,7 @@ fn largest_state_tensor(inp: &Inputs, block: &Block, grads: f64, state: f64) -> 
 ///
 /// Where [`train_replay`] follows the run ([`replayed_training`]), its replay of the first two
 /// steps replaces that count for the `model_type`s whose code it is
-/// ([`prefill_replay::follows`]: the replay's large pool matches the oracle's allocator replay
+/// ([`prefill_replay::follows`], and Gemma-2's own layer: the replay's large pool matches the oracle's allocator replay
 /// of the same steps request for request, its reserve to within the small pool's few 2 MiB
 /// segments, and the count misses which segments the first step's state pins); types that only
 /// share the layout get the larger of the two, as their prefills do.
@@ -141,8 +141,10 @@ fn largest_state_tensor(inp: &Inputs, block: &Block, grads: f64, state: f64) -> 
 /// [`train_replay`]: crate::model::estimate::train_replay
 pub(super) fn training_slack(inp: &Inputs, block: &Block, allocated: f64) -> f64 {
     let large = match replayed_training(inp, block) {
-        Some(reserved) if inp.replayed_code => (reserved - allocated).max(0.0),
-        Some(reserved) => counted_training_slack(inp, block, allocated).max(reserved - allocated),
+        Some((reserved, true)) => (reserved - allocated).max(0.0),
+        Some((reserved, false)) => {
+            counted_training_slack(inp, block, allocated).max(reserved - allocated)
+        }
         None => counted_training_slack(inp, block, allocated),
     };
     large + adapter_small_pool_slack(inp, block)
