@@ -70,16 +70,14 @@ impl Run<'_> {
         )
     }
 
-    /// `Gemma2RMSNorm`'s backward from the 16-bit gradient `grad` of its output (freed when
-    /// `free_grad`: a post-norm's output gradient is its block's residual gradient too, which
-    /// the caller still needs): its input's 16-bit gradient.
-    fn gemma_norm_backward(&mut self, grad: Handle, n: GemmaNorm, free_grad: bool) -> Handle {
+    /// `Gemma2RMSNorm`'s backward from the 16-bit gradient of its output (`grad`, freed once
+    /// its fp32 copy exists; `None` where the caller frees it: a post-norm's output gradient is
+    /// its block's residual gradient too): its input's 16-bit gradient.
+    fn gemma_norm_backward(&mut self, grad: Handle, n: GemmaNorm) -> Handle {
         let t = self.t();
         let (h, c) = (self.d.h, self.d.c);
         let up = self.a(4.0 * t * h);
-        if free_grad {
-            self.f(grad);
-        }
+        self.f(grad);
         let by_weight = self.a(4.0 * t * h);
         let by_normed = self.a(4.0 * t * h);
         self.f(by_weight);
@@ -148,15 +146,15 @@ impl Run<'_> {
         let d = *self.d;
         let th = self.t() * d.h * d.c;
         let mut g = Grads::default();
-        let post_feedforward = self.gemma_norm_backward(grad, s.post_feedforward, false);
+        let post_feedforward = self.gemma_norm_backward(None, s.post_feedforward);
         let mlp_in = self.mlp_backward(post_feedforward, &s.blocks, &mut g);
-        let pre_feedforward = self.gemma_norm_backward(mlp_in, s.pre_feedforward, true);
+        let pre_feedforward = self.gemma_norm_backward(mlp_in, s.pre_feedforward);
         let g_r1 = self.a(th);
         self.f(grad);
         self.f(pre_feedforward);
-        let post_attention = self.gemma_norm_backward(g_r1, s.post_attention, false);
+        let post_attention = self.gemma_norm_backward(None, s.post_attention);
         let attn_in = self.attention_backward(post_attention, &s.blocks, first, &mut g);
-        let input = self.gemma_norm_backward(attn_in, s.input, true);
+        let input = self.gemma_norm_backward(attn_in, s.input);
         let g_input = self.a(th);
         self.f(g_r1);
         self.f(input);
@@ -167,7 +165,7 @@ impl Run<'_> {
     /// `optimizer.step()`, `zero_grad`.
     pub(super) fn gemma_train_step(&mut self) {
         debug_assert!(
-            self.weights == super::Weights::Compute,
+            self.precision == super::Weights::Compute,
             "Gemma-2 is replayed in 16 bits only"
         );
         let d = *self.d;
@@ -223,7 +221,7 @@ impl Run<'_> {
         let g_hidden = self.a(th);
         self.f(g_logits);
         self.f(out);
-        let mut grad = self.gemma_norm_backward(g_hidden, final_norm, true);
+        let mut grad = self.gemma_norm_backward(g_hidden, final_norm);
         let mut layers = Vec::with_capacity(d.layers);
         for (i, s) in saved.iter().enumerate().rev() {
             let (g_input, g) = self.gemma_layer_backward(grad, s, i == 0);
