@@ -4,6 +4,8 @@ dtype that made each block, for the caching-allocator analysis of a training ste
     $PEAKFIT_ORACLE_VENV/bin/python tools/oracle/train_events.py --dir tests/data/h200b --out /tmp/ev ID...
 
 Writes OUT/ID.pkl: {"case", "result" (the oracle's result without events), "events", "names"}.
+With --large also OUT/ID.txt: the large pool's log after the weights as `train_replay`'s fixtures keep
+it (each request's 512-byte-rounded size > 1 MiB, frees negative, comma-separated).
 """
 import argparse
 import os
@@ -28,6 +30,24 @@ def grid_case(i):
                 measured_reserved_gib=float("nan"))
 
 
+def large_log(events):
+    """The large pool's requests and frees after the weights (the `("r",)` mark): sizes rounded up to
+    512 bytes (`round_size`), frees negative, only those above 1 MiB (`kSmallSize`)."""
+    live, out, started = {}, [], False
+    for e in events:
+        if e[0] == "r":
+            started = True
+        elif e[0] == "a":
+            live[e[1]] = max(512, (e[2] + 511) // 512 * 512)
+            if started:
+                out.append(live[e[1]])
+        elif e[0] == "f":
+            size = live.pop(e[1], None)
+            if size and started:
+                out.append(-size)
+    return [x for x in out if abs(x) > 1 << 20]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dir", help="a real-GPU folder whose rows the ids name")
@@ -35,6 +55,7 @@ def main(argv=None):
                    help="the ids are oracle-reserved.csv ids: config-workload-dtype-bB-tT-gcG-OPT[-rR]")
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--large", action="store_true", help="also write OUT/ID.txt, the large pool's log")
     p.add_argument("ids", nargs="+")
     a = p.parse_args(argv)
     names = {}
@@ -55,6 +76,9 @@ def main(argv=None):
         events = res.pop("_events")
         with open(os.path.join(a.out, f"{i}.pkl"), "wb") as f:
             pickle.dump(dict(case=c, result=res, events=events, names=dict(names)), f)
+        if a.large:
+            with open(os.path.join(a.out, f"{i}.txt"), "w") as f:
+                f.write(",".join(str(x) for x in large_log(events)) + "\n")
         gib = 1 << 30
         print(f"{i}: allocated {c['measured_gib']:.3f} / {res['peak_allocated_bytes'] / gib:.3f}  reserved "
               f"{c['measured_reserved_gib']:.3f} / {res['peak_reserved_bytes'] / gib:.3f}  "

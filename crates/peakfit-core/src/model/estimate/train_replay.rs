@@ -588,6 +588,28 @@ impl<'a> Run<'a> {
         attn_in
     }
 
+    /// `ForCausalLMLoss`'s backward from the saved `log_softmax` output (freed): the NLL's and
+    /// `log_softmax`'s fp32 gradients (`4·T·V` each) and their cast back to the logits' 16 bits,
+    /// which it returns. Every family's loss runs it; Gemma-2's soft-cap follows it.
+    fn loss_backward(&mut self, log_probs: Handle) -> Handle {
+        let (t, d) = (self.t(), *self.d);
+        let nll = self.a(4.0 * t * d.vocab);
+        let g_log_softmax = self.a(4.0 * t * d.vocab);
+        self.f(nll);
+        self.f(log_probs);
+        let g_logits = self.a(t * d.vocab * d.c);
+        self.f(g_log_softmax);
+        g_logits
+    }
+
+    /// Autograd's thread takes its own cuBLAS workspace at its first matmul (the head's
+    /// backward), once a run.
+    fn autograd_workspace(&mut self) {
+        if self.workspaces[1].is_none() {
+            self.workspaces[1] = self.a(CUBLAS_WORKSPACE);
+        }
+    }
+
     /// The loss's backward and every layer's: returns the gradients in `parameters()` order.
     fn backward(
         &mut self,
@@ -597,15 +619,8 @@ impl<'a> Run<'a> {
     ) -> Vec<Handle> {
         let d = *self.d;
         let t = self.t();
-        let nll = self.a(4.0 * t * d.vocab);
-        let g_log_softmax = self.a(4.0 * t * d.vocab);
-        self.f(nll);
-        self.f(log_probs);
-        let g_logits = self.a(t * d.vocab * d.c);
-        self.f(g_log_softmax);
-        if self.workspaces[1].is_none() {
-            self.workspaces[1] = self.a(CUBLAS_WORKSPACE);
-        }
+        let g_logits = self.loss_backward(log_probs);
+        self.autograd_workspace();
         let head = self.a(d.vocab * d.h * d.c);
         let g_hidden = self.a(t * d.h * d.c);
         self.f(g_logits);

@@ -25,7 +25,7 @@
 //! | backward | per linear the output gradient's 16-bit cast where the output was added to the fp32 stream, the weight's 16-bit gradient, the input's, the input's fp32 cast (summed with the other branches' as autograd accumulates), the weight's fp32 gradient | `ToCopyBackward`, `mm_mat2_backward`, `mm_mat1_backward`, `InputBuffer::accumulate` |
 //! | optimizer | AdamW's moments and foreach's square roots in fp32 | `torch/optim/adam.py` |
 
-use super::{CUBLAS_WORKSPACE, Handle, Run};
+use super::{Handle, Run};
 
 /// What an autocast `RMSNorm` keeps for backward besides its input.
 #[derive(Clone, Copy, Debug, Default)]
@@ -372,16 +372,8 @@ impl Run<'_> {
         log_probs: Handle,
     ) -> Vec<Handle> {
         let d = *self.d;
-        let t = self.t();
-        let nll = self.a(4.0 * t * d.vocab);
-        let g_log_softmax = self.a(4.0 * t * d.vocab);
-        self.f(nll);
-        self.f(log_probs);
-        let g_logits = self.a(2.0 * t * d.vocab);
-        self.f(g_log_softmax);
-        if self.workspaces[1].is_none() {
-            self.workspaces[1] = self.a(CUBLAS_WORKSPACE);
-        }
+        let g_logits = self.loss_backward(log_probs);
+        self.autograd_workspace();
         let (g_hidden, head) =
             self.linear_backward_amp(g_logits, (d.vocab, d.h), head, true, None, false);
         let mut grad = self.norm_backward_amp(g_hidden, final_norm, x, None);

@@ -21,7 +21,7 @@
 //! | loss | the final norm, `lm_head`, `/ cap`, `tanh` (saved), `· cap`, `float()`, `log_softmax` | `Gemma2ForCausalLM.forward`, `ForCausalLMLoss` |
 //! | backward | the norm's: the gradient's fp32 copy, the weight's and `normed`'s branches, `rsqrt`'s, the sum, the cast back; a post-norm's input gradient is also the residual's, so it is kept | autograd over the ops above |
 
-use super::{CUBLAS_WORKSPACE, Grads, Handle, Run, Saved};
+use super::{Grads, Handle, Run, Saved};
 
 /// What `Gemma2RMSNorm` keeps for backward.
 #[derive(Clone, Copy, Debug, Default)]
@@ -201,12 +201,7 @@ impl Run<'_> {
         self.f(upcast);
         self.f(capped);
         // Backward: the loss, the soft-cap, the head.
-        let nll = self.a(4.0 * t * d.vocab);
-        let g_log_softmax = self.a(4.0 * t * d.vocab);
-        self.f(nll);
-        self.f(log_probs);
-        let g_capped = self.a(logits);
-        self.f(g_log_softmax);
+        let g_capped = self.loss_backward(log_probs);
         let g_tanh = self.a(logits);
         self.f(g_capped);
         let g_divided = self.a(logits);
@@ -214,9 +209,7 @@ impl Run<'_> {
         self.f(tanh);
         let g_logits = self.a(logits);
         self.f(g_divided);
-        if self.workspaces[1].is_none() {
-            self.workspaces[1] = self.a(CUBLAS_WORKSPACE);
-        }
+        self.autograd_workspace();
         let head = self.a(d.vocab * d.h * c);
         let g_hidden = self.a(th);
         self.f(g_logits);
