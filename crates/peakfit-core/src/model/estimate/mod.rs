@@ -36,7 +36,7 @@
 //! | [`framework`] | what each named framework changes in the terms above |
 //! | [`hf`] | what transformers' own modules keep alive (generate's prefill and decode, encoders, Whisper, training's saved tensors and loss) and their allocator slack, for HF engines on one GPU; replaces `activations`, `logits` and the slack ratio there |
 //! | [`prefill_replay`] | a Llama-code decoder's `generate` (weights, prefill, first decode steps; SDPA's fused kernels or eager attention) replayed request by request through the caching allocator, for [`hf`]'s reserved |
-//! | [`train_replay`] | a Llama-code (Qwen3 included) full fine-tune without checkpointing in 16 bits, SDPA's fused kernels and AdamW: weights and two training steps replayed request by request through [`prefill_replay`]'s heap, for [`hf`]'s reserved (the segments the first step's optimizer state pins) |
+//! | [`train_replay`] | a full fine-tune without checkpointing under SDPA's fused kernels and AdamW, in the Llama code (Qwen3 included; 16 bits or autocast), Gemma-2's, Phi's (16 bits or autocast) or GPT-2's (16 bits): weights and two training steps replayed request by request through [`prefill_replay`]'s heap, for [`hf`]'s reserved (the segments the first step's optimizer state pins) |
 //! | [`lora_replay`] | a Llama-code (Qwen2 and Qwen3 included) LoRA step's checkpointed forward under autocast replayed request by request through [`prefill_replay`]'s heap, for [`hf`]'s reserved (the blocks each layer's kept fp32 output strands) |
 //! | [`allocator`] | the CUDA caching allocator's block rounding, pools, segment sizes and splitting, which [`hf`]'s slack terms apply |
 //! | this module | resolution of the spec, the parallel layout every term reads, workspace, allocator slack, CUDA context, NCCL, headroom |
@@ -252,6 +252,9 @@ struct Inputs {
     /// backward is `addmm`'s, which makes the input's gradient before the weight's
     /// ([`train_replay`]).
     qkv_bias: bool,
+    /// The `model_type` is `gpt2` itself, not another of [`ModelType::Gpt2`]'s (GPT-J and
+    /// `CodeGen` rotate and run attention beside the MLP): [`train_replay`] follows its layer.
+    gpt2_code: bool,
     /// A mixture of experts' experts per token (0: dense).
     experts_per_token: f64,
     /// A mixture of experts' experts per layer (0: dense).
@@ -447,6 +450,11 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
             .as_deref()
             .or_else(|| spec.model.and_then(|p| p.hf_model_type))
             == Some("qwen2"),
+        gpt2_code: spec
+            .model_type_name
+            .as_deref()
+            .or_else(|| spec.model.and_then(|p| p.hf_model_type))
+            == Some("gpt2"),
         // The pod's `model-type` first (from `--model-config`), then its preset's own.
         family: spec
             .model_type

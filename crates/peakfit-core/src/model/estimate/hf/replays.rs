@@ -37,11 +37,13 @@ pub(super) fn replayed_lora_forward(inp: &Inputs, block: &Block, pass: &Pass) ->
 /// fused kernels without a mask, and the caching allocator's ordinary segments.
 fn replays_llama_layout(inp: &Inputs, block: &Block, pass: &Pass) -> bool {
     matches!(block.family, ModelType::Llama | ModelType::QkNorm)
+        && block.mlp == Mlp::Gated
         && replays_attention_layout(inp, block, pass)
 }
 
-/// Everything of [`replays_llama_layout`] but the family: the attention and MLP shapes whose
-/// requests the replays follow, which Gemma-2's layer shares ([`train_replay`]'s `gemma2`).
+/// Everything of [`replays_llama_layout`] but the family and the MLP: the attention's shapes
+/// whose requests the replays follow, which Gemma-2's layer shares ([`train_replay`]'s
+/// `gemma2`, a gated MLP too) and Phi's (`phi`, a plain one of composed GELU).
 fn replays_attention_layout(inp: &Inputs, block: &Block, pass: &Pass) -> bool {
     let head_dim = if block.heads > 0.0 {
         block.q / block.heads
@@ -49,7 +51,6 @@ fn replays_attention_layout(inp: &Inputs, block: &Block, pass: &Pass) -> bool {
         0.0
     };
     inp.kind == Kind::Decoder
-        && block.mlp == Mlp::Gated
         && block.experts_per_token <= 0.0
         && pass.sdpa
         && !pass.math_kernel(block)
@@ -81,9 +82,13 @@ pub(super) struct TrainingReplay {
 /// run's code, and whether that code is the model's own (so that the replay replaces the count
 /// rather than floors it): transformers' Llama layout (`modeling_llama.py`; Qwen2 and Mistral
 /// run the same, Qwen3 adds its per-head norms; exact for the `model_type`s
-/// [`prefill_replay::follows`]), or Gemma-2's (`modeling_gemma2.py`, in 16 bits: its four
-/// norms, scaled embedding and soft-capped logits; a floor under the count), a gated dense MLP,
-/// SDPA's fused kernels, no sliding window
+/// [`prefill_replay::follows`]), Gemma-2's (`modeling_gemma2.py`, in 16 bits: its four
+/// norms, scaled embedding and soft-capped logits; a floor under the count) or Phi's
+/// (`modeling_phi.py`, in 16 bits or under autocast: `LayerNorm`, partial `RoPE`, composed
+/// GELU, residual dropout; a floor under the count, since its rotated width and dropout are
+/// assumed, not read) or GPT-2's (`modeling_gpt2.py`, `model_type` `gpt2` only, in 16 bits: learned
+/// positions, fused `c_attn`, composed GELU, three dropouts; a floor too), a dense MLP (gated
+/// but Phi's and GPT-2's), SDPA's fused kernels, no sliding window
 /// inside the context, weights and state in the compute dtype (`bf16`/`fp16`) or in fp32
 /// under `torch.autocast` (`fp16-amp`), no checkpointing, one GPU, and AdamW (foreach or fused,
 /// in the caching allocator: not paged or 8-bit). Under autocast only in transformers' own
@@ -99,19 +104,26 @@ pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<TrainingR
     // `Gemma2Config`'s default soft-capping (`final_logit_softcapping: 30.0`) is assumed: a
     // config that sets it to null makes no `tanh`, which the replay would count (over, as a
     // floor).
-    let gemma2 = block.family == ModelType::Gemma2;
+    let gemma2 = block.family == ModelType::Gemma2 && block.mlp == Mlp::Gated;
+    let phi = block.family == ModelType::Phi && block.mlp == Mlp::Plain && block.composed_gelu();
+    let gpt2 = block.family == ModelType::Gpt2
+        && inp.gpt2_code
+        && block.mlp == Mlp::Plain
+        && block.composed_gelu()
+        && !block.rotary();
     let applies = inp.workload.is_training()
         && !inp.workload.is_adapter()
         && inp.checkpointing == Checkpointing::None
         && (pure16
             || amp
                 && !gemma2
+                && !gpt2
                 && !block.qk_norm()
                 && inp.framework().is_none_or(|f| *f == Framework::Hf))
         && inp.optimizer == Optimizer::Adam
         && !inp.optimizer_paged
         && (replays_llama_layout(inp, block, &pass)
-            || gemma2 && replays_attention_layout(inp, block, &pass));
+            || (gemma2 || phi || gpt2) && replays_attention_layout(inp, block, &pass));
     if !applies {
         return None;
     }
@@ -132,6 +144,10 @@ pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<TrainingR
         weights,
         family: if gemma2 {
             train_replay::Family::Gemma2
+        } else if phi {
+            train_replay::Family::Phi
+        } else if gpt2 {
+            train_replay::Family::Gpt2
         } else {
             train_replay::Family::Llama
         },
@@ -279,6 +295,30 @@ mod tests {
         }
     }
 
+    /// [`replayed_training`] of a full fine-tune of preset `model` at `batch` × 1,024, and its
+    /// inputs.
+    fn replayed_fine_tune(
+        model: &str,
+        engine: &str,
+        dtype: &str,
+        ckpt: &str,
+        batch: &str,
+    ) -> Option<(TrainingReplay, Inputs)> {
+        let inp = crate::model::estimate::resolve(
+            &crate::model::estimate::testing::spec(&[
+                ("model", model),
+                ("engine", engine),
+                ("workload", "training"),
+                ("dtype", dtype),
+                ("batch", batch),
+                ("context-tokens", "1024"),
+                ("gradient-checkpointing", ckpt),
+            ]),
+            &mut Vec::new(),
+        );
+        replayed_training(&inp, &inp.block()).map(|r| (r, inp))
+    }
+
     /// A full fine-tune without checkpointing is replayed in 16 bits and, in transformers' own
     /// loop, under autocast with the autocast sequence (`train_replay`'s `amp`); not Qwen3's
     /// per-head norms under autocast, not under a trainer's autocast (accelerate's fp32 copy of
@@ -286,19 +326,7 @@ mod tests {
     #[test]
     fn full_fine_tunes_are_replayed_under_autocast_too() {
         let replayed = |model: &str, engine: &str, dtype: &str, ckpt: &str| {
-            let inp = crate::model::estimate::resolve(
-                &crate::model::estimate::testing::spec(&[
-                    ("model", model),
-                    ("engine", engine),
-                    ("workload", "training"),
-                    ("dtype", dtype),
-                    ("batch", "1"),
-                    ("context-tokens", "1024"),
-                    ("gradient-checkpointing", ckpt),
-                ]),
-                &mut Vec::new(),
-            );
-            replayed_training(&inp, &inp.block()).map(|r| (r, inp))
+            replayed_fine_tune(model, engine, dtype, ckpt, "1")
         };
         for model in ["llama-3.1-8b", "qwen2.5-7b"] {
             for (dtype, weights) in [
@@ -339,6 +367,41 @@ mod tests {
         assert!(replayed("qwen3-1.7b", "hf", "bf16", "none").is_some());
         assert!(replayed("qwen3-1.7b", "hf", "fp16-amp", "none").is_none());
         assert!(replayed("llama-3.1-8b", "hf", "fp32", "none").is_none());
+    }
+
+    /// Phi's and GPT-2's layers are replayed as floors under the count (`exact` false: their
+    /// dropouts, Phi's rotated width and GPT-2's positions are assumed), Phi's in 16 bits and
+    /// under autocast in transformers' own loop, GPT-2's in 16 bits only; checkpointed runs
+    /// and fp32 keep the count.
+    #[test]
+    fn phi_and_gpt2_fine_tunes_are_replayed_as_floors() {
+        let replayed = |model: &str, engine: &str, dtype: &str, ckpt: &str| {
+            replayed_fine_tune(model, engine, dtype, ckpt, "2")
+        };
+        for (model, family, amp) in [
+            ("phi-1.5", train_replay::Family::Phi, true),
+            ("gpt2", train_replay::Family::Gpt2, false),
+        ] {
+            let (replay, inp) = replayed(model, "hf", "bf16", "none").expect(model);
+            assert!(!replay.exact, "{model}");
+            let pass = inp.pass(inp.batch, inp.context);
+            let d = llama_decoder(&inp, &inp.block(), &pass);
+            let step = train_replay::Step {
+                adam: train_replay::Adam::Foreach,
+                qkv_bias: false,
+                weights: train_replay::Weights::Compute,
+                family,
+            };
+            assert_eq!(replay.reserved, train_replay::replay(&d, step), "{model}");
+            assert_eq!(
+                replayed(model, "hf", "fp16-amp", "none").is_some(),
+                amp,
+                "{model}"
+            );
+            assert!(replayed(model, "hf-trainer", "fp16-amp", "none").is_none());
+            assert!(replayed(model, "hf", "bf16", "full").is_none(), "{model}");
+            assert!(replayed(model, "hf", "fp32", "none").is_none(), "{model}");
+        }
     }
 
     /// Only the `model_type`s whose modeling file the replay follows are replayed: the same

@@ -85,7 +85,7 @@ impl Run<'_> {
 
     /// A linear under autocast whose input is fp32: its weight's cast, its input's cast and
     /// the 16-bit product (`out` columns, `inp` rows of the weight).
-    fn linear_amp(&mut self, out: f64, inp: f64) -> ((Handle, Handle), Handle) {
+    pub(super) fn linear_amp(&mut self, out: f64, inp: f64) -> ((Handle, Handle), Handle) {
         let t = self.t();
         let weight = self.a(out * inp * 2.0);
         let input = self.a(2.0 * t * inp);
@@ -95,7 +95,7 @@ impl Run<'_> {
 
     /// `apply_rotary_pos_emb` on one 16-bit projection of `width` columns with fp32 tables:
     /// the fp32 rotated tensor.
-    fn rope_amp(&mut self, width: f64) -> Handle {
+    pub(super) fn rope_amp(&mut self, width: f64) -> Handle {
         let n = self.t() * width;
         let by_cos = self.a(4.0 * n);
         let neg = self.a(n);
@@ -224,7 +224,7 @@ impl Run<'_> {
     /// branch gave the input one already (freed); otherwise it stays 16-bit. `mm`'s backward
     /// makes the weight's gradient first; a biased projection's `addmm` makes the input's
     /// first and frees its saved input before its weight.
-    fn linear_backward_amp(
+    pub(super) fn linear_backward_amp(
         &mut self,
         grad: Handle,
         (out, inp): (f64, f64),
@@ -271,7 +271,7 @@ impl Run<'_> {
     /// `RoPE`'s backward under autocast for one projection of `width` columns from the fp32
     /// gradient `grad` (freed): the 16-bit gradient of the projection. The first layer's q is
     /// the last use of the tables (`last`).
-    fn rope_backward_amp(&mut self, grad: Handle, width: f64, last: bool) -> Handle {
+    pub(super) fn rope_backward_amp(&mut self, grad: Handle, width: f64, last: bool) -> Handle {
         let n = self.t() * width;
         let by_sin = self.a(4.0 * n);
         let by_sin16 = self.a(2.0 * n);
