@@ -13,6 +13,7 @@
 //! | `intermediate-size` | `intermediate_size` `n_inner` `d_ff` `ffn_dim` `encoder_ffn_dim` `ffn_hidden_size`, else 4 x hidden; per expert for mixture-of-experts (`moe_intermediate_size`) |
 //! | `experts` | `num_local_experts` `num_experts` `n_routed_experts`, when above 1 |
 //! | `tied-embeddings` | `tie_word_embeddings` (Hugging Face's default: true) |
+//! | `residual-dropout` | `resid_pdrop` of a `gpt2` or `phi` config (the layers whose replay reads it) |
 //! | `dtype` | `quantization_config` (`awq`, `gptq` 4/8 bits, `bitsandbytes` 4-bit with or without double quantisation / 8-bit, `fp8`), else `torch_dtype` / `dtype` |
 //! | `architecture` | `is_encoder_decoder` or encoder and decoder layer counts: `encoder-decoder`; BERT-family `model_type`: `encoder`; else `decoder` |
 //! | `params` | derived: attention (q, o by heads; k, v by kv heads) + MLP (3 matrices when gated, x experts, + router) per layer, embeddings (one when tied), a vision tower's layers (`vision_config`) and an encoder-decoder's cross-attention |
@@ -469,6 +470,14 @@ pub fn annotations(json: &str) -> Result<FromConfig, ConfigError> {
     if let Some(w) = sliding {
         put("sliding-window", w.to_string());
     }
+    // GPT-2's and Phi's dropout after each block, for the only layers whose replay reads it
+    // (other types' `resid_pdrop`, Phi-3's say, would be noise on the pod); a value out of range
+    // is left to the annotation's own check (which names the field) rather than dropped here.
+    if matches!(inner_type.as_str(), "gpt2" | "phi")
+        && let Some(p) = cfg.get("resid_pdrop").and_then(Value::as_f64)
+    {
+        put("residual-dropout", p.to_string());
+    }
     Ok(FromConfig {
         annotations: a,
         notes,
@@ -484,6 +493,35 @@ mod tests {
             r#"{{"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
             "num_attention_heads": 32, "vocab_size": 32000{extra}}}"#
         )
+    }
+
+    /// `resid_pdrop` becomes `residual-dropout` (GPT-2's and Phi's replays read it); a config
+    /// without it says nothing.
+    #[test]
+    fn resid_pdrop_is_the_residual_dropout() {
+        let with = |extra: &str| {
+            annotations(&base(extra).replace("\"llama\"", "\"gpt2\""))
+                .unwrap()
+                .annotations
+        };
+        assert_eq!(
+            with(r#","resid_pdrop":0.1"#)
+                .get("residual-dropout")
+                .map(String::as_str),
+            Some("0.1")
+        );
+        assert_eq!(
+            with(r#","resid_pdrop":0.0"#)
+                .get("residual-dropout")
+                .map(String::as_str),
+            Some("0")
+        );
+        assert!(!with("").contains_key("residual-dropout"));
+        // A `llama` config's (none has one; a `phi3` config's `resid_pdrop` is 0) is not read.
+        let llama = annotations(&base(r#","resid_pdrop":0.1"#))
+            .unwrap()
+            .annotations;
+        assert!(!llama.contains_key("residual-dropout"));
     }
 
     #[test]

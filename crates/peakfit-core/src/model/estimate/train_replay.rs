@@ -57,6 +57,10 @@ mod gpt2;
 mod phi;
 mod phi_amp;
 
+/// The dims of each head Phi's layer rotates ([`phi::ROTARY_DIM`]): a head must be wider
+/// for the replay to follow it.
+pub(super) const PHI_ROTARY_DIM: f64 = phi::ROTARY_DIM;
+
 /// Which AdamW implementation runs the step: the foreach one makes one `exp_avg_sq`-sized
 /// list of square roots; the fused kernel makes none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,13 +90,15 @@ pub(super) enum Family {
 }
 
 /// How a run trains, beside its shape: the optimizer, Qwen2's q/k/v biases, the weights'
-/// precision and the layer's code.
+/// precision, the layer's code and whether its blocks' dropouts run (GPT-2's and Phi's
+/// `resid_pdrop` above 0; Llama's and Gemma-2's layers have none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Step {
     pub(super) adam: Adam,
     pub(super) qkv_bias: bool,
     pub(super) weights: Weights,
     pub(super) family: Family,
+    pub(super) dropout: bool,
 }
 
 /// What an `RMSNorm` keeps for backward.
@@ -165,6 +171,8 @@ struct Run<'a> {
     /// mask (`dropout_cuda`: `empty_like(self, kBool)`, then the output); the oracle's CPU
     /// path (`_dropout_impl`) keeps its noise in the input's dtype, which the fixture tests set.
     dropout_mask: f64,
+    /// The blocks' dropouts run ([`Step::dropout`]).
+    dropout: bool,
 }
 
 impl<'a> Run<'a> {
@@ -181,6 +189,7 @@ impl<'a> Run<'a> {
             precision: step.weights,
             family: step.family,
             dropout_mask: 1.0,
+            dropout: step.dropout,
         }
     }
 
@@ -213,8 +222,9 @@ impl<'a> Run<'a> {
         let d = self.d;
         let mut p = vec![d.vocab * d.h];
         if self.family == Family::Gpt2 {
-            // `wpe`, `n_positions` rows.
-            p.push(gpt2::POSITIONS * d.h);
+            // `wpe`, `n_positions` rows (at least the context: a run longer than 1,024 tokens
+            // is a checkpoint with more positions).
+            p.push(gpt2::POSITIONS.max(d.s) * d.h);
         }
         for _ in 0..d.layers {
             if self.family == Family::Gpt2 {
@@ -695,7 +705,7 @@ impl<'a> Run<'a> {
     ) -> Vec<Handle> {
         let d = *self.d;
         let (embedding, head) = if d.tied {
-            let sum = self.a(d.vocab * d.h * d.c);
+            let sum = self.a(d.vocab * d.h * self.weight_width());
             self.f(head);
             self.f(embedding);
             (sum, None)
@@ -788,6 +798,7 @@ mod tests {
             qkv_bias,
             weights,
             family: Family::Llama,
+            dropout: false,
         }
     }
 
@@ -1137,6 +1148,7 @@ mod tests {
     fn phi_step(adam: Adam) -> Step {
         Step {
             family: Family::Phi,
+            dropout: true,
             ..step(adam, false, Weights::Compute)
         }
     }
@@ -1190,6 +1202,54 @@ mod tests {
             )),
             &log,
         );
+    }
+
+    /// Without dropout (`resid_pdrop` 0, as Phi-1 and Phi-1.5 set it; Phi-2's config with it
+    /// set to 0, two layers, 1 × 1,024, in bf16 and under autocast): no mask and no copy, each
+    /// branch's output kept to the residual's sum and its gradient taken by the linear itself.
+    #[test]
+    fn phis_steps_without_dropout_request_what_the_oracles_logs_request() {
+        let d = phi2(2, 1.0, 1024.0);
+        for (step, oracle) in [
+            (
+                phi_step(Adam::Foreach),
+                include_str!("train_replay/oracle-phi2-no-dropout-2-layers-b1-1k.txt"),
+            ),
+            (
+                phi_amp_step(Adam::Foreach),
+                include_str!("train_replay/oracle-phi2-no-dropout-2-layers-b1-1k-amp.txt"),
+            ),
+        ] {
+            let (_, log) = replay_as_the_oracle(
+                &d,
+                Step {
+                    dropout: false,
+                    ..step
+                },
+            );
+            assert_same_log(&oracle_log(oracle), &log);
+        }
+    }
+
+    /// A tied head's two gradients are summed into the `.grad` in the weights' width: fp32
+    /// under autocast, the compute width in 16 bits.
+    #[test]
+    fn a_tied_heads_gradient_sum_is_in_the_weights_width() {
+        let d = Decoder {
+            tied: true,
+            ..phi2(2, 1.0, 1024.0)
+        };
+        for (step, width) in [
+            (phi_step(Adam::Foreach), 2),
+            (phi_amp_step(Adam::Foreach), 4),
+        ] {
+            let bytes: i64 = 51_200 * 2560 * width;
+            let mut run = Run::new(&d, step);
+            let (table, head) = (run.a(bytes as f64), run.a(bytes as f64));
+            run.embedding_and_layer_grads(table, head, Vec::new());
+            let log = &run.heap.log;
+            assert_eq!(log[log.len() - 3..], [bytes, -bytes, -bytes], "{step:?}");
+        }
     }
 
     fn phi_amp_step(adam: Adam) -> Step {
@@ -1295,6 +1355,7 @@ mod tests {
             d,
             Step {
                 family: Family::Gpt2,
+                dropout: true,
                 ..step(adam, false, Weights::Compute)
             },
         )
@@ -1309,6 +1370,25 @@ mod tests {
         let (_, log) = gpt2_replay_as_the_oracle(&gpt2(2, 4.0, 1024.0), Adam::Foreach);
         assert_same_log(
             &oracle_log(include_str!("train_replay/oracle-gpt2-2-layers-b4-1k.txt")),
+            &log,
+        );
+    }
+
+    /// GPT-2 without its three dropouts (`gpt2-no-dropout.json`, two layers, bf16, 4 × 1,024):
+    /// the embeddings' sum is the first layer's input, and no mask or copy anywhere.
+    #[test]
+    fn gpt2s_steps_without_dropout_request_what_the_oracles_log_requests() {
+        let (_, log) = replay_as_the_oracle(
+            &gpt2(2, 4.0, 1024.0),
+            Step {
+                family: Family::Gpt2,
+                ..step(Adam::Foreach, false, Weights::Compute)
+            },
+        );
+        assert_same_log(
+            &oracle_log(include_str!(
+                "train_replay/oracle-gpt2-no-dropout-2-layers-b4-1k.txt"
+            )),
             &log,
         );
     }

@@ -105,12 +105,19 @@ pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<TrainingR
     // config that sets it to null makes no `tanh`, which the replay would count (over, as a
     // floor).
     let gemma2 = block.family == ModelType::Gemma2 && block.mlp == Mlp::Gated;
-    let phi = block.family == ModelType::Phi && block.mlp == Mlp::Plain && block.composed_gelu();
+    // Phi's layer rotates `train_replay::PHI_ROTARY_DIM` dims of each head: a narrower head is
+    // not its code's shape.
+    let phi = block.family == ModelType::Phi
+        && block.mlp == Mlp::Plain
+        && block.composed_gelu()
+        && block.heads > 0.0
+        && block.q / block.heads > train_replay::PHI_ROTARY_DIM;
+    // GPT-J and CodeGen share GPT-2's `ModelType` but not its code (rotary positions, attention
+    // beside the MLP): only `model_type` `gpt2` itself.
     let gpt2 = block.family == ModelType::Gpt2
         && inp.gpt2_code
         && block.mlp == Mlp::Plain
-        && block.composed_gelu()
-        && !block.rotary();
+        && block.composed_gelu();
     let applies = inp.workload.is_training()
         && !inp.workload.is_adapter()
         && inp.checkpointing == Checkpointing::None
@@ -151,14 +158,17 @@ pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<TrainingR
         } else {
             train_replay::Family::Llama
         },
+        dropout: (phi || gpt2) && inp.residual_dropout,
     };
     // Gemma-2's replay floors the count rather than replaces it: the oracle, whose log the
     // replay matches, reserves 49.54 GiB at 4 × 1,024 with foreach AdamW where the H200
     // reserved 51.47 (`h200d`, 3.7 % more; at 8 × 1,024 both 86.23), the GPU's step 1 placing
-    // state where the oracle's allocator did not.
+    // state where the oracle's allocator did not. Phi's and GPT-2's floor it too: Phi's rotated
+    // width and GPT-2's positions are the published checkpoints', and their masks' placement is
+    // CUDA's, which no GPU row has checked. Only Llama's layer replaces it.
     Some(TrainingReplay {
         reserved: train_replay::replay(&d, step),
-        exact: !gemma2 && inp.replayed_code,
+        exact: step.family == train_replay::Family::Llama && inp.replayed_code,
     })
 }
 
@@ -304,16 +314,20 @@ mod tests {
         ckpt: &str,
         batch: &str,
     ) -> Option<(TrainingReplay, Inputs)> {
+        replayed_fine_tune_with(&[
+            ("model", model),
+            ("engine", engine),
+            ("workload", "training"),
+            ("dtype", dtype),
+            ("batch", batch),
+            ("context-tokens", "1024"),
+            ("gradient-checkpointing", ckpt),
+        ])
+    }
+
+    fn replayed_fine_tune_with(pairs: &[(&str, &str)]) -> Option<(TrainingReplay, Inputs)> {
         let inp = crate::model::estimate::resolve(
-            &crate::model::estimate::testing::spec(&[
-                ("model", model),
-                ("engine", engine),
-                ("workload", "training"),
-                ("dtype", dtype),
-                ("batch", batch),
-                ("context-tokens", "1024"),
-                ("gradient-checkpointing", ckpt),
-            ]),
+            &crate::model::estimate::testing::spec(pairs),
             &mut Vec::new(),
         );
         replayed_training(&inp, &inp.block()).map(|r| (r, inp))
@@ -346,6 +360,7 @@ mod tests {
                             qkv_bias: inp.qkv_bias,
                             weights,
                             family: train_replay::Family::Llama,
+                            dropout: false,
                         }
                     ),
                     "{model} {dtype}"
@@ -391,14 +406,45 @@ mod tests {
                 qkv_bias: false,
                 weights: train_replay::Weights::Compute,
                 family,
+                dropout: true,
             };
             assert_eq!(replay.reserved, train_replay::replay(&d, step), "{model}");
-            assert_eq!(
-                replayed(model, "hf", "fp16-amp", "none").is_some(),
-                amp,
+            // `residual-dropout: 0` (Phi-1.5's `config.json`) runs the replay without them.
+            let (quiet, quiet_inp) = replayed_fine_tune_with(&[
+                ("model", model),
+                ("engine", "hf"),
+                ("workload", "training"),
+                ("dtype", "bf16"),
+                ("batch", "2"),
+                ("context-tokens", "1024"),
+                ("gradient-checkpointing", "none"),
+                ("residual-dropout", "0"),
+            ])
+            .expect(model);
+            let without = train_replay::Step {
+                dropout: false,
+                ..step
+            };
+            assert_eq!(quiet.reserved, train_replay::replay(&d, without), "{model}");
+            assert!(
+                inp.residual_dropout && !quiet_inp.residual_dropout,
                 "{model}"
             );
-            assert!(replayed(model, "hf-trainer", "fp16-amp", "none").is_none());
+            match replayed(model, "hf", "fp16-amp", "none") {
+                Some((autocast, _)) => {
+                    assert!(amp, "{model}");
+                    let step = train_replay::Step {
+                        weights: train_replay::Weights::Autocast,
+                        ..step
+                    };
+                    assert_eq!(autocast.reserved, train_replay::replay(&d, step), "{model}");
+                    assert!(
+                        replayed(model, "hf-trainer", "fp16-amp", "none").is_none(),
+                        "{model}"
+                    );
+                }
+                None => assert!(!amp, "{model}"),
+            }
             assert!(replayed(model, "hf", "bf16", "full").is_none(), "{model}");
             assert!(replayed(model, "hf", "fp32", "none").is_none(), "{model}");
         }

@@ -4,7 +4,7 @@
 //! layer's input is freed before backward), one fused `c_attn` (`Conv1D`: `addmm` to
 //! `T·3h`, split into q, k and v views that SDPA saves), learned positions (`wpe`) added to the
 //! token embedding, Phi's composed GELU ([`super::phi`]'s [`Gelu`]) and a dropout after the
-//! embedding and after each block (`embd_pdrop`, `resid_pdrop`; `attn_pdrop` goes to SDPA's
+//! embedding, the attention and the MLP (`embd_pdrop`, `resid_pdrop`; `attn_pdrop` goes to SDPA's
 //! kernel, which keeps no mask). The head is the token embedding (tied, unbiased). As the
 //! oracle's event log of a two-layer GPT-2 shows it request for request
 //! (`tools/oracle/train_events.py --grid --steps 2
@@ -19,11 +19,13 @@
 //! | loss | `ln_f`; `wte`'s and `wpe`'s outputs freed; the head (`mm`), `float()`, `log_softmax` | `GPT2LMHeadModel.forward`, `ForCausalLMLoss` |
 //! | backward | per layer the MLP (dropout, `c_proj`, the GELU, `c_fc`, `ln_2`), the residual's sum, the attention (dropout, `c_proj`, the kernel, `cat` of dq, dk and dv, `c_attn`, `ln_1`), the residual's sum; then the embedding's dropout, `wpe`'s (the batch summed first) and `wte`'s gradients, the tied sum | autograd over the ops above |
 //!
-//! Assumed rather than read, since the annotations carry neither: `n_positions` 1,024 (every
-//! published GPT-2 checkpoint: `wpe` is `1024·h`, its gradient and state large-pool blocks from
-//! `h` 512) and dropout above 0 (their configs' 0.1). A config with the dropouts at 0 makes
-//! neither masks nor copies, so the replay is over for it; `hf::replays` takes it as a floor
-//! under the count.
+//! The three dropouts run where `residual-dropout` (`resid_pdrop`, which `--model-config`
+//! reads; `embd_pdrop` is taken to match, as in every published config) is above 0 or unstated
+//! (their 0.1); at 0 there are no masks or copies and the embeddings' sum is the first layer's
+//! input (the fixture without dropout). `n_positions` is assumed rather than read: 1,024, every
+//! published GPT-2 checkpoint's (`wpe` is `1024·h`, its gradient and state large-pool blocks
+//! above `h` 512), or the context where it is longer. So `hf::replays` takes the replay as a
+//! floor under the count.
 
 use super::phi::Gelu;
 use super::{CUBLAS_WORKSPACE, Grads, Handle, Run};
@@ -113,8 +115,7 @@ impl Run<'_> {
         self.f(grad);
         self.f(g_ln_2);
         // The attention: its dropout, `c_proj`, the kernel, `c_attn`, `ln_1`.
-        let dropped = self.a(th);
-        self.f(s.attn_mask);
+        let dropped = self.dropout_backward(s.attn_mask, th);
         let g_attn = self.a(t * d.q * c);
         g.o = self.a(d.q * d.h * c);
         self.f(dropped);
@@ -185,15 +186,20 @@ impl Run<'_> {
         layers.reverse();
         // The embedding's dropout; `wpe`'s gradient (the batch's sum of the broadcast
         // positions first, none for one sequence); `wte`'s.
-        let g_sum = self.a(th);
-        self.f(grad);
-        self.f(embedding_mask);
+        let g_sum = if self.dropout {
+            let g_sum = self.a(th);
+            self.f(grad);
+            self.f(embedding_mask);
+            g_sum
+        } else {
+            grad
+        };
         let summed = if d.b > 1.0 {
             self.a(d.s * d.h * d.c)
         } else {
             None
         };
-        let wpe = self.a(POSITIONS * d.h * d.c);
+        let wpe = self.a(POSITIONS.max(d.s) * d.h * d.c);
         self.f(summed);
         let wte = self.a(d.vocab * d.h * d.c);
         self.f(g_sum);

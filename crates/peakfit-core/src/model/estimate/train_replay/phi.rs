@@ -24,11 +24,13 @@
 //! | loss | the final `LayerNorm`, the biased head, `float()`, `log_softmax` | `PhiForCausalLM.forward`, `ForCausalLMLoss` |
 //! | backward | the MLP branch (dropout, `fc2`, GELU's eleven tensors, `fc1`), then the attention's (dropout, `dense`, the kernel, `RoPE` on k then q, the `cat`s' slices, v, k, q), their input gradients summed into `fc1`'s, the norm, the residual's sum | autograd over the ops above |
 //!
-//! Two things are assumed rather than read, since the annotations carry neither: the rotated
-//! width (`head_dim · partial_rotary_factor`, [`ROTARY_DIM`] in every published `phi`
-//! checkpoint) and `resid_pdrop` above 0 (Phi-2's 0.1; Phi-1 and Phi-1.5 set 0, which makes
-//! no mask and no copy, so the replay is over for them, by the masks and the dropouts'
-//! outputs). Which is why `hf::replays` takes it as a floor under the count, not in its place.
+//! The dropouts run where `residual-dropout` (`resid_pdrop`, which `--model-config` reads) is
+//! above 0 or unstated (Phi-2's 0.1); at 0 (Phi-1, Phi-1.5) `F.dropout` returns its input, no
+//! mask and no copy, and each branch's gradient goes to its linear itself (the fixtures without
+//! dropout). The rotated width is assumed rather than read, since the annotations do not carry
+//! it (`head_dim · partial_rotary_factor`, [`ROTARY_DIM`] in every published `phi`
+//! checkpoint), which is one reason `hf::replays` takes the replay as a floor under the count,
+//! not in its place.
 
 use super::{Grads, Handle, Run};
 
@@ -70,13 +72,28 @@ pub(super) struct Gelu {
 
 impl Run<'_> {
     /// `resid_dropout` on a branch's output `x` (`T·h·c`, freed): the saved mask and the
-    /// output.
+    /// output. At probability 0 (`!self.dropout`) `F.dropout` returns `x` itself: no mask.
     pub(super) fn resid_dropout(&mut self, x: Handle) -> (Handle, Handle) {
+        if !self.dropout {
+            return (None, x);
+        }
         let t = self.t();
         let mask = self.a(t * self.d.h * self.dropout_mask);
         let out = self.a(t * self.d.h * self.d.c);
         self.f(x);
         (mask, out)
+    }
+
+    /// A dropout's backward (`native_dropout_backward`: the gradient times the mask, `bytes`,
+    /// the mask freed): the branch's gradient, or `None` without dropout, where the branch
+    /// takes the block's gradient itself (its owner frees it).
+    pub(super) fn dropout_backward(&mut self, mask: Handle, bytes: f64) -> Handle {
+        if !self.dropout {
+            return None;
+        }
+        let dropped = self.a(bytes);
+        self.f(mask);
+        dropped
     }
 
     /// `native_layer_norm` over the `h` columns of a 16-bit input: its output and its
@@ -194,8 +211,7 @@ impl Run<'_> {
         let d = *self.d;
         let t = self.t();
         let (c, th) = (d.c, t * d.h * d.c);
-        let dropped = self.a(th);
-        self.f(mask);
+        let dropped = self.dropout_backward(mask, th);
         let g_gelu = self.a(t * d.ffn * c);
         g.down = self.a(d.h * d.ffn * c);
         self.f(dropped);
@@ -221,8 +237,7 @@ impl Run<'_> {
         let d = *self.d;
         let t = self.t();
         let c = d.c;
-        let dropped = self.a(t * d.h * c);
-        self.f(s.attn_mask);
+        let dropped = self.dropout_backward(s.attn_mask, t * d.h * c);
         let g_out = self.a(t * d.q * c);
         g.o = self.a(d.h * d.q * c);
         self.f(dropped);

@@ -181,8 +181,7 @@ impl Run<'_> {
         // The two 16-bit branches' sum met the fp32 residual: its gradient cast down.
         let g16 = self.a(2.0 * t * d.h);
         // The MLP: its dropout, `fc2` (its input cast from the fp32 GELU), the GELU, `fc1`.
-        let dropped = self.a(2.0 * t * d.h);
-        self.f(s.mlp_mask);
+        let dropped = self.dropout_backward(s.mlp_mask, 2.0 * t * d.h);
         let g_gelu;
         (g_gelu, g.down) = self.linear_backward_amp(dropped, (d.h, d.ffn), s.fc2, true, None, true);
         let g_fc1 = self.gelu_backward_amp(g_gelu, s);
@@ -191,9 +190,15 @@ impl Run<'_> {
             self.linear_backward_amp(g_fc1, (d.ffn, d.h), s.fc1, true, None, true);
         // The attention: its dropout, `dense` (a 16-bit input), the kernel, q's and k's fp32
         // gradients, the pass-through parts' casts back, `RoPE`, the `cat`s' slices.
-        let dropped = self.a(2.0 * t * d.h);
-        self.f(g16);
-        self.f(s.attn_mask);
+        // Without dropout `dense` takes the cast gradient itself and frees it.
+        let dropped = if self.dropout {
+            let dropped = self.a(2.0 * t * d.h);
+            self.f(g16);
+            self.f(s.attn_mask);
+            dropped
+        } else {
+            g16
+        };
         let g_out;
         (g_out, g.o) = self.linear_backward_amp(dropped, (d.h, d.q), s.dense, false, None, true);
         let dq = self.a(2.0 * t * d.q);
