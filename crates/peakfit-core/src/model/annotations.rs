@@ -51,7 +51,7 @@
 //! | `flash-attention` | `true` `false`: `false` is eager attention (the score matrix) | `true`: transformers' SDPA in every dtype (`false` for fp32 outside transformers) |
 //! | `lora-rank` | 1–65536, only with lora/qlora | 8 (adapters on every linear layer) |
 //! | `lora-dropout` | LoRA's dropout probability, 0 up to (not) 1, only with lora/qlora: above 0 each adapted layer saves a dropped-out copy of its input and the mask | 0 (PEFT's `LoraConfig` default); 0.05 with `engine: litgpt` (its `finetune/lora.py` default) |
-//! | `residual-dropout` | the model's dropout probability after each attention and MLP block (`resid_pdrop`, set by `--model-config`), 0 up to (not) 1: a GPT-2 or Phi full fine-tune without checkpointing keeps each dropout's one-byte mask and its output (GPT-2's `embd_pdrop` is taken to match) | above 0 (the published GPT-2 and Phi-2 configs' 0.1) |
+//! | `residual-dropout` | the model's dropout probability after each attention and MLP block (`resid_pdrop`, set by `--model-config` for `gpt2` and `phi` configs), 0 up to (not) 1: a GPT-2 or Phi full fine-tune without checkpointing keeps each dropout's one-byte mask and its output (GPT-2's `embd_pdrop` is taken to match) | the preset's (`phi-1.5`: 0), else above 0 (the published GPT-2 and Phi-2 configs' 0.1) |
 //! | `headroom` | extra fraction, 0–10, on the whole estimate (on the part outside a fraction engine's budget) | 0 |
 //! | `model-type` | a Hugging Face `model_type` (`config.json`, set by `--model-config`): `qwen3`, `phi3`, `gemma2`, ... decide what transformers' modules keep alive (q/k norms, fused projections, four norms per block); `llama`, `mistral`, `qwen2` and `qwen3` (and the presets of those families, which carry it) also have `generate`'s reserved memory replayed request by request through the caching allocator, and so does `falcon` with one KV head under SDPA (Falcon-7B's layout, by its own layer; Falcon-40B's, multi-head and eager Falcons keep the analytic slack) and `phi3` under bf16 eager attention with a KV head per head (Phi-3-mini, its sliding window's mask and cache included; fp16 and fp32 eager, unchecked against the oracle, keep the analytic slack); other Llama-layout types get the larger of that replay and the analytic slack | the Llama layout (gated MLP unless 4 x hidden), its reserved the larger of the replay and the analytic slack |
 //! | `expandable-segments` | `true` `false`: PyTorch's caching allocator maps one growing segment per pool instead of caching many (`expandable_segments:True` in `PYTORCH_ALLOC_CONF` or `PYTORCH_CUDA_ALLOC_CONF`; the webhook copies it from the first container that sets either), so blocks freed anywhere merge and the segment-stranding slack is the generic ratio at most | `false` (PyTorch's default) |
@@ -705,17 +705,19 @@ impl ModelType {
     }
 }
 
-/// A dropout probability: from 0 up to, not including, 1 (at 1 it drops every `what`).
+/// A dropout probability: from 0 up to, not including, 1 (at 1 it drops every `what`); any
+/// other value is refused with that range.
 fn dropout(key: &str, value: &str, what: &str) -> Result<f64, AnnotationError> {
-    let p = fraction(key, value, false, 1.0)?;
-    if p >= 1.0 {
-        return Err(AnnotationError::new(
-            key,
-            value,
-            format!("a probability from 0 up to, not including, 1 (1 drops every {what})"),
-        ));
-    }
-    Ok(p)
+    fraction(key, value, false, 1.0)
+        .ok()
+        .filter(|p| *p < 1.0)
+        .ok_or_else(|| {
+            AnnotationError::new(
+                key,
+                value,
+                format!("a probability from 0 up to, not including, 1 (1 drops every {what})"),
+            )
+        })
 }
 
 fn int<T: TryFrom<u64>>(key: &str, value: &str, min: u64, max: u64) -> Result<T, AnnotationError> {
@@ -1613,6 +1615,8 @@ mod tests {
         for bad in ["1", "1.5", "-0.1", "often"] {
             let e = spec(bad).unwrap_err();
             assert_eq!(e.key, "residual-dropout", "{bad}");
+            assert_eq!(e.value, bad);
+            assert!(e.to_string().contains("not including, 1"), "{e}");
         }
     }
 

@@ -13,7 +13,7 @@
 //! | `intermediate-size` | `intermediate_size` `n_inner` `d_ff` `ffn_dim` `encoder_ffn_dim` `ffn_hidden_size`, else 4 x hidden; per expert for mixture-of-experts (`moe_intermediate_size`) |
 //! | `experts` | `num_local_experts` `num_experts` `n_routed_experts`, when above 1 |
 //! | `tied-embeddings` | `tie_word_embeddings` (Hugging Face's default: true) |
-//! | `residual-dropout` | `resid_pdrop` of a `gpt2` or `phi` config (the layers whose replay reads it) |
+//! | `residual-dropout` | `resid_pdrop` of a `gpt2` or `phi` config (the layers whose replay reads it), else its class's default (`GPT2Config` 0.1, `PhiConfig` 0) |
 //! | `dtype` | `quantization_config` (`awq`, `gptq` 4/8 bits, `bitsandbytes` 4-bit with or without double quantisation / 8-bit, `fp8`), else `torch_dtype` / `dtype` |
 //! | `architecture` | `is_encoder_decoder` or encoder and decoder layer counts: `encoder-decoder`; BERT-family `model_type`: `encoder`; else `decoder` |
 //! | `params` | derived: attention (q, o by heads; k, v by kv heads) + MLP (3 matrices when gated, x experts, + router) per layer, embeddings (one when tied), a vision tower's layers (`vision_config`) and an encoder-decoder's cross-attention |
@@ -471,11 +471,25 @@ pub fn annotations(json: &str) -> Result<FromConfig, ConfigError> {
         put("sliding-window", w.to_string());
     }
     // GPT-2's and Phi's dropout after each block, for the only layers whose replay reads it
-    // (other types' `resid_pdrop`, Phi-3's say, would be noise on the pod); a value out of range
-    // is left to the annotation's own check (which names the field) rather than dropped here.
-    if matches!(inner_type.as_str(), "gpt2" | "phi")
-        && let Some(p) = cfg.get("resid_pdrop").and_then(Value::as_f64)
-    {
+    // (other types' `resid_pdrop`, Phi-3's say, would be noise on the pod). A config without it
+    // has its class's default, which transformers fills in: `GPT2Config` 0.1, `PhiConfig` 0.0.
+    let config_default = match inner_type.as_str() {
+        "gpt2" => Some(0.1),
+        "phi" => Some(0.0),
+        _ => None,
+    };
+    if let Some(default) = config_default {
+        let p = match cfg.get("resid_pdrop") {
+            None | Some(Value::Null) => default,
+            Some(v) => v
+                .as_f64()
+                .filter(|p| (0.0..1.0).contains(p))
+                .ok_or_else(|| ConfigError::Invalid {
+                    field: "resid_pdrop".into(),
+                    value: clip(&v.to_string()),
+                    allowed: "a probability from 0 up to, not including, 1".into(),
+                })?,
+        };
         put("residual-dropout", p.to_string());
     }
     Ok(FromConfig {
@@ -499,29 +513,27 @@ mod tests {
     /// without it says nothing.
     #[test]
     fn resid_pdrop_is_the_residual_dropout() {
-        let with = |extra: &str| {
-            annotations(&base(extra).replace("\"llama\"", "\"gpt2\""))
-                .unwrap()
-                .annotations
+        let read = |model_type: &str, extra: &str| {
+            annotations(&base(extra).replace("\"llama\"", &format!("\"{model_type}\"")))
+                .map(|c| c.annotations.get("residual-dropout").cloned())
         };
         assert_eq!(
-            with(r#","resid_pdrop":0.1"#)
-                .get("residual-dropout")
-                .map(String::as_str),
-            Some("0.1")
+            read("gpt2", r#","resid_pdrop":0.1"#),
+            Ok(Some("0.1".into()))
         );
-        assert_eq!(
-            with(r#","resid_pdrop":0.0"#)
-                .get("residual-dropout")
-                .map(String::as_str),
-            Some("0")
-        );
-        assert!(!with("").contains_key("residual-dropout"));
-        // A `llama` config's (none has one; a `phi3` config's `resid_pdrop` is 0) is not read.
-        let llama = annotations(&base(r#","resid_pdrop":0.1"#))
-            .unwrap()
-            .annotations;
-        assert!(!llama.contains_key("residual-dropout"));
+        assert_eq!(read("phi", r#","resid_pdrop":0.0"#), Ok(Some("0".into())));
+        // Unset, each config class's own default.
+        assert_eq!(read("gpt2", ""), Ok(Some("0.1".into())));
+        assert_eq!(read("phi", ""), Ok(Some("0".into())));
+        // Other layers' `resid_pdrop` (Phi-3's) is not read.
+        assert_eq!(read("llama", r#","resid_pdrop":0.1"#), Ok(None));
+        for bad in [r#""0.1""#, "1.0", "-0.1"] {
+            let e = read("phi", &format!(r#","resid_pdrop":{bad}"#)).unwrap_err();
+            assert!(
+                matches!(&e, super::ConfigError::Invalid { field, .. } if field == "resid_pdrop"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

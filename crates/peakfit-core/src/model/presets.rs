@@ -91,6 +91,10 @@ pub struct Preset {
     /// `--model-config` does from the same `config.json` fields.
     pub experts: u32,
     pub experts_per_token: u32,
+    /// `resid_pdrop` of the model's `config.json` where a replay reads it (GPT-2's and Phi's
+    /// layers: `residual-dropout`) and it is not what an unstated one is taken to be (on):
+    /// Phi-1.5's 0.
+    pub residual_dropout: Option<f64>,
 }
 
 /// How a model's layers are arranged, which decides its activation and cache terms.
@@ -206,6 +210,7 @@ const fn transformer(
         hf_model_type: None,
         experts: 0,
         experts_per_token: 0,
+        residual_dropout: None,
     }
 }
 
@@ -255,6 +260,7 @@ const fn diffusion(name: &'static str, aliases: &'static [&'static str], d: Diff
         hf_model_type: None,
         experts: 0,
         experts_per_token: 0,
+        residual_dropout: None,
     }
 }
 
@@ -462,15 +468,18 @@ pub static PRESETS: &[Preset] = &[
             arch(41_800 * M, 60, 8192, 128, 8, 64, 32768, 65024, false),
         ),
     ),
-    // huggingface.co/microsoft/phi-1_5 config.json: `model_type` `phi`.
-    typed(
-        "phi",
-        transformer(
-            "phi-1.5",
-            &["phi-1_5"],
-            arch(1_420 * M, 24, 2048, 32, 32, 64, 8192, 51200, false),
-        ),
-    ),
+    // huggingface.co/microsoft/phi-1_5 config.json: `model_type` `phi`, `resid_pdrop` 0.0.
+    Preset {
+        residual_dropout: Some(0.0),
+        ..typed(
+            "phi",
+            transformer(
+                "phi-1.5",
+                &["phi-1_5"],
+                arch(1_420 * M, 24, 2048, 32, 32, 64, 8192, 51200, false),
+            ),
+        )
+    },
     transformer(
         "stablelm-base-alpha-3b",
         &["stablelm-3b"],

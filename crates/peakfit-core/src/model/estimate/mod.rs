@@ -255,9 +255,9 @@ struct Inputs {
     /// The `model_type` is `gpt2` itself, not another of [`ModelType::Gpt2`]'s (GPT-J and
     /// `CodeGen` rotate and run attention beside the MLP): [`train_replay`] follows its layer.
     gpt2_code: bool,
-    /// The model's dropout after each block is on (`residual-dropout` above 0, or not stated:
-    /// the published GPT-2 and Phi-2 configs' 0.1), which [`train_replay`] follows for GPT-2's
-    /// and Phi's layers.
+    /// The model's dropout after each block is on (`residual-dropout` above 0, else the
+    /// preset's `resid_pdrop`, else on: the published GPT-2 and Phi-2 configs' 0.1), which
+    /// [`train_replay`] follows for GPT-2's and Phi's layers.
     residual_dropout: bool,
     /// A mixture of experts' experts per token (0: dense).
     experts_per_token: f64,
@@ -459,7 +459,10 @@ fn resolve(spec: &Spec, assumed: &mut Vec<String>) -> Inputs {
             .as_deref()
             .or_else(|| spec.model.and_then(|p| p.hf_model_type))
             == Some("gpt2"),
-        residual_dropout: spec.residual_dropout.is_none_or(|p| p > 0.0),
+        residual_dropout: spec
+            .residual_dropout
+            .or(spec.model.and_then(|p| p.residual_dropout))
+            .is_none_or(|p| p > 0.0),
         // The pod's `model-type` first (from `--model-config`), then its preset's own.
         family: spec
             .model_type

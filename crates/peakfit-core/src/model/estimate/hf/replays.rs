@@ -85,8 +85,8 @@ pub(super) struct TrainingReplay {
 /// [`prefill_replay::follows`]), Gemma-2's (`modeling_gemma2.py`, in 16 bits: its four
 /// norms, scaled embedding and soft-capped logits; a floor under the count) or Phi's
 /// (`modeling_phi.py`, in 16 bits or under autocast: `LayerNorm`, partial `RoPE`, composed
-/// GELU, residual dropout; a floor under the count, since its rotated width and dropout are
-/// assumed, not read) or GPT-2's (`modeling_gpt2.py`, `model_type` `gpt2` only, in 16 bits: learned
+/// GELU, residual dropout as `residual-dropout` says; a floor under the count, since its
+/// rotated width is assumed, not read) or GPT-2's (`modeling_gpt2.py`, `model_type` `gpt2` only, in 16 bits: learned
 /// positions, fused `c_attn`, composed GELU, three dropouts; a floor too), a dense MLP (gated
 /// but Phi's and GPT-2's), SDPA's fused kernels, no sliding window
 /// inside the context, weights and state in the compute dtype (`bf16`/`fp16`) or in fp32
@@ -384,8 +384,9 @@ mod tests {
         assert!(replayed("llama-3.1-8b", "hf", "fp32", "none").is_none());
     }
 
-    /// Phi's and GPT-2's layers are replayed as floors under the count (`exact` false: their
-    /// dropouts, Phi's rotated width and GPT-2's positions are assumed), Phi's in 16 bits and
+    /// Phi's and GPT-2's layers are replayed as floors under the count (`exact` false: Phi's
+    /// rotated width and GPT-2's positions are assumed), their dropouts as the preset or
+    /// `residual-dropout` says (`phi-1.5`: none; `gpt2`: on), Phi's in 16 bits and
     /// under autocast in transformers' own loop, GPT-2's in 16 bits only; checkpointed runs
     /// and fp32 keep the count.
     #[test]
@@ -393,9 +394,9 @@ mod tests {
         let replayed = |model: &str, engine: &str, dtype: &str, ckpt: &str| {
             replayed_fine_tune(model, engine, dtype, ckpt, "2")
         };
-        for (model, family, amp) in [
-            ("phi-1.5", train_replay::Family::Phi, true),
-            ("gpt2", train_replay::Family::Gpt2, false),
+        for (model, family, amp, dropout) in [
+            ("phi-1.5", train_replay::Family::Phi, true, false),
+            ("gpt2", train_replay::Family::Gpt2, false, true),
         ] {
             let (replay, inp) = replayed(model, "hf", "bf16", "none").expect(model);
             assert!(!replay.exact, "{model}");
@@ -406,30 +407,34 @@ mod tests {
                 qkv_bias: false,
                 weights: train_replay::Weights::Compute,
                 family,
-                dropout: true,
+                dropout,
             };
             assert_eq!(replay.reserved, train_replay::replay(&d, step), "{model}");
-            // `residual-dropout: 0` (Phi-1.5's `config.json`) runs the replay without them.
-            let (quiet, quiet_inp) = replayed_fine_tune_with(&[
-                ("model", model),
-                ("engine", "hf"),
-                ("workload", "training"),
-                ("dtype", "bf16"),
-                ("batch", "2"),
-                ("context-tokens", "1024"),
-                ("gradient-checkpointing", "none"),
-                ("residual-dropout", "0"),
-            ])
-            .expect(model);
-            let without = train_replay::Step {
-                dropout: false,
-                ..step
-            };
-            assert_eq!(quiet.reserved, train_replay::replay(&d, without), "{model}");
-            assert!(
-                inp.residual_dropout && !quiet_inp.residual_dropout,
-                "{model}"
-            );
+            assert_eq!(inp.residual_dropout, dropout, "{model}");
+            // `residual-dropout` overrides the preset: 0 runs the replay without them, 0.1 with.
+            for (p, on) in [("0", false), ("0.1", true)] {
+                let (stated, stated_inp) = replayed_fine_tune_with(&[
+                    ("model", model),
+                    ("engine", "hf"),
+                    ("workload", "training"),
+                    ("dtype", "bf16"),
+                    ("batch", "2"),
+                    ("context-tokens", "1024"),
+                    ("gradient-checkpointing", "none"),
+                    ("residual-dropout", p),
+                ])
+                .expect(model);
+                assert_eq!(stated_inp.residual_dropout, on, "{model} {p}");
+                let step = train_replay::Step {
+                    dropout: on,
+                    ..step
+                };
+                assert_eq!(
+                    stated.reserved,
+                    train_replay::replay(&d, step),
+                    "{model} {p}"
+                );
+            }
             match replayed(model, "hf", "fp16-amp", "none") {
                 Some((autocast, _)) => {
                     assert!(amp, "{model}");

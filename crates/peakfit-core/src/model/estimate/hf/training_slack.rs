@@ -422,6 +422,14 @@ mod tests {
     /// The reserved GiB `estimate` gives a model's `config.json` with `engine: hf` and
     /// `annotations` (without the `peakfit.io/` prefix) on top.
     fn hf_reserved_gib(json: &str, annotations: &[(&str, &str)]) -> f64 {
+        let spec = hf_spec(json, annotations);
+        let e = crate::model::estimate(&spec, crate::model::estimate::Defaults::GPU_TOTAL);
+        e.reserved_bytes as f64 / GIB
+    }
+
+    /// The pod spec of a model's `config.json` (`--model-config`'s annotations) with
+    /// `engine: hf` and `annotations` on top.
+    fn hf_spec(json: &str, annotations: &[(&str, &str)]) -> crate::model::Spec {
         let mut map: std::collections::BTreeMap<String, String> =
             crate::model::hf_config::annotations(json)
                 .unwrap()
@@ -432,9 +440,7 @@ mod tests {
         for (k, v) in [("engine", "hf")].iter().chain(annotations) {
             map.insert(format!("peakfit.io/{k}"), (*v).to_string());
         }
-        let spec = crate::model::Spec::parse(&map).unwrap();
-        let e = crate::model::estimate(&spec, crate::model::estimate::Defaults::GPU_TOTAL);
-        e.reserved_bytes as f64 / GIB
+        crate::model::Spec::parse(&map).unwrap()
     }
 
     /// Gemma-2's full fine-tune without checkpointing reaches `train_replay`'s Gemma-2 layer,
@@ -546,10 +552,25 @@ mod tests {
             (oracle - 8.0 / 1024.0..=oracle).contains(&got),
             "{got:.3} GiB"
         );
-        // GPT-J's `model_type` (the same family, its own code) is not replayed.
+        // GPT-J's `model_type` (the same family, its own code) is not replayed; GPT-2's is.
         let gptj = gpt2.replace("\"model_type\": \"gpt2\"", "\"model_type\": \"gptj\"");
         assert_ne!(gptj, gpt2);
-        assert!((reserved(&gptj, "16") - reserved(gpt2, "16")).abs() > 0.1);
+        let replayed = |json: &str| {
+            let spec = hf_spec(
+                json,
+                &[
+                    ("workload", "training"),
+                    ("dtype", "bf16"),
+                    ("batch", "16"),
+                    ("context-tokens", "1024"),
+                    ("gradient-checkpointing", "none"),
+                ],
+            );
+            let inp = crate::model::estimate::resolve(&spec, &mut Vec::new());
+            replayed_training(&inp, &inp.block()).is_some()
+        };
+        assert!(replayed(gpt2));
+        assert!(!replayed(&gptj));
     }
 
     #[test]
