@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 import weakref
@@ -544,9 +545,44 @@ def patch_transformers():
     torch.nn.functional.scaled_dot_product_attention = sdpa_sm90
     # 6. softmax of an fp16 input with dtype=float32 converts inside CUDA's kernel, as on a GPU
     F.softmax = softmax_cuda
+    # 7. opt-in (PEAKFIT_ORACLE_CUDA_DROPOUT=1): dropout as CUDA runs it, a one-byte mask, not the CPU's
+    #    noise in the input's dtype. Off by default: the committed grid was made without it.
+    if os.environ.get("PEAKFIT_ORACLE_CUDA_DROPOUT") == "1":
+        F.dropout = dropout_cuda
 
 
 _SOFTMAX = F.softmax
+
+
+class _CudaDropout(torch.autograd.Function):
+    """`native_dropout` on a CUDA tensor (aten/src/ATen/native/cuda/Dropout.cu, `dropout_cuda`): the `bool`
+    mask first (`empty_like(self, kBool)`), then the output; the mask is saved, and backward
+    (`native_dropout_backward`, `masked_scale`) makes the input's gradient alone. A fake run's CPU tensors take
+    `_dropout_impl` instead (`is_fused_kernel_acceptable` wants a CUDA tensor), whose noise tensor is in the
+    input's dtype: a GPT-2 or Phi-2 step there saves `c` bytes a mask element where the GPU saves one
+    (`train_replay`'s `Run::dropout_mask`). Only the sizes and the order matter on fake tensors."""
+
+    @staticmethod
+    def forward(ctx, x, p):
+        mask = torch.empty_like(x, dtype=torch.bool)
+        out = torch.empty_like(x)
+        ctx.save_for_backward(mask)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.empty_like(grad), None
+
+
+def dropout_cuda(input, p=0.5, training=True, inplace=False):
+    """`F.dropout` as a CUDA tensor runs it (ATen's `dropout`): `native_dropout` in training at 0 < p < 1,
+    else the input itself."""
+    if not training or p <= 0.0 or p >= 1.0 or input.numel() == 0:
+        return _DROPOUT(input, p, training, inplace)
+    return _CudaDropout.apply(input, p)
+
+
+_DROPOUT = F.dropout
 
 
 def softmax_cuda(input, dim=None, _stacklevel=3, dtype=None):

@@ -60,3 +60,28 @@ class SoftmaxBackward(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipIf(torch is None, "needs torch (the oracle's venv)")
+class CudaDropout(unittest.TestCase):
+    """`oracle.dropout_cuda` (opt-in, `PEAKFIT_ORACLE_CUDA_DROPOUT=1`): CUDA's one-byte mask, then the output;
+    backward one tensor, the mask freed with the graph."""
+
+    def test_a_bool_mask_then_the_output_and_one_gradient(self):
+        fake = FakeTensorMode()
+        tr = oracle.Tracker()
+        n = 4 * 64 * 32
+        with fake, tr:
+            x = torch.empty((4, 64, 32), dtype=torch.bfloat16, requires_grad=True)
+            before = len(tr.events)
+            y = oracle.dropout_cuda(x, 0.1, True)
+            forward = tr.events[before:]
+            grad = torch.empty_like(y)
+            mid = len(tr.events)
+            y.backward(grad)
+            backward = [e[2] for e in tr.events[mid:] if e[0] == "a"]
+        self.assertEqual([e[2] for e in forward if e[0] == "a"], [n, 2 * n])
+        # the input's gradient (x is a leaf: it becomes x.grad), no copy of the mask
+        self.assertEqual(backward, [2 * n])
+        # at probability 0 (or in eval) the input itself
+        self.assertIs(oracle.dropout_cuda(x, 0.0, True), x)
