@@ -919,12 +919,20 @@ def run_training(model, cfg, c, b, ctx, dtype, tr):
 
     # measure.py runs 3 steps. Step 3 repeats step 2 tensor for tensor (the optimizer state exists in both,
     # gradients are set to None after each), so 2 steps have the same peak; the grid uses steps=2.
+    # `engine: hf-trainer` under autocast: accelerate wraps the forward in `convert_outputs_to_fp32` (outside
+    # autocast) and `Trainer.compute_loss` keeps the loss alone, the outputs dropped before backward.
+    trainer = c.get("engine") == "hf-trainer" and dtype == "fp16-amp"
     for _ in range(int(c.get("steps") or 3)):
         tr.phase = "forward"
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             if dtype == "fp16-amp":
                 with torch.autocast("cpu", dtype=torch.bfloat16), CudaAutocastPolicy():
-                    loss = model(input_ids=x, labels=x).loss
+                    out = model(input_ids=x, labels=x)
+                if trainer:
+                    from accelerate.utils import convert_to_fp32
+                    out = convert_to_fp32(out)
+                loss = out["loss"]
+                del out
             else:
                 loss = model(input_ids=x, labels=x).loss
         tr.phase = "backward"

@@ -56,6 +56,8 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--large", action="store_true", help="also write OUT/ID.txt, the large pool's log")
+    p.add_argument("--engine", help="hf-trainer: under fp16-amp, accelerate's convert_outputs_to_fp32 around "
+                                    "the forward, as the Trainer runs it")
     p.add_argument("ids", nargs="+")
     a = p.parse_args(argv)
     names = {}
@@ -72,6 +74,8 @@ def main(argv=None):
     for i in a.ids:
         names.clear()
         c = dict(cases[i] if i in cases else grid_case(i), steps=a.steps)
+        if a.engine:
+            c["engine"] = a.engine
         res = oracle._run_case(c)
         events = res.pop("_events")
         with open(os.path.join(a.out, f"{i}.pkl"), "wb") as f:

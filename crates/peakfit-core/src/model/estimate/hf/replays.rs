@@ -91,11 +91,16 @@ pub(super) struct TrainingReplay {
 /// but Phi's and GPT-2's), SDPA's fused kernels, no sliding window
 /// inside the context, weights and state in the compute dtype (`bf16`/`fp16`) or in fp32
 /// under `torch.autocast` (`fp16-amp`), no checkpointing, one GPU, and AdamW (foreach or fused,
-/// in the caching allocator: not paged or 8-bit). Under autocast only in transformers' own
-/// loop (`engine: hf`, or none named): not Qwen3's per-head norms, whose autocast requests no
-/// log has shown, and not under a trainer, since accelerate's mixed precision wraps the
-/// model's forward in `convert_outputs_to_fp32` (an fp32 copy of the logits beside the 16-bit
-/// ones), which the oracle's loop does not run.
+/// in the caching allocator: not paged or 8-bit). Under autocast in transformers' own loop or
+/// its `Trainer` (`engine: hf`, `hf-trainer`, or none named), not Qwen3's per-head norms, whose
+/// autocast requests no log has shown. The `Trainer`'s accelerate wraps the model's forward in
+/// `convert_outputs_to_fp32`: an fp32 copy of the 16-bit logits (`4·T·V`), made after the
+/// loss's `float()` freed a block of that size and freed with the outputs before backward, so
+/// it reserves nothing more; the oracle run with that wrapper reserves and allocates what its
+/// own loop does to the byte (SmolLM2-135M at 4 and 8 × 1,024, Llama-3.2-1B at 2 × 1,024,
+/// Qwen2.5-0.5B at 8 × 1,024, Phi-2 at 2 × 1,024; docs/oracle.md). Other trainers keep the
+/// count: TRL's `SFTTrainer` reads the logits again for its token accuracy and entropy, and
+/// Axolotl, ms-swift, Unsloth and Liger patch the loss or the kernels.
 pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<TrainingReplay> {
     let pass = inp.pass(inp.batch, inp.context);
     let amp = inp.precision() == Precision::Autocast;
@@ -126,7 +131,9 @@ pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<TrainingR
                 && !gemma2
                 && !gpt2
                 && !block.qk_norm()
-                && inp.framework().is_none_or(|f| *f == Framework::Hf))
+                && inp
+                    .framework()
+                    .is_none_or(|f| matches!(f, Framework::Hf | Framework::HfTrainer)))
         && inp.optimizer == Optimizer::Adam
         && !inp.optimizer_paged
         && (replays_llama_layout(inp, block, &pass)
@@ -375,7 +382,11 @@ mod tests {
                 "{model}"
             );
             assert!(
-                replayed(model, "hf-trainer", "fp16-amp", "none").is_none(),
+                replayed(model, "hf-trainer", "fp16-amp", "none").is_some(),
+                "{model}"
+            );
+            assert!(
+                replayed(model, "trl", "fp16-amp", "none").is_none(),
                 "{model}"
             );
         }
@@ -444,7 +455,11 @@ mod tests {
                     };
                     assert_eq!(autocast.reserved, train_replay::replay(&d, step), "{model}");
                     assert!(
-                        replayed(model, "hf-trainer", "fp16-amp", "none").is_none(),
+                        replayed(model, "hf-trainer", "fp16-amp", "none").is_some(),
+                        "{model}"
+                    );
+                    assert!(
+                        replayed(model, "trl", "fp16-amp", "none").is_none(),
                         "{model}"
                     );
                 }
