@@ -30,6 +30,9 @@ import torch
 import torch.nn.functional as F
 
 from allocator import Allocator
+# accelerate (PEFT's dependency) wraps a Trainer's forward in `convert_outputs_to_fp32`: imported here, before
+# any fake mode, so that nothing its import makes is tracked.
+from accelerate.utils import convert_to_fp32
 from torch._subclasses.fake_tensor import FakeTensorMode, FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -576,8 +579,10 @@ class _CudaDropout(torch.autograd.Function):
 
 def dropout_cuda(input, p=0.5, training=True, inplace=False):
     """`F.dropout` as a CUDA tensor runs it (ATen's `dropout`): `native_dropout` in training at 0 < p < 1,
-    else the input itself."""
-    if not training or p <= 0.0 or p >= 1.0 or input.numel() == 0:
+    out of place; otherwise what ATen does off that path (the input itself at p 0 or in eval; in place,
+    `_dropout_impl`'s noise)."""
+    if inplace or not training or p <= 0.0 or p >= 1.0 or input.numel() == 0:
+        # in place (`dropout_`) CUDA takes `_dropout_impl` too: noise in the input's dtype
         return _DROPOUT(input, p, training, inplace)
     return _CudaDropout.apply(input, p)
 
@@ -925,14 +930,15 @@ def run_training(model, cfg, c, b, ctx, dtype, tr):
     for _ in range(int(c.get("steps") or 3)):
         tr.phase = "forward"
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            if dtype == "fp16-amp":
+            if trainer:
                 with torch.autocast("cpu", dtype=torch.bfloat16), CudaAutocastPolicy():
                     out = model(input_ids=x, labels=x)
-                if trainer:
-                    from accelerate.utils import convert_to_fp32
-                    out = convert_to_fp32(out)
+                out = convert_to_fp32(out)
                 loss = out["loss"]
                 del out
+            elif dtype == "fp16-amp":
+                with torch.autocast("cpu", dtype=torch.bfloat16), CudaAutocastPolicy():
+                    loss = model(input_ids=x, labels=x).loss
             else:
                 loss = model(input_ids=x, labels=x).loss
         tr.phase = "backward"

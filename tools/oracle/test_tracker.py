@@ -58,10 +58,6 @@ class SoftmaxBackward(unittest.TestCase):
         self.assertEqual([e[2] for e in events if e[0] == "a"], [2 * n, 2 * n])
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 @unittest.skipIf(torch is None, "needs torch (the oracle's venv)")
 class CudaDropout(unittest.TestCase):
     """`oracle.dropout_cuda` (opt-in, `PEAKFIT_ORACLE_CUDA_DROPOUT=1`): CUDA's one-byte mask, then the output;
@@ -83,5 +79,12 @@ class CudaDropout(unittest.TestCase):
         self.assertEqual([e[2] for e in forward if e[0] == "a"], [n, 2 * n])
         # the input's gradient (x is a leaf: it becomes x.grad), no copy of the mask
         self.assertEqual(backward, [2 * n])
+        # the mask is freed with the graph: the backward's last frees
+        freed = [e for e in tr.events[mid:] if e[0] == "f"]
+        self.assertIn(forward[0][1], [e[1] for e in freed])
         # at probability 0 (or in eval) the input itself
         self.assertIs(oracle.dropout_cuda(x, 0.0, True), x)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -98,9 +98,13 @@ pub(super) struct TrainingReplay {
 /// loss's `float()` freed a block of that size and freed with the outputs before backward, so
 /// it reserves nothing more; the oracle run with that wrapper reserves and allocates what its
 /// own loop does to the byte (SmolLM2-135M at 4 and 8 × 1,024, Llama-3.2-1B at 2 × 1,024,
-/// Qwen2.5-0.5B at 8 × 1,024, Phi-2 at 2 × 1,024; docs/oracle.md). Other trainers keep the
-/// count: TRL's `SFTTrainer` reads the logits again for its token accuracy and entropy, and
-/// Axolotl, ms-swift, Unsloth and Liger patch the loss or the kernels.
+/// Qwen2.5-0.5B at 8 × 1,024, Phi-2 at 2 × 1,024; docs/oracle.md), assuming the `Trainer`'s
+/// loss is the model's (no `label_smoothing_factor`, no `compute_loss_func`: those pop the
+/// labels and compute their own `4·T·V` tensors beside the outputs). Under autocast TRL keeps
+/// the count (its `SFTTrainer` reads the logits again for token accuracy and entropy); in 16
+/// bits the replay runs for every framework that runs transformers' modules, TRL's extra reads
+/// of the logits not followed. Axolotl, ms-swift, Unsloth and Liger do not run them (their
+/// own kernels and losses) and never reach the replay.
 pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<TrainingReplay> {
     let pass = inp.pass(inp.batch, inp.context);
     let amp = inp.precision() == Precision::Autocast;
@@ -341,9 +345,10 @@ mod tests {
     }
 
     /// A full fine-tune without checkpointing is replayed in 16 bits and, in transformers' own
-    /// loop, under autocast with the autocast sequence (`train_replay`'s `amp`); not Qwen3's
-    /// per-head norms under autocast, not under a trainer's autocast (accelerate's fp32 copy of
-    /// the outputs), not with checkpointing (its own count), not in fp32.
+    /// loop or its `Trainer`, under autocast with the autocast sequence (`train_replay`'s `amp`;
+    /// the `Trainer`'s the same bytes: accelerate's fp32 copy of the logits reserves nothing);
+    /// not Qwen3's per-head norms under autocast, not TRL's autocast, not with checkpointing
+    /// (its own count), not in fp32.
     #[test]
     fn full_fine_tunes_are_replayed_under_autocast_too() {
         let replayed = |model: &str, engine: &str, dtype: &str, ckpt: &str| {
@@ -381,10 +386,9 @@ mod tests {
                 replayed(model, "hf-trainer", "bf16", "none").is_some(),
                 "{model}"
             );
-            assert!(
-                replayed(model, "hf-trainer", "fp16-amp", "none").is_some(),
-                "{model}"
-            );
+            let (trainer, _) = replayed(model, "hf-trainer", "fp16-amp", "none").expect(model);
+            let (own, _) = replayed(model, "hf", "fp16-amp", "none").expect(model);
+            assert_eq!(trainer.reserved, own.reserved, "{model}");
             assert!(
                 replayed(model, "trl", "fp16-amp", "none").is_none(),
                 "{model}"
@@ -398,8 +402,8 @@ mod tests {
     /// Phi's and GPT-2's layers are replayed as floors under the count (`exact` false: Phi's
     /// rotated width and GPT-2's positions are assumed), their dropouts as the preset or
     /// `residual-dropout` says (`phi-1.5`: none; `gpt2`: on), Phi's in 16 bits and
-    /// under autocast in transformers' own loop, GPT-2's in 16 bits only; checkpointed runs
-    /// and fp32 keep the count.
+    /// under autocast in transformers' own loop or its `Trainer`, GPT-2's in 16 bits only;
+    /// checkpointed runs and fp32 keep the count.
     #[test]
     fn phi_and_gpt2_fine_tunes_are_replayed_as_floors() {
         let replayed = |model: &str, engine: &str, dtype: &str, ckpt: &str| {
