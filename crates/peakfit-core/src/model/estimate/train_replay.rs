@@ -227,37 +227,33 @@ impl<'a> Run<'a> {
             p.push(gpt2::POSITIONS.max(d.s) * d.h);
         }
         for _ in 0..d.layers {
-            if self.family == Family::Gpt2 {
+            match self.family {
                 // `c_attn`, the attention's `c_proj`, `c_fc`, the MLP's `c_proj`.
-                p.extend([
+                Family::Gpt2 => p.extend([
                     d.h * (d.q + 2.0 * d.kv),
                     d.q * d.h,
                     d.h * d.ffn,
                     d.ffn * d.h,
-                ]);
-                continue;
-            }
-            if self.family == Family::Phi {
+                ]),
                 // `PhiAttention`'s q, k, v and `dense`, `PhiMLP`'s `fc1` and `fc2`.
-                p.extend([
+                Family::Phi => p.extend([
                     d.q * d.h,
                     d.kv * d.h,
                     d.kv * d.h,
                     d.h * d.q,
                     d.ffn * d.h,
                     d.h * d.ffn,
-                ]);
-                continue;
+                ]),
+                Family::Llama | Family::Gemma2 => p.extend([
+                    d.q * d.h,
+                    d.kv * d.h,
+                    d.kv * d.h,
+                    d.h * d.q,
+                    d.ffn * d.h,
+                    d.ffn * d.h,
+                    d.h * d.ffn,
+                ]),
             }
-            p.extend([
-                d.q * d.h,
-                d.kv * d.h,
-                d.kv * d.h,
-                d.h * d.q,
-                d.ffn * d.h,
-                d.ffn * d.h,
-                d.h * d.ffn,
-            ]);
         }
         if !d.tied {
             p.push(d.vocab * d.h);
@@ -420,11 +416,7 @@ impl<'a> Run<'a> {
         let final_norm = self.norm(d.h, d.h);
         self.f(x);
         self.f(embedded);
-        let logits = self.a(t * d.vocab * d.c);
-        let upcast = self.a(4.0 * t * d.vocab);
-        let log_probs = self.a(4.0 * t * d.vocab);
-        self.f(upcast);
-        self.f(logits);
+        let log_probs = self.head_and_log_softmax();
         (saved, final_norm, log_probs)
     }
 
@@ -659,6 +651,38 @@ impl<'a> Run<'a> {
         g_logits
     }
 
+    /// The head's 16-bit logits (`T·V·c`), `ForCausalLMLoss`'s `float()` of them and its
+    /// `log_softmax` (`4·T·V` each), the upcast and the logits freed: returns the saved
+    /// `log_softmax` output. Llama's, Phi's and GPT-2's loss; Gemma-2's soft-caps first.
+    fn head_and_log_softmax(&mut self) -> Handle {
+        let (t, d) = (self.t(), *self.d);
+        let logits = self.a(t * d.vocab * d.c);
+        let upcast = self.a(4.0 * t * d.vocab);
+        let log_probs = self.a(4.0 * t * d.vocab);
+        self.f(upcast);
+        self.f(logits);
+        log_probs
+    }
+
+    /// The 16-bit head's backward from the logits' gradient (`g_logits`, freed) and its saved
+    /// input (`input`, freed): the hidden state's gradient and the weight's. An unbiased head's
+    /// `mm` makes the weight's first, a biased one's `addmm` (Phi's) the input's. Autograd's
+    /// cuBLAS workspace comes first ([`Run::autograd_workspace`]).
+    fn head_backward(&mut self, g_logits: Handle, input: Handle, biased: bool) -> (Handle, Handle) {
+        let (t, d) = (self.t(), *self.d);
+        self.autograd_workspace();
+        let (g_hidden, head) = if biased {
+            let g_hidden = self.a(t * d.h * d.c);
+            (g_hidden, self.a(d.vocab * d.h * d.c))
+        } else {
+            let head = self.a(d.vocab * d.h * d.c);
+            (self.a(t * d.h * d.c), head)
+        };
+        self.f(g_logits);
+        self.f(input);
+        (g_hidden, head)
+    }
+
     /// Autograd's thread takes its own cuBLAS workspace at its first matmul (the head's
     /// backward), once a run.
     fn autograd_workspace(&mut self) {
@@ -675,13 +699,8 @@ impl<'a> Run<'a> {
         log_probs: Handle,
     ) -> Vec<Handle> {
         let d = *self.d;
-        let t = self.t();
         let g_logits = self.loss_backward(log_probs);
-        self.autograd_workspace();
-        let head = self.a(d.vocab * d.h * d.c);
-        let g_hidden = self.a(t * d.h * d.c);
-        self.f(g_logits);
-        self.f(final_norm.1);
+        let (g_hidden, head) = self.head_backward(g_logits, final_norm.1, false);
         let mut grad = self.norm_backward(g_hidden, final_norm.0, d.h, d.h);
         let mut layers = Vec::with_capacity(d.layers);
         for (i, s) in saved.iter().enumerate().rev() {
@@ -825,12 +844,30 @@ mod tests {
 
     /// The large pool's log after the weights, as the oracle's fixtures keep it.
     fn large_log(d: &Decoder, step: Step) -> Vec<i64> {
+        replay_log(d, step, 1.0).1
+    }
+
+    /// The replay's reserved bytes and the large pool's log after the weights, each dropout
+    /// mask `mask` bytes an element (CUDA's 1, the oracle's CPU path the compute width).
+    fn replay_log(d: &Decoder, step: Step, mask: f64) -> (f64, Vec<i64>) {
         let mut run = Run::new(d, step);
+        run.dropout_mask = mask;
         run.weights();
         let from = run.heap.log.len();
         run.two_steps();
         let large = |x: &&i64| x.unsigned_abs() > 1_048_576;
-        run.heap.log[from..].iter().filter(large).copied().collect()
+        let log = run.heap.log[from..].iter().filter(large).copied().collect();
+        (run.heap.reserved(), log)
+    }
+
+    /// Each `(oracle, replay)` pair of reserved bytes: the replay at most `mib` MiB under the
+    /// oracle (the small pool's segments it leaves out), never over.
+    fn assert_short_by_at_most(pairs: &[(f64, f64)], mib: f64) {
+        let short: Vec<f64> = pairs
+            .iter()
+            .map(|(oracle, replay)| (oracle - replay) / 1_048_576.0)
+            .collect();
+        assert!(short.iter().all(|&s| (0.0..=mib).contains(&s)), "{short:?}");
     }
 
     fn same_log(oracle: &str, d: &Decoder, qkv_bias: bool) {
@@ -1061,13 +1098,14 @@ mod tests {
             (mistral_7b(32), Adam::Fused, false, 131_078_291_456.0),
             (smollm2_135m(30, 4.0), Adam::Foreach, false, 9_204_400_128.0),
         ];
-        let short: Vec<f64> = cases
+        let pairs: Vec<(f64, f64)> = cases
             .iter()
             .map(|(d, adam, qkv_bias, oracle)| {
-                (oracle - replay(d, step(*adam, *qkv_bias, Weights::Autocast))) / 1_048_576.0
+                let replayed = replay(d, step(*adam, *qkv_bias, Weights::Autocast));
+                (*oracle, replayed)
             })
             .collect();
-        assert!(short.iter().all(|&s| (0.0..=4.0).contains(&s)), "{short:?}");
+        assert_short_by_at_most(&pairs, 4.0);
     }
 
     fn gemma2_2b(layers: usize, b: f64, s: f64) -> Decoder {
@@ -1119,15 +1157,13 @@ mod tests {
             (4.0, 1024.0, Adam::Fused, 53_194_260_480.0),
             (8.0, 1024.0, Adam::Foreach, 92_585_066_496.0),
         ];
-        let short: Vec<f64> = cases
+        let pairs: Vec<(f64, f64)> = cases
             .iter()
-            .map(|&(b, s, adam, oracle)| {
-                (oracle - replay(&gemma2_2b(26, b, s), gemma_step(adam))) / 1_048_576.0
-            })
+            .map(|&(b, s, adam, oracle)| (oracle, replay(&gemma2_2b(26, b, s), gemma_step(adam))))
             .collect();
         // Four norms a layer: their weights, gradients and state are small-pool tensors the
         // replay leaves out (2 MiB here, 6 with the fused kernel's).
-        assert!(short.iter().all(|&s| (0.0..=8.0).contains(&s)), "{short:?}");
+        assert_short_by_at_most(&pairs, 8.0);
     }
 
     /// Phi-2 (`phi-2.json`: h 2,560, 32 heads of 80, `fc1` 10,240, 51,200 tokens, untied).
@@ -1155,25 +1191,8 @@ mod tests {
 
     /// [`replay`] as the oracle runs it: dropout's noise kept in the compute dtype (its CPU
     /// path) rather than CUDA's one-byte mask.
-    fn phi_replay_as_the_oracle(d: &Decoder, adam: Adam) -> (f64, Vec<i64>) {
-        phi_replay_as_the_oracle_in(d, phi_step(adam))
-    }
-
-    fn phi_replay_as_the_oracle_in(d: &Decoder, step: Step) -> (f64, Vec<i64>) {
-        replay_as_the_oracle(d, step)
-    }
-
-    /// [`replay`] with the oracle's dropout (its noise in the compute dtype) and the large
-    /// pool's log after the weights.
     fn replay_as_the_oracle(d: &Decoder, step: Step) -> (f64, Vec<i64>) {
-        let mut run = Run::new(d, step);
-        run.dropout_mask = d.c;
-        run.weights();
-        let from = run.heap.log.len();
-        run.two_steps();
-        let large = |x: &&i64| x.unsigned_abs() > 1_048_576;
-        let log = run.heap.log[from..].iter().filter(large).copied().collect();
-        (run.heap.reserved(), log)
+        replay_log(d, step, d.c)
     }
 
     /// Phi's layer (two layers of Phi-2, bf16, 1 × 1,024, foreach AdamW;
@@ -1182,7 +1201,7 @@ mod tests {
     /// composed GELU, the residual dropouts and the biased linears, request for request.
     #[test]
     fn phis_two_steps_request_what_the_oracles_log_requests() {
-        let (_, log) = phi_replay_as_the_oracle(&phi2(2, 1.0, 1024.0), Adam::Foreach);
+        let (_, log) = replay_as_the_oracle(&phi2(2, 1.0, 1024.0), phi_step(Adam::Foreach));
         assert_same_log(
             &oracle_log(include_str!("train_replay/oracle-phi2-2-layers-b1-1k.txt")),
             &log,
@@ -1194,8 +1213,7 @@ mod tests {
     /// the config cut to two layers), request for request.
     #[test]
     fn phis_autocast_steps_request_what_the_oracles_log_requests() {
-        let (_, log) =
-            phi_replay_as_the_oracle_in(&phi2(2, 1.0, 1024.0), phi_amp_step(Adam::Foreach));
+        let (_, log) = replay_as_the_oracle(&phi2(2, 1.0, 1024.0), phi_amp_step(Adam::Foreach));
         assert_same_log(
             &oracle_log(include_str!(
                 "train_replay/oracle-phi2-2-layers-b1-1k-amp.txt"
@@ -1270,19 +1288,16 @@ mod tests {
             (2.0, Adam::Foreach, 64_181_239_808.0),
             (4.0, Adam::Fused, 74_285_318_144.0),
         ];
-        let short: Vec<f64> = cases
+        let pairs: Vec<(f64, f64)> = cases
             .iter()
             .map(|&(b, adam, oracle)| {
                 let d = phi2(32, b, 1024.0);
-                (oracle - phi_replay_as_the_oracle_in(&d, phi_amp_step(adam)).0) / 1_048_576.0
+                (oracle, replay_as_the_oracle(&d, phi_amp_step(adam)).0)
             })
             .collect();
         // Six biases and two norm weights a layer, their fp32 gradients, 16-bit casts and state:
         // the small pool's segments the replay leaves out, 12 to 14 MiB here.
-        assert!(
-            short.iter().all(|&s| (0.0..=16.0).contains(&s)),
-            "{short:?}"
-        );
+        assert_short_by_at_most(&pairs, 16.0);
     }
 
     /// Whole Phi-2 fine-tunes in bf16 without checkpointing (the oracle's two-step replays,
@@ -1297,13 +1312,16 @@ mod tests {
             (4.0, 1024.0, Adam::Foreach, 43_922_751_488.0),
             (4.0, 1024.0, Adam::Fused, 41_909_485_568.0),
         ];
-        let short: Vec<f64> = cases
+        let pairs: Vec<(f64, f64)> = cases
             .iter()
             .map(|&(b, s, adam, oracle)| {
-                (oracle - phi_replay_as_the_oracle(&phi2(32, b, s), adam).0) / 1_048_576.0
+                (
+                    oracle,
+                    replay_as_the_oracle(&phi2(32, b, s), phi_step(adam)).0,
+                )
             })
             .collect();
-        assert!(short.iter().all(|&s| (0.0..=8.0).contains(&s)), "{short:?}");
+        assert_short_by_at_most(&pairs, 8.0);
     }
 
     /// CUDA's dropout keeps a one-byte mask where the oracle's CPU path keeps its noise in the
@@ -1406,13 +1424,13 @@ mod tests {
             (8.0, 1024.0, Adam::Fused, 12_318_670_848.0),
             (16.0, 1024.0, Adam::Foreach, 24_326_963_200.0),
         ];
-        let short: Vec<f64> = cases
+        let pairs: Vec<(f64, f64)> = cases
             .iter()
             .map(|&(b, s, adam, oracle)| {
-                (oracle - gpt2_replay_as_the_oracle(&gpt2(12, b, s), adam).0) / 1_048_576.0
+                (oracle, gpt2_replay_as_the_oracle(&gpt2(12, b, s), adam).0)
             })
             .collect();
-        assert!(short.iter().all(|&s| (0.0..=8.0).contains(&s)), "{short:?}");
+        assert_short_by_at_most(&pairs, 8.0);
     }
 
     fn qwen25_05b(b: f64) -> Decoder {
@@ -1483,12 +1501,13 @@ mod tests {
             (qwen3_17b(4.0), false, 32_816_234_496.0),
         ];
         // Qwen2's q, k and v carry biases; Llama's and Qwen3's do not.
-        let short: Vec<f64> = cases
+        let pairs: Vec<(f64, f64)> = cases
             .iter()
             .map(|(d, qkv_bias, oracle)| {
-                (oracle - replay(d, step(Adam::Foreach, *qkv_bias, Weights::Compute))) / 1_048_576.0
+                let replayed = replay(d, step(Adam::Foreach, *qkv_bias, Weights::Compute));
+                (*oracle, replayed)
             })
             .collect();
-        assert!(short.iter().all(|&s| (0.0..=2.0).contains(&s)), "{short:?}");
+        assert_short_by_at_most(&pairs, 2.0);
     }
 }

@@ -127,21 +127,36 @@ pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<TrainingR
         && inp.gpt2_code
         && block.mlp == Mlp::Plain
         && block.composed_gelu();
+    let family = if gemma2 {
+        train_replay::Family::Gemma2
+    } else if phi {
+        train_replay::Family::Phi
+    } else if gpt2 {
+        train_replay::Family::Gpt2
+    } else {
+        train_replay::Family::Llama
+    };
+    let layout = if family == train_replay::Family::Llama {
+        replays_llama_layout(inp, block, &pass)
+    } else {
+        replays_attention_layout(inp, block, &pass)
+    };
+    // Autocast has its own sequence for Llama's layer and Phi's only.
+    let autocast =
+        amp && matches!(
+            family,
+            train_replay::Family::Llama | train_replay::Family::Phi
+        ) && !block.qk_norm()
+            && inp
+                .framework()
+                .is_none_or(|f| matches!(f, Framework::Hf | Framework::HfTrainer));
     let applies = inp.workload.is_training()
         && !inp.workload.is_adapter()
         && inp.checkpointing == Checkpointing::None
-        && (pure16
-            || amp
-                && !gemma2
-                && !gpt2
-                && !block.qk_norm()
-                && inp
-                    .framework()
-                    .is_none_or(|f| matches!(f, Framework::Hf | Framework::HfTrainer)))
+        && (pure16 || autocast)
         && inp.optimizer == Optimizer::Adam
         && !inp.optimizer_paged
-        && (replays_llama_layout(inp, block, &pass)
-            || (gemma2 || phi || gpt2) && replays_attention_layout(inp, block, &pass));
+        && layout;
     if !applies {
         return None;
     }
@@ -160,15 +175,7 @@ pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<TrainingR
         adam,
         qkv_bias: inp.qkv_bias,
         weights,
-        family: if gemma2 {
-            train_replay::Family::Gemma2
-        } else if phi {
-            train_replay::Family::Phi
-        } else if gpt2 {
-            train_replay::Family::Gpt2
-        } else {
-            train_replay::Family::Llama
-        },
+        family,
         dropout: (phi || gpt2) && inp.residual_dropout,
     };
     // Gemma-2's replay floors the count rather than replaces it: the oracle, whose log the

@@ -209,11 +209,7 @@ impl Run<'_> {
         self.f(tanh);
         let g_logits = self.a(logits);
         self.f(g_divided);
-        self.autograd_workspace();
-        let head = self.a(d.vocab * d.h * c);
-        let g_hidden = self.a(th);
-        self.f(g_logits);
-        self.f(out);
+        let (g_hidden, head) = self.head_backward(g_logits, out, false);
         let mut grad = self.gemma_norm_backward(g_hidden, final_norm);
         let mut layers = Vec::with_capacity(d.layers);
         for (i, s) in saved.iter().enumerate().rev() {

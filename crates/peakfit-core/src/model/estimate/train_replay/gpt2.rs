@@ -62,7 +62,7 @@ impl Run<'_> {
             input: x,
             ..Gpt2Saved::default()
         };
-        s.ln_1 = self.layer_norm();
+        s.ln_1 = self.layer_norm(c);
         if self.workspaces[0].is_none() {
             self.workspaces[0] = self.a(CUBLAS_WORKSPACE);
         }
@@ -73,7 +73,7 @@ impl Run<'_> {
         let attn;
         (s.attn_mask, attn) = self.resid_dropout(proj);
         s.mid = self.a(th);
-        s.ln_2 = self.layer_norm();
+        s.ln_2 = self.layer_norm(c);
         s.gelu = self.fc1_gelu();
         let proj = self.a(th);
         let mlp;
@@ -82,21 +82,6 @@ impl Run<'_> {
         self.f(attn);
         self.f(mlp);
         (out, s)
-    }
-
-    /// `LayerNorm`'s backward from its output's gradient `grad` (freed), `n` what it saved and
-    /// `input` its saved input (freed): the input's gradient.
-    fn layer_norm_backward(
-        &mut self,
-        grad: Handle,
-        n: (Handle, (Handle, Handle)),
-        input: Handle,
-    ) -> Handle {
-        let back = self.a(self.t() * self.d.h * self.d.c);
-        for h in [grad, input, n.1.0, n.1.1] {
-            self.f(h);
-        }
-        back
     }
 
     /// One GPT-2 layer's backward from its output's gradient (`grad`, freed once the first
@@ -110,7 +95,7 @@ impl Run<'_> {
         // The MLP (`Conv1D`'s `addmm`s: the input's gradient first), then `ln_2`.
         let g_normed = self.gelu_mlp_backward(s.mlp_mask, &s.gelu, &mut g);
         self.f(s.ln_2.0);
-        let g_ln_2 = self.layer_norm_backward(g_normed, s.ln_2, s.mid);
+        let g_ln_2 = self.layer_norm_backward(g_normed, s.ln_2.1, s.mid, c);
         let g_mid = self.a(th);
         self.f(grad);
         self.f(g_ln_2);
@@ -133,7 +118,7 @@ impl Run<'_> {
         g.q = self.a(d.h * (d.q + 2.0 * d.kv) * c);
         self.f(g_qkv);
         self.f(s.ln_1.0);
-        let g_ln_1 = self.layer_norm_backward(g_normed, s.ln_1, s.input);
+        let g_ln_1 = self.layer_norm_backward(g_normed, s.ln_1.1, s.input, c);
         let g_input = self.a(th);
         self.f(g_mid);
         self.f(g_ln_1);
@@ -161,22 +146,14 @@ impl Run<'_> {
             saved.push(s);
             x = out;
         }
-        let ln_f = self.layer_norm();
+        let ln_f = self.layer_norm(d.c);
         self.f(tokens);
         self.f(positions);
-        let logits = self.a(t * d.vocab * d.c);
-        let upcast = self.a(4.0 * t * d.vocab);
-        let log_probs = self.a(4.0 * t * d.vocab);
-        self.f(upcast);
-        self.f(logits);
+        let log_probs = self.head_and_log_softmax();
         // Backward: the loss, the head (`mm`: the weight's gradient first), `ln_f`.
         let g_logits = self.loss_backward(log_probs);
-        self.autograd_workspace();
-        let head = self.a(d.vocab * d.h * d.c);
-        let g_hidden = self.a(th);
-        self.f(g_logits);
-        self.f(ln_f.0);
-        let mut grad = self.layer_norm_backward(g_hidden, ln_f, x);
+        let (g_hidden, head) = self.head_backward(g_logits, ln_f.0, false);
+        let mut grad = self.layer_norm_backward(g_hidden, ln_f.1, x, d.c);
         let mut layers = Vec::with_capacity(d.layers);
         for s in saved.iter().rev() {
             let (g_input, g) = self.gpt2_layer_backward(grad, s);

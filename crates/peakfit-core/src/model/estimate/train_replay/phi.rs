@@ -96,12 +96,30 @@ impl Run<'_> {
         dropped
     }
 
-    /// `native_layer_norm` over the `h` columns of a 16-bit input: its output and its
-    /// saved mean and rstd.
-    pub(super) fn layer_norm(&mut self) -> (Handle, (Handle, Handle)) {
+    /// `native_layer_norm` over the `h` columns of an input `width` bytes an element (the
+    /// compute width, or autocast's fp32 stream's 4): its output and its saved fp32 mean and
+    /// rstd.
+    pub(super) fn layer_norm(&mut self, width: f64) -> (Handle, (Handle, Handle)) {
         let t = self.t();
-        let out = self.a(t * self.d.h * self.d.c);
+        let out = self.a(t * self.d.h * width);
         (out, (self.a(4.0 * t), self.a(4.0 * t)))
+    }
+
+    /// `LayerNorm`'s backward ([`Run::layer_norm`]'s `width`) from its output's gradient
+    /// (`grad`, freed), its saved mean and rstd and its saved input (freed): the input's
+    /// gradient.
+    pub(super) fn layer_norm_backward(
+        &mut self,
+        grad: Handle,
+        stats: (Handle, Handle),
+        input: Handle,
+        width: f64,
+    ) -> Handle {
+        let back = self.a(self.t() * self.d.h * width);
+        for h in [grad, input, stats.0, stats.1] {
+            self.f(h);
+        }
+        back
     }
 
     /// One Phi layer's forward from its input `x` (saved by its `LayerNorm`): its output and
@@ -114,7 +132,7 @@ impl Run<'_> {
             input: x,
             ..PhiSaved::default()
         };
-        (s.normed, s.stats) = self.layer_norm();
+        (s.normed, s.stats) = self.layer_norm(c);
         let q = self.a(t * d.q * c);
         let k = self.a(t * d.kv * c);
         s.v = self.a(t * d.kv * c);
@@ -301,10 +319,7 @@ impl Run<'_> {
         let (sum, q) = linear(sum, gq, d.q, true);
         (g.k, g.q) = (k, q);
         // `LayerNorm`'s backward, then the residual's sum.
-        let normed = self.a(th);
-        for h in [sum, s.input, s.stats.0, s.stats.1] {
-            self.f(h);
-        }
+        let normed = self.layer_norm_backward(sum, s.stats, s.input, c);
         let input = self.a(th);
         self.f(grad);
         self.f(normed);
@@ -330,23 +345,12 @@ impl Run<'_> {
             saved.push(s);
             x = out;
         }
-        let (final_out, stats) = self.layer_norm();
-        let logits = self.a(t * d.vocab * d.c);
-        let upcast = self.a(4.0 * t * d.vocab);
-        let log_probs = self.a(4.0 * t * d.vocab);
-        self.f(upcast);
-        self.f(logits);
+        let (final_out, stats) = self.layer_norm(d.c);
+        let log_probs = self.head_and_log_softmax();
         // Backward: the loss, the biased head (the input's gradient first), the final norm.
         let g_logits = self.loss_backward(log_probs);
-        self.autograd_workspace();
-        let g_hidden = self.a(th);
-        let head = self.a(d.vocab * d.h * d.c);
-        self.f(g_logits);
-        self.f(final_out);
-        let mut grad = self.a(th);
-        for h in [g_hidden, x, stats.0, stats.1] {
-            self.f(h);
-        }
+        let (g_hidden, head) = self.head_backward(g_logits, final_out, true);
+        let mut grad = self.layer_norm_backward(g_hidden, stats, x, d.c);
         let mut layers = Vec::with_capacity(d.layers);
         for (i, s) in saved.iter().enumerate().rev() {
             let (g_input, g) = self.phi_layer_backward(grad, s, i == 0);

@@ -69,8 +69,8 @@ impl Run<'_> {
             input: x,
             ..PhiAmpSaved::default()
         };
-        let normed = self.a(4.0 * t * d.h);
-        s.stats = (self.a(4.0 * t), self.a(4.0 * t));
+        let normed;
+        (normed, s.stats) = self.layer_norm(4.0);
         let (q, k);
         (s.q, q) = self.linear_amp(d.q, d.h);
         (s.k, k) = self.linear_amp(d.kv, d.h);
@@ -239,10 +239,7 @@ impl Run<'_> {
         let (acc, q) = self.linear_backward_amp(contiguous, (d.q, d.h), s.q, true, acc, true);
         g.q = q;
         // `LayerNorm`'s backward, then the residual's sum.
-        let normed = self.a(4.0 * t * d.h);
-        for h in [acc, s.input, s.stats.0, s.stats.1] {
-            self.f(h);
-        }
+        let normed = self.layer_norm_backward(acc, s.stats, s.input, 4.0);
         let input = self.a(4.0 * t * d.h);
         self.f(grad);
         self.f(normed);
@@ -265,8 +262,7 @@ impl Run<'_> {
             saved.push(s);
             x = out;
         }
-        let final_out = self.a(th);
-        let stats = (self.a(4.0 * t), self.a(4.0 * t));
+        let (final_out, stats) = self.layer_norm(4.0);
         let (head, logits) = self.linear_amp(d.vocab, d.h);
         let upcast = self.a(4.0 * t * d.vocab);
         let log_probs = self.a(4.0 * t * d.vocab);
@@ -278,10 +274,7 @@ impl Run<'_> {
         self.autograd_workspace();
         let (g_hidden, head) =
             self.linear_backward_amp(g_logits, (d.vocab, d.h), head, true, None, true);
-        let mut grad = self.a(th);
-        for h in [g_hidden, x, stats.0, stats.1] {
-            self.f(h);
-        }
+        let mut grad = self.layer_norm_backward(g_hidden, stats, x, 4.0);
         let mut layers = Vec::with_capacity(d.layers);
         for (i, s) in saved.iter().enumerate().rev() {
             let (g_input, g) = self.phi_layer_backward_amp(grad, s, i == 0);
