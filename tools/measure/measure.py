@@ -356,10 +356,75 @@ LEASE6 = [
     # layers are replayed now"). No GPU row has either layer without checkpointing.
     case("h200e-phi2-ft-amp-b3-1k", "phi-2", "training", "fp16-amp", 3, 1024, ckpt="none", optim="adamw-foreach", gib=72),
     case("h200e-phi2-ft-amp-b4-1k", "phi-2", "training", "fp16-amp", 4, 1024, ckpt="none", optim="adamw-foreach", gib=85),
-    case("h200e-gpt2-ft-bf16-b16-1k", "gpt2", "training", "bf16", 16, 1024, ckpt="none", optim="adamw-foreach", gib=26),
+    case("h200e-gpt2-ft-bf16-b16-1k", "gpt2", "training", "bf16", 16, 1024, ckpt="none", optim="adamw-foreach", gib=26),    # Planned from the first call: Gemma-2-2B's checkpointed fine-tune at 20 x 1k reserved 106.75 GiB
+    # with 85.76 allocated (the model's NVML peak 9.8 % under), and under autocast at 2 x 1k 59.37
+    # with 50.32 (4.8 % under); their histories, and one more batch between 12 and 20.
+    case("h200e-gemma2-2b-ft-bf16-b20-1k-gc-trace", "gemma-2-2b", "training", "bf16", 20, 1024, ckpt="full", optim="adamw-foreach", gib=140, trace=True, rerun_of="h200e-gemma2-2b-ft-bf16-b20-1k-gc", timeout=240),
+    case("h200e-gemma2-2b-ft-amp-b2-1k-trace", "gemma-2-2b", "training", "fp16-amp", 2, 1024, ckpt="none", optim="adamw-foreach", gib=78, trace=True, rerun_of="h200e-gemma2-2b-ft-amp-b2-1k", timeout=240),
+    case("h200e-gemma2-2b-ft-bf16-b16-1k-gc", "gemma-2-2b", "training", "bf16", 16, 1024, ckpt="full", optim="adamw-foreach", gib=123),
 ]
 
-CASES = LEASE6 + LEASE5D + LEASE5C + LEASE5B + LEASE5 + LEASE4E + LEASE4D + LEASE4C + LEASE4B + LEASE4 + LEASE3 + LEASE3B + LEASE3C + NEXT + EXTRA + [
+# The sixth lease's ordinary work, chosen before any row of it existed and scored before any
+# change (the held-out judge of issue 20): serving batches and long decodes on the models teams
+# run, an encoder and Whisper at batch, checkpointed full fine-tunes and LoRA as HF Trainer runs
+# them, and the kinds the model only counts, not replays: LoRA without checkpointing, Gemma-2's and
+# Qwen3's full fine-tunes under autocast, GPT-2 under autocast, fp32 on grouped-query attention.
+LEASE6B = [
+    case("h200e-llama31-8b-b64-1k-n128", "llama-3.1-8b", "inference", "bf16", 64, 1024, new=128, gib=46),
+    case("h200e-qwen25-7b-b16-4k-n256", "qwen2.5-7b", "inference", "bf16", 16, 4096, new=256, gib=37),
+    case("h200e-mistral-7b-v03-b8-8k", "mistral-7b-v0.3", "inference", "bf16", 8, 8192, new=64, gib=43),
+    case("h200e-gemma2-2b-b32-2k-n128", "gemma-2-2b", "inference", "bf16", 32, 2048, new=128, gib=25),
+    case("h200e-qwen3-1.7b-b128-1k", "qwen3-1.7b", "inference", "bf16", 128, 1024, new=64, gib=40),
+    case("h200e-phi3-mini-b32-1k-n256", "phi-3-mini-4k-instruct", "inference", "bf16", 32, 1024, new=256, gib=43),
+    case("h200e-smollm2-1.7b-fp16-b32-4k", "smollm2-1.7b", "inference", "fp16", 32, 4096, new=64, gib=67),
+    case("h200e-qwen3-30b-a3b-b16-2k", "qwen3-30b-a3b", "inference", "bf16", 16, 2048, new=64, gib=87),
+    case("h200e-qwen25-14b-b8-4k-n128", "qwen2.5-14b", "inference", "bf16", 8, 4096, new=128, gib=52),
+    case("h200e-gemma2-9b-b16-1k-n256", "gemma-2-9b", "inference", "bf16", 16, 1024, new=256, gib=35),
+    case("h200e-llama32-3b-b64-2k", "llama-3.2-3b", "inference", "bf16", 64, 2048, new=64, gib=46),
+    case("h200e-whisper-large-v3-b32", "whisper-large-v3", "inference", "fp16", 32, 128, kind="whisper", gib=17),
+    case("h200e-bert-base-fp16-b512-128", "bert-base-uncased", "inference", "fp16", 512, 128, kind="encoder", gib=4),
+    case("h200e-llama32-1b-ft-bf16-b16-2k-gc", "llama-3.2-1b", "training", "bf16", 16, 2048, ckpt="full", optim="adamw-foreach", gib=84),
+    case("h200e-qwen25-1.5b-ft-bf16-b8-4k-gc", "qwen2.5-1.5b", "training", "bf16", 8, 4096, ckpt="full", optim="adamw-foreach", gib=99),
+    case("h200e-qwen3-4b-ft-bf16-fused-b4-2k-gc", "qwen3-4b", "training", "bf16", 4, 2048, ckpt="full", optim="adamw-fused", gib=62),
+    case("h200e-mistral-7b-lora16-b4-4k-gc", "mistral-7b-v0.3", "lora", "bf16", 4, 4096, ckpt="full", optim="adamw-foreach", rank=16, gib=38),
+    case("h200e-llama31-8b-lora32-b8-2k-gc", "llama-3.1-8b", "lora", "bf16", 8, 2048, ckpt="full", optim="adamw-foreach", rank=32, gib=67),
+    case("h200e-qwen25-3b-lora16-b2-2k", "qwen2.5-3b", "lora", "bf16", 2, 2048, ckpt="none", optim="adamw-foreach", rank=16, gib=54),
+    case("h200e-llama32-3b-lora16-b4-1k", "llama-3.2-3b", "lora", "bf16", 4, 1024, ckpt="none", optim="adamw-foreach", rank=16, gib=47),
+    case("h200e-qwen3-8b-lora16-b1-2k", "qwen3-8b", "lora", "bf16", 1, 2048, ckpt="none", optim="adamw-foreach", rank=16, gib=54),
+    case("h200e-gemma2-2b-ft-amp-b2-1k", "gemma-2-2b", "training", "fp16-amp", 2, 1024, ckpt="none", optim="adamw-foreach", gib=75),
+    case("h200e-qwen3-1.7b-ft-amp-b4-1k", "qwen3-1.7b", "training", "fp16-amp", 4, 1024, ckpt="none", optim="adamw-foreach", gib=59),
+    case("h200e-smollm2-1.7b-ft-bf16-fused-b4-2k", "smollm2-1.7b", "training", "bf16", 4, 2048, ckpt="none", optim="adamw-fused", gib=49),
+    case("h200e-phi2-ft-bf16-b8-1k", "phi-2", "training", "bf16", 8, 1024, ckpt="none", optim="adamw-foreach", gib=76),
+    case("h200e-gpt2-ft-amp-b16-1k", "gpt2", "training", "fp16-amp", 16, 1024, ckpt="none", optim="adamw-foreach", gib=34),
+    case("h200e-qwen25-0.5b-ft-fp32-b4-2k", "qwen2.5-0.5b", "training", "fp32", 4, 2048, ckpt="none", optim="adamw-foreach", gib=83),
+]
+
+# The sixth lease's third call: more ordinary work no row had, chosen before it ran, and
+# Gemma-2-2B's fine-tunes at more shapes (its checkpointed rows read 9.8 % under and 8 % over).
+LEASE6C = [
+    case("h200e-gemma2-2b-ft-bf16-b8-2k-gc", "gemma-2-2b", "training", "bf16", 8, 2048, ckpt="full", optim="adamw-foreach", gib=123),
+    case("h200e-gemma2-2b-ft-bf16-b6-2k-gc", "gemma-2-2b", "training", "bf16", 6, 2048, ckpt="full", optim="adamw-foreach", gib=94),
+    case("h200e-gemma2-9b-lora16-b2-1k", "gemma-2-9b", "lora", "bf16", 2, 1024, ckpt="none", optim="adamw-foreach", rank=16, gib=70),
+    case("h200e-gemma2-2b-lora16-b4-2k", "gemma-2-2b", "lora", "bf16", 4, 2048, ckpt="none", optim="adamw-foreach", rank=16, gib=106),
+    case("h200e-qwen25-7b-ft-bf16-fused-b4-1k-gc", "qwen2.5-7b", "training", "bf16", 4, 1024, ckpt="full", optim="adamw-fused", gib=86),
+    case("h200e-llama32-3b-ft-bf16-b2-2k", "llama-3.2-3b", "training", "bf16", 2, 2048, ckpt="none", optim="adamw-foreach", gib=57),
+    case("h200e-qwen3-0.6b-ft-bf16-b16-1k", "qwen3-0.6b", "training", "bf16", 16, 1024, ckpt="none", optim="adamw-foreach", gib=85),
+    case("h200e-mistral-7b-v03-fp16-b64-1k-n128", "mistral-7b-v0.3", "inference", "fp16", 64, 1024, new=128, gib=44),
+    case("h200e-qwen3-8b-b8-8k-n256", "qwen3-8b", "inference", "bf16", 8, 8192, new=256, gib=45),
+    case("h200e-llama31-8b-b1-32k-n128", "llama-3.1-8b", "inference", "bf16", 1, 32768, new=128, gib=33),
+    case("h200e-whisper-small-fp32-b128", "whisper-small", "inference", "fp32", 128, 128, kind="whisper", gib=24),
+    case("h200e-bert-large-fp16-b256-512", "bert-large", "inference", "fp16", 256, 512, kind="encoder", gib=8),
+    case("h200e-qwen25-0.5b-b256-1k", "qwen2.5-0.5b", "inference", "bf16", 256, 1024, new=64, gib=19),
+    case("h200e-smollm2-135m-ft-bf16-b64-1k", "smollm2-135m", "training", "bf16", 64, 1024, ckpt="none", optim="adamw-foreach", gib=116),
+    case("h200e-phi3-mini-lora16-b4-2k", "phi-3-mini-4k-instruct", "lora", "bf16", 4, 2048, ckpt="none", optim="adamw-foreach", rank=16, gib=76),
+    case("h200e-qwen25-1.5b-lora16-amp-b8-1k", "qwen2.5-1.5b", "lora", "fp16-amp", 8, 1024, ckpt="none", optim="adamw-foreach", rank=16, gib=65),
+    case("h200e-llama32-1b-ft-amp-b16-2k-gc", "llama-3.2-1b", "training", "fp16-amp", 16, 2048, ckpt="full", optim="adamw-foreach", gib=107),
+    case("h200e-qwen3-1.7b-ft-bf16-fused-b16-2k-gc", "qwen3-1.7b", "training", "bf16", 16, 2048, ckpt="full", optim="adamw-fused", gib=100),
+    case("h200e-mistral-nemo-lora16-b4-2k-gc", "mistral-nemo-12b", "lora", "bf16", 4, 2048, ckpt="full", optim="adamw-foreach", rank=16, gib=57),
+    case("h200e-qwen25-14b-lora8-b1-2k", "qwen2.5-14b", "lora", "bf16", 1, 2048, ckpt="none", optim="adamw-foreach", rank=8, gib=83),
+]
+
+CASES = LEASE6B + LEASE6 + LEASE6C + LEASE5D + LEASE5C + LEASE5B + LEASE5 + LEASE4E + LEASE4D + LEASE4C + LEASE4B + LEASE4 + LEASE3 + LEASE3B + LEASE3C + NEXT + EXTRA + [
     case("h100-qwen3-0.6b-b32-8k", "qwen3-0.6b", "inference", "bf16", 32, 8192, new=64, gib=53),
     case("h100-qwen3-4b-b16-4k", "qwen3-4b", "inference", "bf16", 16, 4096, new=64, gib=25),
     case("h100-gemma2-2b-b4-8k", "gemma-2-2b", "inference", "bf16", 4, 8192, new=64, gib=15),

@@ -63,6 +63,15 @@ class ToCsv(unittest.TestCase):
         self.assertNotIn("h200d-gemma2-2b-ft-bf16-b4-2k-gc-trace", rows)
         self.assertIn("_multi_tensor_adam", rows["h200d-qwen3-8b-ft-bf16-b1-4k-gc"]["notes"])
 
+    def test_the_sixth_leases_rows_are_its_raw_lines_converted(self):
+        """h200e: the four traced reruns are not rows (two rerun h200d cases)."""
+        self.check_folder("h200e", ["h200e-run1.jsonl", "h200e-run2.jsonl", "h200e-run3.jsonl"])
+        rows = {r["id"]: r for r in csv.DictReader(open(os.path.join(HERE, "..", "..", "tests", "data", "h200e",
+                                                                       "h200e-2026-11.csv")))}
+        self.assertEqual(len(rows), 52)
+        self.assertFalse([i for i in rows if i.endswith("-trace")])
+        self.assertIn("_fused_adam", rows["h200e-qwen3-4b-ft-bf16-fused-b4-2k-gc"]["notes"])
+
     def test_a_row_whose_allocator_retried_keeps_only_its_allocated_counter(self):
         import csv
         rows = {r["id"]: r for r in csv.DictReader(open(os.path.join(DATA, "h100-2026-11.csv")))}
