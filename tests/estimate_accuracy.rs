@@ -267,9 +267,11 @@ fn estimate_matches_project_measurements() {
 }
 
 /// Every real-GPU row together (the shared file, the project's, the H200, H100 and third- to
-/// fifth-lease H200 rows; of the fifth, the 39 not planned from its Gemma-2 histories, not the
+/// sixth-lease H200 rows; of the fifth, the 39 not planned from its Gemma-2 histories, not the
 /// Gemma-2 fine-tunes they led to: twelve of one model, picked to find and judge one count, are
-/// no sample of what pods run): the bars over all of them, and the bands `peakfit estimate` prints.
+/// no sample of what pods run; of the sixth, the 49 of ordinary work, not the three Gemma-2
+/// shapes its first call's results chose): the bars over all of them, and the bands
+/// `peakfit estimate` prints.
 #[test]
 #[ignore = "needs ../shared/data"]
 fn estimate_matches_public_measurements() {
@@ -300,6 +302,8 @@ fn estimate_matches_public_measurements() {
     let f = report("tests/data/h200c (NVML)", &h200c_rows, &[]);
     let h200d_rows = real_gpu(model_rows::h200d_blind());
     let g = report("tests/data/h200d (NVML)", &h200d_rows, &[]);
+    let h200e_rows = real_gpu(model_rows::h200e_blind());
+    let h = report("tests/data/h200e (NVML)", &h200e_rows, &[]);
     let both: Vec<&Row> = a
         .into_iter()
         .chain(b)
@@ -308,6 +312,7 @@ fn estimate_matches_public_measurements() {
         .chain(e)
         .chain(f)
         .chain(g)
+        .chain(h)
         .collect();
     println!("\n== every real-GPU row");
     print_table(&both);

@@ -1,6 +1,6 @@
-//! A full fine-tune's first two steps without gradient checkpointing, replayed request by
-//! request through the caching allocator, for the reserved memory the second step reaches
-//! (issue 20).
+//! A full fine-tune's first two steps without gradient checkpointing (and Gemma-2's with it,
+//! [`gemma2_checkpointed`]), replayed request by request through the caching allocator, for the
+//! reserved memory the second step reaches (issue 20).
 //!
 //! Without checkpointing a training step's forward keeps every layer's saved tensors, so its
 //! large blocks are the layers' activations (`T·ffn` for the MLP's four, `T·h` and `4·T·h` for
@@ -26,7 +26,10 @@
 //! compute in fp32, soft-capped logits) is [`gemma2`]'s, Phi's (`LayerNorm`, attention beside
 //! the MLP, a partial rotary, composed GELU, residual dropout) [`phi`]'s and under autocast
 //! [`phi_amp`]'s, GPT-2's (learned positions, fused `c_attn`, three dropouts) [`gpt2`]'s. A
-//! dropout keeps CUDA's one-byte mask (`Run::dropout_mask`). The Llama sequence:
+//! dropout keeps CUDA's one-byte mask (`Run::dropout_mask`). Gemma-2's layer under gradient
+//! checkpointing (each layer's forward saving nothing, recomputed at the start of its backward,
+//! a recomputed tensor freed as backward unpacks it: `Run::node_end`) is
+//! [`gemma2_checkpointed`]'s. The Llama sequence:
 //!
 //! | step | requests (`T = b·s`, `c` the compute width) | code |
 //! |---|---|---|
@@ -53,6 +56,7 @@ use super::prefill_replay::{self, CUBLAS_WORKSPACE, Decoder, Handle, Heap, Memo}
 
 mod amp;
 mod gemma2;
+mod gemma2_checkpointed;
 mod gpt2;
 mod phi;
 mod phi_amp;
@@ -99,6 +103,9 @@ pub(super) struct Step {
     pub(super) weights: Weights,
     pub(super) family: Family,
     pub(super) dropout: bool,
+    /// Every layer under `torch.utils.checkpoint` (non-reentrant, transformers'
+    /// `gradient_checkpointing_enable()`): Gemma-2's layer only ([`gemma2_checkpointed`]).
+    pub(super) checkpointed: bool,
 }
 
 /// What an `RMSNorm` keeps for backward.
@@ -153,8 +160,6 @@ struct Run<'a> {
     heap: Heap,
     d: &'a Decoder,
     adam: Adam,
-    /// Biased q, k and v projections ([`Run::linear_backward`]).
-    qkv_bias: bool,
     /// cuBLAS's workspaces: the forward's handle and autograd's thread's.
     workspaces: [Handle; 2],
     /// The rotary tables in the compute dtype (`cos`, `sin`: `s·head_dim·c` each), kept from
@@ -171,8 +176,9 @@ struct Run<'a> {
     /// mask (`dropout_cuda`: `empty_like(self, kBool)`, then the output); the oracle's CPU
     /// path (`_dropout_impl`) keeps its noise in the input's dtype, which the fixture tests set.
     dropout_mask: f64,
-    /// The blocks' dropouts run ([`Step::dropout`]).
-    dropout: bool,
+    /// How it trains: biased q, k and v projections ([`Run::linear_backward`]), the blocks'
+    /// dropouts ([`Step::dropout`]), checkpointed layers ([`Step::checkpointed`]).
+    step: Step,
 }
 
 impl<'a> Run<'a> {
@@ -182,14 +188,13 @@ impl<'a> Run<'a> {
             heap: Heap::default(),
             d,
             adam: step.adam,
-            qkv_bias: step.qkv_bias,
             workspaces: [None, None],
             tables: (None, None),
             stepped: false,
             precision: step.weights,
             family: step.family,
             dropout_mask: 1.0,
-            dropout: step.dropout,
+            step,
         }
     }
 
@@ -512,7 +517,7 @@ impl<'a> Run<'a> {
     /// the weight's first; a biased projection's `addmm` makes the input's first.
     fn linear_backward(&mut self, out: f64) -> (Handle, Handle) {
         let (t, h, c) = (self.t(), self.d.h, self.d.c);
-        if self.qkv_bias {
+        if self.step.qkv_bias {
             let input = self.a(t * h * c);
             let weight = self.a(out * h * c);
             (input, weight)
@@ -553,27 +558,41 @@ impl<'a> Run<'a> {
         let tf = t * d.ffn * c;
         g.down = self.a(d.h * d.ffn * c);
         let g_product = self.a(tf);
-        self.f(grad);
-        self.f(s.product);
+        self.node_end(grad, &[s.product]);
         let g_a = self.a(tf);
         let g_b = self.a(tf);
-        self.f(g_product);
-        self.f(s.up);
-        self.f(s.act);
+        self.node_end(g_product, &[s.up, s.act]);
         g.up = self.a(d.ffn * d.h * c);
         let gi_up = self.a(th);
         self.f(g_a);
         let g_silu = self.a(tf);
-        self.f(g_b);
-        self.f(s.gate);
+        self.node_end(g_b, &[s.gate]);
         g.gate = self.a(d.ffn * d.h * c);
         let gi_gate = self.a(th);
-        self.f(g_silu);
-        self.f(s.norm2_out);
+        self.node_end(g_silu, &[s.norm2_out]);
         let mlp_in = self.a(th);
         self.f(gi_up);
         self.f(gi_gate);
         mlp_in
+    }
+
+    /// The end of an autograd node that consumed `grad` and unpacked `saved`: the engine drops
+    /// the gradient, then the node releases its saved tensors (in `saved`'s order). Under
+    /// checkpointing a recomputed tensor is freed as the node unpacks it
+    /// (`_checkpoint_hook.unpack_hook` pops it from the frame), so the saved ones go first,
+    /// in the order the node unpacks them (the reverse of `saved`).
+    fn node_end(&mut self, grad: Handle, saved: &[Handle]) {
+        if self.step.checkpointed {
+            for &x in saved.iter().rev() {
+                self.f(x);
+            }
+            self.f(grad);
+        } else {
+            self.f(grad);
+            for &x in saved {
+                self.f(x);
+            }
+        }
     }
 
     /// The attention's backward from `o_proj`'s output gradient (`grad`, freed once the kernel's
@@ -596,12 +615,7 @@ impl<'a> Run<'a> {
         let dq = self.a(t * d.q * c);
         let dk = self.a(t * d.kv * c);
         let dv = self.a(t * d.kv * c);
-        self.f(g_attn);
-        self.f(s.k_rope);
-        self.f(s.q_rope);
-        self.f(s.v);
-        self.f(s.lse);
-        self.f(s.attn);
+        self.node_end(g_attn, &[s.k_rope, s.q_rope, s.v, s.lse, s.attn]);
         let gk = self.rope_backward(dk, d.kv, false);
         let gq = self.rope_backward(dq, d.q, first);
         let (gi_v, gv) = self.linear_backward(d.kv);
@@ -629,8 +643,7 @@ impl<'a> Run<'a> {
         self.f(gq);
         let (gi_q, gq) = self.linear_backward(d.q);
         g.q = gq;
-        self.f(q_contiguous);
-        self.f(s.norm1_out);
+        self.node_end(q_contiguous, &[s.norm1_out]);
         let attn_in = self.a(th);
         self.f(vk);
         self.f(gi_q);
@@ -818,6 +831,7 @@ mod tests {
             weights,
             family: Family::Llama,
             dropout: false,
+            checkpointed: false,
         }
     }
 
@@ -1140,6 +1154,66 @@ mod tests {
             )),
             &large_log(&gemma2_2b(2, 1.0, 1024.0), gemma_step(Adam::Foreach)),
         );
+    }
+
+    /// Gemma-2's checkpointed layer (two layers of Gemma-2-2B, bf16, 1 × 1,024, foreach AdamW;
+    /// `tools/oracle/train_events.py --grid --steps 2 gemma-2-2b-2l-training-bf16-b1-t1024-gcfull-adamw`):
+    /// the unsaved forward, each layer's recompute and its frame's end, request for request; and
+    /// at 2 × 2,048.
+    #[test]
+    fn gemma2s_checkpointed_steps_request_what_the_oracles_log_requests() {
+        assert_same_log(
+            &oracle_log(include_str!(
+                "train_replay/oracle-gemma2-2b-2-layers-b1-1k-ckpt.txt"
+            )),
+            &large_log(
+                &gemma2_2b(2, 1.0, 1024.0),
+                Step {
+                    checkpointed: true,
+                    ..gemma_step(Adam::Foreach)
+                },
+            ),
+        );
+        // Two sequences of 2,048 (`...-b2-t2048-gcfull-adamw`).
+        assert_same_log(
+            &oracle_log(include_str!(
+                "train_replay/oracle-gemma2-2b-2-layers-b2-2k-ckpt.txt"
+            )),
+            &large_log(
+                &gemma2_2b(2, 2.0, 2048.0),
+                Step {
+                    checkpointed: true,
+                    ..gemma_step(Adam::Foreach)
+                },
+            ),
+        );
+    }
+
+    /// Whole checkpointed Gemma-2-2B fine-tunes in bf16 (the oracle's two-step replays,
+    /// `peak_reserved_bytes`, 2026-11-28; `tools/oracle/train_events.py --grid --steps 2
+    /// gemma-2-2b-training-bf16-bB-t1024-gcfull-adamw`): what one H200 reserved to the MiB
+    /// (`tests/data/h200e`: 77.82, 86.41 and 106.75 GiB at 12, 16 and 20 × 1,024), which the
+    /// count read 8 % under, 8 % over and 10 % under), and 2 × 2,048 with foreach AdamW (the
+    /// H200 row `h200b-gemma2-2b-ft-bf16-b2-2k-gc` ran the per-tensor loop, 38.17 GiB, which
+    /// the oracle's replay of that loop reserves too; foreach's list of square roots makes it
+    /// 40.50).
+    #[test]
+    fn whole_checkpointed_gemma2_models_reserve_what_the_oracles_replays_reserve() {
+        let step = Step {
+            checkpointed: true,
+            ..gemma_step(Adam::Foreach)
+        };
+        let cases = [
+            (12.0, 1024.0, 83_556_827_136.0),
+            (16.0, 1024.0, 92_784_295_936.0),
+            (20.0, 1024.0, 114_619_842_560.0),
+            (2.0, 2048.0, 43_486_543_872.0),
+        ];
+        let pairs: Vec<(f64, f64)> = cases
+            .iter()
+            .map(|&(b, s, oracle)| (oracle, replay(&gemma2_2b(26, b, s), step)))
+            .collect();
+        assert_short_by_at_most(&pairs, 8.0);
     }
 
     /// Whole Gemma-2-2B fine-tunes in bf16 without checkpointing (the oracle's two-step

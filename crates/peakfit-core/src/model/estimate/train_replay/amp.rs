@@ -349,7 +349,7 @@ impl Run<'_> {
         self.f(dq);
         let gk = self.rope_backward_amp(dk32, d.kv, false);
         let gq = self.rope_backward_amp(dq32, d.q, first);
-        let bias = self.qkv_bias;
+        let bias = self.step.qkv_bias;
         let (gi_v, v) = self.linear_backward_amp(dv, (d.kv, d.h), s.v, true, None, bias);
         let k_contiguous = self.a(2.0 * t * d.kv);
         self.f(gk);

@@ -25,29 +25,42 @@ use super::{Grads, Handle, Run, Saved};
 
 /// What `Gemma2RMSNorm` keeps for backward.
 #[derive(Clone, Copy, Debug, Default)]
-struct GemmaNorm {
-    fp32: Handle,
-    rsqrt: Handle,
-    normed: Handle,
+pub(super) struct GemmaNorm {
+    pub(super) fp32: Handle,
+    pub(super) rsqrt: Handle,
+    pub(super) normed: Handle,
 }
 
 /// One Gemma-2 layer's saved tensors: Llama's attention and MLP tensors ([`Saved`]: its
 /// norms unused) and the four norms.
 #[derive(Clone, Copy, Debug, Default)]
-struct GemmaSaved {
-    blocks: Saved,
-    input: GemmaNorm,
-    post_attention: GemmaNorm,
-    pre_feedforward: GemmaNorm,
-    post_feedforward: GemmaNorm,
+pub(super) struct GemmaSaved {
+    pub(super) blocks: Saved,
+    pub(super) input: GemmaNorm,
+    pub(super) post_attention: GemmaNorm,
+    pub(super) pre_feedforward: GemmaNorm,
+    pub(super) post_feedforward: GemmaNorm,
 }
 
 impl Run<'_> {
     /// `Gemma2RMSNorm.forward` over the `h` columns of a 16-bit input: what it saves and its
     /// 16-bit output.
-    fn gemma_norm(&mut self) -> (GemmaNorm, Handle) {
+    pub(super) fn gemma_norm(&mut self) -> (GemmaNorm, Handle) {
         let t = self.t();
         let (h, c) = (self.d.h, self.d.c);
+        let n = self.gemma_norm_until_normed();
+        let scaled = self.a(4.0 * t * h);
+        let out = self.a(t * h * c);
+        self.f(scaled);
+        (n, out)
+    }
+
+    /// `Gemma2RMSNorm.forward` up to `x · rsqrt`, the last tensor it saves (where a
+    /// checkpointed layer's recompute stops): the fp32 copy, `pow(2)`, `mean`, `+ eps` (the
+    /// mean freed), `rsqrt`, the product.
+    pub(super) fn gemma_norm_until_normed(&mut self) -> GemmaNorm {
+        let t = self.t();
+        let h = self.d.h;
         let fp32 = self.a(4.0 * t * h);
         let pow = self.a(4.0 * t * h);
         let mean = self.a(4.0 * t);
@@ -57,26 +70,35 @@ impl Run<'_> {
         let rsqrt = self.a(4.0 * t);
         self.f(eps);
         let normed = self.a(4.0 * t * h);
-        let scaled = self.a(4.0 * t * h);
-        let out = self.a(t * h * c);
-        self.f(scaled);
-        (
-            GemmaNorm {
-                fp32,
-                rsqrt,
-                normed,
-            },
-            out,
-        )
+        GemmaNorm {
+            fp32,
+            rsqrt,
+            normed,
+        }
     }
 
     /// `Gemma2RMSNorm`'s backward from the 16-bit gradient of its output (`grad`, freed once
     /// its fp32 copy exists; `None` where the caller frees it: a post-norm's output gradient is
     /// its block's residual gradient too): its input's 16-bit gradient.
-    fn gemma_norm_backward(&mut self, grad: Handle, n: GemmaNorm) -> Handle {
+    pub(super) fn gemma_norm_backward(&mut self, grad: Handle, n: GemmaNorm) -> Handle {
+        let up = self.a(4.0 * self.t() * self.d.h);
+        self.gemma_norm_backward_from(up, grad, n, &[])
+    }
+
+    /// [`Run::gemma_norm_backward`] from the fp32 copy of the output's gradient (`up`, made
+    /// before a checkpointed layer's recompute where this norm's backward runs first), freeing
+    /// `then` once the saved input's last use is done: a checkpointed layer's input (and the
+    /// first layer's rotary tables), which its frame holds until its last recomputed tensor is
+    /// unpacked.
+    pub(super) fn gemma_norm_backward_from(
+        &mut self,
+        up: Handle,
+        grad: Handle,
+        n: GemmaNorm,
+        then: &[Handle],
+    ) -> Handle {
         let t = self.t();
         let (h, c) = (self.d.h, self.d.c);
-        let up = self.a(4.0 * t * h);
         self.f(grad);
         let by_weight = self.a(4.0 * t * h);
         let by_normed = self.a(4.0 * t * h);
@@ -89,6 +111,9 @@ impl Run<'_> {
         self.f(m1);
         self.f(by_normed);
         let prod = self.mean_square_backward(sum, n.rsqrt, n.fp32, (4.0 * t, h));
+        for &x in then {
+            self.f(x);
+        }
         let total = self.a(4.0 * t * h);
         self.f(by_rsqrt);
         self.f(prod);
@@ -100,6 +125,13 @@ impl Run<'_> {
     /// One Gemma-2 layer's forward from its input (kept by the caller): its output and what
     /// it saved.
     fn gemma_layer(&mut self) -> (Handle, GemmaSaved) {
+        self.gemma_layer_saving(false)
+    }
+
+    /// [`Run::gemma_layer`], or (`recompute`) a checkpointed layer's recompute in backward:
+    /// the same requests up to the post-feedforward norm's `x · rsqrt`, then the recompute's
+    /// locals (`down_proj`'s output, the first residual sum) freed and no output.
+    pub(super) fn gemma_layer_saving(&mut self, recompute: bool) -> (Handle, GemmaSaved) {
         let d = *self.d;
         let t = self.t();
         let (c, th) = (d.c, t * d.h * d.c);
@@ -126,6 +158,12 @@ impl Run<'_> {
         s.blocks.up = self.a(t * d.ffn * c);
         s.blocks.product = self.a(t * d.ffn * c);
         let down = self.a(th);
+        if recompute {
+            s.post_feedforward = self.gemma_norm_until_normed();
+            self.f(down);
+            self.f(r1);
+            return (None, s);
+        }
         let post_feedforward;
         (s.post_feedforward, post_feedforward) = self.gemma_norm();
         self.f(down);
@@ -143,10 +181,27 @@ impl Run<'_> {
         s: &GemmaSaved,
         first: bool,
     ) -> (Handle, Grads) {
+        let up = self.a(4.0 * self.t() * self.d.h);
+        self.gemma_layer_backward_from(grad, s, first, up, &[])
+    }
+
+    /// [`Run::gemma_layer_backward`] from the fp32 copy of the output's gradient its first node
+    /// made (`up`: a checkpointed layer makes it before the recompute), freeing `frame` with
+    /// the input norm's saved fp32 copy (a checkpointed layer's input and the tables its
+    /// frame holds; [`Run::gemma_norm_backward_from`]). `first` frees the rotary tables at
+    /// the first `RoPE` backward, as autograd does without checkpointing.
+    pub(super) fn gemma_layer_backward_from(
+        &mut self,
+        grad: Handle,
+        s: &GemmaSaved,
+        first: bool,
+        up: Handle,
+        frame: &[Handle],
+    ) -> (Handle, Grads) {
         let d = *self.d;
         let th = self.t() * d.h * d.c;
         let mut g = Grads::default();
-        let post_feedforward = self.gemma_norm_backward(None, s.post_feedforward);
+        let post_feedforward = self.gemma_norm_backward_from(up, None, s.post_feedforward, &[]);
         let mlp_in = self.mlp_backward(post_feedforward, &s.blocks, &mut g);
         let pre_feedforward = self.gemma_norm_backward(mlp_in, s.pre_feedforward);
         let g_r1 = self.a(th);
@@ -154,7 +209,8 @@ impl Run<'_> {
         self.f(pre_feedforward);
         let post_attention = self.gemma_norm_backward(None, s.post_attention);
         let attn_in = self.attention_backward(post_attention, &s.blocks, first, &mut g);
-        let input = self.gemma_norm_backward(attn_in, s.input);
+        let up = self.a(4.0 * self.t() * d.h);
+        let input = self.gemma_norm_backward_from(up, attn_in, s.input, frame);
         let g_input = self.a(th);
         self.f(g_r1);
         self.f(input);
@@ -178,8 +234,15 @@ impl Run<'_> {
         self.f(embedding);
         self.rotary_tables();
         let mut saved = Vec::with_capacity(d.layers);
+        // Under checkpointing each layer's input, which its frame keeps for the recompute.
+        let mut inputs = Vec::with_capacity(d.layers);
         let mut x = embedded;
         for _ in 0..d.layers {
+            if self.step.checkpointed {
+                inputs.push(x);
+                x = self.gemma_layer_unsaved();
+                continue;
+            }
             let (out, s) = self.gemma_layer();
             saved.push(s);
             if x != embedded {
@@ -189,7 +252,9 @@ impl Run<'_> {
         }
         let (final_norm, out) = self.gemma_norm();
         self.f(x);
-        self.f(embedded);
+        if !self.step.checkpointed {
+            self.f(embedded);
+        }
         let product = self.a(logits);
         let divided = self.a(logits);
         self.f(product);
@@ -212,6 +277,13 @@ impl Run<'_> {
         let (g_hidden, head) = self.head_backward(g_logits, out, false);
         let mut grad = self.gemma_norm_backward(g_hidden, final_norm);
         let mut layers = Vec::with_capacity(d.layers);
+        if self.step.checkpointed {
+            for (i, &input) in inputs.iter().enumerate().rev() {
+                let (g_input, g) = self.gemma_layer_backward_checkpointed(grad, input, i == 0);
+                layers.push(g);
+                grad = g_input;
+            }
+        }
         for (i, s) in saved.iter().enumerate().rev() {
             let (g_input, g) = self.gemma_layer_backward(grad, s, i == 0);
             layers.push(g);

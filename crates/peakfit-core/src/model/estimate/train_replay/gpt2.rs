@@ -163,7 +163,7 @@ impl Run<'_> {
         layers.reverse();
         // The embedding's dropout; `wpe`'s gradient (the batch's sum of the broadcast
         // positions first, none for one sequence); `wte`'s.
-        let g_sum = if self.dropout {
+        let g_sum = if self.step.dropout {
             let g_sum = self.a(th);
             self.f(grad);
             self.f(embedding_mask);

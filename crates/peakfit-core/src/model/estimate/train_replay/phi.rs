@@ -72,9 +72,9 @@ pub(super) struct Gelu {
 
 impl Run<'_> {
     /// `resid_dropout` on a branch's output `x` (`T·h·c`, freed): the saved mask and the
-    /// output. At probability 0 (`!self.dropout`) `F.dropout` returns `x` itself: no mask.
+    /// output. At probability 0 (`!self.step.dropout`) `F.dropout` returns `x` itself: no mask.
     pub(super) fn resid_dropout(&mut self, x: Handle) -> (Handle, Handle) {
-        if !self.dropout {
+        if !self.step.dropout {
             return (None, x);
         }
         let t = self.t();
@@ -88,7 +88,7 @@ impl Run<'_> {
     /// the mask freed): the branch's gradient, or `None` without dropout, where the branch
     /// takes the block's gradient itself (its owner frees it).
     pub(super) fn dropout_backward(&mut self, mask: Handle, bytes: f64) -> Handle {
-        if !self.dropout {
+        if !self.step.dropout {
             return None;
         }
         let dropped = self.a(bytes);

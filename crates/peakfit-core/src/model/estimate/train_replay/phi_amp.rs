@@ -191,7 +191,7 @@ impl Run<'_> {
         // The attention: its dropout, `dense` (a 16-bit input), the kernel, q's and k's fp32
         // gradients, the pass-through parts' casts back, `RoPE`, the `cat`s' slices.
         // Without dropout `dense` takes the cast gradient itself and frees it.
-        let dropped = if self.dropout {
+        let dropped = if self.step.dropout {
             let dropped = self.a(2.0 * t * d.h);
             self.f(g16);
             self.f(s.attn_mask);
