@@ -269,8 +269,8 @@ fn estimate_matches_project_measurements() {
 /// Every real-GPU row together (the shared file, the project's, the H200, H100 and third- to
 /// sixth-lease H200 rows; of the fifth, the 39 not planned from its Gemma-2 histories, not the
 /// Gemma-2 fine-tunes they led to: twelve of one model, picked to find and judge one count, are
-/// no sample of what pods run; of the sixth, the 49 of ordinary work, not the three Gemma-2
-/// shapes its first call's results chose): the bars over all of them, and the bands
+/// no sample of what pods run; of the sixth, the 48 of ordinary work, not the four Gemma-2
+/// shapes chosen from Gemma-2 results): the bars over all of them, and the bands
 /// `peakfit estimate` prints.
 #[test]
 #[ignore = "needs ../shared/data"]

@@ -29,7 +29,7 @@ pub const H200_NVML_RATIOS: [(&str, &str, f64); 20] = [
     ("h200-whisper-large-v3-b16", "inference", 1.0036),
     ("h200-qwen25-0.5b-ft-b8-1k", "training", 0.9994),
     ("h200-qwen25-0.5b-ft-b8-1k-gc", "training", 1.0396),
-    ("h200-llama32-1b-ft-bf16-b4-2k-gc", "training", 1.0100),
+    ("h200-llama32-1b-ft-bf16-b4-2k-gc", "training", 1.0000),
     ("h200-qwen3-1.7b-ft-b4-2k-gc", "training", 1.0055),
     ("h200-llama31-8b-lora16-b4-2k-gc", "lora", 1.0055),
     ("h200-qwen25-7b-lora16-b2-4k", "lora", 1.0020),

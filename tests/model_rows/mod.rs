@@ -143,18 +143,20 @@ pub fn h200d_blind() -> Vec<H200Row> {
 
 /// The sixth lease's rows (`tests/data/h200e`, one H200, measured by `tools/measure/measure.py`):
 /// its first and third calls' ordinary work, chosen before any row of it existed and scored before
-/// any change, and the second call's one Gemma-2-2B fine-tune ([`planned_from_the_h200e_rows`]).
+/// any change, and four Gemma-2-2B fine-tunes chosen from earlier Gemma-2 results
+/// ([`planned_from_the_h200e_rows`]).
 pub fn h200e() -> Vec<H200Row> {
     real_gpu("h200e", "h200e-2026-11.csv")
 }
 
-/// The sixth lease's rows chosen after its first call's results: Gemma-2-2B's checkpointed
-/// fine-tunes at 16 × 1k, 8 × 2k and 6 × 2k (the first call's 20 × 1k read low), no sample of
-/// ordinary work.
+/// The sixth lease's Gemma-2-2B checkpointed fine-tunes, chosen from Gemma-2 results: 20 × 1k
+/// (`LEASE6`: a shape the fifth lease's low Gemma-2 rows had not tried) and, after it read low,
+/// 16 × 1k, 8 × 2k and 6 × 2k; no sample of ordinary work.
 pub fn planned_from_the_h200e_rows(id: &str) -> bool {
     matches!(
         id,
-        "h200e-gemma2-2b-ft-bf16-b16-1k-gc"
+        "h200e-gemma2-2b-ft-bf16-b20-1k-gc"
+            | "h200e-gemma2-2b-ft-bf16-b16-1k-gc"
             | "h200e-gemma2-2b-ft-bf16-b8-2k-gc"
             | "h200e-gemma2-2b-ft-bf16-b6-2k-gc"
     )

@@ -90,7 +90,9 @@ pub(super) struct TrainingReplay {
 /// positions, fused `c_attn`, composed GELU, three dropouts; a floor too), a dense MLP (gated
 /// but Phi's and GPT-2's), SDPA's fused kernels, no sliding window
 /// inside the context, weights and state in the compute dtype (`bf16`/`fp16`) or in fp32
-/// under `torch.autocast` (`fp16-amp`), no checkpointing, one GPU, and AdamW (foreach or fused,
+/// under `torch.autocast` (`fp16-amp`), no checkpointing (or, in 16 bits, Llama's and
+/// Gemma-2's layers checkpointed: `train_replay::llama_checkpointed`, `gemma2_checkpointed`),
+/// one GPU, and AdamW (foreach or fused,
 /// in the caching allocator: not paged or 8-bit). Under autocast in transformers' own loop or
 /// its `Trainer` (`engine: hf`, `hf-trainer`, or none named), not Qwen3's per-head norms, whose
 /// autocast requests no log has shown. The `Trainer`'s accelerate wraps the model's forward in
@@ -150,11 +152,15 @@ pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<TrainingR
             && inp
                 .framework()
                 .is_none_or(|f| matches!(f, Framework::Hf | Framework::HfTrainer));
-    // Gemma-2's layer is also replayed checkpointed, in 16 bits
-    // (`train_replay::gemma2_checkpointed`): the count's guess of the segments the state pins
-    // swung from 8 % over to 10 % under on one H200 (`tests/data/h200e`).
-    let checkpointed =
-        inp.checkpointing == Checkpointing::Full && family == train_replay::Family::Gemma2;
+    // Llama's and Gemma-2's layers are also replayed checkpointed, in 16 bits
+    // (`train_replay::llama_checkpointed`, `gemma2_checkpointed`): the count's guess of the
+    // segments the state pins swung from 8 % over to 10 % under on Gemma-2-2B on one H200
+    // (`tests/data/h200e`), and read Llama-3.2-1B 3.8 % over.
+    let checkpointed = inp.checkpointing == Checkpointing::Full
+        && matches!(
+            family,
+            train_replay::Family::Llama | train_replay::Family::Gemma2
+        );
     let applies = inp.workload.is_training()
         && !inp.workload.is_adapter()
         && (inp.checkpointing == Checkpointing::None || checkpointed && pure16)
@@ -189,12 +195,28 @@ pub(super) fn replayed_training(inp: &Inputs, block: &Block) -> Option<TrainingR
     // reserved 51.47 (`h200d`, 3.7 % more; at 8 × 1,024 both 86.23), the GPU's step 1 placing
     // state where the oracle's allocator did not. Phi's and GPT-2's floor it too: Phi's rotated
     // width and GPT-2's positions are the published checkpoints', and their masks' placement is
-    // CUDA's, which no GPU row has checked. Llama's layer replaces it, and so does Gemma-2's
-    // checkpointed one, whose oracle replay reserved what the H200 did to the MiB on every
-    // checkpointed Gemma-2 fine-tune it ran (12, 16 and 20 × 1,024: `tests/data/h200e`).
+    // CUDA's, which no GPU row has checked. Llama's layer replaces it (its own `model_type`s),
+    // and so does Gemma-2's checkpointed one, whose oracle replay reserved what the H200 did
+    // to the MiB on every checkpointed Gemma-2 fine-tune it ran (12, 16 and 20 × 1,024:
+    // `tests/data/h200e`). Only in transformers' own loop or its `Trainer`: TRL's
+    // `SFTTrainer` reads the logits again (token accuracy, entropy), which neither the replay
+    // nor the count follows, so there the larger of the two stands.
+    let own_loop = inp
+        .framework()
+        .is_none_or(|f| matches!(f, Framework::Hf | Framework::HfTrainer));
+    // Llama's checkpointed layer floors the count: its replay reserves the oracle's bytes on
+    // every shape checked, and the oracle the H200's on 15 of 16 such rows, but Qwen3-8B at
+    // 1 × 4,096 with foreach AdamW (`h200d`) reserved 81.56 GiB where both reserve 79.24
+    // (−2.8 %; the count +3.4 %), a placement the oracle's allocator does not make and no
+    // history of that row shows yet.
+    let code = match step.family {
+        train_replay::Family::Llama => inp.replayed_code && !checkpointed,
+        train_replay::Family::Gemma2 => checkpointed,
+        train_replay::Family::Phi | train_replay::Family::Gpt2 => false,
+    };
     Some(TrainingReplay {
         reserved: train_replay::replay(&d, step),
-        exact: step.family == train_replay::Family::Llama && inp.replayed_code || checkpointed,
+        exact: code && own_loop,
     })
 }
 
@@ -393,8 +415,12 @@ mod tests {
                     ),
                     "{model} {dtype}"
                 );
-                assert!(
-                    replayed(model, "hf", dtype, "full").is_none(),
+                // Checkpointed: replayed in 16 bits (`train_replay::llama_checkpointed`), not
+                // under autocast, whose checkpointed requests no log has shown.
+                // A floor there, not the answer (one GPU row reserved more than the oracle).
+                assert_eq!(
+                    replayed(model, "hf", dtype, "full").map(|(r, _)| r.exact),
+                    (dtype == "bf16").then_some(false),
                     "{model} {dtype}"
                 );
             }

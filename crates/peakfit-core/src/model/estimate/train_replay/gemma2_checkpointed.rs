@@ -37,38 +37,15 @@ impl Run<'_> {
 
     /// One Gemma-2 layer's checkpointed forward: its output, nothing saved.
     pub(super) fn gemma_layer_unsaved(&mut self) -> Handle {
-        let d = *self.d;
-        let t = self.t();
-        let (c, th) = (d.c, t * d.h * d.c);
+        let th = self.t() * self.d.h * self.d.c;
         let normed = self.gemma_norm_unsaved();
-        let q = self.a(t * d.q * c);
-        let k = self.a(t * d.kv * c);
-        let v = self.a(t * d.kv * c);
-        let q_rope = self.rope(d.q);
-        let k_rope = self.rope(d.kv);
-        self.f(q);
-        self.f(k);
-        let attn = self.a(t * d.q * c);
-        let lse = self.a(d.b * d.heads * d.s * 4.0);
-        let o = self.a(th);
-        for x in [attn, lse, q_rope, k_rope, v, normed] {
-            self.f(x);
-        }
+        let o = self.attention_unsaved(normed);
         let post_attention = self.gemma_norm_unsaved();
         self.f(o);
         let r1 = self.a(th);
         self.f(post_attention);
         let pre_feedforward = self.gemma_norm_unsaved();
-        let gate = self.a(t * d.ffn * c);
-        let act = self.a(t * d.ffn * c);
-        self.f(gate);
-        let up = self.a(t * d.ffn * c);
-        let product = self.a(t * d.ffn * c);
-        self.f(act);
-        self.f(up);
-        let down = self.a(th);
-        self.f(product);
-        self.f(pre_feedforward);
+        let down = self.mlp_unsaved(pre_feedforward);
         let post_feedforward = self.gemma_norm_unsaved();
         self.f(down);
         let r2 = self.a(th);
