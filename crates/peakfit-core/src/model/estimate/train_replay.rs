@@ -1,5 +1,5 @@
-//! A full fine-tune's first two steps without gradient checkpointing (and Gemma-2's with it,
-//! [`gemma2_checkpointed`]), replayed request by request through the caching allocator, for the
+//! A full fine-tune's first two steps without gradient checkpointing (and Llama's and Gemma-2's
+//! with it, [`llama_checkpointed`], [`gemma2_checkpointed`]), replayed request by request through the caching allocator, for the
 //! reserved memory the second step reaches (issue 20).
 //!
 //! Without checkpointing a training step's forward keeps every layer's saved tensors, so its
@@ -105,7 +105,8 @@ pub(super) struct Step {
     pub(super) family: Family,
     pub(super) dropout: bool,
     /// Every layer under `torch.utils.checkpoint` (non-reentrant, transformers'
-    /// `gradient_checkpointing_enable()`): Gemma-2's layer only ([`gemma2_checkpointed`]).
+    /// `gradient_checkpointing_enable()`): Llama's and Gemma-2's 16-bit layers only
+    /// ([`llama_checkpointed`], [`gemma2_checkpointed`]).
     pub(super) checkpointed: bool,
 }
 
@@ -475,8 +476,9 @@ impl<'a> Run<'a> {
 
     /// [`Run::norm_backward`], freeing `then` once the saved fp32 copy's last use is done (a
     /// checkpointed layer's input, which its frame holds until its last recomputed tensor is
-    /// unpacked). Under checkpointing the recomputed cast is freed as the weight's node
-    /// unpacks it, before that node's temporaries and its incoming gradient.
+    /// unpacked). (Under checkpointing the oracle frees the recomputed cast before the weight
+    /// node's temporary and gradient: three blocks of one size freed back to back, which leaves
+    /// the heap as this order does, so it is not followed.)
     fn norm_backward_then(
         &mut self,
         grad: Handle,
@@ -489,15 +491,9 @@ impl<'a> Run<'a> {
         let rows = 4.0 * t * width / dim;
         let by_weight = self.a(t * width * c);
         let for_weight = self.a(t * width * c);
-        if self.step.checkpointed {
-            self.f(n.cast);
-            self.f(for_weight);
-            self.f(grad);
-        } else {
-            self.f(for_weight);
-            self.f(grad);
-            self.f(n.cast);
-        }
+        self.f(for_weight);
+        self.f(grad);
+        self.f(n.cast);
         let up = self.a(4.0 * t * width);
         self.f(by_weight);
         let m1 = self.a(4.0 * t * width);
