@@ -110,6 +110,31 @@ pub fn report(label: &str, rows: &[Scored]) -> Vec<(f64, f64, f64, usize)> {
     summaries
 }
 
+/// The bars a lease's rows are held to (`summaries` from [`report`], one per counter in
+/// [`COUNTERS`] order): each signed median at or above its floor (`allocated_floor` for the
+/// allocated peak, which is exact to a tenth of a percent either way on most rows, so it may sit
+/// a hair under zero; 0 for reserved and NVML, the counters that decide an OOM), and NVML's
+/// median |error| at most `nvml_median_bar`.
+pub fn assert_lease_bars(
+    summaries: &[(f64, f64, f64, usize)],
+    allocated_floor: f64,
+    nvml_median_bar: f64,
+) {
+    for (name, (_, _, signed, _)) in COUNTERS.iter().zip(summaries) {
+        let floor = if *name == COUNTERS[0] {
+            allocated_floor
+        } else {
+            0.0
+        };
+        assert!(*signed >= floor, "{name} signed median {signed:+.1}%");
+    }
+    let (nvml_median, ..) = summaries[2];
+    assert!(
+        nvml_median <= nvml_median_bar,
+        "NVML median |error| {nvml_median:.1}% > {nvml_median_bar}%"
+    );
+}
+
 /// The ids of the rows that read more than 10 % low on reserved or NVML (printed); panics on a
 /// row whose allocated counter does, which no measured folder's test lets pass.
 pub fn low_rows(rows: &[Scored]) -> Vec<&str> {
